@@ -1,0 +1,171 @@
+//! L4 authorization at the destination, with Istio's semantics.
+//!
+//! Order of evaluation: any matching `DENY` policy denies; otherwise, if any `ALLOW` policy applies
+//! to the workload, one of them must match or the connection is denied (default deny); otherwise
+//! the connection is allowed. `AUDIT` policies and dry-run policies are evaluated and reported,
+//! and never change the verdict. The verdict names the policy and rule that decided.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::identity::Identity;
+use crate::model::{Action, Clause, Match, Policy, PolicyKey, Rule, Workload};
+use crate::snapshot::Snapshot;
+
+/// What authorization knows about one connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnInfo<'a> {
+    /// The mutual-TLS peer; `None` for plain TCP from outside the mesh.
+    pub source_identity: Option<&'a Identity>,
+    pub source_ip: IpAddr,
+    pub destination_ip: IpAddr,
+    /// The target port on the workload (after service-to-target translation).
+    pub destination_port: u16,
+}
+
+/// Allow or deny.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    Allow,
+    Deny,
+}
+
+/// Which rule of which policy matched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RuleRef {
+    pub policy: PolicyKey,
+    /// Index of the matching rule in the policy.
+    pub rule: usize,
+}
+
+/// Why the verdict is what it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Reason {
+    DeniedBy(RuleRef),
+    AllowedBy(RuleRef),
+    /// ALLOW policies apply to the workload and none matched.
+    NoAllowMatched { allow_policies: usize },
+    /// No ALLOW policy applies to the workload, and no DENY matched.
+    NoAllowPolicies,
+}
+
+/// The outcome of authorization.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    pub effect: Effect,
+    pub reason: Reason,
+    /// AUDIT policies that matched.
+    pub audited: Vec<RuleRef>,
+    /// Dry-run policies that matched, with what they would have done.
+    pub dry_run: Vec<(Action, RuleRef)>,
+}
+
+impl Verdict {
+    pub fn is_allowed(&self) -> bool {
+        self.effect == Effect::Allow
+    }
+}
+
+/// Decides whether `conn` may reach `dst`.
+pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdict {
+    let mut applicable: Vec<&Policy> = snap.policies_for(dst).map(|p| &**p).collect();
+    applicable.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    applicable.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
+
+    let mut audited = Vec::new();
+    let mut dry_run = Vec::new();
+    let mut deny = None;
+    let mut allow = None;
+    let mut allow_policies = 0;
+    for p in applicable {
+        let hit = matching_rule(p, conn).map(|rule| RuleRef { policy: p.key(), rule });
+        if p.dry_run {
+            if let Some(r) = hit {
+                dry_run.push((p.action, r));
+            }
+            continue;
+        }
+        match p.action {
+            Action::Audit => audited.extend(hit),
+            Action::Deny => {
+                if deny.is_none() {
+                    deny = hit;
+                }
+            }
+            Action::Allow => {
+                allow_policies += 1;
+                if allow.is_none() {
+                    allow = hit;
+                }
+            }
+        }
+    }
+    let (effect, reason) = match (deny, allow) {
+        (Some(r), _) => (Effect::Deny, Reason::DeniedBy(r)),
+        (None, Some(r)) => (Effect::Allow, Reason::AllowedBy(r)),
+        (None, None) if allow_policies > 0 => (Effect::Deny, Reason::NoAllowMatched { allow_policies }),
+        (None, None) => (Effect::Allow, Reason::NoAllowPolicies),
+    };
+    Verdict { effect, reason, audited, dry_run }
+}
+
+/// The index of the first rule of `p` that matches, if any. Rules OR.
+fn matching_rule(p: &Policy, conn: &ConnInfo<'_>) -> Option<usize> {
+    p.rules.iter().position(|r| rule_matches(r, conn))
+}
+
+/// Clauses AND; a rule with no clauses matches everything.
+fn rule_matches(r: &Rule, conn: &ConnInfo<'_>) -> bool {
+    r.clauses.iter().all(|c| clause_matches(c, conn))
+}
+
+/// Matches OR; empty matches are skipped; a clause with no non-empty match holds.
+fn clause_matches(c: &Clause, conn: &ConnInfo<'_>) -> bool {
+    let mut live = c.matches.iter().filter(|m| !m.is_empty()).peekable();
+    live.peek().is_none() || live.any(|m| match_holds(m, conn))
+}
+
+/// Every populated field holds (values of one field OR); `not_*` lists must not match.
+fn match_holds(m: &Match, conn: &ConnInfo<'_>) -> bool {
+    let principal = conn.source_identity.map(Identity::principal);
+    let namespace = conn.source_identity.map(Identity::namespace);
+    let sa = conn.source_identity.map(|i| (i.namespace(), i.service_account()));
+
+    let str_any = |list: &[crate::model::StringMatch], v: Option<&str>| {
+        v.is_some_and(|v| list.iter().any(|s| s.matches(v)))
+    };
+    let sa_any = |list: &[crate::model::ServiceAccountMatch]| {
+        sa.is_some_and(|(ns, sa)| list.iter().any(|m| m.namespace == ns && m.service_account == sa))
+    };
+    let positive = |empty: bool, hit: bool| empty || hit;
+    let negative = |empty: bool, hit: bool| empty || !hit;
+
+    positive(m.namespaces.is_empty(), str_any(&m.namespaces, namespace))
+        && negative(m.not_namespaces.is_empty(), str_any(&m.not_namespaces, namespace))
+        && positive(m.principals.is_empty(), str_any(&m.principals, principal.as_deref()))
+        && negative(m.not_principals.is_empty(), str_any(&m.not_principals, principal.as_deref()))
+        && positive(m.service_accounts.is_empty(), sa_any(&m.service_accounts))
+        && negative(m.not_service_accounts.is_empty(), sa_any(&m.not_service_accounts))
+        && positive(m.source_ips.is_empty(), m.source_ips.iter().any(|c| c.contains(conn.source_ip)))
+        && negative(m.not_source_ips.is_empty(), m.not_source_ips.iter().any(|c| c.contains(conn.source_ip)))
+        && positive(
+            m.destination_ips.is_empty(),
+            m.destination_ips.iter().any(|c| c.contains(conn.destination_ip)),
+        )
+        && negative(
+            m.not_destination_ips.is_empty(),
+            m.not_destination_ips.iter().any(|c| c.contains(conn.destination_ip)),
+        )
+        && positive(m.destination_ports.is_empty(), m.destination_ports.contains(&conn.destination_port))
+        && negative(
+            m.not_destination_ports.is_empty(),
+            m.not_destination_ports.contains(&conn.destination_port),
+        )
+}
+
+#[cfg(test)]
+#[path = "authz_tests.rs"]
+mod tests;

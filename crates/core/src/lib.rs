@@ -1,0 +1,25 @@
+//! Ferry's core: the mesh model and the pure decisions every Ferry hop makes.
+//!
+//! Nothing in this crate does I/O, reads a clock or spawns a task. Callers pass in the snapshot,
+//! the connection's facts and a random source, and get back a decision they execute.
+//!
+//! # Layout
+//! - [`identity`]: SPIFFE identities.
+//! - [`model`]: clusters, nodes, workloads, services (with scope), waypoints, gateways, policies.
+//! - [`snapshot`]: one immutable, validated, indexed view of the mesh; [`store`] swaps it.
+//! - [`route`]: the routing decision (scope, waypoints, nesting, load balancing, transport).
+//! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
+//! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
+//! - [`random`]: the seeded random source decisions take.
+
+pub mod authz;
+pub mod identity;
+pub mod lb;
+pub mod model;
+pub mod random;
+pub mod route;
+pub mod snapshot;
+pub mod store;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

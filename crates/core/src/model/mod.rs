@@ -1,0 +1,25 @@
+//! The mesh model: plain data with Istio's `istio.workload` / `istio.security` field meanings,
+//! so that the xDS layer can map it onto the wire field by field.
+
+mod gateway;
+mod names;
+mod policy;
+mod service;
+mod topology;
+mod workload;
+
+pub use gateway::Gateway;
+pub use names::{ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid};
+pub use policy::{
+    Action, Cidr, Clause, InvalidCidr, Match, Policy, PolicyScope, Rule, ServiceAccountMatch,
+    StringMatch,
+};
+pub use service::{
+    AddressEndpoint, GatewayDestination, GatewayRef, HealthPolicy, LbMode, LoadBalancing,
+    LocalityScope, ScopeRule, Service, ServicePort, ServiceScope, WaypointFor,
+};
+pub use topology::{Cluster, Locality, Node};
+pub use workload::{Health, PortMapping, TunnelProtocol, Workload};
+
+/// The port a node proxy serves HBONE on, inside every enrolled pod's network namespace.
+pub const HBONE_PORT: u16 = 15008;

@@ -1,0 +1,112 @@
+//! Names and keys: newtypes so a cluster name can never be passed where a network name belongs.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(s: impl Into<String>) -> Self {
+                Self(s.into())
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_string())
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A Kubernetes cluster, e.g. `east`. Istio's `cluster_id`.
+    ClusterId
+);
+name_type!(
+    /// An L3 network: pod addresses are unique only within one network. Istio's `network`.
+    NetworkId
+);
+name_type!(
+    /// A Kubernetes node: one `ferry node` runs per node.
+    NodeName
+);
+name_type!(
+    /// A workload's unique id, e.g. `east//v1/Pod/default/sleep-1`. Istio's `Workload.uid`.
+    WorkloadUid
+);
+
+/// A service's key: `namespace/hostname`, the xDS resource name of an Istio `Service`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub hostname: String,
+}
+
+impl ServiceKey {
+    pub fn new(namespace: impl Into<String>, hostname: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), hostname: hostname.into() }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// A policy's key: `namespace/name`, the xDS resource name of an Istio `Authorization`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PolicyKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PolicyKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for PolicyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An IP address qualified by its network. Pod ranges of two networks may overlap, so every
+/// address lookup in Ferry is keyed by this pair, never by the bare IP.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct NetworkAddress {
+    pub network: NetworkId,
+    pub ip: IpAddr,
+}
+
+impl NetworkAddress {
+    pub fn new(network: NetworkId, ip: IpAddr) -> Self {
+        Self { network, ip }
+    }
+}
+
+impl fmt::Display for NetworkAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.ip)
+    }
+}

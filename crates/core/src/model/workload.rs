@@ -1,0 +1,92 @@
+//! Workloads: pods (and address-only entries) with the identity Ferry impersonates for them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use super::{
+    ClusterId, GatewayRef, Locality, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey,
+    WorkloadUid,
+};
+use crate::identity::{Identity, InvalidIdentity};
+
+/// How traffic reaches a workload. Istio's `TunnelProtocol` (`NONE` is `Tcp` here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunnelProtocol {
+    /// Enrolled in the mesh: a node proxy terminates HBONE on port 15008 for it.
+    Hbone,
+    /// Not captured: reached with plain TCP on its own port.
+    Tcp,
+}
+
+/// Istio's `WorkloadStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+}
+
+/// One service port mapped to the workload's target port. Istio's `Port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PortMapping {
+    pub service_port: u16,
+    pub target_port: u16,
+}
+
+/// A workload, with Istio's `istio.workload.Workload` field meanings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Workload {
+    pub uid: WorkloadUid,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub trust_domain: String,
+    /// Addresses on `network`. Empty for an address-less placeholder of a remote workload.
+    pub addresses: Vec<IpAddr>,
+    pub network: NetworkId,
+    pub cluster: ClusterId,
+    /// The node whose proxy serves this workload; `None` for workloads outside any node proxy.
+    pub node: Option<NodeName>,
+    pub locality: Locality,
+    pub tunnel: TunnelProtocol,
+    pub health: Health,
+    /// Relative weight in load balancing. Istio's default is 1; 0 takes no new traffic.
+    pub capacity: u32,
+    /// A waypoint attached to this workload itself (not to a service it backs).
+    pub waypoint: Option<GatewayRef>,
+    /// The east-west gateway through which other networks reach this workload.
+    pub network_gateway: Option<GatewayRef>,
+    /// The services this workload backs, with their port maps.
+    pub services: BTreeMap<ServiceKey, Vec<PortMapping>>,
+    /// Workload-selector policies that select this workload.
+    pub authorization_policies: Vec<PolicyKey>,
+    pub labels: BTreeMap<String, String>,
+}
+
+// === impl Workload ===
+
+impl Workload {
+    /// The SPIFFE identity the node proxy presents for this workload.
+    pub fn identity(&self) -> Result<Identity, InvalidIdentity> {
+        Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    }
+
+    /// The workload's first address as a network-qualified address.
+    pub fn primary_address(&self) -> Option<NetworkAddress> {
+        self.addresses
+            .first()
+            .map(|ip| NetworkAddress::new(self.network.clone(), *ip))
+    }
+
+    /// The target port for `service_port` of `service`, if this workload backs that port.
+    pub fn target_port(&self, service: &ServiceKey, service_port: u16) -> Option<u16> {
+        self.services
+            .get(service)?
+            .iter()
+            .find(|p| p.service_port == service_port)
+            .map(|p| p.target_port)
+    }
+}

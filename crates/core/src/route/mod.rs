@@ -1,0 +1,239 @@
+//! The routing decision: where a captured connection goes, and why.
+//!
+//! [`route`] is a pure function of (source, destination, snapshot, random source). It returns a
+//! [`Decision`]: the [`Plan`] the node proxy executes (or the [`RouteError`] it fails the
+//! connection with), and every [`Step`] taken on the way, which `ferry explain` prints and access
+//! logs summarise. Invariants it keeps, whatever the snapshot:
+//!
+//! - **Scope**: an endpoint or waypoint endpoint is a candidate only if the scope of the service
+//!   being reached admits the source's cluster for that endpoint's cluster. No candidate, no
+//!   connection: it never falls back outside the scope. A waypoint's own scope can only narrow
+//!   this further.
+//! - **Workload waypoints** are chosen only on the source's network.
+//! - **Nested service addresses** (a service endpoint that is itself a service VIP) are resolved
+//!   inside the same decision, with the inner service's scope and waypoint, to a workload: the
+//!   connection is captured, and tunnelled, once.
+//! - **Reachability**: the next hop is on the source's network, or is an east-west gateway.
+
+mod decide;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Serialize;
+
+pub use decide::{MAX_NESTING, route};
+
+use crate::identity::Identity;
+use crate::lb::LbDrop;
+use crate::model::{ClusterId, NetworkId, ScopeRule, ServiceKey, Workload, WorkloadUid};
+
+/// Where the connection was headed, as captured.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Destination {
+    /// The original destination address of a captured connection.
+    Addr(SocketAddr),
+    /// A service hostname and port (from `ferry explain`, or a hostname-addressed tunnel).
+    Host { hostname: String, port: u16 },
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Addr(a) => write!(f, "{a}"),
+            Self::Host { hostname, port } => write!(f, "{hostname}:{port}"),
+        }
+    }
+}
+
+/// Who is connecting.
+#[derive(Clone, Copy, Debug)]
+pub struct Source<'a> {
+    pub workload: &'a Workload,
+    /// The cluster scope is checked against: the workload's own, or, at a waypoint, the cluster
+    /// of the original source it acts for.
+    pub origin_cluster: &'a ClusterId,
+}
+
+impl<'a> Source<'a> {
+    pub fn new(workload: &'a Workload) -> Self {
+        Self { workload, origin_cluster: &workload.cluster }
+    }
+
+    /// A hop (a waypoint) acting for a source in `origin_cluster`.
+    pub fn on_behalf_of(workload: &'a Workload, origin_cluster: &'a ClusterId) -> Self {
+        Self { workload, origin_cluster }
+    }
+}
+
+/// What the destination turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Class {
+    Service { service: ServiceKey, port: u16 },
+    Workload { workload: WorkloadUid, port: u16 },
+    /// Not a mesh address: passed through untouched.
+    OutsideMesh,
+    /// An east-west gateway's address: infrastructure, passed through untouched.
+    Gateway { name: String },
+}
+
+/// The role of a candidate that was set aside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CandidateRole {
+    Endpoint,
+    WaypointEndpoint,
+}
+
+/// Why a candidate was set aside.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum DropReason {
+    /// The scope of `service` does not admit the source's cluster for the candidate's cluster.
+    OutOfScope { service: ServiceKey, rule: ScopeRule, source_cluster: ClusterId },
+    /// A workload-attached waypoint on another network.
+    WaypointOnOtherNetwork { network: NetworkId },
+    /// On another network, and nothing carries traffic there.
+    Unreachable { network: NetworkId, why: &'static str },
+    /// The workload does not back the requested service port.
+    PortNotMapped { port: u16 },
+    Balancer(LbDrop),
+}
+
+/// One step of a decision, in the order it was taken.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "step")]
+pub enum Step {
+    Classified { destination: String, class: Class },
+    WaypointRequired { waypoint: String, attached_to: String },
+    WaypointSkipped { waypoint: String, why: &'static str },
+    Dropped {
+        role: CandidateRole,
+        candidate: String,
+        cluster: ClusterId,
+        reason: DropReason,
+    },
+    Picked {
+        role: CandidateRole,
+        candidate: String,
+        cluster: ClusterId,
+        network: NetworkId,
+        /// How many routing preferences the pick shares with the source.
+        rank: usize,
+        among: usize,
+    },
+    /// An endpoint that is itself a service address, resolved in this decision.
+    Nested { outer: ServiceKey, address: String, inner: ServiceKey, port: u16 },
+    Transport { transport: Transport },
+}
+
+/// How the node proxy carries the connection to its next hop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Transport {
+    /// HTTP/2 CONNECT over mutual TLS to a node proxy (or waypoint) on the source's network.
+    Hbone {
+        connect_to: SocketAddr,
+        /// The CONNECT `:authority`.
+        authority: String,
+        /// The TLS peer must present one of these.
+        identities: Vec<Identity>,
+    },
+    /// Double HBONE: an outer tunnel to another network's east-west gateway, carrying an inner
+    /// tunnel to the destination.
+    GatewayHbone {
+        gateway: SocketAddr,
+        gateway_identity: Identity,
+        /// `hostname:port`: the gateway resolves it on its own network.
+        authority: String,
+        identities: Vec<Identity>,
+    },
+    /// Plain TCP to a workload that is not enrolled in the mesh.
+    Tcp { connect_to: SocketAddr },
+    /// Plain TCP to an address outside the mesh, untouched.
+    Passthrough { connect_to: SocketAddr },
+}
+
+impl Transport {
+    /// The address the node proxy dials.
+    pub fn dial(&self) -> SocketAddr {
+        match self {
+            Self::Hbone { connect_to, .. }
+            | Self::Tcp { connect_to }
+            | Self::Passthrough { connect_to } => *connect_to,
+            Self::GatewayHbone { gateway, .. } => *gateway,
+        }
+    }
+
+    /// The identities the TLS handshake must accept (the inner ones for double HBONE).
+    pub fn identities(&self) -> &[Identity] {
+        match self {
+            Self::Hbone { identities, .. } | Self::GatewayHbone { identities, .. } => identities,
+            Self::Tcp { .. } | Self::Passthrough { .. } => &[],
+        }
+    }
+}
+
+/// What the node proxy does with the connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub class: Class,
+    /// The service finally served, after nested addresses were resolved.
+    pub service: Option<ServiceKey>,
+    /// The waypoint the connection goes through, if any.
+    pub waypoint: Option<String>,
+    /// The workload the bytes land on: a waypoint instance, or the destination endpoint.
+    pub landing: Option<WorkloadUid>,
+    /// The port on the landing workload (the target port, or the service port at a waypoint).
+    pub landing_port: u16,
+    pub transport: Transport,
+}
+
+/// Why no plan exists. The connection is failed with this reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum RouteError {
+    #[error("no service has hostname {hostname:?}")]
+    UnknownHost { hostname: String },
+    #[error("hostname {hostname:?} names services in several namespaces ({candidates}); none is in the source's namespace")]
+    AmbiguousHost { hostname: String, candidates: String },
+    #[error("service {service} has no port {port}")]
+    NoSuchPort { service: ServiceKey, port: u16 },
+    #[error("service {service}: no endpoint is eligible for a source in cluster {source_cluster} ({considered} considered; see the dropped candidates)")]
+    NoEndpoint { service: ServiceKey, source_cluster: ClusterId, considered: usize },
+    #[error("waypoint {waypoint} (for {attached_to}): no waypoint endpoint is eligible for a source in cluster {source_cluster} ({considered} considered)")]
+    NoWaypointEndpoint {
+        waypoint: String,
+        attached_to: String,
+        source_cluster: ClusterId,
+        considered: usize,
+    },
+    #[error("waypoint reference {reference} of {attached_to} resolves to nothing")]
+    UnresolvedWaypoint { reference: String, attached_to: String },
+    #[error("service addresses nest in a cycle: {chain}")]
+    NestingCycle { chain: String },
+    #[error("service addresses nest deeper than {limit}: {chain}")]
+    NestingTooDeep { chain: String, limit: usize },
+    #[error("workload {workload} has no address on network {network}")]
+    NoAddress { workload: WorkloadUid, network: NetworkId },
+    #[error("endpoint {endpoint} is on network {network}, and its east-west gateway {gateway} is unknown")]
+    UnknownGateway { endpoint: String, network: NetworkId, gateway: String },
+    #[error("the source workload has no identity: {0}")]
+    SourceIdentity(String),
+}
+
+/// A routing decision with its trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decision {
+    pub steps: Vec<Step>,
+    pub outcome: Result<Plan, RouteError>,
+}
+
+/// The address an endpoint or hop is known by in traces.
+pub(crate) fn describe_ip(ip: IpAddr, port: u16) -> String {
+    SocketAddr::new(ip, port).to_string()
+}
