@@ -196,6 +196,14 @@ impl SnapshotBuilder {
             if snap.gateways.iter().any(|o| o.name == g.name) {
                 return Err(SnapshotError::Duplicate { object });
             }
+            // Every network dials a gateway by its bare address, so it must be unique mesh-wide.
+            if let Some(o) = snap.gateways.iter().find(|o| o.address == g.address) {
+                return Err(SnapshotError::DuplicateAddress {
+                    address: g.network_address(),
+                    first: AddressOwner::Gateway(o.name.clone()),
+                    second: AddressOwner::Gateway(g.name.clone()),
+                });
+            }
             snap.claim(g.network_address(), AddressOwner::Gateway(g.name.clone()))?;
             snap.gateways.push(Arc::new(g));
         }
