@@ -1,0 +1,154 @@
+//! Decision throughput on a large generated mesh: 10,000 workloads, 1,000 services, 1,000
+//! policies, 2 clusters on 2 networks. Reports routing decisions/s, authorization checks/s and the
+//! snapshot's heap size.
+//!
+//! Run: `cargo bench -p ferry-core --bench decisions`
+
+// A counting global allocator needs unsafe; nothing else here does.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ferry_core::authz::{ConnInfo, authorize};
+use ferry_core::identity::Identity;
+use ferry_core::model::{
+    Action, Clause, Match, Policy, PolicyScope, Rule, ServiceScope, StringMatch, WaypointFor,
+    Workload,
+};
+use ferry_core::random::{Random, SplitMix64};
+use ferry_core::route::{Destination, Source, route};
+use ferry_core::snapshot::Snapshot;
+use ferry_core::testing::{MeshBuilder, waypoint_ref};
+
+/// Counts live heap bytes so the snapshot's size can be reported.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const WORKLOADS: usize = 10_000;
+const SERVICES: usize = 1_000;
+const POLICIES: usize = 1_000;
+const NAMESPACES: usize = 100;
+
+fn addr(net: usize, i: usize) -> String {
+    format!("198.{}.{}.{}", 18 + net, i / 250, i % 250 + 1)
+}
+
+fn mesh() -> MeshBuilder {
+    let mut m = MeshBuilder::new();
+    m.cluster("east", "net-east").cluster("west", "net-west");
+    m.gateway("gw-east", "east", "198.18.255.1").gateway("gw-west", "west", "198.19.255.1");
+    for n in 0..50 {
+        let c = if n % 2 == 0 { "east" } else { "west" };
+        m.node(&format!("node{n}"), c, &format!("r{}/z{}/s{}", n % 2, n % 4, n % 8));
+    }
+    for i in 0..WORKLOADS {
+        let n = i % 50;
+        let w = m.pod(&format!("pod{i}"), &format!("node{n}"), &addr(n % 2, 100 + i));
+        w.namespace = format!("ns{}", i % NAMESPACES);
+    }
+    m.waypoint("wp", WaypointFor::Service).scope = ServiceScope::global();
+    for k in 0..4 {
+        m.waypoint_pod("wp", &format!("wp{k}"), &format!("node{k}"), &addr(k % 2, 12_000 + k));
+    }
+    for s in 0..SERVICES {
+        let name = format!("svc{s}");
+        let vips = [("net-east", addr(0, 20_000 + s)), ("net-west", addr(1, 20_000 + s))];
+        let svc = m.service(&name, &[(vips[0].0, &vips[0].1), (vips[1].0, &vips[1].1)], 80, 8080);
+        svc.scope = if s % 2 == 0 { ServiceScope::global() } else { ServiceScope::local() };
+        if s % 10 == 0 {
+            svc.waypoint = Some(waypoint_ref("wp"));
+        }
+        for k in 0..10 {
+            m.backs(&format!("pod{}", (s * 10 + k) % WORKLOADS), &name);
+        }
+    }
+    for p in 0..POLICIES {
+        let ns = format!("ns{}", p % NAMESPACES);
+        let m_ = Match {
+            principals: vec![StringMatch::Prefix(format!("cluster.local/ns/{ns}/sa/pod{p}"))],
+            destination_ports: vec![8080, 9090],
+            ..Match::default()
+        };
+        m.policy(Policy {
+            name: format!("policy{p}"),
+            namespace: ns,
+            scope: PolicyScope::Namespace,
+            action: if p % 5 == 0 { Action::Deny } else { Action::Allow },
+            rules: vec![Rule { clauses: vec![Clause { matches: vec![m_] }] }],
+            dry_run: false,
+        });
+    }
+    m
+}
+
+fn bench(c: &mut Criterion) {
+    let m = mesh();
+    let before = LIVE.load(Ordering::Relaxed);
+    let snap: Snapshot = m.build();
+    let bytes = LIVE.load(Ordering::Relaxed) - before;
+    eprintln!(
+        "snapshot: {WORKLOADS} workloads, {SERVICES} services, {POLICIES} policies: {:.1} MiB heap ({} bytes per workload)",
+        bytes as f64 / (1024.0 * 1024.0),
+        bytes / WORKLOADS as isize
+    );
+    drop(m);
+
+    let sources: Vec<&Workload> = snap.workloads().map(|w| &**w).take(512).collect();
+    let vips: Vec<SocketAddr> = snap
+        .services()
+        .filter(|s| s.waypoint_for.is_none())
+        .filter_map(|s| s.vips.first().map(|v| SocketAddr::new(v.ip, 80)))
+        .collect();
+
+    let mut g = c.benchmark_group("decisions");
+    g.throughput(Throughput::Elements(1));
+    let mut rng = SplitMix64::new(7);
+    g.bench_function("route_service_vip", |b| {
+        b.iter(|| {
+            let src = sources[rng.below(sources.len() as u64) as usize];
+            let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
+            black_box(route(&snap, Source::new(src), &dst, &mut rng).outcome.is_ok())
+        })
+    });
+    let dsts: Vec<&Workload> = snap.workloads().map(|w| &**w).skip(512).take(512).collect();
+    let ids: Vec<Identity> = sources.iter().map(|w| w.identity().unwrap()).collect();
+    g.bench_function("authorize", |b| {
+        b.iter(|| {
+            let i = rng.below(ids.len() as u64) as usize;
+            let dst = dsts[rng.below(dsts.len() as u64) as usize];
+            let conn = ConnInfo {
+                source_identity: Some(&ids[i]),
+                source_ip: sources[i].addresses[0],
+                destination_ip: dst.addresses[0],
+                destination_port: 8080,
+            };
+            black_box(authorize(&snap, dst, &conn).is_allowed())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

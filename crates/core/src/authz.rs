@@ -75,13 +75,15 @@ pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdic
     applicable.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     applicable.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
 
+    let principal = conn.source_identity.map(Identity::principal);
+    let facts = Facts { conn, principal: principal.as_deref() };
     let mut audited = Vec::new();
     let mut dry_run = Vec::new();
     let mut deny = None;
     let mut allow = None;
     let mut allow_policies = 0;
     for p in applicable {
-        let hit = matching_rule(p, conn).map(|rule| RuleRef { policy: p.key(), rule });
+        let hit = matching_rule(p, &facts).map(|rule| RuleRef { policy: p.key(), rule });
         if p.dry_run {
             if let Some(r) = hit {
                 dry_run.push((p.action, r));
@@ -112,25 +114,32 @@ pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdic
     Verdict { effect, reason, audited, dry_run }
 }
 
+/// The connection's facts, with the principal computed once per check.
+struct Facts<'a> {
+    conn: &'a ConnInfo<'a>,
+    principal: Option<&'a str>,
+}
+
 /// The index of the first rule of `p` that matches, if any. Rules OR.
-fn matching_rule(p: &Policy, conn: &ConnInfo<'_>) -> Option<usize> {
-    p.rules.iter().position(|r| rule_matches(r, conn))
+fn matching_rule(p: &Policy, facts: &Facts<'_>) -> Option<usize> {
+    p.rules.iter().position(|r| rule_matches(r, facts))
 }
 
 /// Clauses AND; a rule with no clauses matches everything.
-fn rule_matches(r: &Rule, conn: &ConnInfo<'_>) -> bool {
-    r.clauses.iter().all(|c| clause_matches(c, conn))
+fn rule_matches(r: &Rule, facts: &Facts<'_>) -> bool {
+    r.clauses.iter().all(|c| clause_matches(c, facts))
 }
 
 /// Matches OR; empty matches are skipped; a clause with no non-empty match holds.
-fn clause_matches(c: &Clause, conn: &ConnInfo<'_>) -> bool {
+fn clause_matches(c: &Clause, facts: &Facts<'_>) -> bool {
     let mut live = c.matches.iter().filter(|m| !m.is_empty()).peekable();
-    live.peek().is_none() || live.any(|m| match_holds(m, conn))
+    live.peek().is_none() || live.any(|m| match_holds(m, facts))
 }
 
 /// Every populated field holds (values of one field OR); `not_*` lists must not match.
-fn match_holds(m: &Match, conn: &ConnInfo<'_>) -> bool {
-    let principal = conn.source_identity.map(Identity::principal);
+fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
+    let conn = facts.conn;
+    let principal = facts.principal;
     let namespace = conn.source_identity.map(Identity::namespace);
     let sa = conn.source_identity.map(|i| (i.namespace(), i.service_account()));
 
@@ -145,8 +154,8 @@ fn match_holds(m: &Match, conn: &ConnInfo<'_>) -> bool {
 
     positive(m.namespaces.is_empty(), str_any(&m.namespaces, namespace))
         && negative(m.not_namespaces.is_empty(), str_any(&m.not_namespaces, namespace))
-        && positive(m.principals.is_empty(), str_any(&m.principals, principal.as_deref()))
-        && negative(m.not_principals.is_empty(), str_any(&m.not_principals, principal.as_deref()))
+        && positive(m.principals.is_empty(), str_any(&m.principals, principal))
+        && negative(m.not_principals.is_empty(), str_any(&m.not_principals, principal))
         && positive(m.service_accounts.is_empty(), sa_any(&m.service_accounts))
         && negative(m.not_service_accounts.is_empty(), sa_any(&m.not_service_accounts))
         && positive(m.source_ips.is_empty(), m.source_ips.iter().any(|c| c.contains(conn.source_ip)))

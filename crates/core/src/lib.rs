@@ -12,6 +12,8 @@
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
 //! - [`random`]: the seeded random source decisions take.
 
+#![forbid(unsafe_code)]
+
 pub mod authz;
 pub mod identity;
 pub mod lb;
