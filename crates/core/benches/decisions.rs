@@ -58,25 +58,51 @@ fn addr(net: usize, i: usize) -> String {
 fn mesh() -> MeshBuilder {
     let mut m = MeshBuilder::new();
     m.cluster("east", "net-east").cluster("west", "net-west");
-    m.gateway("gw-east", "east", "198.18.255.1").gateway("gw-west", "west", "198.19.255.1");
+    m.gateway("gw-east", "east", "198.18.255.1")
+        .gateway("gw-west", "west", "198.19.255.1");
     for n in 0..50 {
         let c = if n % 2 == 0 { "east" } else { "west" };
-        m.node(&format!("node{n}"), c, &format!("r{}/z{}/s{}", n % 2, n % 4, n % 8));
+        m.node(
+            &format!("node{n}"),
+            c,
+            &format!("r{}/z{}/s{}", n % 2, n % 4, n % 8),
+        );
     }
     for i in 0..WORKLOADS {
         let n = i % 50;
-        let w = m.pod(&format!("pod{i}"), &format!("node{n}"), &addr(n % 2, 100 + i));
+        let w = m.pod(
+            &format!("pod{i}"),
+            &format!("node{n}"),
+            &addr(n % 2, 100 + i),
+        );
         w.namespace = format!("ns{}", i % NAMESPACES);
     }
     m.waypoint("wp", WaypointFor::Service).scope = ServiceScope::global();
     for k in 0..4 {
-        m.waypoint_pod("wp", &format!("wp{k}"), &format!("node{k}"), &addr(k % 2, 12_000 + k));
+        m.waypoint_pod(
+            "wp",
+            &format!("wp{k}"),
+            &format!("node{k}"),
+            &addr(k % 2, 12_000 + k),
+        );
     }
     for s in 0..SERVICES {
         let name = format!("svc{s}");
-        let vips = [("net-east", addr(0, 20_000 + s)), ("net-west", addr(1, 20_000 + s))];
-        let svc = m.service(&name, &[(vips[0].0, &vips[0].1), (vips[1].0, &vips[1].1)], 80, 8080);
-        svc.scope = if s % 2 == 0 { ServiceScope::global() } else { ServiceScope::local() };
+        let vips = [
+            ("net-east", addr(0, 20_000 + s)),
+            ("net-west", addr(1, 20_000 + s)),
+        ];
+        let svc = m.service(
+            &name,
+            &[(vips[0].0, &vips[0].1), (vips[1].0, &vips[1].1)],
+            80,
+            8080,
+        );
+        svc.scope = if s % 2 == 0 {
+            ServiceScope::global()
+        } else {
+            ServiceScope::local()
+        };
         if s % 10 == 0 {
             svc.waypoint = Some(waypoint_ref("wp"));
         }
@@ -87,7 +113,9 @@ fn mesh() -> MeshBuilder {
     for p in 0..POLICIES {
         let ns = format!("ns{}", p % NAMESPACES);
         let m_ = Match {
-            principals: vec![StringMatch::Prefix(format!("cluster.local/ns/{ns}/sa/pod{p}"))],
+            principals: vec![StringMatch::Prefix(format!(
+                "cluster.local/ns/{ns}/sa/pod{p}"
+            ))],
             destination_ports: vec![8080, 9090],
             ..Match::default()
         };
@@ -95,8 +123,14 @@ fn mesh() -> MeshBuilder {
             name: format!("policy{p}"),
             namespace: ns,
             scope: PolicyScope::Namespace,
-            action: if p % 5 == 0 { Action::Deny } else { Action::Allow },
-            rules: vec![Rule { clauses: vec![Clause { matches: vec![m_] }] }],
+            action: if p % 5 == 0 {
+                Action::Deny
+            } else {
+                Action::Allow
+            },
+            rules: vec![Rule {
+                clauses: vec![Clause { matches: vec![m_] }],
+            }],
             dry_run: false,
         });
     }
@@ -129,7 +163,11 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let src = sources[rng.below(sources.len() as u64) as usize];
             let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
-            black_box(route(&snap, Source::new(src), &dst, &mut rng).outcome.is_ok())
+            black_box(
+                route(&snap, Source::new(src), &dst, &mut rng)
+                    .outcome
+                    .is_ok(),
+            )
         })
     });
     let dsts: Vec<&Workload> = snap.workloads().map(|w| &**w).skip(512).take(512).collect();

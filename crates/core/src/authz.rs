@@ -47,7 +47,9 @@ pub enum Reason {
     DeniedBy(RuleRef),
     AllowedBy(RuleRef),
     /// ALLOW policies apply to the workload and none matched.
-    NoAllowMatched { allow_policies: usize },
+    NoAllowMatched {
+        allow_policies: usize,
+    },
     /// No ALLOW policy applies to the workload, and no DENY matched.
     NoAllowPolicies,
 }
@@ -76,14 +78,20 @@ pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdic
     applicable.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
 
     let principal = conn.source_identity.map(Identity::principal);
-    let facts = Facts { conn, principal: principal.as_deref() };
+    let facts = Facts {
+        conn,
+        principal: principal.as_deref(),
+    };
     let mut audited = Vec::new();
     let mut dry_run = Vec::new();
     let mut deny = None;
     let mut allow = None;
     let mut allow_policies = 0;
     for p in applicable {
-        let hit = matching_rule(p, &facts).map(|rule| RuleRef { policy: p.key(), rule });
+        let hit = matching_rule(p, &facts).map(|rule| RuleRef {
+            policy: p.key(),
+            rule,
+        });
         if p.dry_run {
             if let Some(r) = hit {
                 dry_run.push((p.action, r));
@@ -108,10 +116,17 @@ pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdic
     let (effect, reason) = match (deny, allow) {
         (Some(r), _) => (Effect::Deny, Reason::DeniedBy(r)),
         (None, Some(r)) => (Effect::Allow, Reason::AllowedBy(r)),
-        (None, None) if allow_policies > 0 => (Effect::Deny, Reason::NoAllowMatched { allow_policies }),
+        (None, None) if allow_policies > 0 => {
+            (Effect::Deny, Reason::NoAllowMatched { allow_policies })
+        }
         (None, None) => (Effect::Allow, Reason::NoAllowPolicies),
     };
-    Verdict { effect, reason, audited, dry_run }
+    Verdict {
+        effect,
+        reason,
+        audited,
+        dry_run,
+    }
 }
 
 /// The connection's facts, with the principal computed once per check.
@@ -141,34 +156,61 @@ fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
     let conn = facts.conn;
     let principal = facts.principal;
     let namespace = conn.source_identity.map(Identity::namespace);
-    let sa = conn.source_identity.map(|i| (i.namespace(), i.service_account()));
+    let sa = conn
+        .source_identity
+        .map(|i| (i.namespace(), i.service_account()));
 
     let str_any = |list: &[crate::model::StringMatch], v: Option<&str>| {
         v.is_some_and(|v| list.iter().any(|s| s.matches(v)))
     };
     let sa_any = |list: &[crate::model::ServiceAccountMatch]| {
-        sa.is_some_and(|(ns, sa)| list.iter().any(|m| m.namespace == ns && m.service_account == sa))
+        sa.is_some_and(|(ns, sa)| {
+            list.iter()
+                .any(|m| m.namespace == ns && m.service_account == sa)
+        })
     };
     let positive = |empty: bool, hit: bool| empty || hit;
     let negative = |empty: bool, hit: bool| empty || !hit;
 
     positive(m.namespaces.is_empty(), str_any(&m.namespaces, namespace))
-        && negative(m.not_namespaces.is_empty(), str_any(&m.not_namespaces, namespace))
+        && negative(
+            m.not_namespaces.is_empty(),
+            str_any(&m.not_namespaces, namespace),
+        )
         && positive(m.principals.is_empty(), str_any(&m.principals, principal))
-        && negative(m.not_principals.is_empty(), str_any(&m.not_principals, principal))
+        && negative(
+            m.not_principals.is_empty(),
+            str_any(&m.not_principals, principal),
+        )
         && positive(m.service_accounts.is_empty(), sa_any(&m.service_accounts))
-        && negative(m.not_service_accounts.is_empty(), sa_any(&m.not_service_accounts))
-        && positive(m.source_ips.is_empty(), m.source_ips.iter().any(|c| c.contains(conn.source_ip)))
-        && negative(m.not_source_ips.is_empty(), m.not_source_ips.iter().any(|c| c.contains(conn.source_ip)))
+        && negative(
+            m.not_service_accounts.is_empty(),
+            sa_any(&m.not_service_accounts),
+        )
+        && positive(
+            m.source_ips.is_empty(),
+            m.source_ips.iter().any(|c| c.contains(conn.source_ip)),
+        )
+        && negative(
+            m.not_source_ips.is_empty(),
+            m.not_source_ips.iter().any(|c| c.contains(conn.source_ip)),
+        )
         && positive(
             m.destination_ips.is_empty(),
-            m.destination_ips.iter().any(|c| c.contains(conn.destination_ip)),
+            m.destination_ips
+                .iter()
+                .any(|c| c.contains(conn.destination_ip)),
         )
         && negative(
             m.not_destination_ips.is_empty(),
-            m.not_destination_ips.iter().any(|c| c.contains(conn.destination_ip)),
+            m.not_destination_ips
+                .iter()
+                .any(|c| c.contains(conn.destination_ip)),
         )
-        && positive(m.destination_ports.is_empty(), m.destination_ports.contains(&conn.destination_port))
+        && positive(
+            m.destination_ports.is_empty(),
+            m.destination_ports.contains(&conn.destination_port),
+        )
         && negative(
             m.not_destination_ports.is_empty(),
             m.not_destination_ports.contains(&conn.destination_port),

@@ -22,7 +22,9 @@ pub struct Identity {
 pub enum InvalidIdentity {
     #[error("identity {0:?} does not start with \"spiffe://\"")]
     Scheme(String),
-    #[error("identity {0:?} is not of the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>")]
+    #[error(
+        "identity {0:?} is not of the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>"
+    )]
     Shape(String),
     #[error("identity {value:?} has an empty or invalid {part}")]
     Part { value: String, part: &'static str },
@@ -48,7 +50,10 @@ impl Identity {
             ("service account", &id.service_account),
         ] {
             if !valid_segment(value) {
-                return Err(InvalidIdentity::Part { value: id.to_string(), part });
+                return Err(InvalidIdentity::Part {
+                    value: id.to_string(),
+                    part,
+                });
             }
         }
         Ok(id)

@@ -38,7 +38,10 @@ pub enum LbDrop {
     Unhealthy,
     NoCapacity,
     /// Matched `rank` of `of` routing preferences; a closer candidate exists, or strict mode.
-    LessPreferred { rank: usize, of: usize },
+    LessPreferred {
+        rank: usize,
+        of: usize,
+    },
 }
 
 /// The outcome of one choice: the index picked (if any) and what was set aside.
@@ -99,15 +102,26 @@ pub fn choose(
     }
     dropped.sort_by_key(|(i, _)| *i);
     let rank = live.first().map(|(_, r)| *r).unwrap_or(0);
-    let total: u64 = live.iter().map(|(i, _)| u64::from(candidates[*i].capacity)).sum();
+    let total: u64 = live
+        .iter()
+        .map(|(i, _)| u64::from(candidates[*i].capacity))
+        .sum();
     if total == 0 {
-        return Choice { picked: None, rank, dropped };
+        return Choice {
+            picked: None,
+            rank,
+            dropped,
+        };
     }
     let mut ticket = rng.below(total);
     for (i, _) in &live {
         let w = u64::from(candidates[*i].capacity);
         if ticket < w {
-            return Choice { picked: Some(*i), rank, dropped };
+            return Choice {
+                picked: Some(*i),
+                rank,
+                dropped,
+            };
         }
         ticket -= w;
     }
@@ -120,7 +134,11 @@ mod tests {
     use crate::random::SplitMix64;
 
     fn loc(region: &str, zone: &str, subzone: &str) -> Locality {
-        Locality { region: region.into(), zone: zone.into(), subzone: subzone.into() }
+        Locality {
+            region: region.into(),
+            zone: zone.into(),
+            subzone: subzone.into(),
+        }
     }
 
     #[test]
@@ -128,15 +146,30 @@ mod tests {
         let c = ClusterId::from("c");
         let n = NetworkId::from("n");
         let l = Locality::default();
-        let p = Placement { cluster: &c, network: &n, node: None, locality: &l };
+        let p = Placement {
+            cluster: &c,
+            network: &n,
+            node: None,
+            locality: &l,
+        };
         let cands = [
-            Candidate { placement: p, health: Health::Healthy, capacity: 1 },
-            Candidate { placement: p, health: Health::Healthy, capacity: 3 },
+            Candidate {
+                placement: p,
+                health: Health::Healthy,
+                capacity: 1,
+            },
+            Candidate {
+                placement: p,
+                health: Health::Healthy,
+                capacity: 3,
+            },
         ];
         let mut rng = SplitMix64::new(1);
         let mut counts = [0u32; 2];
         for _ in 0..4000 {
-            counts[choose(&LoadBalancing::standard(), &p, &cands, &mut rng).picked.unwrap()] += 1;
+            counts[choose(&LoadBalancing::standard(), &p, &cands, &mut rng)
+                .picked
+                .unwrap()] += 1;
         }
         // Expected 1000 / 3000; a wide margin keeps this a behaviour check, not a flaky one.
         assert!((800..1200).contains(&counts[0]), "{counts:?}");
@@ -148,17 +181,34 @@ mod tests {
         let n = NetworkId::from("n");
         let here = loc("r1", "z1", "");
         let there = loc("r1", "z2", "");
-        let src = Placement { cluster: &c, network: &n, node: None, locality: &here };
-        let far = Placement { cluster: &c, network: &n, node: None, locality: &there };
+        let src = Placement {
+            cluster: &c,
+            network: &n,
+            node: None,
+            locality: &here,
+        };
+        let far = Placement {
+            cluster: &c,
+            network: &n,
+            node: None,
+            locality: &there,
+        };
         let lb = LoadBalancing {
             mode: LbMode::Strict,
             routing_preference: vec![LocalityScope::Region, LocalityScope::Zone],
             health_policy: HealthPolicy::OnlyHealthy,
         };
-        let cands = [Candidate { placement: far, health: Health::Healthy, capacity: 1 }];
+        let cands = [Candidate {
+            placement: far,
+            health: Health::Healthy,
+            capacity: 1,
+        }];
         let choice = choose(&lb, &src, &cands, &mut SplitMix64::new(1));
         assert_eq!(choice.picked, None);
-        assert_eq!(choice.dropped, vec![(0, LbDrop::LessPreferred { rank: 1, of: 2 })]);
+        assert_eq!(
+            choice.dropped,
+            vec![(0, LbDrop::LessPreferred { rank: 1, of: 2 })]
+        );
     }
 
     #[test]
@@ -166,11 +216,26 @@ mod tests {
         let c = ClusterId::from("c");
         let n = NetworkId::from("n");
         let l = Locality::default();
-        let p = Placement { cluster: &c, network: &n, node: None, locality: &l };
-        let cands = [Candidate { placement: p, health: Health::Unhealthy, capacity: 1 }];
+        let p = Placement {
+            cluster: &c,
+            network: &n,
+            node: None,
+            locality: &l,
+        };
+        let cands = [Candidate {
+            placement: p,
+            health: Health::Unhealthy,
+            capacity: 1,
+        }];
         let mut lb = LoadBalancing::standard();
-        assert_eq!(choose(&lb, &p, &cands, &mut SplitMix64::new(1)).picked, None);
+        assert_eq!(
+            choose(&lb, &p, &cands, &mut SplitMix64::new(1)).picked,
+            None
+        );
         lb.health_policy = HealthPolicy::AllowAll;
-        assert_eq!(choose(&lb, &p, &cands, &mut SplitMix64::new(1)).picked, Some(0));
+        assert_eq!(
+            choose(&lb, &p, &cands, &mut SplitMix64::new(1)).picked,
+            Some(0)
+        );
     }
 }

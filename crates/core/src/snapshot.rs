@@ -77,21 +77,48 @@ pub enum SnapshotError {
     #[error("{object} is defined twice")]
     Duplicate { object: ObjectRef },
     #[error("address {address} is used by both {first} and {second}")]
-    DuplicateAddress { address: NetworkAddress, first: AddressOwner, second: AddressOwner },
+    DuplicateAddress {
+        address: NetworkAddress,
+        first: AddressOwner,
+        second: AddressOwner,
+    },
     #[error("{object} refers to cluster {cluster:?}, which does not exist")]
-    UnknownCluster { object: ObjectRef, cluster: ClusterId },
+    UnknownCluster {
+        object: ObjectRef,
+        cluster: ClusterId,
+    },
     #[error("{object} refers to node {node:?}, which does not exist")]
     UnknownNode { object: ObjectRef, node: NodeName },
-    #[error("{object} is on network {found:?}, but its cluster {cluster} is on network {expected:?}")]
-    WrongNetwork { object: ObjectRef, cluster: ClusterId, expected: NetworkId, found: NetworkId },
+    #[error(
+        "{object} is on network {found:?}, but its cluster {cluster} is on network {expected:?}"
+    )]
+    WrongNetwork {
+        object: ObjectRef,
+        cluster: ClusterId,
+        expected: NetworkId,
+        found: NetworkId,
+    },
     #[error("{object} refers to service {service}, which does not exist")]
-    UnknownService { object: ObjectRef, service: ServiceKey },
+    UnknownService {
+        object: ObjectRef,
+        service: ServiceKey,
+    },
     #[error("{object} refers to policy {policy}, which does not exist")]
-    UnknownPolicy { object: ObjectRef, policy: PolicyKey },
+    UnknownPolicy {
+        object: ObjectRef,
+        policy: PolicyKey,
+    },
     #[error("{object} has a {role} at {reference}, which matches no service, workload or gateway")]
-    UnresolvedGateway { object: ObjectRef, role: &'static str, reference: String },
+    UnresolvedGateway {
+        object: ObjectRef,
+        role: &'static str,
+        reference: String,
+    },
     #[error("{object} has no valid identity: {source}")]
-    Identity { object: ObjectRef, source: InvalidIdentity },
+    Identity {
+        object: ObjectRef,
+        source: InvalidIdentity,
+    },
 }
 
 /// The whole mesh at one version, with the indexes every hop needs.
@@ -128,7 +155,10 @@ pub struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     pub fn new(version: u64) -> Self {
-        Self { version, ..Self::default() }
+        Self {
+            version,
+            ..Self::default()
+        }
     }
 
     pub fn cluster(&mut self, c: Cluster) -> &mut Self {
@@ -163,7 +193,10 @@ impl SnapshotBuilder {
 
     /// Checks every invariant and indexes the result. Reports the first broken invariant.
     pub fn build(self) -> Result<Snapshot, SnapshotError> {
-        let mut snap = Snapshot { version: self.version, ..Snapshot::default() };
+        let mut snap = Snapshot {
+            version: self.version,
+            ..Snapshot::default()
+        };
 
         for c in self.clusters {
             let object = ObjectRef::Cluster(c.name.clone());
@@ -174,7 +207,10 @@ impl SnapshotBuilder {
         for n in self.nodes {
             let object = ObjectRef::Node(n.name.clone());
             if !snap.clusters.contains_key(&n.cluster) {
-                return Err(SnapshotError::UnknownCluster { object, cluster: n.cluster });
+                return Err(SnapshotError::UnknownCluster {
+                    object,
+                    cluster: n.cluster,
+                });
             }
             if snap.nodes.insert(n.name.clone(), n).is_some() {
                 return Err(SnapshotError::Duplicate { object });
@@ -185,9 +221,14 @@ impl SnapshotBuilder {
             for vip in &s.vips {
                 snap.claim(vip.clone(), AddressOwner::Service(key.clone()))?;
             }
-            snap.by_hostname.entry(s.hostname.clone()).or_default().push(key.clone());
+            snap.by_hostname
+                .entry(s.hostname.clone())
+                .or_default()
+                .push(key.clone());
             if snap.services.insert(key.clone(), Arc::new(s)).is_some() {
-                return Err(SnapshotError::Duplicate { object: ObjectRef::Service(key) });
+                return Err(SnapshotError::Duplicate {
+                    object: ObjectRef::Service(key),
+                });
             }
         }
         for g in self.gateways {
@@ -211,13 +252,17 @@ impl SnapshotBuilder {
             let key = p.key();
             match p.scope {
                 PolicyScope::Mesh => snap.mesh_policies.push(key.clone()),
-                PolicyScope::Namespace => {
-                    snap.namespace_policies.entry(p.namespace.clone()).or_default().push(key.clone())
-                }
+                PolicyScope::Namespace => snap
+                    .namespace_policies
+                    .entry(p.namespace.clone())
+                    .or_default()
+                    .push(key.clone()),
                 PolicyScope::WorkloadSelector => {}
             }
             if snap.policies.insert(key.clone(), Arc::new(p)).is_some() {
-                return Err(SnapshotError::Duplicate { object: ObjectRef::Policy(key) });
+                return Err(SnapshotError::Duplicate {
+                    object: ObjectRef::Policy(key),
+                });
             }
         }
         for w in self.workloads {
@@ -225,20 +270,31 @@ impl SnapshotBuilder {
             if snap.workloads.contains_key(&w.uid) {
                 return Err(SnapshotError::Duplicate { object });
             }
-            w.identity()
-                .map_err(|source| SnapshotError::Identity { object: object.clone(), source })?;
+            w.identity().map_err(|source| SnapshotError::Identity {
+                object: object.clone(),
+                source,
+            })?;
             snap.check_cluster_network(&object, &w.cluster, &w.network)?;
             if let Some(node) = &w.node {
                 match snap.nodes.get(node) {
                     None => {
-                        return Err(SnapshotError::UnknownNode { object, node: node.clone() });
+                        return Err(SnapshotError::UnknownNode {
+                            object,
+                            node: node.clone(),
+                        });
                     }
                     Some(n) if n.cluster != w.cluster => {
-                        return Err(SnapshotError::UnknownNode { object, node: node.clone() });
+                        return Err(SnapshotError::UnknownNode {
+                            object,
+                            node: node.clone(),
+                        });
                     }
                     Some(_) => {}
                 }
-                snap.by_node.entry(node.clone()).or_default().push(w.uid.clone());
+                snap.by_node
+                    .entry(node.clone())
+                    .or_default()
+                    .push(w.uid.clone());
             }
             for ip in &w.addresses {
                 snap.claim(
@@ -248,13 +304,22 @@ impl SnapshotBuilder {
             }
             for svc in w.services.keys() {
                 if !snap.services.contains_key(svc) {
-                    return Err(SnapshotError::UnknownService { object, service: svc.clone() });
+                    return Err(SnapshotError::UnknownService {
+                        object,
+                        service: svc.clone(),
+                    });
                 }
-                snap.endpoints.entry(svc.clone()).or_default().push(Endpoint::Workload(w.uid.clone()));
+                snap.endpoints
+                    .entry(svc.clone())
+                    .or_default()
+                    .push(Endpoint::Workload(w.uid.clone()));
             }
             for p in &w.authorization_policies {
                 if !snap.policies.contains_key(p) {
-                    return Err(SnapshotError::UnknownPolicy { object, policy: p.clone() });
+                    return Err(SnapshotError::UnknownPolicy {
+                        object,
+                        policy: p.clone(),
+                    });
                 }
             }
             snap.workloads.insert(w.uid.clone(), Arc::new(w));
@@ -264,7 +329,10 @@ impl SnapshotBuilder {
             let object = ObjectRef::Service(key.clone());
             for ae in &svc.address_endpoints {
                 if !snap.clusters.contains_key(&ae.cluster) {
-                    return Err(SnapshotError::UnknownCluster { object, cluster: ae.cluster.clone() });
+                    return Err(SnapshotError::UnknownCluster {
+                        object,
+                        cluster: ae.cluster.clone(),
+                    });
                 }
             }
             if let Some(wp) = &svc.waypoint {
@@ -286,7 +354,7 @@ impl SnapshotBuilder {
         }
         // Deterministic order: a seeded load-balancing choice must not depend on hash order.
         for eps in snap.endpoints.values_mut() {
-            eps.sort_by(|a, b| endpoint_sort_key(a).cmp(&endpoint_sort_key(b)));
+            eps.sort_by_key(endpoint_sort_key);
         }
         for uids in snap.by_node.values_mut() {
             uids.sort();
@@ -363,7 +431,10 @@ impl Snapshot {
 
     /// Services with this hostname (one per namespace at most).
     pub fn services_by_hostname(&self, hostname: &str) -> &[ServiceKey] {
-        self.by_hostname.get(hostname).map(Vec::as_slice).unwrap_or(&[])
+        self.by_hostname
+            .get(hostname)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// The workloads a node proxy serves.
@@ -373,33 +444,55 @@ impl Snapshot {
 
     /// The endpoints of a service, in a stable order.
     pub fn endpoints(&self, service: &ServiceKey) -> &[Endpoint] {
-        self.endpoints.get(service).map(Vec::as_slice).unwrap_or(&[])
+        self.endpoints
+            .get(service)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// The east-west gateway at `address`.
     pub fn gateway_at(&self, address: &NetworkAddress) -> Option<&Arc<Gateway>> {
-        self.gateways.iter().find(|g| &g.network_address() == address)
+        self.gateways
+            .iter()
+            .find(|g| &g.network_address() == address)
     }
 
     /// The policies that apply to `workload`: mesh-wide, its namespace's, and those that select it.
-    pub fn policies_for<'a>(&'a self, workload: &'a Workload) -> impl Iterator<Item = &'a Arc<Policy>> {
+    pub fn policies_for<'a>(
+        &'a self,
+        workload: &'a Workload,
+    ) -> impl Iterator<Item = &'a Arc<Policy>> {
         self.mesh_policies
             .iter()
-            .chain(self.namespace_policies.get(&workload.namespace).into_iter().flatten())
+            .chain(
+                self.namespace_policies
+                    .get(&workload.namespace)
+                    .into_iter()
+                    .flatten(),
+            )
             .chain(workload.authorization_policies.iter())
             .filter_map(|k| self.policies.get(k))
     }
 
     /// The waypoint services this workload is an instance of.
-    pub fn waypoints_served_by<'a>(&'a self, workload: &'a Workload) -> impl Iterator<Item = &'a ServiceKey> {
+    pub fn waypoints_served_by<'a>(
+        &'a self,
+        workload: &'a Workload,
+    ) -> impl Iterator<Item = &'a ServiceKey> {
         workload.services.keys().filter(|k| {
-            self.services.get(*k).is_some_and(|s| s.waypoint_for.is_some())
+            self.services
+                .get(*k)
+                .is_some_and(|s| s.waypoint_for.is_some())
         })
     }
 
     fn claim(&mut self, address: NetworkAddress, owner: AddressOwner) -> Result<(), SnapshotError> {
         if let Some(first) = self.by_address.get(&address) {
-            return Err(SnapshotError::DuplicateAddress { address, first: first.clone(), second: owner });
+            return Err(SnapshotError::DuplicateAddress {
+                address,
+                first: first.clone(),
+                second: owner,
+            });
         }
         self.by_address.insert(address, owner);
         Ok(())
@@ -412,7 +505,10 @@ impl Snapshot {
         network: &NetworkId,
     ) -> Result<(), SnapshotError> {
         let Some(c) = self.clusters.get(cluster) else {
-            return Err(SnapshotError::UnknownCluster { object: object.clone(), cluster: cluster.clone() });
+            return Err(SnapshotError::UnknownCluster {
+                object: object.clone(),
+                cluster: cluster.clone(),
+            });
         };
         if &c.network != network {
             return Err(SnapshotError::WrongNetwork {
@@ -442,7 +538,11 @@ impl Snapshot {
                 GatewayDestination::Service(key) => key.to_string(),
                 GatewayDestination::Address(addr) => addr.to_string(),
             };
-            Err(SnapshotError::UnresolvedGateway { object: object.clone(), role, reference })
+            Err(SnapshotError::UnresolvedGateway {
+                object: object.clone(),
+                role,
+                reference,
+            })
         }
     }
 }

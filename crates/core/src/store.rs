@@ -18,7 +18,9 @@ pub struct Store {
 
 impl Store {
     pub fn new(initial: Snapshot) -> Self {
-        Self { current: ArcSwap::from_pointee(initial) }
+        Self {
+            current: ArcSwap::from_pointee(initial),
+        }
     }
 
     /// The current snapshot. Lock-free; the caller holds it for the length of one decision.

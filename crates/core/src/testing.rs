@@ -39,7 +39,10 @@ impl MeshBuilder {
     }
 
     pub fn cluster(&mut self, name: &str, network: &str) -> &mut Self {
-        self.clusters.push(Cluster { name: name.into(), network: network.into() });
+        self.clusters.push(Cluster {
+            name: name.into(),
+            network: network.into(),
+        });
         self
     }
 
@@ -86,7 +89,7 @@ impl MeshBuilder {
             network,
             cluster: n.cluster.clone(),
             node: Some(n.name.clone()),
-            locality: n.locality.clone(),
+            locality: n.locality,
             tunnel: TunnelProtocol::Hbone,
             health: Health::Healthy,
             capacity: 1,
@@ -100,18 +103,33 @@ impl MeshBuilder {
     }
 
     pub fn workload_mut(&mut self, name: &str) -> &mut Workload {
-        self.workloads.iter_mut().find(|w| w.name == name).expect("workload exists")
+        self.workloads
+            .iter_mut()
+            .find(|w| w.name == name)
+            .expect("workload exists")
     }
 
     /// A service `name.default.svc.cluster.local` with one port, global scope.
     /// `vips` are `network=ip` pairs.
-    pub fn service(&mut self, name: &str, vips: &[(&str, &str)], port: u16, target: u16) -> &mut Service {
+    pub fn service(
+        &mut self,
+        name: &str,
+        vips: &[(&str, &str)],
+        port: u16,
+        target: u16,
+    ) -> &mut Service {
         self.services.push(Service {
             name: name.into(),
             namespace: "default".into(),
             hostname: hostname(name),
-            vips: vips.iter().map(|(n, a)| NetworkAddress::new((*n).into(), ip(a))).collect(),
-            ports: vec![ServicePort { port, target_port: target }],
+            vips: vips
+                .iter()
+                .map(|(n, a)| NetworkAddress::new((*n).into(), ip(a)))
+                .collect(),
+            ports: vec![ServicePort {
+                port,
+                target_port: target,
+            }],
             subject_alt_names: Vec::new(),
             waypoint: None,
             load_balancing: None,
@@ -123,17 +141,27 @@ impl MeshBuilder {
     }
 
     pub fn service_mut(&mut self, name: &str) -> &mut Service {
-        self.services.iter_mut().find(|s| s.name == name).expect("service exists")
+        self.services
+            .iter_mut()
+            .find(|s| s.name == name)
+            .expect("service exists")
     }
 
     /// Makes workload `w` an endpoint of service `svc`, mapping each service port to its target.
     pub fn backs(&mut self, w: &str, svc: &str) -> &mut Self {
-        let s = self.services.iter().find(|s| s.name == svc).expect("service exists");
+        let s = self
+            .services
+            .iter()
+            .find(|s| s.name == svc)
+            .expect("service exists");
         let key = s.key();
         let ports = s
             .ports
             .iter()
-            .map(|p| PortMapping { service_port: p.port, target_port: p.target_port })
+            .map(|p| PortMapping {
+                service_port: p.port,
+                target_port: p.target_port,
+            })
             .collect();
         self.workload_mut(w).services.insert(key, ports);
         self
@@ -196,13 +224,13 @@ impl MeshBuilder {
         }
         for w in &self.workloads {
             let mut w = w.clone();
-            if w.network_gateway.is_none() {
-                if let Some(g) = self.gateways.iter().find(|g| g.network == w.network) {
-                    w.network_gateway = Some(GatewayRef {
-                        destination: GatewayDestination::Address(g.network_address()),
-                        hbone_port: g.hbone_port,
-                    });
-                }
+            if w.network_gateway.is_none()
+                && let Some(g) = self.gateways.iter().find(|g| g.network == w.network)
+            {
+                w.network_gateway = Some(GatewayRef {
+                    destination: GatewayDestination::Address(g.network_address()),
+                    hbone_port: g.hbone_port,
+                });
             }
             b.workload(w);
         }
@@ -222,7 +250,10 @@ pub fn key(name: &str) -> ServiceKey {
 
 /// A reference to waypoint `name` (a test service) on port 15008.
 pub fn waypoint_ref(name: &str) -> GatewayRef {
-    GatewayRef { destination: GatewayDestination::Service(key(name)), hbone_port: HBONE_PORT }
+    GatewayRef {
+        destination: GatewayDestination::Service(key(name)),
+        hbone_port: HBONE_PORT,
+    }
 }
 
 /// Node `name`.

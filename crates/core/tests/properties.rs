@@ -42,10 +42,17 @@ fn scope(g: &mut Gen, clusters: &[String]) -> ServiceScope {
         0 => ScopeRule::Global,
         1 => ScopeRule::Local,
         _ => ScopeRule::Clusters(
-            clusters.iter().filter(|_| g.chance(50)).map(|c| ClusterId::from(c.as_str())).collect(),
+            clusters
+                .iter()
+                .filter(|_| g.chance(50))
+                .map(|c| ClusterId::from(c.as_str()))
+                .collect(),
         ),
     };
-    let mut s = ServiceScope { default: rule(g), by_cluster: Default::default() };
+    let mut s = ServiceScope {
+        default: rule(g),
+        by_cluster: Default::default(),
+    };
     for c in clusters {
         if g.chance(20) {
             s.by_cluster.insert(c.as_str().into(), rule(g));
@@ -112,7 +119,11 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
         let a = addr(net, &mut counters);
         let name = format!("pod{i}");
         let w = m.pod(&name, &node, &a);
-        w.health = if g.chance(25) { Health::Unhealthy } else { Health::Healthy };
+        w.health = if g.chance(25) {
+            Health::Unhealthy
+        } else {
+            Health::Healthy
+        };
         w.capacity = g.below(3) as u32 + u32::from(g.chance(80));
         if g.chance(15) {
             w.tunnel = TunnelProtocol::Tcp;
@@ -123,7 +134,11 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
     let mut waypoints = Vec::new();
     for i in 0..g.below(3) {
         let name = format!("wp{i}");
-        let for_ = *g.pick(&[WaypointFor::Service, WaypointFor::Workload, WaypointFor::All]);
+        let for_ = *g.pick(&[
+            WaypointFor::Service,
+            WaypointFor::Workload,
+            WaypointFor::All,
+        ]);
         let sc = scope(&mut g, &clusters);
         let lb = load_balancing(&mut g);
         let wp = m.waypoint(&name, for_);
@@ -141,10 +156,10 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
         waypoints.push((name, for_));
     }
     for p in &pods {
-        if g.chance(15) {
-            if let Some((wp, _)) = waypoints.iter().find(|(_, f)| f.serves_workloads()) {
-                m.workload_mut(p).waypoint = Some(waypoint_ref(wp));
-            }
+        if g.chance(15)
+            && let Some((wp, _)) = waypoints.iter().find(|(_, f)| f.serves_workloads())
+        {
+            m.workload_mut(p).waypoint = Some(waypoint_ref(wp));
         }
     }
     let mut vips: Vec<(String, usize, String)> = Vec::new();
@@ -157,7 +172,10 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
                 svc_vips.push((format!("n{net}"), addr(net, &mut counters), net));
             }
         }
-        let vip_pairs: Vec<(&str, &str)> = svc_vips.iter().map(|(n, a, _)| (n.as_str(), a.as_str())).collect();
+        let vip_pairs: Vec<(&str, &str)> = svc_vips
+            .iter()
+            .map(|(n, a, _)| (n.as_str(), a.as_str()))
+            .collect();
         let sc = scope(&mut g, &clusters);
         let lb = load_balancing(&mut g);
         let s = m.service(&name, &vip_pairs, 80, 8080);
@@ -167,10 +185,10 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
             vips.push((name.clone(), *net, a.clone()));
             dests.push((*net, format!("{a}:80")));
         }
-        if g.chance(40) {
-            if let Some((wp, _)) = waypoints.iter().find(|(_, f)| f.serves_services()) {
-                m.service_mut(&name).waypoint = Some(waypoint_ref(wp));
-            }
+        if g.chance(40)
+            && let Some((wp, _)) = waypoints.iter().find(|(_, f)| f.serves_services())
+        {
+            m.service_mut(&name).waypoint = Some(waypoint_ref(wp));
         }
         for p in &pods {
             if g.chance(35) {
@@ -189,11 +207,23 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
                 (net, addr(net, &mut counters))
             };
             let cluster = g.pick(&clusters).clone();
-            m.service_mut(&format!("svc{i}")).address_endpoints.push(AddressEndpoint {
-                address: NetworkAddress::new(format!("n{net}").as_str().into(), a.parse().unwrap()),
-                cluster: cluster.as_str().into(),
-                ports: if g.chance(50) { vec![PortMapping { service_port: 80, target_port: 80 }] } else { vec![] },
-            });
+            m.service_mut(&format!("svc{i}"))
+                .address_endpoints
+                .push(AddressEndpoint {
+                    address: NetworkAddress::new(
+                        format!("n{net}").as_str().into(),
+                        a.parse().unwrap(),
+                    ),
+                    cluster: cluster.as_str().into(),
+                    ports: if g.chance(50) {
+                        vec![PortMapping {
+                            service_port: 80,
+                            target_port: 80,
+                        }]
+                    } else {
+                        vec![]
+                    },
+                });
         }
     }
     dests.push((0, "198.19.200.1:443".to_string()));
@@ -201,20 +231,30 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
 }
 
 /// Checks one plan against the invariants.
-fn check_plan(snap: &Snapshot, src: &ferry_core::model::Workload, plan: &Plan) -> Result<(), String> {
+fn check_plan(
+    snap: &Snapshot,
+    src: &ferry_core::model::Workload,
+    plan: &Plan,
+) -> Result<(), String> {
     let origin = &src.cluster;
     let landing = plan.landing.as_ref().and_then(|u| snap.workload(u));
     // Scope: the final service admits the landing cluster (also when it is a waypoint instance).
     if let (Some(key), Some(l)) = (&plan.service, landing) {
         let svc = snap.service(key).ok_or("plan names an unknown service")?;
         if !svc.scope.admits(&l.cluster, origin) {
-            return Err(format!("service {key} scope does not admit {} from {origin}", l.cluster));
+            return Err(format!(
+                "service {key} scope does not admit {} from {origin}",
+                l.cluster
+            ));
         }
         if let Some(wp) = &plan.waypoint {
             for wk in snap.waypoints_served_by(l) {
                 let ws = snap.service(wk).unwrap();
                 if !ws.scope.admits(&l.cluster, origin) {
-                    return Err(format!("waypoint {wp} scope does not admit {} from {origin}", l.cluster));
+                    return Err(format!(
+                        "waypoint {wp} scope does not admit {} from {origin}",
+                        l.cluster
+                    ));
                 }
             }
         }
@@ -228,10 +268,18 @@ fn check_plan(snap: &Snapshot, src: &ferry_core::model::Workload, plan: &Plan) -
     }
     // Reachability: the next hop is on the source's network, or is another network's gateway.
     match &plan.transport {
-        Transport::Hbone { connect_to, identities, .. } => {
+        Transport::Hbone {
+            connect_to,
+            identities,
+            ..
+        } => {
             let owner = snap.owner(&NetworkAddress::new(src.network.clone(), connect_to.ip()));
-            if !matches!(owner, Some(AddressOwner::Workload(_))) || connect_to.port() != HBONE_PORT {
-                return Err(format!("HBONE next hop {connect_to} is not a workload on {}", src.network));
+            if !matches!(owner, Some(AddressOwner::Workload(_))) || connect_to.port() != HBONE_PORT
+            {
+                return Err(format!(
+                    "HBONE next hop {connect_to} is not a workload on {}",
+                    src.network
+                ));
             }
             if identities.is_empty() {
                 return Err("HBONE without expected identities".into());
@@ -240,10 +288,17 @@ fn check_plan(snap: &Snapshot, src: &ferry_core::model::Workload, plan: &Plan) -
         Transport::Tcp { connect_to } => {
             let owner = snap.owner(&NetworkAddress::new(src.network.clone(), connect_to.ip()));
             if !matches!(owner, Some(AddressOwner::Workload(_))) {
-                return Err(format!("TCP next hop {connect_to} is not a workload on {}", src.network));
+                return Err(format!(
+                    "TCP next hop {connect_to} is not a workload on {}",
+                    src.network
+                ));
             }
         }
-        Transport::GatewayHbone { gateway, identities, .. } => {
+        Transport::GatewayHbone {
+            gateway,
+            identities,
+            ..
+        } => {
             let gw = snap
                 .gateways()
                 .find(|g| SocketAddr::new(g.address, g.hbone_port) == *gateway)
@@ -252,7 +307,10 @@ fn check_plan(snap: &Snapshot, src: &ferry_core::model::Workload, plan: &Plan) -
                 return Err("gateway hop on the source's own network".into());
             }
             // Every identity the inner handshake accepts belongs to an admitted endpoint there.
-            let key = plan.service.as_ref().ok_or("gateway hop without a service")?;
+            let key = plan
+                .service
+                .as_ref()
+                .ok_or("gateway hop without a service")?;
             let svc = snap.service(key).unwrap();
             for id in identities {
                 let ok = snap.workloads().any(|w| {
@@ -261,13 +319,19 @@ fn check_plan(snap: &Snapshot, src: &ferry_core::model::Workload, plan: &Plan) -
                         && (svc.scope.admits(&w.cluster, origin) || plan.waypoint.is_some())
                 });
                 if !ok && !svc.subject_alt_names.contains(id) {
-                    return Err(format!("inner identity {id} is not an admitted endpoint on {}", gw.network));
+                    return Err(format!(
+                        "inner identity {id} is not an admitted endpoint on {}",
+                        gw.network
+                    ));
                 }
             }
         }
         Transport::Passthrough { connect_to } => {
             let owner = snap.owner(&NetworkAddress::new(src.network.clone(), connect_to.ip()));
-            if matches!(owner, Some(AddressOwner::Workload(_) | AddressOwner::Service(_))) {
+            if matches!(
+                owner,
+                Some(AddressOwner::Workload(_) | AddressOwner::Service(_))
+            ) {
                 return Err(format!("mesh address {connect_to} passed through"));
             }
         }
@@ -287,20 +351,18 @@ proptest! {
             for (_, d) in &dests {
                 let dst = Destination::Addr(d.parse().unwrap());
                 let decision = route(&snap, Source::new(src), &dst, &mut rng);
-                if let Ok(plan) = &decision.outcome {
-                    if let Err(e) = check_plan(&snap, src, plan) {
+                if let Ok(plan) = &decision.outcome
+                    && let Err(e) = check_plan(&snap, src, plan) {
                         prop_assert!(false, "seed {seed}: {} -> {d}: {e}\nsteps: {:#?}", src.uid, decision.steps);
                     }
-                }
             }
             for s in snap.services() {
                 let dst = Destination::Host { hostname: s.hostname.clone(), port: 80 };
                 let decision = route(&snap, Source::new(src), &dst, &mut rng);
-                if let Ok(plan) = &decision.outcome {
-                    if let Err(e) = check_plan(&snap, src, plan) {
+                if let Ok(plan) = &decision.outcome
+                    && let Err(e) = check_plan(&snap, src, plan) {
                         prop_assert!(false, "seed {seed}: {} -> {}: {e}", src.uid, s.hostname);
                     }
-                }
             }
         }
     }
@@ -315,12 +377,11 @@ proptest! {
                 for (_, d) in &dests {
                     let dst = Destination::Addr(d.parse().unwrap());
                     let decision = route(&snap, Source::on_behalf_of(src, origin), &dst, &mut rng);
-                    if let (Ok(plan), Some(key)) = (&decision.outcome, decision.outcome.as_ref().ok().and_then(|p| p.service.clone())) {
-                        if let Some(l) = plan.landing.as_ref().and_then(|u| snap.workload(u)) {
+                    if let (Ok(plan), Some(key)) = (&decision.outcome, decision.outcome.as_ref().ok().and_then(|p| p.service.clone()))
+                        && let Some(l) = plan.landing.as_ref().and_then(|u| snap.workload(u)) {
                             let svc = snap.service(&key).unwrap();
                             prop_assert!(svc.scope.admits(&l.cluster, origin), "seed {seed}: {key} leaked to {} for {origin}", l.cluster);
                         }
-                    }
                 }
             }
         }
@@ -355,14 +416,31 @@ fn generated_meshes_are_not_trivial() {
                     },
                 };
                 kinds.insert(kind);
-                if decision.steps.iter().any(|s| matches!(s, ferry_core::route::Step::Nested { .. })) {
+                if decision
+                    .steps
+                    .iter()
+                    .any(|s| matches!(s, ferry_core::route::Step::Nested { .. }))
+                {
                     kinds.insert("nested");
                 }
             }
         }
     }
-    for k in ["gateway", "waypoint", "hbone", "tcp", "passthrough", "no-endpoint", "no-waypoint", "cycle", "nested"] {
+    for k in [
+        "gateway",
+        "waypoint",
+        "hbone",
+        "tcp",
+        "passthrough",
+        "no-endpoint",
+        "no-waypoint",
+        "cycle",
+        "nested",
+    ] {
         assert!(kinds.contains(k), "generator never produced {k}: {kinds:?}");
     }
-    let _ = (IpAddr::V4(Ipv4Addr::LOCALHOST), Identity::new("a", "b", "c"));
+    let _ = (
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        Identity::new("a", "b", "c"),
+    );
 }

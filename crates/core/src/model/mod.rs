@@ -9,7 +9,9 @@ mod topology;
 mod workload;
 
 pub use gateway::Gateway;
-pub use names::{ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid};
+pub use names::{
+    ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid,
+};
 pub use policy::{
     Action, Cidr, Clause, InvalidCidr, Match, Policy, PolicyScope, Rule, ServiceAccountMatch,
     StringMatch,

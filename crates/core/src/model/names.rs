@@ -62,7 +62,10 @@ pub struct ServiceKey {
 
 impl ServiceKey {
     pub fn new(namespace: impl Into<String>, hostname: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), hostname: hostname.into() }
+        Self {
+            namespace: namespace.into(),
+            hostname: hostname.into(),
+        }
     }
 }
 
@@ -81,7 +84,10 @@ pub struct PolicyKey {
 
 impl PolicyKey {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 

@@ -110,11 +110,15 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u128::from(net) & mask == u128::from(ip) & mask
             }
             _ => false,
@@ -126,7 +130,10 @@ impl FromStr for Cidr {
     type Err = InvalidCidr;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |reason| InvalidCidr { value: s.to_string(), reason };
+        let bad = |reason| InvalidCidr {
+            value: s.to_string(),
+            reason,
+        };
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -232,7 +239,9 @@ mod tests {
     #[test]
     fn string_match_patterns() {
         assert_eq!(StringMatch::from_pattern("*"), StringMatch::Presence);
-        assert!(StringMatch::from_pattern("cluster.local/ns/a/*").matches("cluster.local/ns/a/sa/x"));
+        assert!(
+            StringMatch::from_pattern("cluster.local/ns/a/*").matches("cluster.local/ns/a/sa/x")
+        );
         assert!(StringMatch::from_pattern("*/sa/x").matches("cluster.local/ns/a/sa/x"));
         assert!(!StringMatch::from_pattern("a").matches("ab"));
         assert!(!StringMatch::Presence.matches(""));

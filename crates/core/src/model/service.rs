@@ -109,11 +109,17 @@ pub struct ServiceScope {
 
 impl ServiceScope {
     pub fn global() -> Self {
-        Self { default: ScopeRule::Global, by_cluster: BTreeMap::new() }
+        Self {
+            default: ScopeRule::Global,
+            by_cluster: BTreeMap::new(),
+        }
     }
 
     pub fn local() -> Self {
-        Self { default: ScopeRule::Local, by_cluster: BTreeMap::new() }
+        Self {
+            default: ScopeRule::Local,
+            by_cluster: BTreeMap::new(),
+        }
     }
 
     pub fn clusters<I: IntoIterator<Item = ClusterId>>(clusters: I) -> Self {
@@ -125,7 +131,9 @@ impl ServiceScope {
 
     /// The rule for endpoints running in `endpoint_cluster`.
     pub fn rule_for(&self, endpoint_cluster: &ClusterId) -> &ScopeRule {
-        self.by_cluster.get(endpoint_cluster).unwrap_or(&self.default)
+        self.by_cluster
+            .get(endpoint_cluster)
+            .unwrap_or(&self.default)
     }
 
     /// May a source in `source_cluster` reach an endpoint in `endpoint_cluster`?
@@ -218,6 +226,9 @@ impl Service {
 
     /// The service's VIP on `network`, if it has one there.
     pub fn vip_on(&self, network: &NetworkId) -> Option<IpAddr> {
-        self.vips.iter().find(|v| &v.network == network).map(|v| v.ip)
+        self.vips
+            .iter()
+            .find(|v| &v.network == network)
+            .map(|v| v.ip)
     }
 }

@@ -18,14 +18,30 @@ use crate::snapshot::{AddressOwner, Endpoint, Snapshot};
 /// How deep service addresses may nest inside one another before the decision gives up.
 pub const MAX_NESTING: usize = 4;
 
-static NO_LOCALITY: Locality =
-    Locality { region: String::new(), zone: String::new(), subzone: String::new() };
+static NO_LOCALITY: Locality = Locality {
+    region: String::new(),
+    zone: String::new(),
+    subzone: String::new(),
+};
 
 /// Decides where a connection from `src` to `dst` goes.
-pub fn route(snap: &Snapshot, src: Source<'_>, dst: &Destination, rng: &mut dyn Random) -> Decision {
-    let mut cx = Cx { snap, src, rng, steps: Vec::new() };
+pub fn route(
+    snap: &Snapshot,
+    src: Source<'_>,
+    dst: &Destination,
+    rng: &mut dyn Random,
+) -> Decision {
+    let mut cx = Cx {
+        snap,
+        src,
+        rng,
+        steps: Vec::new(),
+    };
     let outcome = cx.route(dst);
-    Decision { steps: cx.steps, outcome }
+    Decision {
+        steps: cx.steps,
+        outcome,
+    }
 }
 
 struct Cx<'a, 'r> {
@@ -123,26 +139,34 @@ impl<'a> Cx<'a, '_> {
             Destination::Addr(addr) => {
                 let na = NetworkAddress::new(src.network.clone(), addr.ip());
                 let class = match self.snap.owner(&na) {
-                    Some(AddressOwner::Service(key)) => {
-                        Class::Service { service: key.clone(), port: addr.port() }
-                    }
-                    Some(AddressOwner::Workload(uid)) => {
-                        Class::Workload { workload: uid.clone(), port: addr.port() }
-                    }
+                    Some(AddressOwner::Service(key)) => Class::Service {
+                        service: key.clone(),
+                        port: addr.port(),
+                    },
+                    Some(AddressOwner::Workload(uid)) => Class::Workload {
+                        workload: uid.clone(),
+                        port: addr.port(),
+                    },
                     Some(AddressOwner::Gateway(name)) => Class::Gateway { name: name.clone() },
                     None => Class::OutsideMesh,
                 };
-                self.steps.push(Step::Classified { destination: addr.to_string(), class: class.clone() });
+                self.steps.push(Step::Classified {
+                    destination: addr.to_string(),
+                    class: class.clone(),
+                });
                 let mut plan = match &class {
                     Class::Service { service, port } => {
                         let mut chain = Vec::new();
                         self.service(service, *port, Some(*addr), &mut chain)?
                     }
                     Class::Workload { workload, port } => {
-                        let w = self.snap.workload(workload).ok_or_else(|| RouteError::NoAddress {
-                            workload: workload.clone(),
-                            network: src.network.clone(),
-                        })?;
+                        let w =
+                            self.snap
+                                .workload(workload)
+                                .ok_or_else(|| RouteError::NoAddress {
+                                    workload: workload.clone(),
+                                    network: src.network.clone(),
+                                })?;
                         self.workload(w, *port)?
                     }
                     Class::OutsideMesh | Class::Gateway { .. } => {
@@ -154,8 +178,14 @@ impl<'a> Cx<'a, '_> {
             }
             Destination::Host { hostname, port } => {
                 let key = self.resolve_host(hostname)?;
-                let class = Class::Service { service: key.clone(), port: *port };
-                self.steps.push(Step::Classified { destination: dst.to_string(), class: class.clone() });
+                let class = Class::Service {
+                    service: key.clone(),
+                    port: *port,
+                };
+                self.steps.push(Step::Classified {
+                    destination: dst.to_string(),
+                    class: class.clone(),
+                });
                 let mut chain = Vec::new();
                 let mut plan = self.service(&key, *port, None, &mut chain)?;
                 plan.class = class;
@@ -167,7 +197,9 @@ impl<'a> Cx<'a, '_> {
     fn resolve_host(&self, hostname: &str) -> Result<ServiceKey, RouteError> {
         let keys = self.snap.services_by_hostname(hostname);
         match keys {
-            [] => Err(RouteError::UnknownHost { hostname: hostname.to_string() }),
+            [] => Err(RouteError::UnknownHost {
+                hostname: hostname.to_string(),
+            }),
             [one] => Ok(one.clone()),
             many => many
                 .iter()
@@ -175,15 +207,28 @@ impl<'a> Cx<'a, '_> {
                 .cloned()
                 .ok_or_else(|| RouteError::AmbiguousHost {
                     hostname: hostname.to_string(),
-                    candidates: many.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                    candidates: many
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 }),
         }
     }
 
     fn passthrough(&mut self, addr: SocketAddr, class: Class) -> Plan {
         let transport = Transport::Passthrough { connect_to: addr };
-        self.steps.push(Step::Transport { transport: transport.clone() });
-        Plan { class, service: None, waypoint: None, landing: None, landing_port: addr.port(), transport }
+        self.steps.push(Step::Transport {
+            transport: transport.clone(),
+        });
+        Plan {
+            class,
+            service: None,
+            waypoint: None,
+            landing: None,
+            landing_port: addr.port(),
+            transport,
+        }
     }
 
     /// Routes to `port` of service `key`. `vip` is the address the source dialled, if any.
@@ -195,12 +240,13 @@ impl<'a> Cx<'a, '_> {
         chain: &mut Vec<ServiceKey>,
     ) -> Result<Plan, RouteError> {
         let snap = self.snap;
-        let svc = snap
-            .service(key)
-            .ok_or_else(|| RouteError::UnknownHost { hostname: key.hostname.clone() })?;
-        let sp = *svc
-            .port(port)
-            .ok_or_else(|| RouteError::NoSuchPort { service: key.clone(), port })?;
+        let svc = snap.service(key).ok_or_else(|| RouteError::UnknownHost {
+            hostname: key.hostname.clone(),
+        })?;
+        let sp = *svc.port(port).ok_or_else(|| RouteError::NoSuchPort {
+            service: key.clone(),
+            port,
+        })?;
         chain.push(key.clone());
 
         if let Some(wp) = &svc.waypoint {
@@ -220,8 +266,13 @@ impl<'a> Cx<'a, '_> {
         for ep in endpoints {
             let cand = match ep {
                 Endpoint::Workload(uid) => {
-                    let Some(w) = snap.workload(uid) else { continue };
-                    let target = w.target_port(key, port).filter(|p| *p != 0).unwrap_or(sp.target_port);
+                    let Some(w) = snap.workload(uid) else {
+                        continue;
+                    };
+                    let target = w
+                        .target_port(key, port)
+                        .filter(|p| *p != 0)
+                        .unwrap_or(sp.target_port);
                     Cand::workload(w, target)
                 }
                 Endpoint::Address(a) => {
@@ -252,7 +303,10 @@ impl<'a> Cx<'a, '_> {
             }
         }
 
-        let lb_cfg = svc.load_balancing.clone().unwrap_or_else(LoadBalancing::standard);
+        let lb_cfg = svc
+            .load_balancing
+            .clone()
+            .unwrap_or_else(LoadBalancing::standard);
         let Some(picked) = self.choose(CandidateRole::Endpoint, &lb_cfg, &cands) else {
             return Err(RouteError::NoEndpoint {
                 service: key.clone(),
@@ -276,12 +330,19 @@ impl<'a> Cx<'a, '_> {
         chain: &mut Vec<ServiceKey>,
     ) -> Result<Plan, RouteError> {
         let chain_text = |chain: &[ServiceKey], next: &ServiceKey| {
-            chain.iter().chain(std::iter::once(next)).map(ToString::to_string).collect::<Vec<_>>().join(" -> ")
+            chain
+                .iter()
+                .chain(std::iter::once(next))
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" -> ")
         };
         match self.snap.owner(&a.address) {
             Some(AddressOwner::Service(inner)) => {
                 if chain.contains(inner) {
-                    return Err(RouteError::NestingCycle { chain: chain_text(chain, inner) });
+                    return Err(RouteError::NestingCycle {
+                        chain: chain_text(chain, inner),
+                    });
                 }
                 if chain.len() >= MAX_NESTING {
                     return Err(RouteError::NestingTooDeep {
@@ -299,10 +360,13 @@ impl<'a> Cx<'a, '_> {
                 self.service(inner, port, Some(vip), chain)
             }
             Some(AddressOwner::Workload(uid)) => {
-                let w = self.snap.workload(uid).ok_or_else(|| RouteError::NoAddress {
-                    workload: uid.clone(),
-                    network: a.address.network.clone(),
-                })?;
+                let w = self
+                    .snap
+                    .workload(uid)
+                    .ok_or_else(|| RouteError::NoAddress {
+                        workload: uid.clone(),
+                        network: a.address.network.clone(),
+                    })?;
                 let cands = [Cand::workload(w, port)];
                 self.deliver(outer, port, w, port, &cands)
             }
@@ -329,9 +393,14 @@ impl<'a> Cx<'a, '_> {
         }
         let ip = self.address_on_source_network(w)?;
         let transport = self.direct_transport(w, ip, port, &[]);
-        self.steps.push(Step::Transport { transport: transport.clone() });
+        self.steps.push(Step::Transport {
+            transport: transport.clone(),
+        });
         Ok(Plan {
-            class: Class::Workload { workload: w.uid.clone(), port },
+            class: Class::Workload {
+                workload: w.uid.clone(),
+                port,
+            },
             service: None,
             waypoint: None,
             landing: Some(w.uid.clone()),
@@ -349,7 +418,10 @@ impl<'a> Cx<'a, '_> {
     ) -> Result<Plan, RouteError> {
         let snap = self.snap;
         let name = describe_ref(wp);
-        self.steps.push(Step::WaypointRequired { waypoint: name.clone(), attached_to: attached.describe() });
+        self.steps.push(Step::WaypointRequired {
+            waypoint: name.clone(),
+            attached_to: attached.describe(),
+        });
         let unresolved = || RouteError::UnresolvedWaypoint {
             reference: name.clone(),
             attached_to: attached.describe(),
@@ -376,7 +448,9 @@ impl<'a> Cx<'a, '_> {
                 })
                 .collect(),
             (None, GatewayDestination::Address(addr)) => match snap.owner(addr) {
-                Some(AddressOwner::Workload(uid)) => snap.workload(uid).map(|w| &**w).into_iter().collect(),
+                Some(AddressOwner::Workload(uid)) => {
+                    snap.workload(uid).map(|w| &**w).into_iter().collect()
+                }
                 _ => Vec::new(),
             },
             (None, GatewayDestination::Service(_)) => Vec::new(),
@@ -387,27 +461,30 @@ impl<'a> Cx<'a, '_> {
         let mut cands = Vec::new();
         for inst in &instances {
             let cand = Cand::workload(inst, wp.hbone_port);
-            let reason = if let Some(ws) = wp_svc.filter(|ws| !ws.scope.admits(cand.cluster, origin)) {
-                Some(DropReason::OutOfScope {
-                    service: ws.key(),
-                    rule: ws.scope.rule_for(cand.cluster).clone(),
-                    source_cluster: origin.clone(),
-                })
-            } else {
-                match attached {
-                    Attached::Service(s, _) if !s.scope.admits(cand.cluster, origin) => {
-                        Some(DropReason::OutOfScope {
-                            service: s.key(),
-                            rule: s.scope.rule_for(cand.cluster).clone(),
-                            source_cluster: origin.clone(),
-                        })
+            let reason =
+                if let Some(ws) = wp_svc.filter(|ws| !ws.scope.admits(cand.cluster, origin)) {
+                    Some(DropReason::OutOfScope {
+                        service: ws.key(),
+                        rule: ws.scope.rule_for(cand.cluster).clone(),
+                        source_cluster: origin.clone(),
+                    })
+                } else {
+                    match attached {
+                        Attached::Service(s, _) if !s.scope.admits(cand.cluster, origin) => {
+                            Some(DropReason::OutOfScope {
+                                service: s.key(),
+                                rule: s.scope.rule_for(cand.cluster).clone(),
+                                source_cluster: origin.clone(),
+                            })
+                        }
+                        Attached::Workload(..) if cand.network != src_network => {
+                            Some(DropReason::WaypointOnOtherNetwork {
+                                network: cand.network.clone(),
+                            })
+                        }
+                        _ => self.unreachable(&cand),
                     }
-                    Attached::Workload(..) if cand.network != src_network => {
-                        Some(DropReason::WaypointOnOtherNetwork { network: cand.network.clone() })
-                    }
-                    _ => self.unreachable(&cand),
-                }
-            };
+                };
             if let Some(reason) = reason {
                 self.drop_step(CandidateRole::WaypointEndpoint, &cand, reason);
             } else {
@@ -428,7 +505,9 @@ impl<'a> Cx<'a, '_> {
         let Target::Workload(inst) = cands[picked].target else {
             unreachable!("waypoint candidates are workloads")
         };
-        let sans = wp_svc.map(|s| s.subject_alt_names.as_slice()).unwrap_or(&[]);
+        let sans = wp_svc
+            .map(|s| s.subject_alt_names.as_slice())
+            .unwrap_or(&[]);
         let (port, transport, service) = match attached {
             Attached::Service(s, port) => {
                 let transport = if &inst.network == src_network {
@@ -463,7 +542,9 @@ impl<'a> Cx<'a, '_> {
                 (port, transport, None)
             }
         };
-        self.steps.push(Step::Transport { transport: transport.clone() });
+        self.steps.push(Step::Transport {
+            transport: transport.clone(),
+        });
         Ok(Plan {
             class: Class::OutsideMesh,
             service,
@@ -492,7 +573,9 @@ impl<'a> Cx<'a, '_> {
             let ids = identities(same_net.filter_map(workload_of), &svc.subject_alt_names);
             self.gateway_transport(w, format!("{}:{service_port}", svc.hostname), ids)?
         };
-        self.steps.push(Step::Transport { transport: transport.clone() });
+        self.steps.push(Step::Transport {
+            transport: transport.clone(),
+        });
         Ok(Plan {
             class: Class::OutsideMesh,
             service: Some(svc.key()),
@@ -516,7 +599,9 @@ impl<'a> Cx<'a, '_> {
                 authority: SocketAddr::new(ip, port).to_string(),
                 identities: identities([w], sans),
             },
-            TunnelProtocol::Tcp => Transport::Tcp { connect_to: SocketAddr::new(ip, port) },
+            TunnelProtocol::Tcp => Transport::Tcp {
+                connect_to: SocketAddr::new(ip, port),
+            },
         }
     }
 
@@ -531,7 +616,10 @@ impl<'a> Cx<'a, '_> {
             network: w.network.clone(),
             gateway,
         };
-        let gref = w.network_gateway.as_ref().ok_or_else(|| unknown("(none)".into()))?;
+        let gref = w
+            .network_gateway
+            .as_ref()
+            .ok_or_else(|| unknown("(none)".into()))?;
         let gw = match &gref.destination {
             GatewayDestination::Address(addr) => self.snap.gateway_at(addr),
             GatewayDestination::Service(_) => None,
@@ -558,9 +646,10 @@ impl<'a> Cx<'a, '_> {
             }
             Target::Workload(w) => match &w.network_gateway {
                 None => "no east-west gateway for its network",
-                Some(GatewayRef { destination: GatewayDestination::Address(a), .. })
-                    if self.snap.gateway_at(a).is_some() =>
-                {
+                Some(GatewayRef {
+                    destination: GatewayDestination::Address(a),
+                    ..
+                }) if self.snap.gateway_at(a).is_some() => {
                     return None;
                 }
                 Some(_) => "its east-west gateway is unknown",
@@ -569,7 +658,12 @@ impl<'a> Cx<'a, '_> {
         Some(DropReason::Unreachable { network, why })
     }
 
-    fn choose(&mut self, role: CandidateRole, lb_cfg: &LoadBalancing, cands: &[Cand<'a>]) -> Option<usize> {
+    fn choose(
+        &mut self,
+        role: CandidateRole,
+        lb_cfg: &LoadBalancing,
+        cands: &[Cand<'a>],
+    ) -> Option<usize> {
         let w = self.src.workload;
         let src = Placement {
             cluster: &w.cluster,
@@ -605,10 +699,13 @@ impl<'a> Cx<'a, '_> {
     }
 
     fn address_on_source_network(&self, w: &Workload) -> Result<std::net::IpAddr, RouteError> {
-        w.addresses.first().copied().ok_or_else(|| RouteError::NoAddress {
-            workload: w.uid.clone(),
-            network: w.network.clone(),
-        })
+        w.addresses
+            .first()
+            .copied()
+            .ok_or_else(|| RouteError::NoAddress {
+                workload: w.uid.clone(),
+                network: w.network.clone(),
+            })
     }
 
     /// Is the source itself an instance of waypoint `wp`? Then it does not loop back to it.
@@ -632,7 +729,10 @@ fn workload_of<'a>(c: &Cand<'a>) -> Option<&'a Workload> {
 }
 
 /// The sorted, de-duplicated identities of `workloads` plus `extra`.
-fn identities<'w>(workloads: impl IntoIterator<Item = &'w Workload>, extra: &[Identity]) -> Vec<Identity> {
+fn identities<'w>(
+    workloads: impl IntoIterator<Item = &'w Workload>,
+    extra: &[Identity],
+) -> Vec<Identity> {
     let mut ids: Vec<Identity> = workloads
         .into_iter()
         .filter_map(|w| w.identity().ok())

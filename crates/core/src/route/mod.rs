@@ -60,12 +60,18 @@ pub struct Source<'a> {
 
 impl<'a> Source<'a> {
     pub fn new(workload: &'a Workload) -> Self {
-        Self { workload, origin_cluster: &workload.cluster }
+        Self {
+            workload,
+            origin_cluster: &workload.cluster,
+        }
     }
 
     /// A hop (a waypoint) acting for a source in `origin_cluster`.
     pub fn on_behalf_of(workload: &'a Workload, origin_cluster: &'a ClusterId) -> Self {
-        Self { workload, origin_cluster }
+        Self {
+            workload,
+            origin_cluster,
+        }
     }
 }
 
@@ -73,12 +79,20 @@ impl<'a> Source<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Class {
-    Service { service: ServiceKey, port: u16 },
-    Workload { workload: WorkloadUid, port: u16 },
+    Service {
+        service: ServiceKey,
+        port: u16,
+    },
+    Workload {
+        workload: WorkloadUid,
+        port: u16,
+    },
     /// Not a mesh address: passed through untouched.
     OutsideMesh,
     /// An east-west gateway's address: infrastructure, passed through untouched.
-    Gateway { name: String },
+    Gateway {
+        name: String,
+    },
 }
 
 /// The role of a candidate that was set aside.
@@ -94,13 +108,24 @@ pub enum CandidateRole {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum DropReason {
     /// The scope of `service` does not admit the source's cluster for the candidate's cluster.
-    OutOfScope { service: ServiceKey, rule: ScopeRule, source_cluster: ClusterId },
+    OutOfScope {
+        service: ServiceKey,
+        rule: ScopeRule,
+        source_cluster: ClusterId,
+    },
     /// A workload-attached waypoint on another network.
-    WaypointOnOtherNetwork { network: NetworkId },
+    WaypointOnOtherNetwork {
+        network: NetworkId,
+    },
     /// On another network, and nothing carries traffic there.
-    Unreachable { network: NetworkId, why: &'static str },
+    Unreachable {
+        network: NetworkId,
+        why: &'static str,
+    },
     /// The workload does not back the requested service port.
-    PortNotMapped { port: u16 },
+    PortNotMapped {
+        port: u16,
+    },
     Balancer(LbDrop),
 }
 
@@ -108,9 +133,18 @@ pub enum DropReason {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "step")]
 pub enum Step {
-    Classified { destination: String, class: Class },
-    WaypointRequired { waypoint: String, attached_to: String },
-    WaypointSkipped { waypoint: String, why: &'static str },
+    Classified {
+        destination: String,
+        class: Class,
+    },
+    WaypointRequired {
+        waypoint: String,
+        attached_to: String,
+    },
+    WaypointSkipped {
+        waypoint: String,
+        why: &'static str,
+    },
     Dropped {
         role: CandidateRole,
         candidate: String,
@@ -127,8 +161,15 @@ pub enum Step {
         among: usize,
     },
     /// An endpoint that is itself a service address, resolved in this decision.
-    Nested { outer: ServiceKey, address: String, inner: ServiceKey, port: u16 },
-    Transport { transport: Transport },
+    Nested {
+        outer: ServiceKey,
+        address: String,
+        inner: ServiceKey,
+        port: u16,
+    },
+    Transport {
+        transport: Transport,
+    },
 }
 
 /// How the node proxy carries the connection to its next hop.
@@ -199,13 +240,26 @@ pub struct Plan {
 pub enum RouteError {
     #[error("no service has hostname {hostname:?}")]
     UnknownHost { hostname: String },
-    #[error("hostname {hostname:?} names services in several namespaces ({candidates}); none is in the source's namespace")]
-    AmbiguousHost { hostname: String, candidates: String },
+    #[error(
+        "hostname {hostname:?} names services in several namespaces ({candidates}); none is in the source's namespace"
+    )]
+    AmbiguousHost {
+        hostname: String,
+        candidates: String,
+    },
     #[error("service {service} has no port {port}")]
     NoSuchPort { service: ServiceKey, port: u16 },
-    #[error("service {service}: no endpoint is eligible for a source in cluster {source_cluster} ({considered} considered; see the dropped candidates)")]
-    NoEndpoint { service: ServiceKey, source_cluster: ClusterId, considered: usize },
-    #[error("waypoint {waypoint} (for {attached_to}): no waypoint endpoint is eligible for a source in cluster {source_cluster} ({considered} considered)")]
+    #[error(
+        "service {service}: no endpoint is eligible for a source in cluster {source_cluster} ({considered} considered; see the dropped candidates)"
+    )]
+    NoEndpoint {
+        service: ServiceKey,
+        source_cluster: ClusterId,
+        considered: usize,
+    },
+    #[error(
+        "waypoint {waypoint} (for {attached_to}): no waypoint endpoint is eligible for a source in cluster {source_cluster} ({considered} considered)"
+    )]
     NoWaypointEndpoint {
         waypoint: String,
         attached_to: String,
@@ -213,15 +267,27 @@ pub enum RouteError {
         considered: usize,
     },
     #[error("waypoint reference {reference} of {attached_to} resolves to nothing")]
-    UnresolvedWaypoint { reference: String, attached_to: String },
+    UnresolvedWaypoint {
+        reference: String,
+        attached_to: String,
+    },
     #[error("service addresses nest in a cycle: {chain}")]
     NestingCycle { chain: String },
     #[error("service addresses nest deeper than {limit}: {chain}")]
     NestingTooDeep { chain: String, limit: usize },
     #[error("workload {workload} has no address on network {network}")]
-    NoAddress { workload: WorkloadUid, network: NetworkId },
-    #[error("endpoint {endpoint} is on network {network}, and its east-west gateway {gateway} is unknown")]
-    UnknownGateway { endpoint: String, network: NetworkId, gateway: String },
+    NoAddress {
+        workload: WorkloadUid,
+        network: NetworkId,
+    },
+    #[error(
+        "endpoint {endpoint} is on network {network}, and its east-west gateway {gateway} is unknown"
+    )]
+    UnknownGateway {
+        endpoint: String,
+        network: NetworkId,
+        gateway: String,
+    },
     #[error("the source workload has no identity: {0}")]
     SourceIdentity(String),
 }

@@ -19,7 +19,8 @@ fn two_networks() -> MeshBuilder {
         .node("east-2", "east", "us-east/us-east-1b/r1")
         .node("west-1", "west", "us-west/us-west-1a/r1")
         .node("west-2", "west", "us-west/us-west-1b/r1");
-    m.gateway("gw-east", "east", "198.18.255.1").gateway("gw-west", "west", "198.19.255.1");
+    m.gateway("gw-east", "east", "198.18.255.1")
+        .gateway("gw-west", "west", "198.19.255.1");
     m.pod("sleep", "east-1", "198.18.1.10");
     m.pod("sleep-west", "west-1", "198.19.1.10");
     m
@@ -29,7 +30,8 @@ fn two_networks() -> MeshBuilder {
 fn flat() -> MeshBuilder {
     let mut m = MeshBuilder::new();
     m.cluster("east", "net").cluster("west", "net");
-    m.node("east-1", "east", "us-east/a/r1").node("west-1", "west", "us-west/a/r1");
+    m.node("east-1", "east", "us-east/a/r1")
+        .node("west-1", "west", "us-west/a/r1");
     m.pod("sleep", "east-1", "198.18.1.10");
     m.pod("sleep-west", "west-1", "198.18.2.10");
     m
@@ -40,27 +42,44 @@ fn decide(snap: &Snapshot, from: &str, to: &str) -> Decision {
 }
 
 fn decide_seeded(snap: &Snapshot, from: &str, to: &str, seed: u64) -> Decision {
-    let src = snap.workloads().find(|w| w.name == from).expect("source exists").clone();
+    let src = snap
+        .workloads()
+        .find(|w| w.name == from)
+        .expect("source exists")
+        .clone();
     let dst = match to.parse::<SocketAddr>() {
         Ok(a) => Destination::Addr(a),
         Err(_) => {
             let (h, p) = to.rsplit_once(':').expect("host:port");
-            Destination::Host { hostname: h.to_string(), port: p.parse().expect("port") }
+            Destination::Host {
+                hostname: h.to_string(),
+                port: p.parse().expect("port"),
+            }
         }
     };
     route(snap, Source::new(&src), &dst, &mut SplitMix64::new(seed))
 }
 
 fn landing(d: &Decision) -> String {
-    let plan = d.outcome.as_ref().unwrap_or_else(|e| panic!("expected a plan, got {e}"));
-    plan.landing.as_ref().expect("lands on a workload").to_string()
+    let plan = d
+        .outcome
+        .as_ref()
+        .unwrap_or_else(|e| panic!("expected a plan, got {e}"));
+    plan.landing
+        .as_ref()
+        .expect("lands on a workload")
+        .to_string()
 }
 
 fn dropped_for_scope(d: &Decision) -> Vec<String> {
     d.steps
         .iter()
         .filter_map(|s| match s {
-            Step::Dropped { candidate, reason: DropReason::OutOfScope { .. }, .. } => Some(candidate.clone()),
+            Step::Dropped {
+                candidate,
+                reason: DropReason::OutOfScope { .. },
+                ..
+            } => Some(candidate.clone()),
             _ => None,
         })
         .collect()
@@ -76,7 +95,8 @@ fn local_service_global_waypoint(m: &mut MeshBuilder) {
     s.waypoint = Some(waypoint_ref("shared-wp"));
     m.pod("ledger-east", "east-1", "198.18.1.20");
     m.pod("ledger-west", "west-1", "198.18.2.20");
-    m.backs("ledger-east", "ledger").backs("ledger-west", "ledger");
+    m.backs("ledger-east", "ledger")
+        .backs("ledger-west", "ledger");
 }
 
 #[test]
@@ -86,10 +106,15 @@ fn local_service_never_uses_remote_waypoint_even_when_local_ones_are_down() {
     m.workload_mut("wp-east").health = Health::Unhealthy;
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
     match &d.outcome {
-        Err(RouteError::NoWaypointEndpoint { source_cluster, .. }) => assert_eq!(source_cluster.as_str(), "east"),
+        Err(RouteError::NoWaypointEndpoint { source_cluster, .. }) => {
+            assert_eq!(source_cluster.as_str(), "east")
+        }
         other => panic!("expected the connection to fail, got {other:?}"),
     }
-    assert_eq!(dropped_for_scope(&d), vec!["west//v1/Pod/default/wp-west".to_string()]);
+    assert_eq!(
+        dropped_for_scope(&d),
+        vec!["west//v1/Pod/default/wp-west".to_string()]
+    );
 }
 
 #[test]
@@ -101,12 +126,25 @@ fn global_service_fails_over_to_remote_waypoint() {
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
     assert_eq!(landing(&d), "west//v1/Pod/default/wp-west");
     let plan = d.outcome.unwrap();
-    assert_eq!(plan.waypoint.as_deref(), Some("default/shared-wp.default.svc.cluster.local"));
+    assert_eq!(
+        plan.waypoint.as_deref(),
+        Some("default/shared-wp.default.svc.cluster.local")
+    );
     match plan.transport {
-        Transport::Hbone { connect_to, authority, identities } => {
+        Transport::Hbone {
+            connect_to,
+            authority,
+            identities,
+        } => {
             assert_eq!(connect_to, SocketAddr::new(ip("198.18.2.50"), HBONE_PORT));
-            assert_eq!(authority, "198.18.100.1:80", "a waypoint is asked for the service address");
-            assert_eq!(identities[0].to_string(), "spiffe://cluster.local/ns/default/sa/wp-west");
+            assert_eq!(
+                authority, "198.18.100.1:80",
+                "a waypoint is asked for the service address"
+            );
+            assert_eq!(
+                identities[0].to_string(),
+                "spiffe://cluster.local/ns/default/sa/wp-west"
+            );
         }
         other => panic!("expected HBONE, got {other:?}"),
     }
@@ -120,19 +158,28 @@ fn local_waypoint_scope_narrows_a_global_service() {
     m.service_mut("shared-wp").scope = ServiceScope::local();
     m.workload_mut("wp-east").health = Health::Unhealthy;
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
-    assert!(matches!(d.outcome, Err(RouteError::NoWaypointEndpoint { .. })), "{:?}", d.outcome);
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoWaypointEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
 }
 
 #[test]
 fn local_service_endpoints_stay_in_the_source_cluster() {
     let mut m = flat();
-    m.service("ledger", &[("net", "198.18.100.1")], 80, 8080).scope = ServiceScope::local();
+    m.service("ledger", &[("net", "198.18.100.1")], 80, 8080)
+        .scope = ServiceScope::local();
     m.pod("ledger-east", "east-1", "198.18.1.20");
     m.pod("ledger-west", "west-1", "198.18.2.20");
-    m.backs("ledger-east", "ledger").backs("ledger-west", "ledger");
+    m.backs("ledger-east", "ledger")
+        .backs("ledger-west", "ledger");
     let snap = m.build();
     for seed in 0..50 {
-        assert_eq!(landing(&decide_seeded(&snap, "sleep", "198.18.100.1:80", seed)), "east//v1/Pod/default/ledger-east");
+        assert_eq!(
+            landing(&decide_seeded(&snap, "sleep", "198.18.100.1:80", seed)),
+            "east//v1/Pod/default/ledger-east"
+        );
         assert_eq!(
             landing(&decide_seeded(&snap, "sleep-west", "198.18.100.1:80", seed)),
             "west//v1/Pod/default/ledger-west"
@@ -141,23 +188,34 @@ fn local_service_endpoints_stay_in_the_source_cluster() {
     // With the only local endpoint down, the connection fails instead of crossing clusters.
     m.workload_mut("ledger-east").health = Health::Unhealthy;
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
-    assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })), "{:?}", d.outcome);
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
 }
 
 #[test]
 fn cluster_set_scope_is_an_allow_list_of_source_clusters() {
     let mut m = flat();
-    m.cluster("north", "net").node("north-1", "north", "eu/a/r1");
+    m.cluster("north", "net")
+        .node("north-1", "north", "eu/a/r1");
     m.pod("sleep-north", "north-1", "198.18.3.10");
-    m.service("ledger", &[("net", "198.18.100.1")], 80, 8080).scope =
-        ServiceScope::clusters(["east".into(), "west".into()]);
+    m.service("ledger", &[("net", "198.18.100.1")], 80, 8080)
+        .scope = ServiceScope::clusters(["east".into(), "west".into()]);
     m.pod("ledger-west", "west-1", "198.18.2.20");
     m.backs("ledger-west", "ledger");
     let snap = m.build();
-    assert_eq!(landing(&decide(&snap, "sleep", "198.18.100.1:80")), "west//v1/Pod/default/ledger-west");
+    assert_eq!(
+        landing(&decide(&snap, "sleep", "198.18.100.1:80")),
+        "west//v1/Pod/default/ledger-west"
+    );
     let d = decide(&snap, "sleep-north", "198.18.100.1:80");
     assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })));
-    assert_eq!(dropped_for_scope(&d), vec!["west//v1/Pod/default/ledger-west".to_string()]);
+    assert_eq!(
+        dropped_for_scope(&d),
+        vec!["west//v1/Pod/default/ledger-west".to_string()]
+    );
 }
 
 #[test]
@@ -165,10 +223,13 @@ fn non_uniform_scope_is_looked_up_by_endpoint_cluster() {
     let mut m = flat();
     let s = m.service("ledger", &[("net", "198.18.100.1")], 80, 8080);
     s.scope = ServiceScope::local();
-    s.scope.by_cluster.insert("west".into(), crate::model::ScopeRule::Global);
+    s.scope
+        .by_cluster
+        .insert("west".into(), crate::model::ScopeRule::Global);
     m.pod("ledger-east", "east-1", "198.18.1.20");
     m.pod("ledger-west", "west-1", "198.18.2.20");
-    m.backs("ledger-east", "ledger").backs("ledger-west", "ledger");
+    m.backs("ledger-east", "ledger")
+        .backs("ledger-west", "ledger");
     m.workload_mut("ledger-west").health = Health::Unhealthy;
     // West exports its instance globally, east keeps its own local: a west source can't reach east.
     let d = decide(&m.build(), "sleep-west", "198.18.100.1:80");
@@ -186,10 +247,17 @@ fn workload_waypoint_on_another_network_is_never_chosen() {
     m.waypoint_pod("wl-wp", "wl-wp-west", "west-1", "198.19.1.60");
     m.pod("db", "east-2", "198.18.2.30").waypoint = Some(waypoint_ref("wl-wp"));
     let d = decide(&m.build(), "sleep", "198.18.2.30:5432");
-    assert!(matches!(d.outcome, Err(RouteError::NoWaypointEndpoint { .. })), "{:?}", d.outcome);
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoWaypointEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
     assert!(d.steps.iter().any(|s| matches!(
         s,
-        Step::Dropped { reason: DropReason::WaypointOnOtherNetwork { .. }, .. }
+        Step::Dropped {
+            reason: DropReason::WaypointOnOtherNetwork { .. },
+            ..
+        }
     )));
     m.waypoint_pod("wl-wp", "wl-wp-east", "east-2", "198.18.2.60");
     let d = decide(&m.build(), "sleep", "198.18.2.30:5432");
@@ -203,14 +271,18 @@ fn workload_waypoint_on_another_network_is_never_chosen() {
 #[test]
 fn nested_service_address_resolves_in_one_decision() {
     let mut m = flat();
-    m.service("catalog", &[("net", "198.18.100.2")], 80, 9090).scope = ServiceScope::local();
+    m.service("catalog", &[("net", "198.18.100.2")], 80, 9090)
+        .scope = ServiceScope::local();
     m.pod("catalog-east", "east-1", "198.18.1.30");
     m.backs("catalog-east", "catalog");
     let mc = m.service("catalog-mc", &[("net", "198.18.100.3")], 80, 80);
     mc.address_endpoints.push(AddressEndpoint {
         address: NetworkAddress::new("net".into(), ip("198.18.100.2")),
         cluster: "east".into(),
-        ports: vec![PortMapping { service_port: 80, target_port: 80 }],
+        ports: vec![PortMapping {
+            service_port: 80,
+            target_port: 80,
+        }],
     });
     let snap = m.build();
     let d = decide(&snap, "sleep", "198.18.100.3:80");
@@ -219,16 +291,31 @@ fn nested_service_address_resolves_in_one_decision() {
     assert_eq!(plan.service, Some(key("catalog")));
     assert_eq!(plan.landing_port, 9090);
     match &plan.transport {
-        Transport::Hbone { connect_to, authority, .. } => {
+        Transport::Hbone {
+            connect_to,
+            authority,
+            ..
+        } => {
             assert_eq!(*connect_to, SocketAddr::new(ip("198.18.1.30"), HBONE_PORT));
-            assert_eq!(authority, "198.18.1.30:9090", "straight to the pod: no second capture");
+            assert_eq!(
+                authority, "198.18.1.30:9090",
+                "straight to the pod: no second capture"
+            );
         }
         other => panic!("expected HBONE to the pod, got {other:?}"),
     }
-    assert!(d.steps.iter().any(|s| matches!(s, Step::Nested { inner, .. } if *inner == key("catalog"))));
+    assert!(
+        d.steps
+            .iter()
+            .any(|s| matches!(s, Step::Nested { inner, .. } if *inner == key("catalog")))
+    );
     // The inner service is local to east: a west source gets no east pod through the outer one.
     let d = decide(&snap, "sleep-west", "198.18.100.3:80");
-    assert!(matches!(&d.outcome, Err(RouteError::NoEndpoint { service, .. }) if *service == key("catalog")), "{:?}", d.outcome);
+    assert!(
+        matches!(&d.outcome, Err(RouteError::NoEndpoint { service, .. }) if *service == key("catalog")),
+        "{:?}",
+        d.outcome
+    );
 }
 
 #[test]
@@ -240,11 +327,13 @@ fn nested_service_applies_the_inner_waypoint() {
     s.waypoint = Some(waypoint_ref("wp"));
     m.pod("catalog-east", "east-1", "198.18.1.30");
     m.backs("catalog-east", "catalog");
-    m.service("catalog-mc", &[("net", "198.18.100.3")], 80, 80).address_endpoints.push(AddressEndpoint {
-        address: NetworkAddress::new("net".into(), ip("198.18.100.2")),
-        cluster: "east".into(),
-        ports: vec![],
-    });
+    m.service("catalog-mc", &[("net", "198.18.100.3")], 80, 80)
+        .address_endpoints
+        .push(AddressEndpoint {
+            address: NetworkAddress::new("net".into(), ip("198.18.100.2")),
+            cluster: "east".into(),
+            ports: vec![],
+        });
     let d = decide(&m.build(), "sleep", "198.18.100.3:80");
     assert_eq!(landing(&d), "east//v1/Pod/default/wp-east");
     match d.outcome.unwrap().transport {
@@ -256,18 +345,28 @@ fn nested_service_applies_the_inner_waypoint() {
 #[test]
 fn cycle_of_service_addresses_fails_cleanly() {
     let mut m = flat();
-    for (name, vip, next) in [("a", "198.18.100.1", "198.18.100.2"), ("b", "198.18.100.2", "198.18.100.1")] {
-        m.service(name, &[("net", vip)], 80, 80).address_endpoints.push(AddressEndpoint {
-            address: NetworkAddress::new("net".into(), ip(next)),
-            cluster: "east".into(),
-            ports: vec![],
-        });
+    for (name, vip, next) in [
+        ("a", "198.18.100.1", "198.18.100.2"),
+        ("b", "198.18.100.2", "198.18.100.1"),
+    ] {
+        m.service(name, &[("net", vip)], 80, 80)
+            .address_endpoints
+            .push(AddressEndpoint {
+                address: NetworkAddress::new("net".into(), ip(next)),
+                cluster: "east".into(),
+                ports: vec![],
+            });
     }
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
     match d.outcome {
         Err(RouteError::NestingCycle { chain }) => assert_eq!(
             chain,
-            format!("default/{} -> default/{} -> default/{}", hostname("a"), hostname("b"), hostname("a"))
+            format!(
+                "default/{} -> default/{} -> default/{}",
+                hostname("a"),
+                hostname("b"),
+                hostname("a")
+            )
         ),
         other => panic!("expected a cycle, got {other:?}"),
     }
@@ -290,7 +389,17 @@ fn nesting_deeper_than_the_bound_fails() {
         }
     }
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
-    assert!(matches!(d.outcome, Err(RouteError::NestingTooDeep { limit: MAX_NESTING, .. })), "{:?}", d.outcome);
+    assert!(
+        matches!(
+            d.outcome,
+            Err(RouteError::NestingTooDeep {
+                limit: MAX_NESTING,
+                ..
+            })
+        ),
+        "{:?}",
+        d.outcome
+    );
 }
 
 #[test]
@@ -311,7 +420,11 @@ fn prefer_close_prefers_node_then_zone_then_region_then_network() {
         let snap = m.build();
         for seed in 0..20 {
             let d = decide_seeded(&snap, "sleep", "198.18.100.1:80", seed);
-            assert!(landing(&d).ends_with(expected), "step {i}: got {} instead of {expected}", landing(&d));
+            assert!(
+                landing(&d).ends_with(expected),
+                "step {i}: got {} instead of {expected}",
+                landing(&d)
+            );
         }
         m.workload_mut(expected).health = Health::Unhealthy;
     }
@@ -330,21 +443,38 @@ fn strict_mode_and_capacity_zero() {
     m.pod("echo-east", "east-1", "198.18.1.40").capacity = 0;
     m.backs("echo-west", "echo").backs("echo-east", "echo");
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
-    assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })), "{:?}", d.outcome);
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
 }
 
 #[test]
 fn other_network_endpoint_goes_through_its_gateway_by_hostname() {
     let mut m = two_networks();
-    m.service("echo", &[("net-east", "198.18.100.1"), ("net-west", "198.19.100.1")], 80, 8080);
+    m.service(
+        "echo",
+        &[("net-east", "198.18.100.1"), ("net-west", "198.19.100.1")],
+        80,
+        8080,
+    );
     m.pod("echo-west-1", "west-1", "198.19.1.40");
     m.pod("echo-west-2", "west-2", "198.19.1.41");
     m.backs("echo-west-1", "echo").backs("echo-west-2", "echo");
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
     match d.outcome.unwrap().transport {
-        Transport::GatewayHbone { gateway, gateway_identity, authority, identities } => {
+        Transport::GatewayHbone {
+            gateway,
+            gateway_identity,
+            authority,
+            identities,
+        } => {
             assert_eq!(gateway, SocketAddr::new(ip("198.19.255.1"), HBONE_PORT));
-            assert_eq!(gateway_identity.to_string(), "spiffe://cluster.local/ns/istio-system/sa/gw-west");
+            assert_eq!(
+                gateway_identity.to_string(),
+                "spiffe://cluster.local/ns/istio-system/sa/gw-west"
+            );
             assert_eq!(authority, "echo.default.svc.cluster.local:80");
             let ids: Vec<String> = identities.iter().map(ToString::to_string).collect();
             assert_eq!(
@@ -368,7 +498,13 @@ fn other_network_without_gateway_is_unreachable() {
     m.backs("echo-west", "echo");
     let d = decide(&m.build(), "sleep", "198.18.100.1:80");
     assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })));
-    assert!(d.steps.iter().any(|s| matches!(s, Step::Dropped { reason: DropReason::Unreachable { .. }, .. })));
+    assert!(d.steps.iter().any(|s| matches!(
+        s,
+        Step::Dropped {
+            reason: DropReason::Unreachable { .. },
+            ..
+        }
+    )));
 }
 
 #[test]
@@ -377,14 +513,28 @@ fn transports_for_tcp_workloads_and_outside_addresses() {
     m.pod("legacy", "east-1", "198.18.1.70").tunnel = TunnelProtocol::Tcp;
     let snap = m.build();
     let d = decide(&snap, "sleep", "198.18.1.70:5000");
-    assert_eq!(d.outcome.unwrap().transport, Transport::Tcp { connect_to: "198.18.1.70:5000".parse().unwrap() });
+    assert_eq!(
+        d.outcome.unwrap().transport,
+        Transport::Tcp {
+            connect_to: "198.18.1.70:5000".parse().unwrap()
+        }
+    );
     let d = decide(&snap, "sleep", "198.18.9.9:443");
     let plan = d.outcome.unwrap();
     assert_eq!(plan.class, Class::OutsideMesh);
-    assert_eq!(plan.transport, Transport::Passthrough { connect_to: "198.18.9.9:443".parse().unwrap() });
+    assert_eq!(
+        plan.transport,
+        Transport::Passthrough {
+            connect_to: "198.18.9.9:443".parse().unwrap()
+        }
+    );
     let d = decide(&snap, "sleep", "198.18.2.10:8080");
     match d.outcome.unwrap().transport {
-        Transport::Hbone { connect_to, authority, identities } => {
+        Transport::Hbone {
+            connect_to,
+            authority,
+            identities,
+        } => {
             assert_eq!(connect_to, "198.18.2.10:15008".parse().unwrap());
             assert_eq!(authority, "198.18.2.10:8080");
             assert_eq!(identities.len(), 1);
@@ -398,12 +548,17 @@ fn waypoint_does_not_loop_back_to_itself() {
     let mut m = flat();
     m.waypoint("wp", WaypointFor::Service);
     m.waypoint_pod("wp", "wp-east", "east-1", "198.18.1.50");
-    m.service("echo", &[("net", "198.18.100.1")], 80, 8080).waypoint = Some(waypoint_ref("wp"));
+    m.service("echo", &[("net", "198.18.100.1")], 80, 8080)
+        .waypoint = Some(waypoint_ref("wp"));
     m.pod("echo-east", "east-1", "198.18.1.40");
     m.backs("echo-east", "echo");
     let d = decide(&m.build(), "wp-east", "198.18.100.1:80");
     assert_eq!(landing(&d), "east//v1/Pod/default/echo-east");
-    assert!(d.steps.iter().any(|s| matches!(s, Step::WaypointSkipped { .. })));
+    assert!(
+        d.steps
+            .iter()
+            .any(|s| matches!(s, Step::WaypointSkipped { .. }))
+    );
 }
 
 #[test]
@@ -417,11 +572,24 @@ fn waypoint_acting_for_a_remote_source_applies_the_origin_cluster_scope() {
     m.pod("ledger-west", "west-1", "198.18.2.20");
     m.backs("ledger-west", "ledger");
     let snap = m.build();
-    let wp = snap.workloads().find(|w| w.name == "wp-west").unwrap().clone();
+    let wp = snap
+        .workloads()
+        .find(|w| w.name == "wp-west")
+        .unwrap()
+        .clone();
     let east = "east".into();
     let dst = Destination::Addr("198.18.100.1:80".parse().unwrap());
-    let d = route(&snap, Source::on_behalf_of(&wp, &east), &dst, &mut SplitMix64::new(1));
-    assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })), "{:?}", d.outcome);
+    let d = route(
+        &snap,
+        Source::on_behalf_of(&wp, &east),
+        &dst,
+        &mut SplitMix64::new(1),
+    );
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
     let d = route(&snap, Source::new(&wp), &dst, &mut SplitMix64::new(1));
     assert_eq!(landing(&d), "west//v1/Pod/default/ledger-west");
 }
@@ -438,9 +606,16 @@ fn hostnames_ports_and_seeds() {
     let a = decide_seeded(&snap, "sleep", &format!("{}:80", hostname("echo")), 42);
     let b = decide_seeded(&snap, "sleep", &format!("{}:80", hostname("echo")), 42);
     assert_eq!(landing(&a), landing(&b), "same seed, same pick");
-    let picks: std::collections::BTreeSet<String> =
-        (0..64).map(|s| landing(&decide_seeded(&snap, "sleep", "198.18.100.1:80", s))).collect();
+    let picks: std::collections::BTreeSet<String> = (0..64)
+        .map(|s| landing(&decide_seeded(&snap, "sleep", "198.18.100.1:80", s)))
+        .collect();
     assert_eq!(picks.len(), 4, "every endpoint gets picked under some seed");
-    assert!(matches!(decide(&snap, "sleep", "nope.default.svc.cluster.local:80").outcome, Err(RouteError::UnknownHost { .. })));
-    assert!(matches!(decide(&snap, "sleep", "198.18.100.1:81").outcome, Err(RouteError::NoSuchPort { port: 81, .. })));
+    assert!(matches!(
+        decide(&snap, "sleep", "nope.default.svc.cluster.local:80").outcome,
+        Err(RouteError::UnknownHost { .. })
+    ));
+    assert!(matches!(
+        decide(&snap, "sleep", "198.18.100.1:81").outcome,
+        Err(RouteError::NoSuchPort { port: 81, .. })
+    ));
 }

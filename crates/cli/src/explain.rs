@@ -1,0 +1,388 @@
+//! `ferry explain`: resolve the user's source and destination, run the routing decision and the
+//! destination's authorization on the topology, and print the path.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use ferry_core::authz::{self, ConnInfo, Verdict};
+use ferry_core::identity::Identity;
+use ferry_core::model::{TunnelProtocol, Workload};
+use ferry_core::random::SplitMix64;
+use ferry_core::route::{self, Decision, Destination, Source, Transport};
+use ferry_core::snapshot::Snapshot;
+use serde::Serialize;
+
+use crate::{ExplainArgs, Output, render};
+
+/// The built-in example: a newcomer can run `ferry explain` with nothing else.
+const EXAMPLE_NAME: &str = "examples/two-clusters.yaml (built in)";
+const EXAMPLE: &str = include_str!("../../../examples/two-clusters.yaml");
+
+/// The tour `ferry explain` gives on the built-in example without --from/--to: one path for each
+/// of Ferry's rules.
+const TOUR: &[(&str, &str, &str)] = &[
+    (
+        "a global service with pods in both clusters, through a shared waypoint",
+        "east/default/sleep-east",
+        "echo.default.svc.cluster.local:80",
+    ),
+    (
+        "a local service behind the same (global) waypoint: east stays in east",
+        "east/default/sleep-east",
+        "198.18.10.2:80",
+    ),
+    (
+        "the same local service from west stays in west",
+        "west/default/sleep-west",
+        "198.19.10.2:80",
+    ),
+    (
+        "a multi-cluster service whose endpoint is east's own service address: one decision, one hop",
+        "east/default/sleep-east",
+        "198.18.10.4:80",
+    ),
+    (
+        "a workload with its own waypoint, chosen on the source's network",
+        "east/default/sleep-east",
+        "198.18.2.60:5432",
+    ),
+    (
+        "a global service with pods only in west: through west's east-west gateway",
+        "east/default/sleep-east",
+        "search.default.svc.cluster.local:80",
+    ),
+    (
+        "an address outside the mesh: passed through",
+        "east/default/sleep-east",
+        "198.19.250.10:443",
+    ),
+];
+
+/// Exit status when the connection would be refused (no route, or denied by policy).
+const EXIT_REFUSED: u8 = 3;
+/// Exit status for bad input: unreadable topology, unknown source or destination.
+const EXIT_USAGE: u8 = 2;
+
+/// What `ferry explain` reports for one connection.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    pub(crate) title: Option<String>,
+    pub(crate) source: SourceView,
+    pub(crate) destination: String,
+    pub(crate) seed: u64,
+    /// One decision per proxy hop: the source's node proxy, then the waypoint, if any.
+    pub(crate) hops: Vec<Hop>,
+}
+
+/// One proxy's decision and what the next hop's node proxy decides about it.
+#[derive(Debug, Serialize)]
+pub(crate) struct Hop {
+    /// Who decides: the source's node proxy, or a waypoint instance.
+    pub(crate) by: String,
+    pub(crate) decision: Decision,
+    pub(crate) authorization: Authorization,
+}
+
+/// The source as the report shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct SourceView {
+    pub(crate) workload: Arc<Workload>,
+    pub(crate) identity: String,
+}
+
+/// What the destination's node proxy decides.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub(crate) enum Authorization {
+    Checked {
+        at: String,
+        peer: String,
+        port: u16,
+        verdict: Verdict,
+    },
+    NotEnforced {
+        why: String,
+    },
+}
+
+impl Report {
+    pub(crate) fn refused(&self) -> bool {
+        self.hops.iter().any(|h| {
+            h.decision.outcome.is_err()
+                || matches!(&h.authorization, Authorization::Checked { verdict, .. } if !verdict.is_allowed())
+        })
+    }
+}
+
+pub(crate) fn run(args: &ExplainArgs) -> ExitCode {
+    match run_inner(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferry explain: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn run_inner(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+    let topology = match &args.topology {
+        Some(path) => ferry_topology::load_file(path)?,
+        None => ferry_topology::parse(EXAMPLE_NAME, EXAMPLE)?,
+    };
+    let snap = &topology.snapshot;
+    let requests: Vec<(Option<String>, &str, &str)> = match (&args.from, &args.to) {
+        (Some(f), Some(t)) => vec![(None, f.as_str(), t.as_str())],
+        _ if args.topology.is_none() => TOUR
+            .iter()
+            .map(|(title, f, t)| (Some((*title).to_string()), *f, *t))
+            .collect(),
+        _ => bail!("--from and --to are required with --topology"),
+    };
+    let single = requests.len() == 1;
+    let mut reports = Vec::new();
+    for (title, from, to) in requests {
+        let mut report = explain(snap, from, to, args.seed)?;
+        report.title = title;
+        reports.push(report);
+    }
+    match args.output {
+        Output::Json if single => println!("{}", serde_json::to_string_pretty(&reports[0])?),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&reports)?),
+        Output::Text => {
+            let name = args
+                .topology
+                .as_ref()
+                .map_or(EXAMPLE_NAME.to_string(), |p| p.display().to_string());
+            for (i, r) in reports.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", render::text(r, &name));
+            }
+        }
+    }
+    Ok(if single && reports[0].refused() {
+        ExitCode::from(EXIT_REFUSED)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Explains one connection.
+pub(crate) fn explain(snap: &Snapshot, from: &str, to: &str, seed: u64) -> anyhow::Result<Report> {
+    let src = resolve_source(snap, from)?;
+    let dst = parse_destination(snap, to)?;
+    let identity = src.identity().context("source identity")?;
+    let mut rng = SplitMix64::new(seed);
+    let decision = route::route(snap, Source::new(&src), &dst, &mut rng);
+    let node = src
+        .node
+        .as_ref()
+        .map_or("(none)".to_string(), ToString::to_string);
+    let mut hops = Vec::new();
+    // A waypoint decides again, on behalf of the original source's cluster.
+    let waypoint = match &decision.outcome {
+        Ok(plan) if plan.waypoint.is_some() => plan
+            .landing
+            .as_ref()
+            .and_then(|u| snap.workload(u))
+            .cloned(),
+        _ => None,
+    };
+    match waypoint {
+        Some(wp) => {
+            hops.push(Hop {
+                by: format!("the node proxy on node {node}"),
+                decision,
+                authorization: Authorization::NotEnforced {
+                    why: "the waypoint is the destination of this hop; it applies the service's policy itself".into(),
+                },
+            });
+            let wp_identity = wp.identity().context("waypoint identity")?;
+            let next_dst = match (&dst, hops[0].decision.outcome.as_ref().map(|p| &p.class)) {
+                (_, Ok(route::Class::Workload { workload, port })) => {
+                    let w = snap
+                        .workload(workload)
+                        .context("workload behind the waypoint")?;
+                    let ip = w.addresses.first().copied().context("workload address")?;
+                    Destination::Addr(SocketAddr::new(ip, *port))
+                }
+                (d, _) => d.clone(),
+            };
+            let decision = route::route(
+                snap,
+                Source::on_behalf_of(&wp, &src.cluster),
+                &next_dst,
+                &mut rng,
+            );
+            let authorization = authorize(snap, &wp, &wp_identity, &decision);
+            hops.push(Hop {
+                by: format!(
+                    "waypoint instance {} (for a source in cluster {})",
+                    wp.uid, src.cluster
+                ),
+                decision,
+                authorization,
+            });
+        }
+        None => {
+            let authorization = authorize(snap, &src, &identity, &decision);
+            hops.push(Hop {
+                by: format!("the node proxy on node {node}"),
+                decision,
+                authorization,
+            });
+        }
+    }
+    Ok(Report {
+        title: None,
+        source: SourceView {
+            workload: src,
+            identity: identity.to_string(),
+        },
+        destination: dst.to_string(),
+        seed,
+        hops,
+    })
+}
+
+fn authorize(
+    snap: &Snapshot,
+    peer: &Workload,
+    identity: &Identity,
+    decision: &Decision,
+) -> Authorization {
+    let Ok(plan) = &decision.outcome else {
+        return Authorization::NotEnforced {
+            why: "the connection is refused before it leaves".into(),
+        };
+    };
+    let landing = plan.landing.as_ref().and_then(|uid| snap.workload(uid));
+    let (Some(dst), Transport::Hbone { .. } | Transport::GatewayHbone { .. }) =
+        (landing, &plan.transport)
+    else {
+        return Authorization::NotEnforced {
+            why: "the destination is outside the mesh: no node proxy enforces policy for it".into(),
+        };
+    };
+    if dst.tunnel == TunnelProtocol::Tcp {
+        return Authorization::NotEnforced {
+            why: "the destination is not enrolled in the mesh".into(),
+        };
+    }
+    let conn = ConnInfo {
+        source_identity: Some(identity),
+        source_ip: peer
+            .addresses
+            .first()
+            .copied()
+            .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+        destination_ip: dst
+            .addresses
+            .first()
+            .copied()
+            .unwrap_or(IpAddr::from([0, 0, 0, 0])),
+        destination_port: plan.landing_port,
+    };
+    Authorization::Checked {
+        at: dst.uid.to_string(),
+        peer: identity.to_string(),
+        port: plan.landing_port,
+        verdict: authz::authorize(snap, dst, &conn),
+    }
+}
+
+/// Finds the source workload from what the user typed.
+pub(crate) fn resolve_source(snap: &Snapshot, from: &str) -> anyhow::Result<Arc<Workload>> {
+    let by_ip = |network: Option<&str>, ip: IpAddr| -> Vec<Arc<Workload>> {
+        snap.workloads()
+            .filter(|w| {
+                w.addresses.contains(&ip) && network.is_none_or(|n| w.network.as_str() == n)
+            })
+            .cloned()
+            .collect()
+    };
+    let matches: Vec<Arc<Workload>> = if let Ok(ip) = from.parse::<IpAddr>() {
+        by_ip(None, ip)
+    } else {
+        let parts: Vec<&str> = from.split('/').collect();
+        match parts.as_slice() {
+            [net, ip] if ip.parse::<IpAddr>().is_ok() => by_ip(Some(net), ip.parse()?),
+            [name] => snap
+                .workloads()
+                .filter(|w| w.name == *name)
+                .cloned()
+                .collect(),
+            [ns, name] => snap
+                .workloads()
+                .filter(|w| w.namespace == *ns && w.name == *name)
+                .cloned()
+                .collect(),
+            [cluster, ns, name] => snap
+                .workloads()
+                .filter(|w| w.cluster.as_str() == *cluster && w.namespace == *ns && w.name == *name)
+                .cloned()
+                .collect(),
+            _ => bail!(
+                "source {from:?}: expected a workload `name`, `namespace/name`, `cluster/namespace/name`, an IP, or `network/IP`"
+            ),
+        }
+    };
+    match matches.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => {
+            let mut known: Vec<String> = snap
+                .workloads()
+                .map(|w| format!("{}/{}/{}", w.cluster, w.namespace, w.name))
+                .collect();
+            known.sort();
+            known.truncate(12);
+            bail!(
+                "source {from:?}: no such workload (known workloads include: {})",
+                known.join(", ")
+            )
+        }
+        many => {
+            let mut names: Vec<String> = many
+                .iter()
+                .map(|w| format!("{}/{}/{} on {}", w.cluster, w.namespace, w.name, w.network))
+                .collect();
+            names.sort();
+            bail!(
+                "source {from:?} is ambiguous: {}; qualify it",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// Parses `IP:port` or `hostname:port`; a hostname must name a service.
+pub(crate) fn parse_destination(snap: &Snapshot, to: &str) -> anyhow::Result<Destination> {
+    if let Ok(addr) = to.parse::<SocketAddr>() {
+        return Ok(Destination::Addr(addr));
+    }
+    let Some((host, port)) = to.rsplit_once(':') else {
+        bail!("destination {to:?}: expected IP:port or hostname:port");
+    };
+    let port: u16 = port.parse().with_context(|| {
+        format!("destination {to:?}: port {port:?} is not a number from 0 to 65535")
+    })?;
+    if host.parse::<IpAddr>().is_ok() {
+        bail!("destination {to:?}: an IPv6 address needs brackets, e.g. [fd00::1]:{port}");
+    }
+    if snap.services_by_hostname(host).is_empty() {
+        let mut known: Vec<&str> = snap.services().map(|s| s.hostname.as_str()).collect();
+        known.sort_unstable();
+        known.truncate(12);
+        bail!(
+            "destination {to:?}: no service has hostname {host:?} (known: {})",
+            known.join(", ")
+        );
+    }
+    Ok(Destination::Host {
+        hostname: host.to_string(),
+        port,
+    })
+}

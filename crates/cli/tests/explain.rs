@@ -1,0 +1,240 @@
+//! Runs the built `ferry` binary the way a user does.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn ferry(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .output()
+        .expect("ferry runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn example(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A topology file written for one test, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("ferry-cli-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).expect("write temp topology");
+        Self(path)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn the_tour_runs_on_the_built_in_example() {
+    let o = ferry(&["explain"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.matches("\nresult      CONNECTED").count(), 7, "{out}");
+    // The local service from east never picks west's waypoint or pod.
+    assert!(out.contains("drop waypoint endpoint west//v1/Pod/default/shared-waypoint-west-1 (cluster west): scope of default/ledger.default.svc.cluster.local is local"), "{out}");
+    assert!(
+        out.contains("CONNECTED to east//v1/Pod/default/ledger-east-1 via waypoint"),
+        "{out}"
+    );
+    // The nested address resolves in one decision.
+    assert!(out.contains("nested     endpoint 198.18.10.3:80"), "{out}");
+    assert!(
+        out.contains("CONNECTED to east//v1/Pod/default/catalog-east-1\n"),
+        "{out}"
+    );
+    // Cross-network goes through the gateway by hostname.
+    assert!(
+        out.contains("double HBONE: outer tunnel to east-west gateway 198.19.255.1:15008"),
+        "{out}"
+    );
+}
+
+#[test]
+fn one_connection_as_json() {
+    let o = ferry(&[
+        "explain",
+        "--from",
+        "west/default/sleep-west",
+        "--to",
+        "ledger.default.svc.cluster.local:80",
+        "--output",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("valid JSON");
+    let hops = v["hops"].as_array().expect("hops");
+    assert_eq!(hops.len(), 2, "source node proxy, then the waypoint");
+    assert_eq!(
+        hops[1]["decision"]["outcome"]["Ok"]["landing"],
+        "west//v1/Pod/default/ledger-west-1"
+    );
+    assert_eq!(hops[1]["authorization"]["kind"], "checked");
+}
+
+#[test]
+fn source_by_ip_and_explicit_topology() {
+    let o = ferry(&[
+        "explain",
+        "-t",
+        &example("single-cluster.yaml"),
+        "--from",
+        "198.18.1.10",
+        "--to",
+        "198.18.9.9:80",
+    ]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("outside the mesh"), "{}", stdout(&o));
+}
+
+#[test]
+fn unknown_source_or_destination_exits_2_with_a_clear_message() {
+    let o = ferry(&["explain", "--from", "nobody", "--to", "198.18.10.1:80"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("source \"nobody\": no such workload"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferry(&["explain", "--from", "sleep-east", "--to", "nope.example:80"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no service has hostname \"nope.example\""),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferry(&["explain", "--from", "sleep-east", "--to", "198.18.10.1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("expected IP:port or hostname:port"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferry(&["explain", "--from", "sleep", "--to", "198.18.10.1:80"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "sleep is not a workload name in the example"
+    );
+}
+
+#[test]
+fn ambiguous_source_lists_the_candidates() {
+    let o = ferry(&[
+        "explain",
+        "--from",
+        "default/shared-waypoint-east-1",
+        "--to",
+        "198.18.10.1:80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = TempFile::new(
+        "ambiguous.yaml",
+        "clusters: [{name: a, network: n1}, {name: b, network: n2}]\n\
+         nodes: [{name: a1, cluster: a}, {name: b1, cluster: b}]\n\
+         workloads:\n  - {name: app, node: a1, address: 198.18.1.1}\n  - {name: app, node: b1, address: 198.18.1.1}\n",
+    );
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "198.18.1.1",
+        "--to",
+        "198.18.9.9:80",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("is ambiguous: a/default/app on n1, b/default/app on n2"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "n2/198.18.1.1",
+        "--to",
+        "198.18.9.9:80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn refused_connections_exit_3_and_say_why() {
+    let t = TempFile::new(
+        "refused.yaml",
+        "clusters: [{name: a, network: n}, {name: b, network: n}]\n\
+         nodes: [{name: a1, cluster: a}, {name: b1, cluster: b}]\n\
+         services:\n  - {name: ledger, vips: [{network: n, address: 198.18.10.1}], ports: [{port: 80, target_port: 8080}], selector: {app: ledger}, scope: local}\n  - {name: open, vips: [{network: n, address: 198.18.10.2}], ports: [{port: 80, target_port: 8080}], selector: {app: open}, scope: global}\n\
+         workloads:\n  - {name: client, node: a1, address: 198.18.1.1}\n  - {name: ledger-b, node: b1, address: 198.18.2.1, labels: {app: ledger}}\n  - {name: open-b, node: b1, address: 198.18.2.2, labels: {app: open}}\n\
+         policies:\n  - {name: only-admin, selector: {app: open}, action: allow, rules: [{from: [{principals: [cluster.local/ns/default/sa/admin]}]}]}\n",
+    );
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "client",
+        "--to",
+        "198.18.10.1:80",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("scope of default/ledger.default.svc.cluster.local is local (only its own cluster); the source is in cluster a"), "{out}");
+    assert!(out.contains("REFUSED at the source node proxy"), "{out}");
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "client",
+        "--to",
+        "198.18.10.2:80",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("denied: 1 ALLOW policies apply and none matches"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_bad_topology_is_reported_with_its_location() {
+    let t = TempFile::new("bad.yaml", "clusters:\n  - {name: a, netwrk: n}\n");
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "x",
+        "--to",
+        "198.18.1.1:80",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("bad.yaml:2:") && e.contains("netwrk"), "{e}");
+}

@@ -1,0 +1,188 @@
+//! Authorization policies, from Istio's Kubernetes shape to the model's rules, clauses and
+//! matches.
+
+use ferry_core::model::{
+    Action, Cidr, Clause, Match, Policy, PolicyKey, PolicyScope, Rule, StringMatch,
+};
+
+use super::{Cx, item, namespace, selects};
+use crate::schema::{ActionSpec, FromSpec, PolicySpec, PortValue, RuleSpec, ToSpec};
+
+impl Cx {
+    pub(super) fn policies(&mut self, specs: &[PolicySpec]) {
+        for (i, p) in specs.iter().enumerate() {
+            let path = item("policies", i, &p.name);
+            self.check_name(&path, "name", &p.name);
+            let ns = namespace(p.namespace.as_ref());
+            self.check_identity(&path, &ns, None);
+            let key = PolicyKey::new(&ns, &p.name);
+            let unique = self.declare(
+                format!("policy {key}"),
+                &path,
+                "policy namespace/name",
+                &key.to_string(),
+            );
+            let selector = p.selector.as_ref();
+            let scope = match (p.mesh, selector) {
+                (true, Some(_)) => {
+                    self.problem(
+                        &path,
+                        "expected at most one of `mesh: true` and `selector`, found both",
+                    );
+                    PolicyScope::Mesh
+                }
+                (true, None) => PolicyScope::Mesh,
+                (false, Some(labels)) => {
+                    if labels.is_empty() {
+                        self.problem(
+                            format!("{path}.selector"),
+                            "expected at least one label, found an empty map (omit `selector` to apply the policy to its whole namespace)",
+                        );
+                    }
+                    PolicyScope::WorkloadSelector
+                }
+                (false, None) => PolicyScope::Namespace,
+            };
+            let rules = p
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(j, r)| self.rule(&format!("{path}.rules[{j}]"), r))
+                .collect();
+            if !unique {
+                continue;
+            }
+            if let (PolicyScope::WorkloadSelector, Some(labels)) = (scope, selector) {
+                for w in &mut self.out.workloads {
+                    if w.namespace == ns && selects(labels, &w.labels) {
+                        w.authorization_policies.push(key.clone());
+                    }
+                }
+            }
+            self.out.policies.push(Policy {
+                name: p.name.clone(),
+                namespace: ns,
+                scope,
+                action: match p.action {
+                    ActionSpec::Allow => Action::Allow,
+                    ActionSpec::Deny => Action::Deny,
+                    ActionSpec::Audit => Action::Audit,
+                },
+                rules,
+                dry_run: p.dry_run,
+            });
+        }
+    }
+
+    /// One clause for `from` and one for `to`, each omitted when empty: `{}` matches everything.
+    fn rule(&mut self, path: &str, spec: &RuleSpec) -> Rule {
+        let mut clauses = Vec::new();
+        if !spec.from.is_empty() {
+            let matches = spec
+                .from
+                .iter()
+                .enumerate()
+                .map(|(k, f)| self.source_match(&format!("{path}.from[{k}]"), f))
+                .collect();
+            clauses.push(Clause { matches });
+        }
+        if !spec.to.is_empty() {
+            let matches = spec
+                .to
+                .iter()
+                .enumerate()
+                .map(|(k, t)| self.operation_match(&format!("{path}.to[{k}]"), t))
+                .collect();
+            clauses.push(Clause { matches });
+        }
+        Rule { clauses }
+    }
+
+    fn source_match(&mut self, path: &str, f: &FromSpec) -> Match {
+        let lists = [
+            &f.principals,
+            &f.not_principals,
+            &f.namespaces,
+            &f.not_namespaces,
+            &f.ip_blocks,
+            &f.not_ip_blocks,
+        ];
+        if lists.iter().all(|l| l.is_empty()) {
+            self.problem(
+                path,
+                "expected at least one of `principals`, `not_principals`, `namespaces`, `not_namespaces`, `ip_blocks`, `not_ip_blocks`, found an empty entry",
+            );
+        }
+        Match {
+            principals: self.patterns(&format!("{path}.principals"), &f.principals),
+            not_principals: self.patterns(&format!("{path}.not_principals"), &f.not_principals),
+            namespaces: self.patterns(&format!("{path}.namespaces"), &f.namespaces),
+            not_namespaces: self.patterns(&format!("{path}.not_namespaces"), &f.not_namespaces),
+            source_ips: self.cidrs(&format!("{path}.ip_blocks"), &f.ip_blocks),
+            not_source_ips: self.cidrs(&format!("{path}.not_ip_blocks"), &f.not_ip_blocks),
+            ..Match::default()
+        }
+    }
+
+    fn operation_match(&mut self, path: &str, t: &ToSpec) -> Match {
+        if t.ports.is_empty() && t.not_ports.is_empty() {
+            self.problem(
+                path,
+                "expected at least one of `ports`, `not_ports`, found an empty entry",
+            );
+        }
+        Match {
+            destination_ports: self.policy_ports(&format!("{path}.ports"), &t.ports),
+            not_destination_ports: self.policy_ports(&format!("{path}.not_ports"), &t.not_ports),
+            ..Match::default()
+        }
+    }
+
+    /// Istio's patterns: exact, `prefix*`, `*suffix` or `*`.
+    fn patterns(&mut self, path: &str, values: &[String]) -> Vec<StringMatch> {
+        let mut out = Vec::new();
+        for (k, v) in values.iter().enumerate() {
+            if v.is_empty() {
+                self.problem(
+                    format!("{path}[{k}]"),
+                    "expected a value, `prefix*`, `*suffix` or `*`, found \"\"",
+                );
+            } else {
+                out.push(StringMatch::from_pattern(v));
+            }
+        }
+        out
+    }
+
+    fn cidrs(&mut self, path: &str, values: &[String]) -> Vec<Cidr> {
+        let mut out = Vec::new();
+        for (k, v) in values.iter().enumerate() {
+            match v.trim().parse::<Cidr>() {
+                Ok(c) => out.push(c),
+                Err(e) => self.problem(
+                    format!("{path}[{k}]"),
+                    format!(
+                        "expected an IP address or CIDR block such as 198.18.0.0/15, found {v:?} ({})",
+                        e.reason
+                    ),
+                ),
+            }
+        }
+        out
+    }
+
+    fn policy_ports(&mut self, path: &str, values: &[PortValue]) -> Vec<u16> {
+        let mut out = Vec::new();
+        for (k, PortValue(p)) in values.iter().enumerate() {
+            if *p == 0 {
+                self.problem(
+                    format!("{path}[{k}]"),
+                    "expected a port from 1 to 65535, found 0",
+                );
+            } else {
+                out.push(*p);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,264 @@
+//! Workloads and waypoint instances: placement, addresses, identity, and the services they back.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ferry_core::model::{
+    ClusterId, HBONE_PORT, Health, Locality, NetworkId, NodeName, PortMapping, ServiceKey,
+    TunnelProtocol, Workload, WorkloadUid,
+};
+
+use super::services::User;
+use super::{Cx, item, namespace, one_of, selects};
+use crate::schema::{InstanceSpec, ProtocolSpec, WorkloadSpec};
+
+/// Where a workload runs.
+struct Placement {
+    cluster: ClusterId,
+    network: NetworkId,
+    node: Option<NodeName>,
+    locality: Locality,
+}
+
+/// The parts of a workload that differ between pods and waypoint instances.
+struct Pod<'a> {
+    path: &'a str,
+    name: &'a str,
+    namespace: &'a str,
+    uid: Option<&'a str>,
+    service_account: &'a str,
+    placement: Placement,
+    addresses: Vec<IpAddr>,
+}
+
+impl Cx {
+    pub(super) fn workloads(&mut self, specs: &[WorkloadSpec]) {
+        for (i, w) in specs.iter().enumerate() {
+            let path = item("workloads", i, &w.name);
+            self.check_name(&path, "name", &w.name);
+            let ns = namespace(w.namespace.as_ref());
+            let service_account = w.service_account.as_deref().unwrap_or("default");
+            self.check_identity(&path, &ns, Some(service_account));
+            let placement = self.placement(&path, w.node.as_deref(), w.cluster.as_deref());
+
+            let texts: Vec<(String, &String)> = match (&w.address, &w.addresses) {
+                (Some(_), Some(_)) => {
+                    self.problem(
+                        &path,
+                        "expected either `address` or `addresses`, found both",
+                    );
+                    Vec::new()
+                }
+                (Some(a), None) => vec![(format!("{path}.address"), a)],
+                (None, Some(list)) => list
+                    .iter()
+                    .enumerate()
+                    .map(|(j, a)| (format!("{path}.addresses[{j}]"), a))
+                    .collect(),
+                (None, None) => Vec::new(),
+            };
+            let mut addresses = Vec::new();
+            for (address_path, text) in texts {
+                let Some(ip) = self.ip(&address_path, text) else {
+                    continue;
+                };
+                if let Some(p) = &placement {
+                    let network = p.network.clone();
+                    self.claim(&address_path, &path, &network, ip);
+                }
+                addresses.push(ip);
+            }
+            let waypoint = w.waypoint.as_ref().and_then(|r| {
+                self.waypoint_ref(&format!("{path}.waypoint"), &ns, r, User::Workload)
+            });
+            let services: BTreeMap<ServiceKey, Vec<PortMapping>> = self
+                .selectors
+                .iter()
+                .filter(|s| s.namespace == ns && selects(&s.labels, &w.labels))
+                .map(|s| (s.key.clone(), s.ports.clone()))
+                .collect();
+
+            let Some(placement) = placement else { continue };
+            let pod = Pod {
+                path: &path,
+                name: &w.name,
+                namespace: &ns,
+                uid: w.uid.as_deref(),
+                service_account,
+                placement,
+                addresses,
+            };
+            let Some(mut workload) = self.workload(pod) else {
+                continue;
+            };
+            workload.tunnel = match w.protocol {
+                ProtocolSpec::Hbone => TunnelProtocol::Hbone,
+                ProtocolSpec::Tcp => TunnelProtocol::Tcp,
+            };
+            workload.health = if w.healthy {
+                Health::Healthy
+            } else {
+                Health::Unhealthy
+            };
+            workload.capacity = w.capacity;
+            workload.waypoint = waypoint;
+            workload.services = services;
+            workload.labels.clone_from(&w.labels);
+            self.out.workloads.push(workload);
+        }
+    }
+
+    /// An instance of the waypoint whose service is `waypoint`: a label-less HBONE pod that
+    /// backs that service on the HBONE port.
+    pub(super) fn waypoint_instance(
+        &mut self,
+        path: &str,
+        inst: &InstanceSpec,
+        namespace: &str,
+        service_account: &str,
+        waypoint: &ServiceKey,
+    ) {
+        self.check_name(path, "name", &inst.name);
+        let placement = self.placement(path, Some(&inst.node), None);
+        let address_path = format!("{path}.address");
+        let ip = self.ip(&address_path, &inst.address);
+        if let (Some(p), Some(ip)) = (&placement, ip) {
+            let network = p.network.clone();
+            self.claim(&address_path, path, &network, ip);
+        }
+        let Some(placement) = placement else { return };
+        let pod = Pod {
+            path,
+            name: &inst.name,
+            namespace,
+            uid: None,
+            service_account,
+            placement,
+            addresses: ip.into_iter().collect(),
+        };
+        let Some(mut workload) = self.workload(pod) else {
+            return;
+        };
+        workload.health = if inst.healthy {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        };
+        workload.capacity = inst.capacity;
+        let hbone = PortMapping {
+            service_port: HBONE_PORT,
+            target_port: HBONE_PORT,
+        };
+        workload.services.insert(waypoint.clone(), vec![hbone]);
+        self.out.workloads.push(workload);
+    }
+
+    /// A workload with defaults, after checking that it is unique; `None` if it is not.
+    fn workload(&mut self, pod: Pod<'_>) -> Option<Workload> {
+        let Pod {
+            path,
+            name,
+            namespace,
+            uid,
+            service_account,
+            placement,
+            addresses,
+        } = pod;
+        let Placement {
+            cluster,
+            network,
+            node,
+            locality,
+        } = placement;
+        let pod_name = format!("{namespace}/{name}");
+        if !self.declare(
+            format!("pod {cluster}/{pod_name}"),
+            path,
+            &format!("namespace/name in cluster {cluster}"),
+            &pod_name,
+        ) {
+            return None;
+        }
+        let uid = uid.map_or_else(
+            || format!("{cluster}//v1/Pod/{namespace}/{name}"),
+            str::to_string,
+        );
+        if uid.is_empty() {
+            self.problem(
+                format!("{path}.uid"),
+                "expected a non-empty uid, found \"\"",
+            );
+        }
+        if !self.declare(format!("workload {uid}"), path, "workload uid", &uid) {
+            return None;
+        }
+        let network_gateway = self.gateways.get(&network).map(|(r, _)| r.clone());
+        Some(Workload {
+            uid: WorkloadUid::new(uid),
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+            trust_domain: self.trust_domain.clone(),
+            addresses,
+            network,
+            cluster,
+            node,
+            locality,
+            tunnel: TunnelProtocol::Hbone,
+            health: Health::Healthy,
+            capacity: 1,
+            waypoint: None,
+            network_gateway,
+            services: BTreeMap::new(),
+            authorization_policies: Vec::new(),
+            labels: BTreeMap::new(),
+        })
+    }
+
+    /// Where a workload on `node` (or, off any node, in `cluster`) runs.
+    fn placement(
+        &mut self,
+        path: &str,
+        node: Option<&str>,
+        cluster: Option<&str>,
+    ) -> Option<Placement> {
+        let Some(node) = node else {
+            let Some(cluster) = cluster else {
+                self.problem(
+                    path,
+                    "expected `node` (or `cluster`, for a workload outside any node proxy), found neither",
+                );
+                return None;
+            };
+            let network = self.cluster_network(&format!("{path}.cluster"), cluster)?;
+            return Some(Placement {
+                cluster: ClusterId::new(cluster),
+                network,
+                node: None,
+                locality: Locality::default(),
+            });
+        };
+        let Some(info) = self.nodes.get(node) else {
+            let expected = one_of("nodes", self.nodes.keys());
+            self.problem(
+                format!("{path}.node"),
+                format!("expected {expected}, found {node:?}"),
+            );
+            return None;
+        };
+        if let Some(cluster) = cluster.filter(|c| *c != info.cluster.as_str()) {
+            let msg = format!(
+                "expected {} (the cluster of node {node}), found {cluster:?}",
+                info.cluster
+            );
+            self.problem(format!("{path}.cluster"), msg);
+            return None;
+        }
+        Some(Placement {
+            cluster: info.cluster.clone(),
+            network: info.network.clone()?,
+            node: Some(NodeName::new(node)),
+            locality: info.locality.clone(),
+        })
+    }
+}

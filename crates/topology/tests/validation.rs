@@ -1,0 +1,347 @@
+//! Bad topology files are rejected with every problem, each located and saying what was
+//! expected and what was found.
+
+use ferry_topology::{Location, TopologyError, parse};
+
+/// A small valid mesh that the cases below break in one way each.
+const BASE: &str = "\
+clusters:
+  - {name: east, network: net-east}
+  - {name: west, network: net-west}
+nodes:
+  - {name: east-1, cluster: east}
+  - {name: west-1, cluster: west}
+";
+
+fn reject(doc: &str) -> TopologyError {
+    match parse("bad.yaml", doc) {
+        Ok(_) => panic!("expected an error, found a valid topology for:\n{doc}"),
+        Err(e) => e,
+    }
+}
+
+fn accept(doc: &str) {
+    if let Err(e) = parse("good.yaml", doc) {
+        panic!("expected a valid topology, found errors:\n{e}\nfor:\n{doc}");
+    }
+}
+
+/// Each case: a name, a document, and substrings the error text must contain, in order, on
+/// one line each.
+const CASES: &[(&str, &str, &[&str])] = &[
+    (
+        "unknown top-level field",
+        "clusters: [{name: east, network: n}]\nservise: []\n",
+        &["bad.yaml:2:1: servise: unknown field `servise`, expected one of"],
+    ),
+    (
+        "unknown nested field, with line and column",
+        "clusters:\n  - name: east\n    network: net-east\n    netwrk: x\n",
+        &["bad.yaml:4:5: clusters[0].netwrk: unknown field `netwrk`, expected `name` or `network`"],
+    ),
+    (
+        "missing required field",
+        "clusters:\n  - name: east\n",
+        &[
+            "bad.yaml:2:5: clusters[0].network: expected a value for this required field, found none",
+        ],
+    ),
+    (
+        "wrong type",
+        "clusters: [{name: east, network: n}]\nservices:\n  - name: s\n    ports: [{port: http, target_port: 80}]\n",
+        &["bad.yaml:4:20: services[0].ports[0].port: invalid type: string \"http\", expected"],
+    ),
+    (
+        "port out of range",
+        "clusters: [{name: east, network: n}]\nservices:\n  - {name: s, ports: [{port: 70000, target_port: 80}]}\n",
+        &[
+            "services[0].ports[0].port: invalid value: integer `70000`, expected an integer from 0 to 65535",
+        ],
+    ),
+    (
+        "bad scope keyword",
+        "clusters: [{name: east, network: n}]\nservices:\n  - {name: s, scope: globl}\n",
+        &[
+            "bad.yaml:3:22: services[0].scope: invalid value: string \"globl\", expected `global`, `local` or `{clusters:",
+        ],
+    ),
+    (
+        "syntax error",
+        "clusters: [\n",
+        &[
+            "bad.yaml:2:1: clusters: expected well-formed YAML, found a syntax problem: did not find expected node content",
+        ],
+    ),
+    (
+        "no clusters at all",
+        "",
+        &["bad.yaml:1:1: clusters: expected a value for this required field, found none"],
+    ),
+    (
+        "workload on an unknown node",
+        "workloads:\n  - {name: sleep, node: east-9, address: 198.18.1.10}\n",
+        &[
+            "bad.yaml: workloads[0] (sleep).node: expected one of the nodes [east-1, west-1], found \"east-9\"",
+        ],
+    ),
+    (
+        "workload with neither node nor cluster",
+        "workloads:\n  - {name: sleep}\n",
+        &[
+            "workloads[0] (sleep): expected `node` (or `cluster`, for a workload outside any node proxy), found neither",
+        ],
+    ),
+    (
+        "workload node and cluster disagree",
+        "workloads:\n  - {name: sleep, node: east-1, cluster: west}\n",
+        &[
+            "workloads[0] (sleep).cluster: expected east (the cluster of node east-1), found \"west\"",
+        ],
+    ),
+    (
+        "unknown waypoint",
+        "services:\n  - {name: echo, waypoint: nowhere}\n",
+        &[
+            "services[0] (echo).waypoint: expected the name of a waypoint in namespace \"default\" or <namespace>/<name> of one of the declared waypoints (there are none), found \"nowhere\"",
+        ],
+    ),
+    (
+        "gateway in an unknown cluster",
+        "gateways:\n  - {name: gw, cluster: north, address: 198.18.255.1}\n",
+        &["gateways[0] (gw).cluster: expected one of the clusters [east, west], found \"north\""],
+    ),
+    (
+        "two gateways on one network",
+        "gateways:\n  - {name: gw1, cluster: east, address: 198.18.255.1}\n  - {name: gw2, cluster: east, address: 198.18.255.2}\n",
+        &[
+            "gateways[1] (gw2): expected at most one east-west gateway per network, found a second one on network net-east (the first is gateways[0] (gw1))",
+        ],
+    ),
+    (
+        "port without a target",
+        "services:\n  - name: echo\n    ports: [{port: 80}]\n",
+        &[
+            "services[0] (echo).ports[0].target_port: expected the port the endpoints listen on, found none",
+        ],
+    ),
+    (
+        "port zero",
+        "services:\n  - {name: echo, ports: [{port: 0, target_port: 8080}, {port: 80, target_port: 0}]}\n",
+        &[
+            "services[0] (echo).ports[0].port: expected a port from 1 to 65535, found 0",
+            "services[0] (echo).ports[1].target_port: expected a target port from 1 to 65535, found 0",
+        ],
+    ),
+    (
+        "scope with an empty cluster list",
+        "services:\n  - {name: echo, scope: {clusters: []}}\n",
+        &["services[0] (echo).scope.clusters: expected at least one cluster, found an empty list"],
+    ),
+    (
+        "scope with an unknown cluster",
+        "services:\n  - {name: echo, scope: {clusters: [east, north]}}\n",
+        &[
+            "services[0] (echo).scope.clusters[1]: expected one of the clusters [east, west], found \"north\"",
+        ],
+    ),
+    (
+        "scope_by_cluster with an unknown cluster",
+        "services:\n  - {name: echo, scope_by_cluster: {north: global}}\n",
+        &[
+            "services[0] (echo).scope_by_cluster.north: expected a key that is one of the clusters [east, west], found \"north\"",
+        ],
+    ),
+    (
+        "bad CIDR",
+        "policies:\n  - name: p\n    rules: [{from: [{ip_blocks: [198.18.0.0/33, 10.0.0.0/8, banana]}]}]\n",
+        &[
+            "policies[0] (p).rules[0].from[0].ip_blocks[0]: expected an IP address or CIDR block such as 198.18.0.0/15, found \"198.18.0.0/33\"",
+            "policies[0] (p).rules[0].from[0].ip_blocks[2]: expected an IP address or CIDR block such as 198.18.0.0/15, found \"banana\"",
+        ],
+    ),
+    (
+        "bad IP address",
+        "workloads:\n  - {name: sleep, node: east-1, addresses: [198.18.1.10, 198.18.1.999]}\n",
+        &[
+            "workloads[0] (sleep).addresses[1]: expected an IP address such as 198.18.0.1, found \"198.18.1.999\"",
+        ],
+    ),
+    (
+        "service uses a waypoint that only serves workloads",
+        "waypoints:\n  - {name: wp, for: workload}\nservices:\n  - {name: echo, waypoint: wp}\n",
+        &[
+            "services[0] (echo).waypoint: expected a waypoint that serves services (`for: service` or `for: all`), found \"wp\", which is `for: workload` (waypoints[0] (wp))",
+        ],
+    ),
+    (
+        "workload uses a waypoint that only serves services",
+        "waypoints:\n  - {name: wp}\nworkloads:\n  - {name: db, node: east-1, waypoint: default/wp}\n",
+        &[
+            "workloads[0] (db).waypoint: expected a waypoint that serves workloads (`for: workload` or `for: all`), found \"default/wp\", which is `for: service`",
+        ],
+    ),
+    (
+        "duplicate address on one network",
+        "services:\n  - {name: echo, vips: [{network: net-east, address: 198.18.10.1}]}\nworkloads:\n  - {name: sleep, node: east-1, address: 198.18.10.1}\n",
+        &[
+            "workloads[0] (sleep).address: expected an address not used elsewhere on network net-east, found 198.18.10.1, already used by services[0] (echo)",
+        ],
+    ),
+    (
+        "duplicate address between a waypoint instance and a gateway",
+        "gateways:\n  - {name: gw, cluster: east, address: 198.18.255.1}\nwaypoints:\n  - name: wp\n    instances: [{name: wp-1, node: east-1, address: 198.18.255.1}]\n",
+        &[
+            "waypoints[0] (wp).instances[0] (wp-1).address: expected an address not used elsewhere on network net-east, found 198.18.255.1, already used by gateways[0] (gw)",
+        ],
+    ),
+    (
+        "duplicate names",
+        "  - {name: east, network: other}\nnodes:\n  - {name: east-1, cluster: west}\n",
+        &[
+            "clusters[2] (east): expected a unique cluster name, found \"east\" again (first declared at clusters[0] (east))",
+        ],
+    ),
+    (
+        "duplicate services and workloads",
+        "services:\n  - {name: echo}\n  - {name: other, hostname: echo.default.svc.cluster.local}\nworkloads:\n  - {name: a, node: east-1}\n  - {name: a, node: east-1}\n",
+        &[
+            "services[1] (other): expected a unique service namespace/hostname, found \"default/echo.default.svc.cluster.local\" again (first declared at services[0] (echo))",
+            "workloads[1] (a): expected a unique namespace/name in cluster east, found \"default/a\" again (first declared at workloads[0] (a))",
+        ],
+    ),
+    (
+        "bad identity parts",
+        "workloads:\n  - {name: a, node: east-1, namespace: \"my ns\", service_account: \"a/b\"}\n",
+        &[
+            "workloads[0] (a).namespace: expected a valid namespace for a SPIFFE identity, found \"my ns\"",
+            "workloads[0] (a).service_account: expected a valid service account for a SPIFFE identity, found \"a/b\"",
+        ],
+    ),
+    (
+        "policy selector problems",
+        "policies:\n  - {name: p1, selector: {}}\n  - {name: p2, mesh: true, selector: {app: x}}\n",
+        &[
+            "policies[0] (p1).selector: expected at least one label, found an empty map",
+            "policies[1] (p2): expected at most one of `mesh: true` and `selector`, found both",
+        ],
+    ),
+    (
+        "several errors at once",
+        "gateways:\n  - {name: gw, cluster: north, address: 198.18.255.1}\nservices:\n  - name: echo\n    ports: [{port: 80}]\n    scope: {clusters: []}\n    waypoint: nowhere\nworkloads:\n  - {name: sleep, node: east-9}\n",
+        &[
+            "gateways[0] (gw).cluster: expected one of the clusters",
+            "services[0] (echo).ports[0].target_port: expected the port the endpoints listen on, found none",
+            "services[0] (echo).scope.clusters: expected at least one cluster, found an empty list",
+            "services[0] (echo).waypoint: expected the name of a waypoint",
+            "workloads[0] (sleep).node: expected one of the nodes [east-1, west-1], found \"east-9\"",
+        ],
+    ),
+];
+
+#[test]
+fn bad_documents_are_rejected_with_located_problems() {
+    for (name, doc, expected) in CASES {
+        // Semantic cases extend the base mesh; syntax cases (which define clusters) stand alone.
+        let doc = if doc.is_empty() || doc.starts_with("clusters") {
+            (*doc).to_string()
+        } else if doc.starts_with("  - ") {
+            format!("{}{doc}", BASE.split("nodes:").next().unwrap_or_default())
+        } else {
+            format!("{BASE}{doc}")
+        };
+        let err = reject(&doc);
+        let text = err.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!lines.is_empty(), "{name}: no problem reported");
+        let mut from = 0;
+        for want in *expected {
+            let found = lines.iter().skip(from).position(|l| l.contains(want));
+            let Some(i) = found else {
+                panic!(
+                    "{name}: expected a line containing\n  {want}\nafter line {from} of:\n{text}"
+                );
+            };
+            from += i + 1;
+        }
+        assert_eq!(
+            lines.len(),
+            err.problems.len(),
+            "{name}: one line per problem"
+        );
+        // Every message says what it expected and what it found.
+        for p in &err.problems {
+            assert!(
+                p.message.contains("expected")
+                    && (p.message.contains("found")
+                        || p.message.contains("invalid")
+                        || p.message.contains("unknown field")),
+                "{name}: message without expected/found: {}",
+                p.message
+            );
+        }
+    }
+}
+
+#[test]
+fn syntax_errors_carry_a_location_and_semantic_errors_a_path() {
+    let err = reject("clusters:\n  - {name: east, network: n, color: red}\n");
+    assert_eq!(err.file, "bad.yaml");
+    assert_eq!(err.problems.len(), 1);
+    assert_eq!(
+        err.problems[0].location,
+        Some(Location {
+            line: 2,
+            column: 30
+        })
+    );
+    assert_eq!(err.problems[0].path, "clusters[0].color");
+
+    let err = reject(&format!(
+        "{BASE}workloads:\n  - {{name: sleep, node: east-9}}\n"
+    ));
+    assert_eq!(err.problems[0].location, None);
+    assert_eq!(err.problems[0].path, "workloads[0] (sleep).node");
+}
+
+#[test]
+fn same_address_on_two_networks_is_fine() {
+    accept(&format!(
+        "{BASE}services:
+  - name: echo
+    vips: [{{network: net-east, address: 198.18.10.1}}, {{network: net-west, address: 198.18.10.1}}]
+workloads:
+  - {{name: a, node: east-1, address: 198.18.1.10}}
+  - {{name: b, node: west-1, address: 198.18.1.10}}
+"
+    ));
+}
+
+#[test]
+fn same_workload_name_in_two_clusters_is_fine() {
+    accept(&format!(
+        "{BASE}workloads:
+  - {{name: sleep, node: east-1}}
+  - {{name: sleep, node: west-1}}
+  - {{name: sleep, namespace: other, node: west-1}}
+"
+    ));
+}
+
+#[test]
+fn selector_policy_matching_nothing_is_fine() {
+    accept(&format!(
+        "{BASE}policies:\n  - {{name: p, selector: {{app: nobody}}, rules: [{{}}]}}\n"
+    ));
+}
+
+#[test]
+fn missing_file_is_a_topology_error() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("no-such-topology.yaml");
+    let err = ferry_topology::load_file(&path).expect_err("a missing file is an error");
+    assert_eq!(err.file, path.display().to_string());
+    let text = err.to_string();
+    assert!(
+        text.contains("expected a readable UTF-8 topology file, found an error"),
+        "{text}"
+    );
+}
