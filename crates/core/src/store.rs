@@ -39,3 +39,54 @@ impl Default for Store {
         Self::new(Snapshot::default())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::testing::MeshBuilder;
+
+    /// Snapshot `n` holds `n` workloads and has version 1; a reader that saw a half-applied update
+    /// would find a count that does not match the addresses it can look up.
+    fn mesh(n: usize) -> Snapshot {
+        let mut m = MeshBuilder::new();
+        m.cluster("c", "net").node("n1", "c", "r/z/s");
+        for i in 0..n {
+            m.pod(&format!("p{i}"), "n1", &format!("198.18.{}.{}", i / 200, i % 200 + 1));
+        }
+        m.build()
+    }
+
+    #[test]
+    fn readers_see_whole_snapshots_while_a_writer_swaps() {
+        let store = Arc::new(Store::new(mesh(1)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, stop) = (store.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut seen = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let snap = store.load();
+                        let n = snap.workloads().count();
+                        let indexed = snap.workloads_on_node(&"n1".into()).len();
+                        assert_eq!(n, indexed, "a reader saw a half-applied snapshot");
+                        seen += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for n in [5, 50, 2, 300, 7] {
+            let old = store.publish(mesh(n));
+            assert!(old.workloads().count() > 0);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().expect("reader thread") > 0);
+        }
+        assert_eq!(store.load().workloads().count(), 7);
+    }
+}
