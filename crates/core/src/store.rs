@@ -54,7 +54,11 @@ mod tests {
         let mut m = MeshBuilder::new();
         m.cluster("c", "net").node("n1", "c", "r/z/s");
         for i in 0..n {
-            m.pod(&format!("p{i}"), "n1", &format!("198.18.{}.{}", i / 200, i % 200 + 1));
+            m.pod(
+                &format!("p{i}"),
+                "n1",
+                &format!("198.18.{}.{}", i / 200, i % 200 + 1),
+            );
         }
         m.build()
     }

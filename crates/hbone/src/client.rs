@@ -1,0 +1,146 @@
+//! The HBONE client: one mutual-TLS HTTP/2 connection, and CONNECT streams over it.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use ferry_core::identity::Identity;
+use http::{Method, Request, Version};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::TlsConnector;
+
+use crate::error::Error;
+use crate::headers::ConnectHeaders;
+use crate::settings::{Settings, tune_socket};
+use crate::stream::H2Stream;
+use crate::tls::{self, Credentials, TrustBundle};
+
+/// One HTTP/2 connection to an HBONE server.
+#[derive(Debug)]
+pub struct Connection {
+    addr: SocketAddr,
+    send: h2::client::SendRequest<Bytes>,
+    /// Set when the connection's driver task ends (error, GOAWAY, or close).
+    closed: Arc<AtomicBool>,
+    /// Streams currently open (or reserved) on this connection.
+    pub(crate) active: AtomicUsize,
+}
+
+impl Connection {
+    /// Dials `addr` from `src` (unspecified: let the kernel choose), as `creds`, accepting a
+    /// server that presents one of `accepted`.
+    pub async fn connect(
+        src: Option<IpAddr>,
+        addr: SocketAddr,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        accepted: Vec<Identity>,
+        settings: &Settings,
+    ) -> Result<Self, Error> {
+        let config = tls::client_config(creds, bundle, accepted)?;
+        let timeout = settings.connect_timeout;
+        let handshake = async {
+            let tcp = dial(src, addr)
+                .await
+                .map_err(|source| Error::Connect { addr, source })?;
+            tune_socket(&tcp, settings);
+            let tls = TlsConnector::from(config)
+                .connect(tls::server_name(addr), tcp)
+                .await
+                .map_err(|source| match tls::IdentityMismatch::find(&source) {
+                    Some(m) => Error::PeerIdentity {
+                        addr,
+                        mismatch: m.clone(),
+                    },
+                    None => Error::Handshake { addr, source },
+                })?;
+            let alpn = tls.get_ref().1.alpn_protocol();
+            if alpn != Some(tls::ALPN_H2) {
+                let found = alpn.map(|a| String::from_utf8_lossy(a).into_owned());
+                return Err(Error::Alpn { addr, found });
+            }
+            h2::client::Builder::new()
+                .initial_window_size(settings.stream_window)
+                .initial_connection_window_size(settings.connection_window)
+                .max_frame_size(settings.max_frame_size)
+                .max_header_list_size(16 << 10)
+                .max_send_buffer_size(settings.stream_window as usize)
+                .enable_push(false)
+                .handshake::<_, Bytes>(tls)
+                .await
+                .map_err(|source| Error::H2 { addr, source })
+        };
+        let (send, driver) = tokio::time::timeout(timeout, handshake)
+            .await
+            .map_err(|_| Error::Timeout {
+                doing: "connecting to an HBONE peer",
+                after_ms: timeout.as_millis() as u64,
+            })??;
+        let closed = Arc::new(AtomicBool::new(false));
+        let flag = closed.clone();
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                tracing::debug!(peer.addr = %addr, error = %e, "HBONE connection ended");
+            }
+            flag.store(true, Ordering::Release);
+        });
+        Ok(Self {
+            addr,
+            send,
+            closed,
+            active: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Whether the connection can no longer carry streams.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Opens a CONNECT stream to `authority` (`ip:port` or `hostname:port`).
+    pub async fn open(&self, authority: &str, headers: &ConnectHeaders) -> Result<H2Stream, Error> {
+        let addr = self.addr;
+        let h2err = |source| Error::H2 { addr, source };
+        let mut request = Request::builder()
+            .method(Method::CONNECT)
+            .version(Version::HTTP_2)
+            .uri(authority)
+            .body(())
+            .map_err(|_| Error::BadAuthority(authority.to_string()))?;
+        headers.write(request.headers_mut());
+        let mut send = self.send.clone().ready().await.map_err(|e| {
+            self.closed.store(true, Ordering::Release);
+            h2err(e)
+        })?;
+        let (response, stream) = send.send_request(request, false).map_err(h2err)?;
+        let response = response.await.map_err(h2err)?;
+        if response.status() != http::StatusCode::OK {
+            return Err(Error::Refused {
+                addr,
+                authority: authority.to_string(),
+                status: response.status().as_u16(),
+            });
+        }
+        Ok(H2Stream::new(stream, response.into_body()))
+    }
+}
+
+async fn dial(src: Option<IpAddr>, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    match src.filter(|ip| !ip.is_unspecified()) {
+        None => TcpStream::connect(addr).await,
+        Some(ip) => {
+            let socket = if ip.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.bind(SocketAddr::new(ip, 0))?;
+            socket.connect(addr).await
+        }
+    }
+}

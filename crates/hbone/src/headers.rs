@@ -1,0 +1,344 @@
+//! The CONNECT request: its target, and the headers Istio's data plane sends and reads.
+//!
+//! Pure functions, fuzzed by property tests: every byte here can come from an attacker.
+//! See `docs/hbone.md` for the wire format.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+
+/// Where a CONNECT asks to go.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// `ip:port`: a workload address (or a service VIP at a waypoint).
+    Addr(SocketAddr),
+    /// `hostname:port`: a service, resolved by the receiver (double HBONE through a gateway).
+    Host { hostname: String, port: u16 },
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Addr(a) => write!(f, "{a}"),
+            Self::Host { hostname, port } => write!(f, "{hostname}:{port}"),
+        }
+    }
+}
+
+/// Why a request is refused, and the HTTP status it gets.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Not CONNECT: 405.
+    #[error("method {0} is not allowed: HBONE accepts only CONNECT")]
+    MethodNotAllowed(String),
+    /// A malformed request or target: 400.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// Denied by policy: 401, as Istio's data plane answers an authorization denial.
+    #[error("denied: {0}")]
+    Denied(String),
+    /// The target cannot be served or reached: 503.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl Refusal {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Denied(_) => StatusCode::UNAUTHORIZED,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// Checks a request's method and authority and returns its target.
+///
+/// RFC 9113 §8.5: "The :scheme and :path pseudo-header fields MUST be omitted" from a CONNECT
+/// request, and ":authority contains the host and port to connect to". h2 enforces the first;
+/// this checks the method and parses the second.
+pub fn parse_request(method: &Method, authority: Option<&str>) -> Result<Target, Refusal> {
+    if method != Method::CONNECT {
+        return Err(Refusal::MethodNotAllowed(method.to_string()));
+    }
+    let authority =
+        authority.ok_or_else(|| Refusal::BadRequest("CONNECT without :authority".into()))?;
+    parse_authority(authority)
+}
+
+/// Parses `ip:port`, `[v6]:port` or `hostname:port`.
+pub fn parse_authority(authority: &str) -> Result<Target, Refusal> {
+    let bad = |why: &str| Refusal::BadRequest(format!("authority {authority:?}: {why}"));
+    if let Ok(addr) = authority.parse::<SocketAddr>() {
+        if addr.port() == 0 {
+            return Err(bad("port 0"));
+        }
+        return Ok(Target::Addr(addr));
+    }
+    let (host, port) = authority
+        .rsplit_once(':')
+        .ok_or_else(|| bad("expected host:port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| bad("the port is not a number from 1 to 65535"))?;
+    if port == 0 {
+        return Err(bad("port 0"));
+    }
+    if !valid_hostname(host) {
+        return Err(bad("expected an IP address or a DNS hostname"));
+    }
+    Ok(Target::Host {
+        hostname: host.to_ascii_lowercase(),
+        port,
+    })
+}
+
+/// RFC 1123 hostnames: dot-separated labels of letters, digits and inner hyphens.
+fn valid_hostname(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+        && !h.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+}
+
+/// Headers the client adds to a CONNECT (all optional).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectHeaders {
+    /// Source peer metadata, `k=v` pairs (Istio's `baggage`).
+    pub baggage: Vec<(String, String)>,
+    /// The original client address: `forwarded: for="ip:port"`.
+    pub forwarded_for: Option<SocketAddr>,
+    /// The destination service hostname, added to `forwarded` as `;host=`.
+    pub forwarded_host: Option<String>,
+    /// W3C trace context: `00-<32 hex>-<16 hex>-<2 hex>`.
+    pub traceparent: Option<String>,
+    /// Only on the inner CONNECT of double HBONE: the source's network.
+    pub forwarded_network: Option<String>,
+}
+
+pub const BAGGAGE: &str = "baggage";
+pub const FORWARDED: &str = "forwarded";
+pub const TRACEPARENT: &str = "traceparent";
+pub const X_FORWARDED_NETWORK: &str = "x-forwarded-network";
+
+impl ConnectHeaders {
+    /// Writes these headers into `map`. Values that cannot be header values are skipped.
+    pub fn write(&self, map: &mut HeaderMap) {
+        if !self.baggage.is_empty() {
+            let v = self
+                .baggage
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                map.insert(BAGGAGE, v);
+            }
+        }
+        if let Some(addr) = self.forwarded_for {
+            let mut v = format!("for=\"{addr}\"");
+            if let Some(h) = &self.forwarded_host {
+                v.push_str(";host=");
+                v.push_str(h);
+            }
+            if let Ok(v) = HeaderValue::from_str(&v) {
+                map.insert(FORWARDED, v);
+            }
+        }
+        if let Some(t) = self
+            .traceparent
+            .as_deref()
+            .and_then(|t| HeaderValue::from_str(t).ok())
+        {
+            map.insert(TRACEPARENT, t);
+        }
+        if let Some(n) = self
+            .forwarded_network
+            .as_deref()
+            .and_then(|n| HeaderValue::from_str(n).ok())
+        {
+            map.insert(X_FORWARDED_NETWORK, n);
+        }
+    }
+
+    /// Reads what a peer sent. Malformed headers are ignored, never fatal: they are metadata.
+    pub fn read(map: &HeaderMap) -> Self {
+        let text = |name: &str| map.get(name).and_then(|v| v.to_str().ok());
+        let (forwarded_for, forwarded_host) =
+            text(FORWARDED).map(parse_forwarded).unwrap_or_default();
+        Self {
+            baggage: text(BAGGAGE).map(parse_baggage).unwrap_or_default(),
+            forwarded_for,
+            forwarded_host,
+            traceparent: text(TRACEPARENT)
+                .filter(|t| valid_traceparent(t))
+                .map(str::to_string),
+            forwarded_network: text(X_FORWARDED_NETWORK)
+                .filter(|n| !n.is_empty() && n.len() <= 253)
+                .map(str::to_string),
+        }
+    }
+}
+
+/// At most this many baggage members are read; the rest is ignored.
+const MAX_BAGGAGE_MEMBERS: usize = 64;
+
+/// W3C baggage: `k=v` members separated by commas; properties after `;` are dropped.
+pub fn parse_baggage(s: &str) -> Vec<(String, String)> {
+    s.split(',')
+        .take(MAX_BAGGAGE_MEMBERS)
+        .filter_map(|member| {
+            let kv = member.split(';').next()?;
+            let (k, v) = kv.split_once('=')?;
+            let (k, v) = (k.trim(), v.trim());
+            (!k.is_empty() && !v.is_empty()).then(|| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// RFC 7239 `forwarded`: the first element's `for` (an `ip:port` or bare IP) and `host`.
+pub fn parse_forwarded(s: &str) -> (Option<SocketAddr>, Option<String>) {
+    let first = s.split(',').next().unwrap_or("");
+    let mut for_ = None;
+    let mut host = None;
+    for pair in first.split(';') {
+        let Some((k, v)) = pair.split_once('=') else {
+            continue;
+        };
+        let v = v.trim().trim_matches('"');
+        match k.trim().to_ascii_lowercase().as_str() {
+            "for" => {
+                for_ = v.parse::<SocketAddr>().ok().or_else(|| {
+                    v.parse::<std::net::IpAddr>()
+                        .ok()
+                        .map(|ip| SocketAddr::new(ip, 0))
+                });
+            }
+            "host" if valid_hostname(v) => host = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    (for_, host)
+}
+
+/// `00-<32 lowercase hex, not all zero>-<16 hex, not all zero>-<2 hex>`.
+pub fn valid_traceparent(t: &str) -> bool {
+    let parts: Vec<&str> = t.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    matches!(parts.as_slice(), [v, trace, span, flags]
+        if hex(v, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2)
+            && trace.bytes().any(|b| b != b'0') && span.bytes().any(|b| b != b'0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            parse_authority("198.18.1.10:8080"),
+            Ok(Target::Addr("198.18.1.10:8080".parse().unwrap()))
+        );
+        assert_eq!(
+            parse_authority("[fd00::1]:80"),
+            Ok(Target::Addr("[fd00::1]:80".parse().unwrap()))
+        );
+        assert_eq!(
+            parse_authority("Echo.default.svc.cluster.local:80"),
+            Ok(Target::Host {
+                hostname: "echo.default.svc.cluster.local".into(),
+                port: 80
+            })
+        );
+        for bad in [
+            "",
+            "198.18.1.10",
+            "198.18.1.10:0",
+            "198.18.1.10:99999",
+            "host:",
+            ":80",
+            "-a.b:80",
+            "a..b:80",
+            "a b:80",
+            "1.2.3:80",
+            "fd00::1:80",
+        ] {
+            assert!(
+                matches!(parse_authority(bad), Err(Refusal::BadRequest(_))),
+                "{bad:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn methods_and_statuses() {
+        assert_eq!(
+            parse_request(&Method::GET, Some("198.18.1.10:80"))
+                .unwrap_err()
+                .status(),
+            405
+        );
+        assert_eq!(
+            parse_request(&Method::CONNECT, None).unwrap_err().status(),
+            400
+        );
+        assert_eq!(Refusal::Denied("x".into()).status(), 401);
+        assert_eq!(Refusal::Unavailable("x".into()).status(), 503);
+    }
+
+    #[test]
+    fn headers_round_trip() {
+        let h = ConnectHeaders {
+            baggage: vec![
+                ("k8s.cluster.name".into(), "east".into()),
+                ("k8s.namespace.name".into(), "default".into()),
+            ],
+            forwarded_for: Some("198.18.1.10:41234".parse().unwrap()),
+            forwarded_host: Some("echo.default.svc.cluster.local".into()),
+            traceparent: Some(format!("00-{}-{}-01", "a".repeat(32), "b".repeat(16))),
+            forwarded_network: Some("net-east".into()),
+        };
+        let mut map = HeaderMap::new();
+        h.write(&mut map);
+        assert_eq!(
+            map.get(FORWARDED).unwrap(),
+            "for=\"198.18.1.10:41234\";host=echo.default.svc.cluster.local"
+        );
+        assert_eq!(ConnectHeaders::read(&map), h);
+    }
+
+    #[test]
+    fn malformed_headers_are_ignored() {
+        let mut map = HeaderMap::new();
+        map.insert(BAGGAGE, HeaderValue::from_static("=,a=,=b,ok=1;prop=2"));
+        map.insert(
+            FORWARDED,
+            HeaderValue::from_static("for=nonsense;host=-bad-"),
+        );
+        map.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-00000000000000000000000000000000-0000000000000000-00"),
+        );
+        let h = ConnectHeaders::read(&map);
+        assert_eq!(h.baggage, vec![("ok".to_string(), "1".to_string())]);
+        assert_eq!(
+            (h.forwarded_for, h.forwarded_host, h.traceparent),
+            (None, None, None)
+        );
+    }
+}

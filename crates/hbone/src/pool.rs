@@ -1,0 +1,301 @@
+//! A pool of HBONE connections.
+//!
+//! Invariants:
+//! - **Keys carry every security-relevant attribute**: the local identity we present, the
+//!   source IP we dial from (a node proxy dials as the pod; sharing across pods would let one
+//!   pod's traffic ride another's connection), the destination address, and the set of peer
+//!   identities we accept. Two requests share a connection only if all four are equal.
+//! - **One handshake per burst**: concurrent first requests for one key wait on that key's dial
+//!   lock; the first dials, the rest find its connection.
+//! - **Bounded streams per connection**: a connection carries at most `max_streams` streams at
+//!   once; when all are full, another connection opens.
+//! - **Broken connections are never handed out**: a connection whose driver ended (error or
+//!   GOAWAY) is skipped and evicted.
+//! - **Idle connections close**: a connection with no stream for `idle_timeout` is dropped.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ferry_core::identity::Identity;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use crate::client::Connection;
+use crate::error::Error;
+use crate::headers::ConnectHeaders;
+use crate::settings::Settings;
+use crate::stream::H2Stream;
+use crate::tls::{Credentials, TrustBundle};
+
+/// What makes two connections interchangeable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub local: Identity,
+    pub src_ip: IpAddr,
+    pub dst: SocketAddr,
+    /// Sorted and de-duplicated by [`PoolKey::new`].
+    pub accepted: Vec<Identity>,
+}
+
+impl PoolKey {
+    pub fn new(
+        local: Identity,
+        src_ip: IpAddr,
+        dst: SocketAddr,
+        mut accepted: Vec<Identity>,
+    ) -> Self {
+        accepted.sort();
+        accepted.dedup();
+        Self {
+            local,
+            src_ip,
+            dst,
+            accepted,
+        }
+    }
+}
+
+/// Pool limits.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub max_streams: usize,
+    pub idle_timeout: Duration,
+    pub settings: Settings,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            max_streams: 100,
+            idle_timeout: Duration::from_secs(300),
+            settings: Settings::default(),
+        }
+    }
+}
+
+/// Shares HBONE connections between tunnels.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    conn: Arc<Connection>,
+    idle_since: Mutex<Option<Instant>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: PoolConfig,
+    conns: Mutex<HashMap<PoolKey, Vec<Arc<Entry>>>>,
+    dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
+    handshakes: AtomicU64,
+}
+
+impl Pool {
+    /// A new pool; spawns its idle reaper on the current tokio runtime.
+    pub fn new(config: PoolConfig) -> Self {
+        let inner = Arc::new(Inner {
+            config,
+            conns: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
+            handshakes: AtomicU64::new(0),
+        });
+        tokio::spawn(reap(Arc::downgrade(&inner)));
+        Self { inner }
+    }
+
+    /// Handshakes performed so far (a new connection each).
+    pub fn handshakes(&self) -> u64 {
+        self.inner.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// Open connections (not yet known to be broken).
+    pub fn connections(&self) -> usize {
+        self.inner
+            .conns
+            .lock()
+            .values()
+            .flatten()
+            .filter(|e| !e.conn.is_closed())
+            .count()
+    }
+
+    /// Opens a tunnel to `authority` through a pooled connection for `key`.
+    pub async fn open(
+        &self,
+        key: &PoolKey,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        authority: &str,
+        headers: &ConnectHeaders,
+    ) -> Result<Tunnel, Error> {
+        let entry = match self.checkout(key) {
+            Some(e) => e,
+            None => {
+                let lock = self
+                    .inner
+                    .dialing
+                    .lock()
+                    .entry(key.clone())
+                    .or_default()
+                    .clone();
+                let _guard = lock.lock().await;
+                match self.checkout(key) {
+                    Some(e) => e,
+                    None => self.dial(key, creds, bundle).await?,
+                }
+            }
+        };
+        let reservation = Reservation(entry);
+        let stream = reservation.0.conn.open(authority, headers).await?;
+        Ok(Tunnel {
+            stream,
+            _reservation: reservation,
+        })
+    }
+
+    /// A live connection for `key` with a free stream slot, reserved.
+    fn checkout(&self, key: &PoolKey) -> Option<Arc<Entry>> {
+        let mut conns = self.inner.conns.lock();
+        let list = conns.get_mut(key)?;
+        list.retain(|e| !e.conn.is_closed());
+        let max = self.inner.config.max_streams;
+        let entry = list.iter().find(|e| {
+            e.conn
+                .active
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok()
+        })?;
+        *entry.idle_since.lock() = None;
+        Some(entry.clone())
+    }
+
+    async fn dial(
+        &self,
+        key: &PoolKey,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+    ) -> Result<Arc<Entry>, Error> {
+        let conn = Connection::connect(
+            Some(key.src_ip),
+            key.dst,
+            creds,
+            bundle,
+            key.accepted.clone(),
+            &self.inner.config.settings,
+        )
+        .await?;
+        self.inner.handshakes.fetch_add(1, Ordering::Relaxed);
+        conn.active.store(1, Ordering::Release);
+        let entry = Arc::new(Entry {
+            conn: Arc::new(conn),
+            idle_since: Mutex::new(None),
+        });
+        self.inner
+            .conns
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .push(entry.clone());
+        tracing::debug!(dst.addr = %key.dst, src.identity = %key.local, "new HBONE connection");
+        Ok(entry)
+    }
+}
+
+/// Drops idle and broken connections until the pool is gone.
+async fn reap(inner: Weak<Inner>) {
+    let period = match inner.upgrade() {
+        Some(i) => (i.config.idle_timeout / 4).max(Duration::from_millis(10)),
+        None => return,
+    };
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let now = Instant::now();
+        let timeout = inner.config.idle_timeout;
+        let mut conns = inner.conns.lock();
+        for list in conns.values_mut() {
+            list.retain(|e| {
+                if e.conn.is_closed() {
+                    return false;
+                }
+                let idle = e.conn.active.load(Ordering::Acquire) == 0;
+                let mut since = e.idle_since.lock();
+                match (*since, idle) {
+                    (_, false) => *since = None,
+                    (None, true) => *since = Some(now),
+                    (Some(t), true) if now.duration_since(t) >= timeout => return false,
+                    (Some(_), true) => {}
+                }
+                true
+            });
+        }
+        conns.retain(|_, list| !list.is_empty());
+        drop(conns);
+        inner
+            .dialing
+            .lock()
+            .retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
+}
+
+/// A reserved stream slot, released when dropped.
+#[derive(Debug)]
+struct Reservation(Arc<Entry>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.conn.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A tunnel opened through the pool. Dropping it frees its stream slot.
+#[derive(Debug)]
+pub struct Tunnel {
+    stream: H2Stream,
+    _reservation: Reservation,
+}
+
+impl Tunnel {
+    /// Resets the tunnel (the peer sees RST_STREAM, not a clean end).
+    pub fn abort(&mut self) {
+        self.stream.abort();
+    }
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}

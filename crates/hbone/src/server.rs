@@ -1,0 +1,211 @@
+//! The HBONE server: mutual TLS, then HTTP/2 CONNECT streams, each checked before any byte
+//! reaches its target, then forwarded with half-close and reset propagation.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_core::identity::Identity;
+use http::{HeaderMap, Response};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+use crate::copy::{self, Failed};
+use crate::error::Error;
+use crate::headers::{self, Refusal, Target};
+use crate::settings::{Settings, tune_socket};
+use crate::stream::H2Stream;
+use crate::tls::{self, Credentials, TrustBundle};
+
+/// What the server knows about one CONNECT when it asks the handler.
+#[derive(Clone, Debug)]
+pub struct ConnectRequest {
+    /// The mutual-TLS peer's SPIFFE identity (verified, same trust domain as ours).
+    pub peer: Identity,
+    /// The TCP address the tunnel connection came from.
+    pub peer_addr: SocketAddr,
+    pub target: Target,
+    pub headers: HeaderMap,
+}
+
+/// Decides about and serves CONNECT requests. Supplied by the node proxy, waypoint or gateway.
+pub trait Handler: Send + Sync + 'static {
+    /// Runs before any byte reaches the target; an error refuses the request with its status.
+    fn check(&self, request: &ConnectRequest) -> Result<(), Refusal>;
+
+    /// Opens the connection to the target. By default: TCP to an `ip:port` target.
+    fn connect(
+        &self,
+        request: &ConnectRequest,
+    ) -> impl Future<Output = Result<TcpStream, Refusal>> + Send {
+        let target = request.target.clone();
+        async move {
+            match target {
+                Target::Addr(addr) => TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| Refusal::Unavailable(format!("connect to {addr}: {e}"))),
+                Target::Host { hostname, port } => Err(Refusal::Unavailable(format!(
+                    "no resolver for hostname target {hostname}:{port}"
+                ))),
+            }
+        }
+    }
+}
+
+/// Accepts HBONE connections for one local identity.
+pub struct Server {
+    acceptor: TlsAcceptor,
+    trust_domain: String,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("trust_domain", &self.trust_domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    pub fn new(
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        settings: Settings,
+    ) -> Result<Self, Error> {
+        Ok(Self {
+            acceptor: TlsAcceptor::from(tls::server_config(creds, bundle)?),
+            trust_domain: creds.identity().trust_domain().to_string(),
+            settings,
+        })
+    }
+
+    /// Accepts connections from `listener` forever, each served on its own task.
+    pub async fn serve<H: Handler>(
+        self: Arc<Self>,
+        listener: TcpListener,
+        handler: Arc<H>,
+    ) -> io::Result<()> {
+        loop {
+            let (tcp, peer) = listener.accept().await?;
+            let (server, handler) = (self.clone(), handler.clone());
+            tokio::spawn(async move {
+                if let Err(e) = server.serve_connection(tcp, peer, handler).await {
+                    tracing::debug!(peer.addr = %peer, error = %e, "HBONE connection closed with an error");
+                }
+            });
+        }
+    }
+
+    /// Serves one accepted TCP connection until it closes.
+    pub async fn serve_connection<H: Handler>(
+        &self,
+        tcp: TcpStream,
+        peer_addr: SocketAddr,
+        handler: Arc<H>,
+    ) -> Result<(), Error> {
+        tune_socket(&tcp, &self.settings);
+        let tls = self
+            .acceptor
+            .accept(tcp)
+            .await
+            .map_err(|source| Error::Handshake {
+                addr: peer_addr,
+                source,
+            })?;
+        let peer = tls::peer_identity(tls.get_ref().1.peer_certificates(), &self.trust_domain)?;
+        let mut conn = h2::server::Builder::new()
+            .initial_window_size(self.settings.stream_window)
+            .initial_connection_window_size(self.settings.connection_window)
+            .max_frame_size(self.settings.max_frame_size)
+            .max_concurrent_streams(self.settings.max_concurrent_streams)
+            .max_header_list_size(64 << 10)
+            .max_send_buffer_size(400 << 10)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|source| Error::H2 {
+                addr: peer_addr,
+                source,
+            })?;
+        while let Some(next) = conn.accept().await {
+            let (request, respond) = next.map_err(|source| Error::H2 {
+                addr: peer_addr,
+                source,
+            })?;
+            let (peer, handler) = (peer.clone(), handler.clone());
+            tokio::spawn(
+                async move { serve_stream(request, respond, peer, peer_addr, handler).await },
+            );
+        }
+        Ok(())
+    }
+}
+
+async fn serve_stream<H: Handler>(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    peer: Identity,
+    peer_addr: SocketAddr,
+    handler: Arc<H>,
+) {
+    let refuse = |respond: &mut h2::server::SendResponse<Bytes>, r: &Refusal| {
+        tracing::info!(src.identity = %peer, src.addr = %peer_addr, status = r.status().as_u16(), reason = %r, "CONNECT refused");
+        let response = Response::builder()
+            .status(r.status())
+            .body(())
+            .expect("static response");
+        let _ = respond.send_response(response, true);
+    };
+    let authority = request.uri().authority().map(|a| a.as_str().to_string());
+    let target = match headers::parse_request(request.method(), authority.as_deref()) {
+        Ok(t) => t,
+        Err(r) => return refuse(&mut respond, &r),
+    };
+    let (parts, body) = request.into_parts();
+    let req = ConnectRequest {
+        peer: peer.clone(),
+        peer_addr,
+        target,
+        headers: parts.headers,
+    };
+    if let Err(r) = handler.check(&req) {
+        return refuse(&mut respond, &r);
+    }
+    let mut upstream = match handler.connect(&req).await {
+        Ok(s) => s,
+        Err(r) => return refuse(&mut respond, &r),
+    };
+    let _ = upstream.set_nodelay(true);
+    let ok = Response::builder()
+        .status(http::StatusCode::OK)
+        .body(())
+        .expect("static response");
+    let send = match respond.send_response(ok, false) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(error = %e, "client went away before the tunnel was up");
+            return;
+        }
+    };
+    let mut tunnel = H2Stream::new(send, body);
+    match copy::bidirectional(&mut tunnel, &mut upstream).await {
+        Ok((sent, received)) => {
+            tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
+        }
+        Err(e) => {
+            // Propagate the reset to the side that did not fail.
+            match e.failed {
+                Failed::A => reset_tcp(&upstream),
+                Failed::B => tunnel.abort(),
+            }
+            tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");
+        }
+    }
+}
+
+/// Closes a TCP connection with RST instead of FIN (SO_LINGER 0 on close).
+pub fn reset_tcp(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
+}

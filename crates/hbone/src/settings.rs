@@ -1,0 +1,50 @@
+//! HTTP/2 and socket parameters, with Istio's defaults as the starting point.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+/// Tunnel parameters shared by client and server.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Per-stream receive window. One stalled stream can buffer at most this much.
+    pub stream_window: u32,
+    /// Per-connection receive window; larger than the stream window, so one stalled stream
+    /// cannot stall the others sharing the connection.
+    pub connection_window: u32,
+    /// Largest HTTP/2 frame we accept.
+    pub max_frame_size: u32,
+    /// Concurrent streams a server lets one client open.
+    pub max_concurrent_streams: u32,
+    /// How long a TCP connect plus TLS and HTTP/2 handshakes may take.
+    pub connect_timeout: Duration,
+    /// TCP keepalive idle time on every tunnel socket.
+    pub keepalive: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            stream_window: 4 << 20,
+            connection_window: 16 << 20,
+            max_frame_size: 1 << 20,
+            max_concurrent_streams: 200,
+            connect_timeout: Duration::from_secs(5),
+            keepalive: Duration::from_secs(180),
+        }
+    }
+}
+
+/// TCP_NODELAY and keepalive on a tunnel socket. Failures here only cost performance, so they
+/// are logged and ignored.
+pub(crate) fn tune_socket(tcp: &TcpStream, s: &Settings) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY");
+    }
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(s.keepalive)
+        .with_interval(s.keepalive);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "TCP keepalive");
+    }
+}

@@ -1,0 +1,145 @@
+//! One HBONE tunnel as a byte stream: an HTTP/2 stream adapted to `AsyncRead` + `AsyncWrite`.
+//!
+//! Half-close: `poll_shutdown` sends an empty DATA frame with END_STREAM (the tunnel's FIN); the
+//! other direction stays open. Reset: an RST_STREAM from the peer surfaces as
+//! `ConnectionReset` on the next read or write; [`H2Stream::abort`] sends one.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use h2::{Reason, RecvStream, SendStream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// An HTTP/2 CONNECT stream carrying a tunnel's bytes.
+#[derive(Debug)]
+pub struct H2Stream {
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    /// Received data not yet read by the caller.
+    pending: Bytes,
+    write_closed: bool,
+}
+
+impl H2Stream {
+    pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
+        Self {
+            send,
+            recv,
+            pending: Bytes::new(),
+            write_closed: false,
+        }
+    }
+
+    /// Resets the stream (RST_STREAM CANCEL): the peer sees a reset, not a clean end.
+    pub fn abort(&mut self) {
+        self.send.send_reset(Reason::CANCEL);
+    }
+}
+
+/// Maps an h2 error to the I/O error a byte stream would report.
+pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
+    if e.is_io() {
+        return e
+            .into_io()
+            .unwrap_or_else(|| io::Error::other("h2 I/O error"));
+    }
+    if let Some(reason) = e.reason() {
+        if reason == Reason::NO_ERROR || reason == Reason::CANCEL || e.is_reset() {
+            return io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                format!("tunnel reset by peer ({reason})"),
+            );
+        }
+    }
+    io::Error::other(e)
+}
+
+impl AsyncRead for H2Stream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.remaining());
+                let chunk = self.pending.split_to(n);
+                buf.put_slice(&chunk);
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Give the window back as soon as h2 hands the data over: the pending buffer
+                    // holds at most one frame, so memory stays bounded by the stream window.
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    self.pending = data;
+                }
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for H2Stream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if self.write_closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "tunnel write half is closed",
+            )));
+        }
+        self.send.reserve_capacity(buf.len());
+        loop {
+            match self.send.poll_capacity(cx) {
+                Poll::Ready(Some(Ok(0))) => {}
+                Poll::Ready(Some(Ok(n))) => {
+                    let n = n.min(buf.len());
+                    self.send
+                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+                        .map_err(h2_to_io)?;
+                    return Poll::Ready(Ok(n));
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "tunnel closed",
+                    )));
+                }
+                Poll::Pending => {
+                    // No capacity: the peer may have reset the stream meanwhile.
+                    return match self.send.poll_reset(cx) {
+                        Poll::Ready(Ok(reason)) => Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::ConnectionReset,
+                            format!("tunnel reset by peer ({reason})"),
+                        ))),
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(h2_to_io(e))),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.write_closed {
+            self.write_closed = true;
+            self.send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}

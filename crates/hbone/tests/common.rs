@@ -1,0 +1,153 @@
+//! Shared pieces of the HBONE tests: servers on loopback, handlers, identities.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ferry_core::identity::Identity;
+use ferry_hbone::headers::{ConnectHeaders, Refusal};
+use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
+use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::settings::Settings;
+use ferry_hbone::testkit::TestCa;
+use ferry_hbone::tls::Credentials;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+pub const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+pub const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
+
+pub fn id(s: &str) -> Identity {
+    s.parse().expect("identity")
+}
+
+/// Polls `cond` until it holds or `deadline` passes.
+pub async fn eventually(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) {
+    let end = tokio::time::Instant::now() + deadline;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Allows everything and records what it saw.
+#[derive(Default)]
+pub struct Recorder {
+    pub seen: Mutex<Vec<ConnectRequest>>,
+    pub deny: bool,
+}
+
+impl Handler for Recorder {
+    fn check(&self, request: &ConnectRequest) -> Result<(), Refusal> {
+        self.seen.lock().push(request.clone());
+        if self.deny {
+            Err(Refusal::Denied(format!("{} may not connect", request.peer)))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// An echo server on loopback: echoes until EOF, then closes its write half.
+pub async fn echo_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A target that records the first 8 bytes of each connection, in accept order.
+pub async fn recording_target() -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (s2, a2) = (seen.clone(), accepted.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            a2.fetch_add(1, Ordering::SeqCst);
+            let mut buf = [0u8; 8];
+            if s.read_exact(&mut buf).await.is_ok() {
+                s2.lock().push(buf.to_vec());
+            }
+        }
+    });
+    (addr, seen, accepted)
+}
+
+/// An HBONE server for `identity` on loopback.
+pub async fn hbone_server<H: Handler>(
+    ca: &TestCa,
+    identity: &str,
+    handler: Arc<H>,
+    settings: Settings,
+) -> SocketAddr {
+    let server = Arc::new(Server::new(&ca.issue_str(identity), &ca.bundle(), settings).unwrap());
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(server.serve(l, handler));
+    addr
+}
+
+/// A client pool plus what it needs to open tunnels.
+pub struct ClientSide {
+    pub pool: Pool,
+    pub creds: Credentials,
+    pub ca: Arc<TestCa>,
+}
+
+impl ClientSide {
+    pub fn new(ca: Arc<TestCa>, config: PoolConfig) -> Self {
+        Self {
+            pool: Pool::new(config),
+            creds: ca.issue_str(CLIENT),
+            ca,
+        }
+    }
+
+    pub fn key(&self, dst: SocketAddr, accepted: &[&str]) -> PoolKey {
+        PoolKey::new(
+            id(CLIENT),
+            "127.0.0.1".parse().unwrap(),
+            dst,
+            accepted.iter().map(|s| id(s)).collect(),
+        )
+    }
+
+    pub async fn open(
+        &self,
+        hbone: SocketAddr,
+        target: SocketAddr,
+    ) -> Result<ferry_hbone::pool::Tunnel, ferry_hbone::Error> {
+        self.pool
+            .open(
+                &self.key(hbone, &[SERVER]),
+                &self.creds,
+                &self.ca.bundle(),
+                &target.to_string(),
+                &ConnectHeaders::default(),
+            )
+            .await
+    }
+}
