@@ -45,13 +45,13 @@ pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
             .into_io()
             .unwrap_or_else(|| io::Error::other("h2 I/O error"));
     }
-    if let Some(reason) = e.reason() {
-        if reason == Reason::NO_ERROR || reason == Reason::CANCEL || e.is_reset() {
-            return io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                format!("tunnel reset by peer ({reason})"),
-            );
-        }
+    if let Some(reason) = e.reason()
+        && (reason == Reason::NO_ERROR || reason == Reason::CANCEL || e.is_reset())
+    {
+        return io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            format!("tunnel reset by peer ({reason})"),
+        );
     }
     io::Error::other(e)
 }

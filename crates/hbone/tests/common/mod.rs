@@ -38,7 +38,7 @@ pub async fn eventually(what: &str, deadline: Duration, mut cond: impl FnMut() -
 }
 
 /// Allows everything and records what it saw.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Recorder {
     pub seen: Mutex<Vec<ConnectRequest>>,
     pub deny: bool,
@@ -111,6 +111,7 @@ pub async fn hbone_server<H: Handler>(
 }
 
 /// A client pool plus what it needs to open tunnels.
+#[derive(Debug)]
 pub struct ClientSide {
     pub pool: Pool,
     pub creds: Credentials,

@@ -1,0 +1,231 @@
+//! The connection pool: sharing, limits, one handshake per burst, eviction, idle close.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use ferry_hbone::headers::ConnectHeaders;
+use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
+use ferry_hbone::server::Server;
+use ferry_hbone::settings::Settings;
+use ferry_hbone::testkit::TestCa;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_streams_share_a_bounded_number_of_connections() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let settings = Settings {
+        max_concurrent_streams: 1000,
+        ..Settings::default()
+    };
+    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), settings).await;
+    let client = Arc::new(ClientSide::new(
+        ca.clone(),
+        PoolConfig {
+            max_streams: 100,
+            ..PoolConfig::default()
+        },
+    ));
+    // Every stream stays open until all are open, so they are truly concurrent.
+    let barrier = Arc::new(tokio::sync::Barrier::new(1000));
+    let mut tasks = JoinSet::new();
+    for i in 0..1000u32 {
+        let (client, barrier) = (client.clone(), barrier.clone());
+        tasks.spawn(async move {
+            let mut t = client.open(hbone, echo).await.expect("tunnel");
+            let msg = i.to_le_bytes();
+            t.write_all(&msg).await.unwrap();
+            let mut back = [0u8; 4];
+            t.read_exact(&mut back).await.unwrap();
+            assert_eq!(back, msg);
+            barrier.wait().await;
+            t.shutdown().await.unwrap();
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("stream task");
+    }
+    let handshakes = client.pool.handshakes();
+    assert!(
+        (10..=12).contains(&handshakes),
+        "1000 streams at 100 per connection took {handshakes} connections"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_first_requests_costs_one_handshake() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let hbone = hbone_server(
+        &ca,
+        SERVER,
+        Arc::new(Recorder::default()),
+        Settings::default(),
+    )
+    .await;
+    let client = Arc::new(ClientSide::new(ca.clone(), PoolConfig::default()));
+    let mut tasks = JoinSet::new();
+    for _ in 0..50 {
+        let client = client.clone();
+        tasks.spawn(async move { client.open(hbone, echo).await.expect("tunnel") });
+    }
+    let mut tunnels = Vec::new();
+    while let Some(t) = tasks.join_next().await {
+        tunnels.push(t.unwrap());
+    }
+    assert_eq!(tunnels.len(), 50);
+    assert_eq!(client.pool.handshakes(), 1);
+    assert_eq!(client.pool.connections(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_any_different_security_attribute_never_share() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let hbone = hbone_server(
+        &ca,
+        SERVER,
+        Arc::new(Recorder::default()),
+        Settings::default(),
+    )
+    .await;
+    let pool = Pool::new(PoolConfig::default());
+    let bundle = ca.bundle();
+    let a = ca.issue_str(CLIENT);
+    let b = ca.issue_str("spiffe://cluster.local/ns/default/sa/other-client");
+    let h = ConnectHeaders::default();
+    let keys = [
+        (
+            PoolKey::new(
+                id(CLIENT),
+                "127.0.0.1".parse().unwrap(),
+                hbone,
+                vec![id(SERVER)],
+            ),
+            &a,
+        ),
+        (
+            PoolKey::new(
+                b.identity().clone(),
+                "127.0.0.1".parse().unwrap(),
+                hbone,
+                vec![id(SERVER)],
+            ),
+            &b,
+        ),
+        (
+            PoolKey::new(
+                id(CLIENT),
+                "127.0.0.2".parse().unwrap(),
+                hbone,
+                vec![id(SERVER)],
+            ),
+            &a,
+        ),
+        (
+            PoolKey::new(
+                id(CLIENT),
+                "127.0.0.1".parse().unwrap(),
+                hbone,
+                vec![id(SERVER), id("spiffe://cluster.local/ns/x/sa/y")],
+            ),
+            &a,
+        ),
+    ];
+    let mut tunnels = Vec::new();
+    for (k, creds) in &keys {
+        tunnels.push(
+            pool.open(k, creds, &bundle, &echo.to_string(), &h)
+                .await
+                .unwrap(),
+        );
+        tunnels.push(
+            pool.open(k, creds, &bundle, &echo.to_string(), &h)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        pool.handshakes(),
+        4,
+        "one connection per distinct key, shared within a key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_after_the_timeout() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let hbone = hbone_server(
+        &ca,
+        SERVER,
+        Arc::new(Recorder::default()),
+        Settings::default(),
+    )
+    .await;
+    let client = ClientSide::new(
+        ca.clone(),
+        PoolConfig {
+            idle_timeout: Duration::from_millis(200),
+            ..PoolConfig::default()
+        },
+    );
+    let t = client.open(hbone, echo).await.unwrap();
+    assert_eq!(client.pool.connections(), 1);
+    drop(t);
+    eventually(
+        "the idle connection is closed",
+        Duration::from_secs(10),
+        || client.pool.connections() == 0,
+    )
+    .await;
+    let _t = client.open(hbone, echo).await.unwrap();
+    assert_eq!(client.pool.handshakes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_connection_is_evicted_and_never_handed_out_again() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let server =
+        Arc::new(Server::new(&ca.issue_str(SERVER), &ca.bundle(), Settings::default()).unwrap());
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hbone = l.local_addr().unwrap();
+    let client = ClientSide::new(ca.clone(), PoolConfig::default());
+    // Serve the first connection on a task we can kill.
+    let accept = tokio::spawn(async move {
+        let (tcp, peer) = l.accept().await.unwrap();
+        (l, tcp, peer)
+    });
+    let s = server.clone();
+    let serve_first = async move {
+        let (l, tcp, peer) = accept.await.unwrap();
+        let first = tokio::spawn(async move {
+            s.serve_connection(tcp, peer, Arc::new(Recorder::default()))
+                .await
+        });
+        (l, first)
+    };
+    let (t, (l, first)) = tokio::join!(client.open(hbone, echo), serve_first);
+    let t = t.unwrap();
+    drop(t);
+    first.abort();
+    eventually(
+        "the client notices the broken connection",
+        Duration::from_secs(10),
+        || client.pool.connections() == 0,
+    )
+    .await;
+    // The next open dials again rather than reusing the dead connection.
+    tokio::spawn(server.serve(l, Arc::new(Recorder::default())));
+    let mut t = client.open(hbone, echo).await.expect("a fresh connection");
+    t.write_all(b"alive").await.unwrap();
+    let mut b = [0u8; 5];
+    t.read_exact(&mut b).await.unwrap();
+    assert_eq!(client.pool.handshakes(), 2);
+}
