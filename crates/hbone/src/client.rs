@@ -12,7 +12,8 @@ use tokio_rustls::TlsConnector;
 
 use crate::error::Error;
 use crate::headers::ConnectHeaders;
-use crate::settings::{Settings, tune_socket};
+use crate::readahead::ReadAhead;
+use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 use crate::tls::{self, Credentials, TrustBundle};
 
@@ -46,7 +47,7 @@ impl Connection {
                 .map_err(|source| Error::Connect { addr, source })?;
             tune_socket(&tcp, settings);
             let tls = TlsConnector::from(config)
-                .connect(tls::server_name(addr), tcp)
+                .connect(tls::server_name(addr), ReadAhead::new(tcp))
                 .await
                 .map_err(|source| match tls::IdentityMismatch::find(&source) {
                     Some(m) => Error::PeerIdentity {
@@ -71,17 +72,31 @@ impl Connection {
                 .await
                 .map_err(|source| Error::H2 { addr, source })
         };
-        let (send, driver) = tokio::time::timeout(timeout, handshake)
-            .await
-            .map_err(|_| Error::Timeout {
-                doing: "connecting to an HBONE peer",
-                after_ms: timeout.as_millis() as u64,
-            })??;
+        let (send, mut driver) =
+            tokio::time::timeout(timeout, handshake)
+                .await
+                .map_err(|_| Error::Timeout {
+                    doing: "connecting to an HBONE peer",
+                    after_ms: timeout.as_millis() as u64,
+                })??;
         let closed = Arc::new(AtomicBool::new(false));
         let flag = closed.clone();
+        let pings = driver.ping_pong();
+        let (interval, ping_timeout) = (settings.ping_interval, settings.ping_timeout);
         tokio::spawn(async move {
-            if let Err(e) = driver.await {
-                tracing::debug!(peer.addr = %addr, error = %e, "HBONE connection ended");
+            let keepalive = async {
+                match pings {
+                    Some(p) => ping_until_dead(p, interval, ping_timeout).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = &mut driver => if let Err(e) = r {
+                    tracing::debug!(peer.addr = %addr, error = %e, "HBONE connection ended");
+                },
+                why = keepalive => {
+                    tracing::info!(peer.addr = %addr, reason = why, "closing HBONE connection");
+                }
             }
             flag.store(true, Ordering::Release);
         });

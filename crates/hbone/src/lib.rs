@@ -18,6 +18,7 @@ pub mod copy;
 pub mod error;
 pub mod headers;
 pub mod pool;
+pub mod readahead;
 pub mod san;
 pub mod server;
 pub mod settings;

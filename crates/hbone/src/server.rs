@@ -15,7 +15,8 @@ use tokio_rustls::TlsAcceptor;
 use crate::copy::{self, Failed};
 use crate::error::Error;
 use crate::headers::{self, Refusal, Target};
-use crate::settings::{Settings, tune_socket};
+use crate::readahead::ReadAhead;
+use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 use crate::tls::{self, Credentials, TrustBundle};
 
@@ -109,7 +110,7 @@ impl Server {
         tune_socket(&tcp, &self.settings);
         let tls = self
             .acceptor
-            .accept(tcp)
+            .accept(ReadAhead::new(tcp))
             .await
             .map_err(|source| Error::Handshake {
                 addr: peer_addr,
@@ -129,7 +130,24 @@ impl Server {
                 addr: peer_addr,
                 source,
             })?;
-        while let Some(next) = conn.accept().await {
+        let pings = conn.ping_pong();
+        let (interval, ping_timeout) = (self.settings.ping_interval, self.settings.ping_timeout);
+        let keepalive = async {
+            match pings {
+                Some(p) => ping_until_dead(p, interval, ping_timeout).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(keepalive);
+        loop {
+            let next = tokio::select! {
+                next = conn.accept() => next,
+                why = &mut keepalive => {
+                    tracing::info!(peer.addr = %peer_addr, src.identity = %peer, reason = why, "closing HBONE connection");
+                    return Ok(());
+                }
+            };
+            let Some(next) = next else { break };
             let (request, respond) = next.map_err(|source| Error::H2 {
                 addr: peer_addr,
                 source,

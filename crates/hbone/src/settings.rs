@@ -20,6 +20,10 @@ pub struct Settings {
     pub connect_timeout: Duration,
     /// TCP keepalive idle time on every tunnel socket.
     pub keepalive: Duration,
+    /// HTTP/2 PING interval on an HBONE connection (client and server).
+    pub ping_interval: Duration,
+    /// A connection whose PING is not answered within this time is closed.
+    pub ping_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -31,6 +35,8 @@ impl Default for Settings {
             max_concurrent_streams: 200,
             connect_timeout: Duration::from_secs(5),
             keepalive: Duration::from_secs(180),
+            ping_interval: Duration::from_secs(10),
+            ping_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -46,5 +52,22 @@ pub(crate) fn tune_socket(tcp: &TcpStream, s: &Settings) {
         .with_interval(s.keepalive);
     if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "TCP keepalive");
+    }
+}
+
+/// Sends a PING every `interval` and returns when one is not answered within `timeout` (or the
+/// connection is gone). The caller then closes the connection: its peer has vanished.
+pub(crate) async fn ping_until_dead(
+    mut pings: h2::PingPong,
+    interval: Duration,
+    timeout: Duration,
+) -> &'static str {
+    loop {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return "the connection failed while waiting for a PING answer",
+            Err(_) => return "no PING answer in time: the peer is gone",
+        }
     }
 }
