@@ -112,6 +112,11 @@ impl Connection {
         self.addr
     }
 
+    /// How many concurrent streams the peer allows (its SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub fn peer_stream_limit(&self) -> usize {
+        self.send.current_max_send_streams()
+    }
+
     /// Whether the connection can no longer carry streams.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)

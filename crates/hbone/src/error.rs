@@ -26,6 +26,11 @@ pub enum Error {
         addr: SocketAddr,
         mismatch: crate::tls::IdentityMismatch,
     },
+    #[error("peer {addr} presented an unacceptable certificate: {reason}")]
+    PeerCertificate {
+        addr: SocketAddr,
+        reason: crate::tls::TlsError,
+    },
     #[error("peer {addr} did not negotiate ALPN \"h2\" (found {found:?})")]
     Alpn {
         addr: SocketAddr,
@@ -57,6 +62,7 @@ impl Error {
             | Self::H2 { .. }
             | Self::Refused { .. }
             | Self::Timeout { .. } => Side::Upstream,
+            Self::PeerCertificate { .. } => Side::Downstream,
             Self::BadAuthority(_) | Self::Config(_) => Side::Local,
         }
     }

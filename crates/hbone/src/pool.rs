@@ -169,10 +169,12 @@ impl Pool {
         list.retain(|e| !e.conn.is_closed());
         let max = self.inner.config.max_streams;
         let entry = list.iter().find(|e| {
+            // The peer's own stream limit caps ours: beyond it, requests would queue.
+            let limit = max.min(e.conn.peer_stream_limit());
             e.conn
                 .active
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < max).then_some(n + 1)
+                    (n < limit).then_some(n + 1)
                 })
                 .is_ok()
         })?;

@@ -108,15 +108,22 @@ impl Server {
         handler: Arc<H>,
     ) -> Result<(), Error> {
         tune_socket(&tcp, &self.settings);
-        let tls = self
-            .acceptor
-            .accept(ReadAhead::new(tcp))
+        let timeout = self.settings.connect_timeout;
+        let tls = tokio::time::timeout(timeout, self.acceptor.accept(ReadAhead::new(tcp)))
             .await
+            .map_err(|_| Error::Timeout {
+                doing: "accepting a TLS handshake",
+                after_ms: timeout.as_millis() as u64,
+            })?
             .map_err(|source| Error::Handshake {
                 addr: peer_addr,
                 source,
             })?;
-        let peer = tls::peer_identity(tls.get_ref().1.peer_certificates(), &self.trust_domain)?;
+        let peer = tls::peer_identity(tls.get_ref().1.peer_certificates(), &self.trust_domain)
+            .map_err(|reason| Error::PeerCertificate {
+                addr: peer_addr,
+                reason,
+            })?;
         let mut conn = h2::server::Builder::new()
             .initial_window_size(self.settings.stream_window)
             .initial_connection_window_size(self.settings.connection_window)

@@ -32,9 +32,10 @@ impl H2Stream {
         }
     }
 
-    /// Resets the stream (RST_STREAM CANCEL): the peer sees a reset, not a clean end.
+    /// Resets the stream: the peer sees a reset, not a clean end. RFC 9113 §8.5: a TCP reset on
+    /// the far side of a CONNECT tunnel is signalled with a stream error of type CONNECT_ERROR.
     pub fn abort(&mut self) {
-        self.send.send_reset(Reason::CANCEL);
+        self.send.send_reset(Reason::CONNECT_ERROR);
     }
 }
 

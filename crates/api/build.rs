@@ -1,0 +1,15 @@
+//! Generates the wire types from `proto/` with protox (a pure-Rust protobuf compiler), so the
+//! build needs no system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/citadel.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}
