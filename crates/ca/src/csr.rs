@@ -3,7 +3,10 @@
 use ferry_core::identity::Identity;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
-use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION, OID_SIG_ED25519};
+use x509_parser::oid_registry::{
+    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
+    OID_SIG_ED25519,
+};
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
 
@@ -16,7 +19,9 @@ pub enum CsrError {
     Parse(String),
     #[error("the CSR's SAN must be exactly one SPIFFE identity, found {0}")]
     San(String),
-    #[error("weak or unsupported key: {0} (accepted: ECDSA P-256 or P-384, Ed25519, RSA of 2048 bits or more)")]
+    #[error(
+        "weak or unsupported key: {0} (accepted: ECDSA P-256 or P-384, Ed25519, RSA of 2048 bits or more)"
+    )]
     Key(String),
 }
 
@@ -30,7 +35,8 @@ pub struct Csr {
 /// Parses a PEM CSR and checks its key. The signature is checked when it is signed.
 pub fn parse(pem: &str) -> Result<Csr, CsrError> {
     let der = pem_to_der(pem)?;
-    let (_, req) = X509CertificationRequest::from_der(&der).map_err(|e| CsrError::Parse(e.to_string()))?;
+    let (_, req) =
+        X509CertificationRequest::from_der(&der).map_err(|e| CsrError::Parse(e.to_string()))?;
     check_key(&req)?;
     let identity = identity(&req)?;
     Ok(Csr { der, identity })
@@ -41,7 +47,9 @@ fn pem_to_der(pem: &str) -> Result<Vec<u8>, CsrError> {
         .map(|(_, p)| (p.label, p.contents))
         .map_err(|e| CsrError::Pem(e.to_string()))?;
     if label != "CERTIFICATE REQUEST" && label != "NEW CERTIFICATE REQUEST" {
-        return Err(CsrError::Pem(format!("expected a CERTIFICATE REQUEST block, found {label:?}")));
+        return Err(CsrError::Pem(format!(
+            "expected a CERTIFICATE REQUEST block, found {label:?}"
+        )));
     }
     Ok(der)
 }
@@ -59,9 +67,15 @@ fn identity(req: &X509CertificationRequest<'_>) -> Result<Identity, CsrError> {
         }
     }
     match uris.as_slice() {
-        [one] => one.parse().map_err(|e| CsrError::San(format!("{one:?} ({e})"))),
+        [one] => one
+            .parse()
+            .map_err(|e| CsrError::San(format!("{one:?} ({e})"))),
         [] => Err(CsrError::San("none".into())),
-        many => Err(CsrError::San(format!("{} URIs: {}", many.len(), many.join(", ")))),
+        many => Err(CsrError::San(format!(
+            "{} URIs: {}",
+            many.len(),
+            many.join(", ")
+        ))),
     }
 }
 
@@ -86,7 +100,9 @@ fn check_key(req: &X509CertificationRequest<'_>) -> Result<(), CsrError> {
     if *alg == OID_PKCS1_RSAENCRYPTION {
         return match spki.parsed() {
             Ok(PublicKey::RSA(rsa)) if rsa.key_size() >= 2048 => Ok(()),
-            Ok(PublicKey::RSA(rsa)) => Err(CsrError::Key(format!("RSA key of {} bits", rsa.key_size()))),
+            Ok(PublicKey::RSA(rsa)) => {
+                Err(CsrError::Key(format!("RSA key of {} bits", rsa.key_size())))
+            }
             _ => Err(CsrError::Key("unreadable RSA key".into())),
         };
     }

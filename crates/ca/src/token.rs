@@ -40,17 +40,24 @@ impl fmt::Debug for NodeTokens {
 
 impl NodeTokens {
     pub fn from_secret(secret: &[u8]) -> Self {
-        Self { key: hmac::Key::new(hmac::HMAC_SHA256, secret) }
+        Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+        }
     }
 
     /// Loads the secret from `path`, creating a random one (mode 0600) on first use.
     pub fn load_or_create(path: &Path) -> std::io::Result<Self> {
         match std::fs::read(path) {
             Ok(secret) if secret.len() >= 32 => Ok(Self::from_secret(&secret)),
-            Ok(_) => Err(std::io::Error::other(format!("{}: secret shorter than 32 bytes", path.display()))),
+            Ok(_) => Err(std::io::Error::other(format!(
+                "{}: secret shorter than 32 bytes",
+                path.display()
+            ))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut secret = [0u8; 32];
-                SystemRandom::new().fill(&mut secret).map_err(|_| std::io::Error::other("no randomness"))?;
+                SystemRandom::new()
+                    .fill(&mut secret)
+                    .map_err(|_| std::io::Error::other("no randomness"))?;
                 crate::write_private(path, &secret)?;
                 Ok(Self::from_secret(&secret))
             }
@@ -67,20 +74,32 @@ impl NodeTokens {
 
     /// The node a token belongs to.
     pub fn verify(&self, token: &str) -> Result<NodeName, TokenError> {
-        let rest = token.strip_prefix(PREFIX).ok_or(TokenError::Malformed("unknown token format"))?;
-        let (node, tag) = rest.rsplit_once('.').ok_or(TokenError::Malformed("no signature"))?;
-        if node.is_empty() || !node.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_') {
+        let rest = token
+            .strip_prefix(PREFIX)
+            .ok_or(TokenError::Malformed("unknown token format"))?;
+        let (node, tag) = rest
+            .rsplit_once('.')
+            .ok_or(TokenError::Malformed("no signature"))?;
+        if node.is_empty()
+            || !node
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+        {
             return Err(TokenError::Malformed("bad node name"));
         }
         let tag = unhex(tag).ok_or(TokenError::Malformed("signature is not hex"))?;
-        hmac::verify(&self.key, format!("{PREFIX}{node}").as_bytes(), &tag).map_err(|_| TokenError::BadSignature)?;
+        hmac::verify(&self.key, format!("{PREFIX}{node}").as_bytes(), &tag)
+            .map_err(|_| TokenError::BadSignature)?;
         Ok(NodeName::new(node))
     }
 
     /// Reads the token from a gRPC `authorization` metadata value.
     pub fn from_metadata(value: Option<&str>) -> Result<&str, TokenError> {
         let v = value.ok_or(TokenError::Missing)?;
-        v.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()).ok_or(TokenError::Malformed("expected `Bearer <token>`"))
+        v.strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(TokenError::Malformed("expected `Bearer <token>`"))
     }
 }
 
@@ -89,10 +108,13 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 128 {
+    if !s.len().is_multiple_of(2) || s.len() > 128 {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -106,7 +128,10 @@ mod tests {
         assert_eq!(t.verify(&tok).unwrap(), NodeName::new("east-1"));
         let forged = tok.replace("east-1", "east-2");
         assert_eq!(t.verify(&forged), Err(TokenError::BadSignature));
-        assert_eq!(NodeTokens::from_secret(&[8; 32]).verify(&tok), Err(TokenError::BadSignature));
+        assert_eq!(
+            NodeTokens::from_secret(&[8; 32]).verify(&tok),
+            Err(TokenError::BadSignature)
+        );
         assert!(t.verify("garbage").is_err());
         assert!(t.verify("ferry-node.v1.east-1.zz").is_err());
         assert_eq!(NodeTokens::from_metadata(None), Err(TokenError::Missing));

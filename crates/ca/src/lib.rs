@@ -1,0 +1,32 @@
+//! The mesh CA that `ferry control` runs.
+//!
+//! In the ambient design one node proxy holds the certificates of every pod on its node, so the
+//! CA is what stops a node from impersonating pods elsewhere: a node proxy authenticates as its
+//! node ([`token`]) and gets a certificate for an identity only while a workload with that
+//! identity is scheduled on that node in the current snapshot ([`authz`]). Everything else is
+//! refused with `PermissionDenied` and the reason.
+//!
+//! # Layout
+//! - [`signer`]: the root (loaded, or created and persisted), signing of CSRs.
+//! - [`csr`]: CSR parsing, SPIFFE SAN, key strength.
+//! - [`token`]: per-node bootstrap tokens.
+//! - [`authz`]: the co-location check (pure).
+//! - [`service`]: `istio.v1.auth.IstioCertificateService` over gRPC.
+
+pub mod authz;
+pub mod csr;
+pub mod service;
+pub mod signer;
+pub mod token;
+
+/// Writes a secret file readable only by its owner.
+pub(crate) fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(data)
+}

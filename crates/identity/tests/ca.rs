@@ -1,0 +1,468 @@
+//! The CA and the certificate manager over real gRPC with TLS, on loopback.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_api::citadel::IstioCertificateRequest;
+use ferry_api::citadel::istio_certificate_service_client::IstioCertificateServiceClient;
+use ferry_ca::service::{CaService, Lifetimes};
+use ferry_ca::signer::Ca;
+use ferry_ca::token::NodeTokens;
+use ferry_core::identity::Identity;
+use ferry_core::store::Store;
+use ferry_core::testing::MeshBuilder;
+use ferry_hbone::tls::{Credentials, TrustBundle};
+use ferry_identity::client::{CertificateSource, GrpcCa, validity};
+use ferry_identity::manager::{CertManager, ManagerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Server, ServerTlsConfig};
+
+const A: &str = "spiffe://cluster.local/ns/default/sa/a";
+const B: &str = "spiffe://cluster.local/ns/default/sa/b";
+const SERVER_NAME: &str = "ferry-control";
+
+fn id(s: &str) -> Identity {
+    s.parse().unwrap()
+}
+
+/// Two nodes; workload `a` on n1, `b` on n2.
+fn store() -> Arc<Store> {
+    let mut m = MeshBuilder::new();
+    m.cluster("c", "net")
+        .node("n1", "c", "r/z/s")
+        .node("n2", "c", "r/z/s");
+    m.pod("a", "n1", "198.18.1.1");
+    m.pod("b", "n2", "198.18.1.2");
+    Arc::new(Store::new(m.build()))
+}
+
+struct ControlPlane {
+    ca: Arc<Ca>,
+    tokens: Arc<NodeTokens>,
+    addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl ControlPlane {
+    async fn start(lifetimes: Lifetimes) -> Self {
+        let ca = Arc::new(Ca::generate("cluster.local").unwrap());
+        let tokens = Arc::new(NodeTokens::from_secret(&[42; 32]));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut cp = Self {
+            ca,
+            tokens,
+            addr,
+            tasks: JoinSet::new(),
+        };
+        cp.serve(l, lifetimes);
+        cp
+    }
+
+    fn serve(&mut self, l: TcpListener, lifetimes: Lifetimes) {
+        let (chain, key) = self
+            .ca
+            .issue_server_cert(
+                &[SERVER_NAME.to_string()],
+                &[self.addr.ip()],
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+        let tls = ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(chain, key));
+        let svc =
+            CaService::new(self.ca.clone(), self.tokens.clone(), store(), lifetimes).into_server();
+        let incoming = tonic::transport::server::TcpIncoming::from(l);
+        let server = Server::builder().tls_config(tls).unwrap().add_service(svc);
+        self.tasks.spawn(async move {
+            let _ = server.serve_with_incoming(incoming).await;
+        });
+    }
+
+    fn bundle_pem(&self) -> String {
+        self.ca.bundle().concat()
+    }
+
+    fn client(&self, node: &str) -> GrpcCa {
+        GrpcCa::new(
+            &format!("https://{}", self.addr),
+            &self.bundle_pem(),
+            SERVER_NAME,
+            self.tokens.issue(&node.into()),
+            "c".into(),
+        )
+        .unwrap()
+    }
+
+    async fn raw(
+        &self,
+        csr: String,
+        impersonate: Option<&str>,
+        token: Option<String>,
+    ) -> Result<Vec<String>, tonic::Status> {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(self.bundle_pem()))
+            .domain_name(SERVER_NAME);
+        let channel = Endpoint::from_shared(format!("https://{}", self.addr))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut fields = std::collections::BTreeMap::new();
+        if let Some(i) = impersonate {
+            fields.insert(
+                "ImpersonatedIdentity".to_string(),
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StringValue(i.to_string())),
+                },
+            );
+        }
+        let mut req = tonic::Request::new(IstioCertificateRequest {
+            csr,
+            validity_duration: 3600,
+            metadata: Some(prost_types::Struct { fields }),
+        });
+        if let Some(t) = token {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        IstioCertificateServiceClient::new(channel)
+            .create_certificate(req)
+            .await
+            .map(|r| r.into_inner().cert_chain)
+    }
+}
+
+fn csr_for(identity: &str) -> String {
+    ferry_identity::client::new_csr(&id(identity)).unwrap().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_colocated_identity_is_signed_with_the_right_san_lifetime_and_chain() {
+    let cp = ControlPlane::start(Lifetimes {
+        default: Duration::from_secs(3600),
+        max: Duration::from_secs(7200),
+    })
+    .await;
+    let creds = cp
+        .client("n1")
+        .sign(&id(A), Duration::from_secs(10 * 3600))
+        .await
+        .expect("signed");
+    assert_eq!(creds.identity(), &id(A));
+    let (nb, na) = validity(&creds).unwrap();
+    let granted = na.duration_since(nb).unwrap().as_secs();
+    // Capped at the 2 h maximum (plus the one-minute backdate), not the 10 h asked for.
+    assert!(
+        (7200..=7200 + 61).contains(&granted),
+        "lifetime {granted} s"
+    );
+    let chain = creds.chain();
+    assert_eq!(chain.len(), 2, "leaf, then root");
+    let root = rustls_pemfile::certs(&mut cp.ca.cert_pem().as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(chain[1], root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_is_refused_in_every_case() {
+    let cp = ControlPlane::start(Lifetimes::default()).await;
+    let n1 = Some(cp.tokens.issue(&"n1".into()));
+    let n2 = Some(cp.tokens.issue(&"n2".into()));
+    let forged = Some(NodeTokens::from_secret(&[1; 32]).issue(&"n1".into()));
+    let weak_rsa = include_str!("data/csr-rsa1024.pem").to_string();
+    let weak_ec = include_str!("data/csr-p192.pem").to_string();
+    let c = "spiffe://cluster.local/ns/default/sa/nobody";
+    // (case, CSR, impersonated identity, node token, expected reason)
+    type Case<'a> = (&'a str, String, Option<&'a str>, Option<String>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "workload on another node",
+            csr_for(B),
+            Some(B),
+            n1.clone(),
+            "no workload with identity spiffe://cluster.local/ns/default/sa/b runs on node n1 (it runs on: n2)",
+        ),
+        (
+            "unknown identity",
+            csr_for(c),
+            Some(c),
+            n1.clone(),
+            "no workload in the mesh has identity",
+        ),
+        (
+            "forged node credential",
+            csr_for(A),
+            Some(A),
+            forged,
+            "signature does not verify",
+        ),
+        (
+            "missing node credential",
+            csr_for(A),
+            Some(A),
+            None,
+            "no node credential",
+        ),
+        (
+            "CSR SAN differs from the requested identity",
+            csr_for(A),
+            Some(B),
+            n2,
+            "the CSR's SAN is spiffe://cluster.local/ns/default/sa/a but spiffe://cluster.local/ns/default/sa/b was requested",
+        ),
+        (
+            "weak RSA key",
+            weak_rsa,
+            Some(A),
+            n1.clone(),
+            "weak or unsupported key: RSA key of 1024 bits",
+        ),
+        (
+            "unsupported curve",
+            weak_ec,
+            Some(A),
+            n1.clone(),
+            "weak or unsupported key: EC curve",
+        ),
+        (
+            "not a CSR",
+            "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n".into(),
+            Some(A),
+            n1,
+            "CSR",
+        ),
+    ];
+    for (name, csr, imp, token, expect) in cases {
+        let status = cp.raw(csr, imp, token).await.expect_err(name);
+        assert_eq!(
+            status.code(),
+            tonic::Code::PermissionDenied,
+            "{name}: {status:?}"
+        );
+        assert!(
+            status.message().contains(expect),
+            "{name}: {:?} lacks {expect:?}",
+            status.message()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_from_this_ca_carry_hbone_between_two_identities() {
+    let cp = ControlPlane::start(Lifetimes::default()).await;
+    let a = cp
+        .client("n1")
+        .sign(&id(A), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let b = cp
+        .client("n2")
+        .sign(&id(B), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let bundle = TrustBundle::from_pem(&cp.bundle_pem()).unwrap();
+    echo_over_hbone(&a, &b, &bundle).await;
+}
+
+/// `client` opens a tunnel to an HBONE server presenting `server`, through to an echo target.
+async fn echo_over_hbone(client: &Credentials, server: &Credentials, bundle: &TrustBundle) {
+    use ferry_hbone::server::{ConnectRequest, Handler};
+    struct Allow;
+    impl Handler for Allow {
+        fn check(&self, _: &ConnectRequest) -> Result<(), ferry_hbone::headers::Refusal> {
+            Ok(())
+        }
+    }
+    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo_addr = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = echo.accept().await.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).await.unwrap();
+        s.write_all(&b).await.unwrap();
+    });
+    let srv =
+        Arc::new(ferry_hbone::server::Server::new(server, bundle, Default::default()).unwrap());
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hbone = l.local_addr().unwrap();
+    tokio::spawn(srv.serve(l, Arc::new(Allow)));
+    let conn = ferry_hbone::client::Connection::connect(
+        None,
+        hbone,
+        client,
+        bundle,
+        vec![server.identity().clone()],
+        &Default::default(),
+    )
+    .await
+    .expect("handshake between two CA-issued identities");
+    let mut t = conn
+        .open(&echo_addr.to_string(), &Default::default())
+        .await
+        .unwrap();
+    t.write_all(b"hello").await.unwrap();
+    let mut back = [0u8; 5];
+    t.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"hello");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_requests_send_one_csr() {
+    let cp = ControlPlane::start(Lifetimes::default()).await;
+    let manager = CertManager::new(Arc::new(cp.client("n1")), ManagerConfig::default());
+    let mut set = JoinSet::new();
+    for _ in 0..50 {
+        let m = manager.clone();
+        set.spawn(async move { m.fetch(&id(A)).await.map(|c| c.identity().clone()) });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_eq!(r.unwrap().unwrap(), id(A));
+    }
+    assert_eq!(manager.requests(), 1);
+}
+
+/// Relays TCP to the CA; `cut` drops every relayed connection and stops listening.
+struct Relay {
+    addr: SocketAddr,
+    to: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl Relay {
+    async fn start(to: SocketAddr) -> Self {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut r = Self {
+            addr,
+            to,
+            tasks: JoinSet::new(),
+        };
+        r.listen(l);
+        r
+    }
+
+    fn listen(&mut self, l: TcpListener) {
+        let to = self.to;
+        self.tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((mut a, _)) = l.accept().await else {
+                    return;
+                };
+                conns.spawn(async move {
+                    if let Ok(mut b) = tokio::net::TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                    }
+                });
+            }
+        });
+    }
+
+    fn cut(&mut self) {
+        self.tasks.abort_all();
+    }
+
+    async fn restore(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+        let l = TcpListener::bind(self.addr).await.unwrap();
+        self.listen(l);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_ca_down_valid_certificates_keep_working_and_rotation_resumes() {
+    let cp = ControlPlane::start(Lifetimes::default()).await;
+    let mut relay = Relay::start(cp.addr).await;
+    let client = GrpcCa::new(
+        &format!("https://{}", relay.addr),
+        &cp.bundle_pem(),
+        SERVER_NAME,
+        cp.tokens.issue(&"n1".into()),
+        "c".into(),
+    )
+    .unwrap();
+    let config = ManagerConfig {
+        lifetime: Duration::from_secs(60),
+        refresh_fraction: 0.05, // refresh after ~3 s of a 60 s certificate
+        backoff_initial: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(400),
+        fetch_wait: Duration::from_secs(10),
+    };
+    let manager = CertManager::new(Arc::new(client), config);
+    let first = manager.fetch(&id(A)).await.unwrap();
+    let first_expiry = validity(&first).unwrap().1;
+    relay.cut();
+    // Refreshes start failing; the valid certificate keeps being served and keeps working.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while manager.requests() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refresh attempts while the CA is down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let during = manager.fetch(&id(A)).await.expect("still valid");
+    assert_eq!(
+        during.chain()[0],
+        first.chain()[0],
+        "the same certificate while the CA is away"
+    );
+    let b = cp
+        .client("n2")
+        .sign(&id(B), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    echo_over_hbone(
+        &during,
+        &b,
+        &TrustBundle::from_pem(&cp.bundle_pem()).unwrap(),
+    )
+    .await;
+    // The CA returns: rotation resumes.
+    relay.restore().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = manager.fetch(&id(A)).await.unwrap();
+        if c.chain()[0] != first.chain()[0] {
+            assert!(
+                validity(&c).unwrap().1 >= first_expiry,
+                "the new certificate lasts longer"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rotation did not resume"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn a_restarted_control_plane_keeps_its_trust_root_and_node_secret() {
+    let dir = std::env::temp_dir().join(format!("ferry-ca-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = Ca::load_or_create(&dir, "cluster.local").unwrap();
+    let tokens = NodeTokens::load_or_create(&dir.join("node-token.key")).unwrap();
+    let token = tokens.issue(&"n1".into());
+    let again = Ca::load_or_create(&dir, "cluster.local").unwrap();
+    assert_eq!(first.cert_pem(), again.cert_pem());
+    let csr = csr_for(A);
+    assert!(again.sign(&csr, &id(A), Duration::from_secs(60)).is_ok());
+    let tokens_again = NodeTokens::load_or_create(&dir.join("node-token.key")).unwrap();
+    assert_eq!(tokens_again.verify(&token).unwrap().as_str(), "n1");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.join("ca-key.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the CA key is readable only by its owner");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
