@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod control;
 mod explain;
 mod render;
 
@@ -24,6 +25,9 @@ enum Command {
     ///
     /// Without --from/--to, walks through a tour of the example topology's interesting paths.
     Explain(ExplainArgs),
+    /// The control plane: the mesh CA (and, with later work, xDS) over TLS.
+    #[command(subcommand)]
+    Control(control::ControlCommand),
 }
 
 /// Output format.
@@ -55,5 +59,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Explain(args) => explain::run(&args),
+        Command::Control(cmd) => control::run(cmd),
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use ferry_core::identity::Identity;
 use ferry_core::random::{Random, SplitMix64};
-use ferry_hbone::tls::Credentials;
+use ferry_hbone::tls::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -93,6 +93,8 @@ struct Inner {
     config: ManagerConfig,
     slots: Mutex<HashMap<Identity, Slot>>,
     requests: AtomicU64,
+    /// The roots that came with the newest certificate: how the trust bundle reaches the node.
+    bundle: Mutex<Option<TrustBundle>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -122,8 +124,15 @@ impl CertManager {
                 config,
                 slots: Mutex::new(HashMap::new()),
                 requests: AtomicU64::new(0),
+                bundle: Mutex::new(None),
             }),
         }
+    }
+
+    /// The mesh's trust bundle as of the newest certificate (every root the CA distributes, so a
+    /// root rotation reaches the node with its next certificate).
+    pub fn trust_bundle(&self) -> Option<TrustBundle> {
+        self.inner.bundle.lock().clone()
     }
 
     /// CSRs sent so far (each sign attempt sends one).
@@ -214,6 +223,11 @@ async fn work(inner: std::sync::Weak<Inner>, identity: Identity, tx: watch::Send
         drop(this);
         match source.sign(&identity, config.lifetime).await {
             Ok(creds) => {
+                if let Some(bundle) = roots_of(&creds)
+                    && let Some(this) = inner.upgrade()
+                {
+                    *this.bundle.lock() = Some(bundle);
+                }
                 let issued = Arc::new(schedule(creds, &config));
                 tracing::info!(identity = %identity, expires_in_s = (issued.expires - Instant::now()).as_secs(), "certificate ready");
                 let refresh = issued.refresh;
@@ -277,4 +291,10 @@ fn jitter_seed(identity: &Identity) -> u64 {
     identity.hash(&mut h);
     SystemTime::now().hash(&mut h);
     h.finish()
+}
+
+/// The roots the CA sent after the leaf.
+fn roots_of(creds: &Credentials) -> Option<TrustBundle> {
+    let rest = creds.chain().get(1..)?;
+    TrustBundle::from_der(rest.iter().cloned()).ok()
 }

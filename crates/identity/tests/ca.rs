@@ -48,7 +48,11 @@ struct ControlPlane {
 
 impl ControlPlane {
     async fn start(lifetimes: Lifetimes) -> Self {
-        let ca = Arc::new(Ca::generate("cluster.local").unwrap());
+        Self::start_with(Ca::generate("cluster.local").unwrap(), lifetimes).await
+    }
+
+    async fn start_with(ca: Ca, lifetimes: Lifetimes) -> Self {
+        let ca = Arc::new(ca);
         let tokens = Arc::new(NodeTokens::from_secret(&[42; 32]));
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
@@ -74,7 +78,7 @@ impl ControlPlane {
         let tls = ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(chain, key));
         let svc =
             CaService::new(self.ca.clone(), self.tokens.clone(), store(), lifetimes).into_server();
-        let incoming = tonic::transport::server::TcpIncoming::from(l);
+        let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
         let server = Server::builder().tls_config(tls).unwrap().add_service(svc);
         self.tasks.spawn(async move {
             let _ = server.serve_with_incoming(incoming).await;
@@ -465,4 +469,27 @@ fn a_restarted_control_plane_keeps_its_trust_root_and_node_secret() {
         .mode();
     assert_eq!(mode & 0o077, 0, "the CA key is readable only by its owner");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_rotation_reaches_nodes_with_their_next_certificate() {
+    // Step 1 of a rotation: keep signing with the old root, distribute old + new roots.
+    let new_root = Ca::generate("cluster.local").unwrap();
+    let old = Ca::generate("cluster.local")
+        .unwrap()
+        .with_extra_roots([new_root.cert_pem().to_string()]);
+    let cp = ControlPlane::start_with(old, Lifetimes::default()).await;
+    let manager = CertManager::new(Arc::new(cp.client("n1")), ManagerConfig::default());
+    let a = manager.fetch(&id(A)).await.unwrap();
+    let bundle = manager
+        .trust_bundle()
+        .expect("bundle arrives with the certificate");
+    assert_eq!(bundle.len(), 2, "old and new roots");
+    // A peer already on the new root (step 2 elsewhere in the mesh) is trusted, and trusts us.
+    let (b_csr, b_key) = ferry_identity::client::new_csr(&id(B)).unwrap();
+    let b_chain = new_root
+        .sign(&b_csr, &id(B), Duration::from_secs(3600))
+        .unwrap();
+    let b = ferry_identity::client::credentials(&id(B), &b_chain, b_key).unwrap();
+    echo_over_hbone(&a, &b, &bundle).await;
 }

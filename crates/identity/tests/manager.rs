@@ -38,7 +38,10 @@ impl CertificateSource for LocalCa {
                 return Err(FetchError::Unavailable("connection refused".into()));
             }
             let (csr, key) = new_csr(identity)?;
-            let chain = self.ca.sign(&csr, identity, lifetime).map_err(|e| FetchError::Refused(e.to_string()))?;
+            let chain = self
+                .ca
+                .sign(&csr, identity, lifetime)
+                .map_err(|e| FetchError::Refused(e.to_string()))?;
             self.signed.fetch_add(1, Ordering::SeqCst);
             credentials(identity, &chain, key)
         })
@@ -46,7 +49,11 @@ impl CertificateSource for LocalCa {
 }
 
 fn setup() -> (Arc<LocalCa>, CertManager) {
-    let source = Arc::new(LocalCa { ca: Ca::generate("cluster.local").unwrap(), down: AtomicBool::new(false), signed: AtomicU64::new(0) });
+    let source = Arc::new(LocalCa {
+        ca: Ca::generate("cluster.local").unwrap(),
+        down: AtomicBool::new(false),
+        signed: AtomicU64::new(0),
+    });
     let config = ManagerConfig {
         lifetime: Duration::from_secs(1000),
         refresh_fraction: 0.5,
@@ -84,7 +91,11 @@ async fn rotation_happens_at_half_life_before_expiry() {
     advance(Duration::from_secs(450)).await;
     assert_eq!(ca.signed.load(Ordering::SeqCst), 1, "not before half-life");
     advance(Duration::from_secs(60)).await;
-    assert_eq!(ca.signed.load(Ordering::SeqCst), 2, "rotated at half-life (~500 s of 1000 s)");
+    assert_eq!(
+        ca.signed.load(Ordering::SeqCst),
+        2,
+        "rotated at half-life (~500 s of 1000 s)"
+    );
     let second = m.fetch(&id(A)).await.unwrap();
     assert_ne!(first.chain()[0], second.chain()[0]);
 }
@@ -96,11 +107,21 @@ async fn a_valid_certificate_is_kept_while_the_ca_is_down_and_an_expired_one_nev
     ca.down.store(true, Ordering::SeqCst);
     advance(Duration::from_secs(600)).await; // past the refresh point: retries fail
     assert!(m.requests() > 2, "retries while the CA is down");
-    let kept = m.fetch(&id(A)).await.expect("still valid at 600 s of 1000 s");
+    let kept = m
+        .fetch(&id(A))
+        .await
+        .expect("still valid at 600 s of 1000 s");
     assert_eq!(kept.chain()[0], first.chain()[0]);
     advance(Duration::from_secs(500)).await; // past expiry
-    assert!(matches!(m.states()[0].1, CertState::Failed(_)), "{:?}", m.states());
-    let err = m.fetch(&id(A)).await.expect_err("an expired certificate is never handed out");
+    assert!(
+        matches!(m.states()[0].1, CertState::Failed(_)),
+        "{:?}",
+        m.states()
+    );
+    let err = m
+        .fetch(&id(A))
+        .await
+        .expect_err("an expired certificate is never handed out");
     assert!(err.to_string().contains("no valid certificate"), "{err}");
     // The CA comes back: the next retry succeeds.
     ca.down.store(false, Ordering::SeqCst);

@@ -1,0 +1,130 @@
+//! `ferry control` as a user runs it: serve the CA, issue node tokens, restart with the same root.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ferry_identity::client::{CertificateSource, FetchError, GrpcCa};
+
+fn ferry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+fn example(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// A state directory removed when the test ends, pass or fail.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `ferry control serve`, killed when dropped.
+struct Control {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(state: &Path) -> Control {
+    let mut child = ferry()
+        .args(["control", "serve", "--listen", "127.0.0.1:0", "--topology"])
+        .arg(example("two-clusters.yaml"))
+        .arg("--state-dir")
+        .arg(state)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ferry control starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .expect("address printed")
+        .to_string();
+    Control { child, addr }
+}
+
+fn output(args: &[&str], state: &Path) -> String {
+    let o = ferry()
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+async fn sign(cp: &Control, bundle: &str, token: &str, identity: &str) -> Result<(), FetchError> {
+    let ca = GrpcCa::new(
+        &format!("https://{}", cp.addr),
+        bundle,
+        "ferry-control",
+        token.trim().to_string(),
+        "east".into(),
+    )?;
+    ca.sign(&identity.parse().unwrap(), Duration::from_secs(3600))
+        .await
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn the_control_plane_signs_for_colocated_workloads_and_keeps_its_root_across_restarts() {
+    let state =
+        TempDir(std::env::temp_dir().join(format!("ferry-control-test-{}", std::process::id())));
+    let cp = serve(&state.0);
+    let bundle = output(&["control", "bundle"], &state.0);
+    let token = output(&["control", "token", "--node", "east-1"], &state.0);
+    // sleep-east (service account `sleep`) runs on east-1.
+    sign(
+        &cp,
+        &bundle,
+        &token,
+        "spiffe://cluster.local/ns/default/sa/sleep",
+    )
+    .await
+    .expect("co-located workload");
+    // search runs on west-2: east-1 may not have it.
+    match sign(
+        &cp,
+        &bundle,
+        &token,
+        "spiffe://cluster.local/ns/default/sa/search",
+    )
+    .await
+    {
+        Err(FetchError::Refused(reason)) => assert!(reason.contains("runs on: west-2"), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    drop(cp);
+    let cp = serve(&state.0);
+    assert_eq!(
+        output(&["control", "bundle"], &state.0),
+        bundle,
+        "same trust root after a restart"
+    );
+    sign(
+        &cp,
+        &bundle,
+        &token,
+        "spiffe://cluster.local/ns/default/sa/sleep",
+    )
+    .await
+    .expect("old token and bundle still work");
+}
