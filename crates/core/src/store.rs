@@ -43,7 +43,7 @@ impl Default for Store {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::testing::MeshBuilder;
@@ -66,31 +66,32 @@ mod tests {
     #[test]
     fn readers_see_whole_snapshots_while_a_writer_swaps() {
         let store = Arc::new(Store::new(mesh(1)));
-        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
         let readers: Vec<_> = (0..2)
             .map(|_| {
-                let (store, stop) = (store.clone(), stop.clone());
+                let (store, done) = (store.clone(), done.clone());
                 std::thread::spawn(move || {
-                    let mut seen = 0;
-                    while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..2000 {
                         let snap = store.load();
                         let n = snap.workloads().count();
                         let indexed = snap.workloads_on_node(&"n1".into()).len();
                         assert_eq!(n, indexed, "a reader saw a half-applied snapshot");
-                        seen += 1;
                     }
-                    seen
+                    done.fetch_add(1, Ordering::SeqCst);
                 })
             })
             .collect();
-        for n in [5, 50, 2, 300, 7] {
-            let old = store.publish(mesh(n));
-            assert!(old.workloads().count() > 0);
+        // Swap for as long as the readers read, so they overlap with the swaps.
+        let sizes = [5, 50, 2, 300, 7];
+        let mut i = 0;
+        while done.load(Ordering::SeqCst) < 2 {
+            store.publish(mesh(sizes[i % sizes.len()]));
+            i += 1;
         }
-        stop.store(true, Ordering::Relaxed);
         for r in readers {
-            assert!(r.join().expect("reader thread") > 0);
+            r.join().expect("reader thread");
         }
-        assert_eq!(store.load().workloads().count(), 7);
+        let last = if i == 0 { 1 } else { sizes[(i - 1) % sizes.len()] };
+        assert_eq!(store.load().workloads().count(), last, "the last publish wins");
     }
 }
