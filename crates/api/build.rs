@@ -2,7 +2,13 @@
 //! build needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/citadel.proto"];
+    let protos = [
+        "proto/citadel.proto",
+        "proto/workload.proto",
+        "proto/authorization.proto",
+        "proto/discovery.proto",
+        "proto/google/rpc/status.proto",
+    ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }

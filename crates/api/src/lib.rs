@@ -1,17 +1,53 @@
 //! Ferry's wire types, generated at build time from `proto/`.
 //!
-//! Packages, message names and field numbers are those of Istio's public APIs, so that Ferry
-//! interoperates with istiod and ztunnel; the `.proto` texts are Ferry's own.
+//! Packages, message names and field numbers are those of Istio's and Envoy's public APIs, so
+//! that Ferry interoperates with istiod and ztunnel; the `.proto` texts are Ferry's own. Modules
+//! nest like the protobuf packages (generated code refers across them); short aliases follow.
 
 // Generated code: its style is prost's and tonic's, not ours.
-#![allow(
-    unreachable_pub,
-    missing_debug_implementations,
-    clippy::all,
-    clippy::pedantic
-)]
+#![allow(unreachable_pub, missing_debug_implementations, clippy::all, clippy::pedantic)]
 
-/// `istio.v1.auth`: the certificate service a node proxy asks for workload certificates.
-pub mod citadel {
-    tonic::include_proto!("istio.v1.auth");
+pub mod istio {
+    pub mod v1 {
+        /// `istio.v1.auth`: the certificate service.
+        pub mod auth {
+            tonic::include_proto!("istio.v1.auth");
+        }
+    }
+    /// `istio.workload`: workloads and services.
+    pub mod workload {
+        tonic::include_proto!("istio.workload");
+    }
+    /// `istio.security`: authorization policies.
+    pub mod security {
+        tonic::include_proto!("istio.security");
+    }
 }
+
+pub mod envoy {
+    pub mod service {
+        pub mod discovery {
+            /// `envoy.service.discovery.v3`: delta ADS.
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
+    }
+}
+
+pub mod google {
+    /// `google.rpc.Status`, carried in NACKs.
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+pub use envoy::service::discovery::v3 as discovery;
+pub use istio::security;
+pub use istio::v1::auth as citadel;
+pub use istio::workload;
+
+/// The type URL of `istio.workload.Address` resources.
+pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
+/// The type URL of `istio.security.Authorization` resources.
+pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authorization";
