@@ -5,7 +5,12 @@
 //! nest like the protobuf packages (generated code refers across them); short aliases follow.
 
 // Generated code: its style is prost's and tonic's, not ours.
-#![allow(unreachable_pub, missing_debug_implementations, clippy::all, clippy::pedantic)]
+#![allow(
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic
+)]
 
 pub mod istio {
     pub mod v1 {

@@ -91,7 +91,15 @@ mod tests {
         for r in readers {
             r.join().expect("reader thread");
         }
-        let last = if i == 0 { 1 } else { sizes[(i - 1) % sizes.len()] };
-        assert_eq!(store.load().workloads().count(), last, "the last publish wins");
+        let last = if i == 0 {
+            1
+        } else {
+            sizes[(i - 1) % sizes.len()]
+        };
+        assert_eq!(
+            store.load().workloads().count(),
+            last,
+            "the last publish wins"
+        );
     }
 }

@@ -1,0 +1,157 @@
+//! A data-plane snapshot from decoded xDS resources.
+//!
+//! WDS carries workloads, services and policies, not clusters or nodes: those are taken from the
+//! workloads themselves. References to policies or services the client does not have are
+//! skipped, as Istio's data plane does. A resource that breaks a snapshot invariant (a duplicate
+//! address, a waypoint that resolves to nothing) is set aside and reported, and the rest applies.
+
+use std::collections::{BTreeMap, HashSet};
+
+use ferry_core::model::{
+    Cluster, ClusterId, Gateway, NetworkId, Node, NodeName, Policy, Service, Workload,
+};
+use ferry_core::snapshot::{AddressOwner, ObjectRef, Snapshot, SnapshotBuilder, SnapshotError};
+
+use crate::convert::{Decoded, InvalidResource};
+
+/// The decoded resources a client holds, by resource name.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    pub addresses: BTreeMap<String, Decoded>,
+    pub policies: BTreeMap<String, Policy>,
+}
+
+/// Builds a snapshot from `held`, leaving out (and returning) resources that break it.
+pub fn assemble(held: &Held, version: u64) -> (Snapshot, Vec<InvalidResource>) {
+    let mut excluded: HashSet<String> = HashSet::new();
+    let mut rejected = Vec::new();
+    loop {
+        match try_build(held, version, &excluded) {
+            Ok(snap) => return (snap, rejected),
+            Err(e) => {
+                let culprit = culprit(held, &e).filter(|n| !excluded.contains(n));
+                match culprit {
+                    Some(name) => {
+                        rejected.push(InvalidResource {
+                            name: name.clone(),
+                            reason: e.to_string(),
+                        });
+                        excluded.insert(name);
+                    }
+                    None => {
+                        // Nothing to blame: apply nothing new rather than guess.
+                        tracing::error!(error = %e, "cannot assemble a snapshot");
+                        rejected.push(InvalidResource {
+                            name: "*".into(),
+                            reason: e.to_string(),
+                        });
+                        return (Snapshot::default(), rejected);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn try_build(
+    held: &Held,
+    version: u64,
+    excluded: &HashSet<String>,
+) -> Result<Snapshot, SnapshotError> {
+    let live = |name: &String| !excluded.contains(name);
+    let mut clusters: BTreeMap<ClusterId, NetworkId> = BTreeMap::new();
+    let mut nodes: BTreeMap<NodeName, Node> = BTreeMap::new();
+    let mut services: Vec<&Service> = Vec::new();
+    let mut workloads: Vec<&Workload> = Vec::new();
+    let mut gateways: Vec<&Gateway> = Vec::new();
+    for (name, d) in held.addresses.iter().filter(|(n, _)| live(n)) {
+        let _ = name;
+        match d {
+            Decoded::Workload(w) => {
+                clusters
+                    .entry(w.cluster.clone())
+                    .or_insert_with(|| w.network.clone());
+                if let Some(n) = &w.node {
+                    nodes.entry(n.clone()).or_insert_with(|| Node {
+                        name: n.clone(),
+                        cluster: w.cluster.clone(),
+                        locality: w.locality.clone(),
+                        address: None,
+                    });
+                }
+                workloads.push(w);
+            }
+            Decoded::Gateway(g) => {
+                clusters
+                    .entry(g.cluster.clone())
+                    .or_insert_with(|| g.network.clone());
+                gateways.push(g);
+            }
+            Decoded::Service(s) => services.push(s),
+        }
+    }
+    let service_keys: HashSet<_> = services.iter().map(|s| s.key()).collect();
+    let policy_keys: HashSet<_> = held
+        .policies
+        .iter()
+        .filter(|(n, _)| live(n))
+        .map(|(_, p)| p.key())
+        .collect();
+    let mut b = SnapshotBuilder::new(version);
+    for (name, network) in clusters {
+        b.cluster(Cluster { name, network });
+    }
+    for n in nodes.into_values() {
+        b.node(n);
+    }
+    for s in services {
+        b.service(s.clone());
+    }
+    for (_, p) in held.policies.iter().filter(|(n, _)| live(n)) {
+        b.policy(p.clone());
+    }
+    for g in gateways {
+        b.gateway(g.clone());
+    }
+    for w in workloads {
+        let mut w = w.clone();
+        w.services.retain(|k, _| service_keys.contains(k));
+        w.authorization_policies.retain(|k| policy_keys.contains(k));
+        b.workload(w);
+    }
+    b.build()
+}
+
+/// The resource a snapshot error is about.
+fn culprit(held: &Held, e: &SnapshotError) -> Option<String> {
+    let by_object = |o: &ObjectRef| -> Option<String> {
+        match o {
+            ObjectRef::Workload(uid) => Some(uid.to_string()),
+            ObjectRef::Service(k) => Some(k.to_string()),
+            ObjectRef::Policy(k) => Some(k.to_string()),
+            ObjectRef::Gateway(name) => held.addresses.iter().find_map(|(n, d)| match d {
+                Decoded::Gateway(g) if &g.name == name => Some(n.clone()),
+                _ => None,
+            }),
+            ObjectRef::Cluster(_) | ObjectRef::Node(_) => None,
+        }
+    };
+    let by_owner = |o: &AddressOwner| {
+        by_object(&match o {
+            AddressOwner::Workload(u) => ObjectRef::Workload(u.clone()),
+            AddressOwner::Service(k) => ObjectRef::Service(k.clone()),
+            AddressOwner::Gateway(n) => ObjectRef::Gateway(n.clone()),
+        })
+    };
+    match e {
+        SnapshotError::Duplicate { object } => by_object(object),
+        SnapshotError::DuplicateAddress { second, .. } => by_owner(second),
+        SnapshotError::UnknownCluster { object, .. }
+        | SnapshotError::UnknownNode { object, .. }
+        | SnapshotError::WrongNetwork { object, .. }
+        | SnapshotError::UnknownService { object, .. }
+        | SnapshotError::UnknownPolicy { object, .. }
+        | SnapshotError::UnresolvedGateway { object, .. }
+        | SnapshotError::Identity { object, .. } => by_object(object),
+    }
+}

@@ -1,0 +1,291 @@
+//! The xDS subscriber in `ferry node`.
+//!
+//! Subscribes to workloads/services and policies; decodes every resource before touching shared
+//! state; applies a push as one snapshot swap; ACKs, or NACKs naming each rejected resource;
+//! reconnects with exponential backoff and jitter, sending what it holds so that only the
+//! difference comes back; keeps serving the last good snapshot meanwhile; and reports ready
+//! only after the first full sync of both types.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_api::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node};
+use ferry_api::google::rpc::Status as RpcStatus;
+use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ferry_core::random::{Random, SplitMix64};
+use ferry_core::store::Store;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+use crate::assemble::{Held, assemble};
+use crate::convert::{self, InvalidResource};
+
+/// Where and how to reach the control plane.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `https://ip:port` (or `http://` with `plaintext`).
+    pub endpoint: String,
+    pub bundle_pem: String,
+    pub server_name: String,
+    pub token: String,
+    pub cluster: String,
+    pub node_id: String,
+    /// Local experiments only: no TLS. Logged loudly.
+    pub plaintext: bool,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+/// What a client has received, shared with observers (admin endpoints, tests).
+#[derive(Debug, Default)]
+pub struct ClientState {
+    pub held: Held,
+    /// Per type: resource name -> version, exactly the resources applied.
+    pub versions: HashMap<String, HashMap<String, String>>,
+    pub generation: u64,
+    /// The last rejected resources, as sent in the NACK.
+    pub last_rejected: Vec<InvalidResource>,
+    /// Connection attempts, successful or not.
+    pub attempts: u64,
+    /// Streams that were opened.
+    pub sessions: u64,
+    /// Resources received in the current session (for observing what a reconnect costs).
+    pub received_this_session: u64,
+}
+
+/// The running subscriber.
+#[derive(Debug, Clone)]
+pub struct XdsClient {
+    config: ClientConfig,
+    store: Arc<Store>,
+    state: Arc<Mutex<ClientState>>,
+    ready: watch::Sender<bool>,
+}
+
+impl XdsClient {
+    pub fn new(config: ClientConfig, store: Arc<Store>) -> Self {
+        if config.plaintext {
+            tracing::warn!(endpoint = %config.endpoint, "xDS over PLAINTEXT: configuration can be read and forged on the way");
+        }
+        Self {
+            config,
+            store,
+            state: Arc::new(Mutex::new(ClientState::default())),
+            ready: watch::channel(false).0,
+        }
+    }
+
+    /// True once both types have been fully received.
+    pub fn ready(&self) -> watch::Receiver<bool> {
+        self.ready.subscribe()
+    }
+
+    pub fn state(&self) -> Arc<Mutex<ClientState>> {
+        self.state.clone()
+    }
+
+    /// Runs forever: sessions, and backoff between them.
+    pub async fn run(self) {
+        let mut backoff = self.config.backoff_initial;
+        let mut rng = SplitMix64::new(std::process::id() as u64 ^ 0x5eed);
+        loop {
+            let progressed = match self.session().await {
+                Ok(p) => {
+                    tracing::info!("xDS stream closed by the control plane");
+                    p
+                }
+                Err((p, e)) => {
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "xDS session failed; keeping the last good state");
+                    p
+                }
+            };
+            if progressed {
+                backoff = self.config.backoff_initial;
+            }
+            let jitter = backoff.mul_f64(rng.below(1000) as f64 / 2000.0);
+            tokio::time::sleep(backoff + jitter).await;
+            backoff = (backoff * 2).min(self.config.backoff_max);
+        }
+    }
+
+    /// One stream. Returns whether any response was applied, with the error if it failed.
+    async fn session(&self) -> Result<bool, (bool, String)> {
+        let c = &self.config;
+        self.state.lock().attempts += 1;
+        let fail = |e: String| (false, e);
+        let mut endpoint = Endpoint::from_shared(c.endpoint.clone())
+            .map_err(|e| fail(e.to_string()))?
+            .connect_timeout(Duration::from_secs(5));
+        if !c.plaintext {
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&c.bundle_pem))
+                .domain_name(&c.server_name);
+            endpoint = endpoint.tls_config(tls).map_err(|e| fail(e.to_string()))?;
+        }
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| fail(format!("connect: {e}")))?;
+        let mut client =
+            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(200 << 20);
+        let (tx, rx) = mpsc::channel(16);
+        {
+            let mut st = self.state.lock();
+            st.sessions += 1;
+            st.received_this_session = 0;
+            for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+                let initial: HashMap<String, String> =
+                    st.versions.get(type_url).cloned().unwrap_or_default();
+                let req = DeltaDiscoveryRequest {
+                    node: Some(Node {
+                        id: c.node_id.clone(),
+                        cluster: c.cluster.clone(),
+                        metadata: None,
+                    }),
+                    type_url: type_url.to_string(),
+                    resource_names_subscribe: vec!["*".to_string()],
+                    initial_resource_versions: initial,
+                    ..Default::default()
+                };
+                tx.try_send(req).map_err(|e| fail(e.to_string()))?;
+            }
+        }
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let md = request.metadata_mut();
+        if let Ok(v) = MetadataValue::try_from(format!("Bearer {}", c.token)) {
+            md.insert("authorization", v);
+        }
+        if let Ok(v) = MetadataValue::try_from(c.cluster.as_str()) {
+            md.insert("clusterid", v);
+        }
+        let mut inbound = client
+            .delta_aggregated_resources(request)
+            .await
+            .map_err(|s| fail(format!("{}: {}", s.code(), s.message())))?
+            .into_inner();
+        let mut synced: BTreeMap<String, bool> = BTreeMap::new();
+        let mut progressed = false;
+        loop {
+            let response = match inbound.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(progressed),
+                Err(s) => return Err((progressed, format!("{}: {}", s.code(), s.message()))),
+            };
+            let ack = self.apply(&response);
+            progressed = true;
+            synced.insert(response.type_url.clone(), true);
+            if tx.send(ack).await.is_err() {
+                return Err((progressed, "the request stream closed".into()));
+            }
+            if synced.len() == 2 {
+                self.ready.send_replace(true);
+            }
+        }
+    }
+
+    /// Applies one response; returns its ACK or NACK.
+    fn apply(&self, r: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+        // Phase 1, no lock: decode every resource.
+        let mut rejected = Vec::new();
+        let mut addresses = Vec::new();
+        let mut policies = Vec::new();
+        for res in &r.resources {
+            let body = res
+                .resource
+                .as_ref()
+                .map(|a| a.value.as_slice())
+                .unwrap_or_default();
+            if res
+                .resource
+                .as_ref()
+                .is_some_and(|a| a.type_url != r.type_url)
+            {
+                rejected.push(InvalidResource {
+                    name: res.name.clone(),
+                    reason: "resource type differs from the response's".into(),
+                });
+                continue;
+            }
+            match r.type_url.as_str() {
+                ADDRESS_TYPE => match convert::decode_address(&res.name, body) {
+                    Ok(d) => addresses.push((res.name.clone(), res.version.clone(), d)),
+                    Err(e) => rejected.push(e),
+                },
+                AUTHORIZATION_TYPE => match convert::decode_authorization(&res.name, body) {
+                    Ok(p) => policies.push((res.name.clone(), res.version.clone(), p)),
+                    Err(e) => rejected.push(e),
+                },
+                other => rejected.push(InvalidResource {
+                    name: res.name.clone(),
+                    reason: format!("unknown type {other}"),
+                }),
+            }
+        }
+        // Phase 2: one update of the held state, one snapshot, one swap.
+        let mut st = self.state.lock();
+        st.received_this_session += r.resources.len() as u64;
+        let versions = st.versions.entry(r.type_url.clone()).or_default();
+        for name in &r.removed_resources {
+            versions.remove(name);
+        }
+        for (name, version, _) in &addresses {
+            versions.insert(name.clone(), version.clone());
+        }
+        for (name, version, _) in &policies {
+            versions.insert(name.clone(), version.clone());
+        }
+        for bad in &rejected {
+            versions.remove(&bad.name);
+        }
+        for name in &r.removed_resources {
+            if r.type_url == ADDRESS_TYPE {
+                st.held.addresses.remove(name);
+            } else {
+                st.held.policies.remove(name);
+            }
+        }
+        for bad in &rejected {
+            // A resource that no longer decodes is no longer held: fail closed.
+            if r.type_url == ADDRESS_TYPE {
+                st.held.addresses.remove(&bad.name);
+            } else {
+                st.held.policies.remove(&bad.name);
+            }
+        }
+        for (name, _, d) in addresses {
+            st.held.addresses.insert(name, d);
+        }
+        for (name, _, p) in policies {
+            st.held.policies.insert(name, p);
+        }
+        st.generation += 1;
+        let (snap, set_aside) = assemble(&st.held, st.generation);
+        for bad in &set_aside {
+            for v in st.versions.values_mut() {
+                v.remove(&bad.name);
+            }
+            st.held.addresses.remove(&bad.name);
+            st.held.policies.remove(&bad.name);
+        }
+        rejected.extend(set_aside);
+        self.store.publish(snap);
+        st.last_rejected.clone_from(&rejected);
+        drop(st);
+        let error_detail = (!rejected.is_empty()).then(|| {
+            let message = rejected.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+            tracing::warn!(type_url = %r.type_url, rejected = rejected.len(), detail = %message, "NACK");
+            RpcStatus { code: tonic::Code::InvalidArgument as i32, message, details: vec![] }
+        });
+        DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            error_detail,
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! Wire -> model, checking every field. Errors name the resource and what is wrong with it.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ferry_api::security as sec;
+use ferry_api::workload as wl;
+use ferry_core::identity::Identity;
+use ferry_core::model::{
+    Action, AddressEndpoint, Cidr, Clause, ClusterId, Gateway, GatewayDestination, GatewayRef,
+    HBONE_PORT, Health, HealthPolicy, LbMode, LoadBalancing, Locality, LocalityScope, Match,
+    NetworkAddress, NetworkId, NodeName, Policy, PolicyKey, PolicyScope, PortMapping, Rule,
+    ScopeRule, Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
+    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
+};
+use prost::Message;
+
+/// A resource the client will not apply. The text is the NACK detail for it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}: {reason}")]
+pub struct InvalidResource {
+    pub name: String,
+    pub reason: String,
+}
+
+/// What one `Address` resource turned out to be.
+#[derive(Debug, Clone)]
+pub enum Decoded {
+    Workload(Workload),
+    Gateway(Gateway),
+    Service(Service),
+}
+
+type R<T> = Result<T, String>;
+
+/// Decodes one `istio.workload.Address` resource named `name`.
+pub fn decode_address(name: &str, bytes: &[u8]) -> Result<Decoded, InvalidResource> {
+    let bad = |reason: String| InvalidResource {
+        name: name.to_string(),
+        reason,
+    };
+    let msg = wl::Address::decode(bytes)
+        .map_err(|e| bad(format!("not an istio.workload.Address: {e}")))?;
+    match msg.r#type {
+        Some(wl::address::Type::Workload(w)) => {
+            if w.uid != name {
+                return Err(bad(format!(
+                    "expected uid {name:?} (the resource name), found {:?}",
+                    w.uid
+                )));
+            }
+            if w.ferry_eastwest_gateway {
+                gateway(&w).map(Decoded::Gateway)
+            } else {
+                workload(&w).map(Decoded::Workload)
+            }
+        }
+        Some(wl::address::Type::Service(s)) => {
+            let expected = super::service_name(&s.namespace, &s.hostname);
+            if expected != name {
+                return Err(bad(format!(
+                    "expected the name namespace/hostname = {expected:?}, found {name:?}"
+                )));
+            }
+            service(&s).map(Decoded::Service)
+        }
+        None => Err("neither a workload nor a service".to_string()),
+    }
+    .map_err(bad)
+}
+
+/// Decodes one `istio.security.Authorization` resource named `name`.
+pub fn decode_authorization(name: &str, bytes: &[u8]) -> Result<Policy, InvalidResource> {
+    let bad = |reason: String| InvalidResource {
+        name: name.to_string(),
+        reason,
+    };
+    let msg = sec::Authorization::decode(bytes)
+        .map_err(|e| bad(format!("not an istio.security.Authorization: {e}")))?;
+    let expected = format!("{}/{}", msg.namespace, msg.name);
+    if expected != name {
+        return Err(bad(format!(
+            "expected the name namespace/name = {expected:?}, found {name:?}"
+        )));
+    }
+    policy(&msg).map_err(bad)
+}
+
+fn ip(bytes: &[u8]) -> R<IpAddr> {
+    match bytes.len() {
+        4 => Ok(IpAddr::from(
+            <[u8; 4]>::try_from(bytes).map_err(|_| "bad IPv4")?,
+        )),
+        16 => Ok(IpAddr::from(
+            <[u8; 16]>::try_from(bytes).map_err(|_| "bad IPv6")?,
+        )),
+        n => Err(format!("an address must be 4 or 16 bytes, found {n}")),
+    }
+}
+
+fn port(p: u32, what: &str) -> R<u16> {
+    u16::try_from(p).map_err(|_| format!("{what} {p} is not a port (0-65535)"))
+}
+
+fn nonempty<'a>(s: &'a str, what: &str) -> R<&'a str> {
+    if s.is_empty() {
+        Err(format!("{what} is required"))
+    } else {
+        Ok(s)
+    }
+}
+
+fn network_address(a: &wl::NetworkAddress) -> R<NetworkAddress> {
+    Ok(NetworkAddress::new(
+        NetworkId::new(&a.network),
+        ip(&a.address)?,
+    ))
+}
+
+fn gateway_ref(g: &wl::GatewayAddress, what: &str) -> R<GatewayRef> {
+    let destination = match &g.destination {
+        Some(wl::gateway_address::Destination::Hostname(h)) => GatewayDestination::Service(
+            ServiceKey::new(&h.namespace, nonempty(&h.hostname, "hostname")?),
+        ),
+        Some(wl::gateway_address::Destination::Address(a)) => {
+            GatewayDestination::Address(network_address(a)?)
+        }
+        None => return Err(format!("{what}: no destination")),
+    };
+    let hbone_port = match g.hbone_mtls_port {
+        0 => HBONE_PORT,
+        p => port(p, &format!("{what} hbone_mtls_port"))?,
+    };
+    Ok(GatewayRef {
+        destination,
+        hbone_port,
+    })
+}
+
+fn port_mappings(ports: &[wl::Port]) -> R<Vec<PortMapping>> {
+    ports
+        .iter()
+        .map(|p| {
+            Ok(PortMapping {
+                service_port: port(p.service_port, "service_port")?,
+                target_port: port(p.target_port, "target_port")?,
+            })
+        })
+        .collect()
+}
+
+fn service_key(s: &str) -> R<ServiceKey> {
+    let (ns, host) = s
+        .split_once('/')
+        .ok_or_else(|| format!("service key {s:?} is not namespace/hostname"))?;
+    Ok(ServiceKey::new(ns, nonempty(host, "service hostname")?))
+}
+
+fn workload(w: &wl::Workload) -> R<Workload> {
+    let trust_domain = if w.trust_domain.is_empty() {
+        "cluster.local".to_string()
+    } else {
+        w.trust_domain.clone()
+    };
+    let service_account = if w.service_account.is_empty() {
+        "default".to_string()
+    } else {
+        w.service_account.clone()
+    };
+    Identity::new(&trust_domain, &w.namespace, &service_account).map_err(|e| e.to_string())?;
+    let tunnel = match wl::TunnelProtocol::try_from(w.tunnel_protocol) {
+        Ok(wl::TunnelProtocol::Hbone) => TunnelProtocol::Hbone,
+        Ok(wl::TunnelProtocol::None) => TunnelProtocol::Tcp,
+        Ok(wl::TunnelProtocol::LegacyIstioMtls) => {
+            return Err("tunnel_protocol LEGACY_ISTIO_MTLS is not supported".into());
+        }
+        Err(_) => return Err(format!("unknown tunnel_protocol {}", w.tunnel_protocol)),
+    };
+    let health = match wl::WorkloadStatus::try_from(w.status) {
+        Ok(wl::WorkloadStatus::Healthy) => Health::Healthy,
+        Ok(wl::WorkloadStatus::Unhealthy) => Health::Unhealthy,
+        Err(_) => return Err(format!("unknown status {}", w.status)),
+    };
+    let mut services = BTreeMap::new();
+    for (k, ports) in &w.services {
+        services.insert(service_key(k)?, port_mappings(&ports.ports)?);
+    }
+    let locality = w
+        .locality
+        .as_ref()
+        .map_or_else(Locality::default, |l| Locality {
+            region: l.region.clone(),
+            zone: l.zone.clone(),
+            subzone: l.subzone.clone(),
+        });
+    Ok(Workload {
+        uid: WorkloadUid::new(nonempty(&w.uid, "uid")?),
+        name: nonempty(&w.name, "name")?.to_string(),
+        namespace: w.namespace.clone(),
+        service_account,
+        trust_domain,
+        addresses: w.addresses.iter().map(|a| ip(a)).collect::<R<_>>()?,
+        network: NetworkId::new(&w.network),
+        cluster: ClusterId::new(nonempty(&w.cluster_id, "cluster_id")?),
+        node: (!w.node.is_empty()).then(|| NodeName::new(&w.node)),
+        locality,
+        tunnel,
+        health,
+        capacity: w.capacity.unwrap_or(1),
+        waypoint: w
+            .waypoint
+            .as_ref()
+            .map(|g| gateway_ref(g, "waypoint"))
+            .transpose()?,
+        network_gateway: w
+            .network_gateway
+            .as_ref()
+            .map(|g| gateway_ref(g, "network_gateway"))
+            .transpose()?,
+        services,
+        authorization_policies: w
+            .authorization_policies
+            .iter()
+            .map(|p| {
+                let (ns, n) = p
+                    .split_once('/')
+                    .ok_or_else(|| format!("policy key {p:?} is not namespace/name"))?;
+                Ok(PolicyKey::new(ns, n))
+            })
+            .collect::<R<_>>()?,
+        labels: BTreeMap::new(),
+    })
+}
+
+fn gateway(w: &wl::Workload) -> R<Gateway> {
+    let [addr] = w.addresses.as_slice() else {
+        return Err(format!(
+            "an east-west gateway has exactly one address, found {}",
+            w.addresses.len()
+        ));
+    };
+    let td = if w.trust_domain.is_empty() {
+        "cluster.local"
+    } else {
+        &w.trust_domain
+    };
+    let sa = if w.service_account.is_empty() {
+        "default"
+    } else {
+        &w.service_account
+    };
+    Ok(Gateway {
+        name: nonempty(&w.name, "name")?.to_string(),
+        network: NetworkId::new(&w.network),
+        cluster: ClusterId::new(nonempty(&w.cluster_id, "cluster_id")?),
+        address: ip(addr)?,
+        hbone_port: HBONE_PORT,
+        identity: Identity::new(td, &w.namespace, sa).map_err(|e| e.to_string())?,
+    })
+}
+
+fn scope_rule(r: Option<&wl::FerryScopeRule>) -> R<ScopeRule> {
+    use wl::ferry_scope_rule::Rule;
+    match r.and_then(|r| r.rule.as_ref()) {
+        Some(Rule::Global(true)) => Ok(ScopeRule::Global),
+        Some(Rule::Local(true)) => Ok(ScopeRule::Local),
+        Some(Rule::Clusters(list)) if !list.clusters.is_empty() => Ok(ScopeRule::Clusters(
+            list.clusters.iter().map(ClusterId::new).collect(),
+        )),
+        Some(Rule::Clusters(_)) => Err("scope: an empty cluster list admits no one".into()),
+        _ => Err("scope: expected global, local or a cluster list".into()),
+    }
+}
+
+fn service(s: &wl::Service) -> R<Service> {
+    // No Ferry scope (a service from istiod): Istio's behaviour, reachable from every cluster.
+    let scope = match &s.ferry_scope {
+        None => ServiceScope::global(),
+        Some(fs) => ServiceScope {
+            default: scope_rule(fs.default.as_ref())?,
+            by_cluster: fs
+                .by_cluster
+                .iter()
+                .map(|(c, r)| Ok((ClusterId::new(c), scope_rule(Some(r))?)))
+                .collect::<R<_>>()?,
+        },
+    };
+    let load_balancing = match &s.load_balancing {
+        None => None,
+        Some(lb) => Some(LoadBalancing {
+            mode: match wl::load_balancing::Mode::try_from(lb.mode) {
+                Ok(wl::load_balancing::Mode::UnspecifiedMode) => LbMode::Standard,
+                Ok(wl::load_balancing::Mode::Strict) => LbMode::Strict,
+                Ok(wl::load_balancing::Mode::Failover) => LbMode::Failover,
+                Ok(wl::load_balancing::Mode::Passthrough) => {
+                    return Err("load_balancing mode PASSTHROUGH is not supported".into());
+                }
+                Err(_) => return Err(format!("unknown load_balancing mode {}", lb.mode)),
+            },
+            routing_preference: lb
+                .routing_preference
+                .iter()
+                .map(|p| match wl::load_balancing::Scope::try_from(*p) {
+                    Ok(wl::load_balancing::Scope::Region) => Ok(LocalityScope::Region),
+                    Ok(wl::load_balancing::Scope::Zone) => Ok(LocalityScope::Zone),
+                    Ok(wl::load_balancing::Scope::Subzone) => Ok(LocalityScope::Subzone),
+                    Ok(wl::load_balancing::Scope::Node) => Ok(LocalityScope::Node),
+                    Ok(wl::load_balancing::Scope::Cluster) => Ok(LocalityScope::Cluster),
+                    Ok(wl::load_balancing::Scope::Network) => Ok(LocalityScope::Network),
+                    _ => Err(format!("unknown routing preference {p}")),
+                })
+                .collect::<R<_>>()?,
+            health_policy: match wl::load_balancing::HealthPolicy::try_from(lb.health_policy) {
+                Ok(wl::load_balancing::HealthPolicy::OnlyHealthy) => HealthPolicy::OnlyHealthy,
+                Ok(wl::load_balancing::HealthPolicy::AllowAll) => HealthPolicy::AllowAll,
+                Err(_) => return Err(format!("unknown health_policy {}", lb.health_policy)),
+            },
+        }),
+    };
+    let waypoint_for = match wl::FerryWaypointFor::try_from(s.ferry_waypoint_for) {
+        Ok(wl::FerryWaypointFor::FerryNotAWaypoint) => None,
+        Ok(wl::FerryWaypointFor::Service) => Some(WaypointFor::Service),
+        Ok(wl::FerryWaypointFor::Workload) => Some(WaypointFor::Workload),
+        Ok(wl::FerryWaypointFor::All) => Some(WaypointFor::All),
+        Err(_) => {
+            return Err(format!(
+                "unknown ferry_waypoint_for {}",
+                s.ferry_waypoint_for
+            ));
+        }
+    };
+    Ok(Service {
+        name: s.name.clone(),
+        namespace: s.namespace.clone(),
+        hostname: nonempty(&s.hostname, "hostname")?.to_string(),
+        vips: s.addresses.iter().map(network_address).collect::<R<_>>()?,
+        ports: s
+            .ports
+            .iter()
+            .map(|p| {
+                Ok(ServicePort {
+                    port: port(p.service_port, "service_port")?,
+                    target_port: port(p.target_port, "target_port")?,
+                })
+            })
+            .collect::<R<_>>()?,
+        subject_alt_names: s
+            .subject_alt_names
+            .iter()
+            .map(|n| {
+                n.parse::<Identity>()
+                    .map_err(|e| format!("subject_alt_names: {e}"))
+            })
+            .collect::<R<_>>()?,
+        waypoint: s
+            .waypoint
+            .as_ref()
+            .map(|g| gateway_ref(g, "waypoint"))
+            .transpose()?,
+        load_balancing,
+        scope,
+        address_endpoints: s
+            .ferry_address_endpoints
+            .iter()
+            .map(|a| {
+                Ok(AddressEndpoint {
+                    address: network_address(
+                        a.address
+                            .as_ref()
+                            .ok_or("address endpoint without an address")?,
+                    )?,
+                    cluster: ClusterId::new(nonempty(&a.cluster, "address endpoint cluster")?),
+                    ports: port_mappings(&a.ports)?,
+                })
+            })
+            .collect::<R<_>>()?,
+        waypoint_for,
+    })
+}
+
+fn string_match(m: &sec::StringMatch) -> R<StringMatch> {
+    use sec::string_match::MatchType;
+    match &m.match_type {
+        Some(MatchType::Exact(s)) => Ok(StringMatch::Exact(s.clone())),
+        Some(MatchType::Prefix(s)) => Ok(StringMatch::Prefix(s.clone())),
+        Some(MatchType::Suffix(s)) => Ok(StringMatch::Suffix(s.clone())),
+        Some(MatchType::Presence(())) => Ok(StringMatch::Presence),
+        None => Err("a string match without a type".into()),
+    }
+}
+
+fn cidr(a: &sec::Address) -> R<Cidr> {
+    let prefix =
+        u8::try_from(a.length).map_err(|_| format!("prefix length {} too long", a.length))?;
+    Cidr::new(ip(&a.address)?, prefix).map_err(|e| e.to_string())
+}
+
+fn policy(p: &sec::Authorization) -> R<Policy> {
+    let sm = |v: &[sec::StringMatch]| v.iter().map(string_match).collect::<R<Vec<_>>>();
+    let ci = |v: &[sec::Address]| v.iter().map(cidr).collect::<R<Vec<_>>>();
+    let ports = |v: &[u32]| {
+        v.iter()
+            .map(|p| port(*p, "destination port"))
+            .collect::<R<Vec<_>>>()
+    };
+    let sa = |v: &[sec::ServiceAccountMatch]| {
+        v.iter()
+            .map(|m| ServiceAccountMatch {
+                namespace: m.namespace.clone(),
+                service_account: m.service_account.clone(),
+            })
+            .collect::<Vec<_>>()
+    };
+    Ok(Policy {
+        name: nonempty(&p.name, "name")?.to_string(),
+        namespace: p.namespace.clone(),
+        scope: match sec::Scope::try_from(p.scope) {
+            Ok(sec::Scope::Global) => PolicyScope::Mesh,
+            Ok(sec::Scope::Namespace) => PolicyScope::Namespace,
+            Ok(sec::Scope::WorkloadSelector) => PolicyScope::WorkloadSelector,
+            Err(_) => return Err(format!("unknown scope {}", p.scope)),
+        },
+        action: match sec::Action::try_from(p.action) {
+            Ok(sec::Action::Allow) => Action::Allow,
+            Ok(sec::Action::Deny) => Action::Deny,
+            Ok(sec::Action::Audit) => Action::Audit,
+            Err(_) => return Err(format!("unknown action {}", p.action)),
+        },
+        rules: p
+            .rules
+            .iter()
+            .map(|r| {
+                Ok(Rule {
+                    clauses: r
+                        .clauses
+                        .iter()
+                        .map(|c| {
+                            Ok(Clause {
+                                matches: c
+                                    .matches
+                                    .iter()
+                                    .map(|m| {
+                                        Ok(Match {
+                                            namespaces: sm(&m.namespaces)?,
+                                            not_namespaces: sm(&m.not_namespaces)?,
+                                            principals: sm(&m.principals)?,
+                                            not_principals: sm(&m.not_principals)?,
+                                            service_accounts: sa(&m.service_accounts),
+                                            not_service_accounts: sa(&m.not_service_accounts),
+                                            source_ips: ci(&m.source_ips)?,
+                                            not_source_ips: ci(&m.not_source_ips)?,
+                                            destination_ips: ci(&m.destination_ips)?,
+                                            not_destination_ips: ci(&m.not_destination_ips)?,
+                                            destination_ports: ports(&m.destination_ports)?,
+                                            not_destination_ports: ports(&m.not_destination_ports)?,
+                                        })
+                                    })
+                                    .collect::<R<_>>()?,
+                            })
+                        })
+                        .collect::<R<_>>()?,
+                })
+            })
+            .collect::<R<_>>()?,
+        dry_run: p.dry_run,
+    })
+}

@@ -1,0 +1,15 @@
+//! The model in Istio's wire types and back.
+//!
+//! `to_wire` is total: everything in a validated snapshot has a wire form. `from_wire` checks
+//! every field and names what is wrong; its errors become NACK details.
+
+mod from_wire;
+mod to_wire;
+
+pub use from_wire::{Decoded, InvalidResource, decode_address, decode_authorization};
+pub use to_wire::{address_resources, authorization_resources};
+
+/// The xDS resource name of a service: `namespace/hostname`.
+pub fn service_name(ns: &str, hostname: &str) -> String {
+    format!("{ns}/{hostname}")
+}

@@ -1,0 +1,347 @@
+//! Model -> wire.
+
+use std::net::IpAddr;
+
+use ferry_api::security as sec;
+use ferry_api::workload as wl;
+use ferry_core::model::{
+    Action, Cidr, GatewayDestination, GatewayRef, Health, HealthPolicy, LbMode, LocalityScope,
+    NetworkAddress, Policy, PolicyScope, ScopeRule, Service, ServiceScope, StringMatch,
+    TunnelProtocol, WaypointFor, Workload,
+};
+use ferry_core::snapshot::Snapshot;
+
+/// Every `istio.workload.Address` resource of the snapshot: (name, message).
+pub fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
+    let mut out = Vec::new();
+    for w in snap.workloads() {
+        out.push((
+            w.uid.to_string(),
+            wl::Address {
+                r#type: Some(wl::address::Type::Workload(workload(w))),
+            },
+        ));
+    }
+    for g in snap.gateways() {
+        let uid = format!(
+            "{}//v1/Pod/{}/{}",
+            g.cluster,
+            g.identity.namespace(),
+            g.name
+        );
+        let w = wl::Workload {
+            uid: uid.clone(),
+            name: g.name.clone(),
+            namespace: g.identity.namespace().to_string(),
+            addresses: vec![ip_bytes(g.address)],
+            network: g.network.to_string(),
+            tunnel_protocol: wl::TunnelProtocol::Hbone as i32,
+            trust_domain: g.identity.trust_domain().to_string(),
+            service_account: g.identity.service_account().to_string(),
+            cluster_id: g.cluster.to_string(),
+            ferry_eastwest_gateway: true,
+            ..Default::default()
+        };
+        out.push((
+            uid,
+            wl::Address {
+                r#type: Some(wl::address::Type::Workload(w)),
+            },
+        ));
+    }
+    for s in snap.services() {
+        out.push((
+            s.key().to_string(),
+            wl::Address {
+                r#type: Some(wl::address::Type::Service(service(s))),
+            },
+        ));
+    }
+    out
+}
+
+/// Every `istio.security.Authorization` resource: (name, message).
+pub fn authorization_resources(snap: &Snapshot) -> Vec<(String, sec::Authorization)> {
+    snap.policies()
+        .map(|p| (p.key().to_string(), policy(p)))
+        .collect()
+}
+
+pub(crate) fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+fn network_address(a: &NetworkAddress) -> wl::NetworkAddress {
+    wl::NetworkAddress {
+        network: a.network.to_string(),
+        address: ip_bytes(a.ip),
+        length: None,
+    }
+}
+
+fn gateway(r: &GatewayRef) -> wl::GatewayAddress {
+    let destination = match &r.destination {
+        GatewayDestination::Service(k) => {
+            wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
+                namespace: k.namespace.clone(),
+                hostname: k.hostname.clone(),
+            })
+        }
+        GatewayDestination::Address(a) => {
+            wl::gateway_address::Destination::Address(network_address(a))
+        }
+    };
+    wl::GatewayAddress {
+        destination: Some(destination),
+        hbone_mtls_port: u32::from(r.hbone_port),
+    }
+}
+
+fn workload(w: &Workload) -> wl::Workload {
+    wl::Workload {
+        uid: w.uid.to_string(),
+        name: w.name.clone(),
+        namespace: w.namespace.clone(),
+        addresses: w.addresses.iter().map(|ip| ip_bytes(*ip)).collect(),
+        network: w.network.to_string(),
+        tunnel_protocol: match w.tunnel {
+            TunnelProtocol::Hbone => wl::TunnelProtocol::Hbone as i32,
+            TunnelProtocol::Tcp => wl::TunnelProtocol::None as i32,
+        },
+        trust_domain: w.trust_domain.clone(),
+        service_account: w.service_account.clone(),
+        waypoint: w.waypoint.as_ref().map(gateway),
+        network_gateway: w.network_gateway.as_ref().map(gateway),
+        node: w.node.as_ref().map(ToString::to_string).unwrap_or_default(),
+        canonical_name: w
+            .labels
+            .get("app")
+            .cloned()
+            .unwrap_or_else(|| w.name.clone()),
+        workload_name: w.name.clone(),
+        workload_type: wl::WorkloadType::Pod as i32,
+        services: w
+            .services
+            .iter()
+            .map(|(k, ports)| {
+                let ports = ports
+                    .iter()
+                    .map(|p| wl::Port {
+                        service_port: u32::from(p.service_port),
+                        target_port: u32::from(p.target_port),
+                        app_protocol: 0,
+                    })
+                    .collect();
+                (k.to_string(), wl::PortList { ports })
+            })
+            .collect(),
+        authorization_policies: w
+            .authorization_policies
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        status: match w.health {
+            Health::Healthy => wl::WorkloadStatus::Healthy as i32,
+            Health::Unhealthy => wl::WorkloadStatus::Unhealthy as i32,
+        },
+        cluster_id: w.cluster.to_string(),
+        locality: Some(wl::Locality {
+            region: w.locality.region.clone(),
+            zone: w.locality.zone.clone(),
+            subzone: w.locality.subzone.clone(),
+        }),
+        capacity: Some(w.capacity),
+        ..Default::default()
+    }
+}
+
+fn scope_rule(r: &ScopeRule) -> wl::FerryScopeRule {
+    use wl::ferry_scope_rule::Rule;
+    let rule = match r {
+        ScopeRule::Global => Rule::Global(true),
+        ScopeRule::Local => Rule::Local(true),
+        ScopeRule::Clusters(set) => Rule::Clusters(wl::FerryClusterList {
+            clusters: set.iter().map(ToString::to_string).collect(),
+        }),
+    };
+    wl::FerryScopeRule { rule: Some(rule) }
+}
+
+fn scope(s: &ServiceScope) -> wl::FerryScope {
+    wl::FerryScope {
+        default: Some(scope_rule(&s.default)),
+        by_cluster: s
+            .by_cluster
+            .iter()
+            .map(|(c, r)| (c.to_string(), scope_rule(r)))
+            .collect(),
+    }
+}
+
+fn service(s: &Service) -> wl::Service {
+    let lb = s.load_balancing.as_ref().map(|lb| wl::LoadBalancing {
+        routing_preference: lb
+            .routing_preference
+            .iter()
+            .map(|p| {
+                (match p {
+                    LocalityScope::Region => wl::load_balancing::Scope::Region,
+                    LocalityScope::Zone => wl::load_balancing::Scope::Zone,
+                    LocalityScope::Subzone => wl::load_balancing::Scope::Subzone,
+                    LocalityScope::Node => wl::load_balancing::Scope::Node,
+                    LocalityScope::Cluster => wl::load_balancing::Scope::Cluster,
+                    LocalityScope::Network => wl::load_balancing::Scope::Network,
+                }) as i32
+            })
+            .collect(),
+        mode: (match lb.mode {
+            LbMode::Standard => wl::load_balancing::Mode::UnspecifiedMode,
+            LbMode::Strict => wl::load_balancing::Mode::Strict,
+            LbMode::Failover => wl::load_balancing::Mode::Failover,
+        }) as i32,
+        health_policy: (match lb.health_policy {
+            HealthPolicy::OnlyHealthy => wl::load_balancing::HealthPolicy::OnlyHealthy,
+            HealthPolicy::AllowAll => wl::load_balancing::HealthPolicy::AllowAll,
+        }) as i32,
+    });
+    wl::Service {
+        name: s.name.clone(),
+        namespace: s.namespace.clone(),
+        hostname: s.hostname.clone(),
+        addresses: s.vips.iter().map(network_address).collect(),
+        ports: s
+            .ports
+            .iter()
+            .map(|p| wl::Port {
+                service_port: u32::from(p.port),
+                target_port: u32::from(p.target_port),
+                app_protocol: 0,
+            })
+            .collect(),
+        subject_alt_names: s
+            .subject_alt_names
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        waypoint: s.waypoint.as_ref().map(gateway),
+        load_balancing: lb,
+        ferry_scope: Some(scope(&s.scope)),
+        ferry_address_endpoints: s
+            .address_endpoints
+            .iter()
+            .map(|a| wl::FerryAddressEndpoint {
+                address: Some(network_address(&a.address)),
+                cluster: a.cluster.to_string(),
+                ports: a
+                    .ports
+                    .iter()
+                    .map(|p| wl::Port {
+                        service_port: u32::from(p.service_port),
+                        target_port: u32::from(p.target_port),
+                        app_protocol: 0,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        ferry_waypoint_for: (match s.waypoint_for {
+            None => wl::FerryWaypointFor::FerryNotAWaypoint,
+            Some(WaypointFor::Service) => wl::FerryWaypointFor::Service,
+            Some(WaypointFor::Workload) => wl::FerryWaypointFor::Workload,
+            Some(WaypointFor::All) => wl::FerryWaypointFor::All,
+        }) as i32,
+        ..Default::default()
+    }
+}
+
+fn string_match(m: &StringMatch) -> sec::StringMatch {
+    use sec::string_match::MatchType;
+    let t = match m {
+        StringMatch::Exact(s) => MatchType::Exact(s.clone()),
+        StringMatch::Prefix(s) => MatchType::Prefix(s.clone()),
+        StringMatch::Suffix(s) => MatchType::Suffix(s.clone()),
+        StringMatch::Presence => MatchType::Presence(()),
+    };
+    sec::StringMatch {
+        match_type: Some(t),
+    }
+}
+
+fn cidr(c: &Cidr) -> sec::Address {
+    sec::Address {
+        address: ip_bytes(c.addr),
+        length: u32::from(c.prefix),
+    }
+}
+
+fn policy(p: &Policy) -> sec::Authorization {
+    let sa = |v: &[ferry_core::model::ServiceAccountMatch]| {
+        v.iter()
+            .map(|m| sec::ServiceAccountMatch {
+                namespace: m.namespace.clone(),
+                service_account: m.service_account.clone(),
+            })
+            .collect()
+    };
+    sec::Authorization {
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        scope: (match p.scope {
+            PolicyScope::Mesh => sec::Scope::Global,
+            PolicyScope::Namespace => sec::Scope::Namespace,
+            PolicyScope::WorkloadSelector => sec::Scope::WorkloadSelector,
+        }) as i32,
+        action: (match p.action {
+            Action::Allow => sec::Action::Allow,
+            Action::Deny => sec::Action::Deny,
+            Action::Audit => sec::Action::Audit,
+        }) as i32,
+        rules: p
+            .rules
+            .iter()
+            .map(|r| sec::Rule {
+                clauses: r
+                    .clauses
+                    .iter()
+                    .map(|c| sec::Clause {
+                        matches: c
+                            .matches
+                            .iter()
+                            .map(|m| sec::Match {
+                                namespaces: m.namespaces.iter().map(string_match).collect(),
+                                not_namespaces: m.not_namespaces.iter().map(string_match).collect(),
+                                principals: m.principals.iter().map(string_match).collect(),
+                                not_principals: m.not_principals.iter().map(string_match).collect(),
+                                source_ips: m.source_ips.iter().map(cidr).collect(),
+                                not_source_ips: m.not_source_ips.iter().map(cidr).collect(),
+                                destination_ips: m.destination_ips.iter().map(cidr).collect(),
+                                not_destination_ips: m
+                                    .not_destination_ips
+                                    .iter()
+                                    .map(cidr)
+                                    .collect(),
+                                destination_ports: m
+                                    .destination_ports
+                                    .iter()
+                                    .map(|p| u32::from(*p))
+                                    .collect(),
+                                not_destination_ports: m
+                                    .not_destination_ports
+                                    .iter()
+                                    .map(|p| u32::from(*p))
+                                    .collect(),
+                                service_accounts: sa(&m.service_accounts),
+                                not_service_accounts: sa(&m.not_service_accounts),
+                                extensions: vec![],
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        dry_run: p.dry_run,
+        extensions: vec![],
+    }
+}

@@ -1,0 +1,103 @@
+//! Versioned resource sets: what the control plane serves, and what a client has.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ferry_core::snapshot::Snapshot;
+use prost::Message;
+
+use crate::convert;
+
+/// One encoded resource and its version (a digest of its bytes: the same content always has
+/// the same version, across control-plane restarts too).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned {
+    pub version: String,
+    pub body: Arc<Vec<u8>>,
+}
+
+impl Versioned {
+    pub fn new(body: Vec<u8>) -> Self {
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &body);
+        let version = digest.as_ref()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Self {
+            version,
+            body: Arc::new(body),
+        }
+    }
+}
+
+/// The resources of one type, by name.
+pub type TypeResources = BTreeMap<String, Versioned>;
+
+/// Everything the control plane serves, by type URL.
+#[derive(Clone, Debug, Default)]
+pub struct ResourceSet {
+    pub by_type: BTreeMap<&'static str, TypeResources>,
+}
+
+impl ResourceSet {
+    /// Encodes a snapshot.
+    pub fn from_snapshot(snap: &Snapshot) -> Self {
+        let mut by_type = BTreeMap::new();
+        by_type.insert(
+            ADDRESS_TYPE,
+            convert::address_resources(snap)
+                .into_iter()
+                .map(|(n, m)| (n, Versioned::new(m.encode_to_vec())))
+                .collect(),
+        );
+        by_type.insert(
+            AUTHORIZATION_TYPE,
+            convert::authorization_resources(snap)
+                .into_iter()
+                .map(|(n, m)| (n, Versioned::new(m.encode_to_vec())))
+                .collect(),
+        );
+        Self { by_type }
+    }
+
+    pub fn of_type(&self, type_url: &str) -> Option<&TypeResources> {
+        self.by_type.get(type_url)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_type.values().map(BTreeMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a client holding `known` (name -> version) needs to match `current`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub upserts: Vec<(String, Versioned)>,
+    pub removed: Vec<String>,
+}
+
+impl Diff {
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.removed.is_empty()
+    }
+}
+
+pub fn diff(known: &HashMap<String, String>, current: &TypeResources) -> Diff {
+    let upserts = current
+        .iter()
+        .filter(|(n, v)| known.get(*n) != Some(&v.version))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    let mut removed: Vec<String> = known
+        .keys()
+        .filter(|n| !current.contains_key(*n))
+        .cloned()
+        .collect();
+    removed.sort();
+    Diff { upserts, removed }
+}

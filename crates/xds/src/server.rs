@@ -1,0 +1,247 @@
+//! `DeltaAggregatedResources` in `ferry control`: initial state on subscribe, then differences.
+//!
+//! Per stream and type the server remembers what the client holds (name -> version), seeded from
+//! `initial_resource_versions` on (re)connect, so a client that reconnects receives only what
+//! changed. Every push carries a nonce; a NACK (a request with that nonce and `error_detail`) is
+//! logged and counted.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferry_api::discovery::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ferry_ca::token::NodeTokens;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::resources::{ResourceSet, diff};
+
+/// Counters the control plane exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub streams: AtomicU64,
+    pub pushes: AtomicU64,
+    pub resources_sent: AtomicU64,
+    pub acks: AtomicU64,
+    pub nacks: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+/// The ADS service.
+#[derive(Debug, Clone)]
+pub struct XdsServer {
+    resources: watch::Receiver<Arc<ResourceSet>>,
+    /// `None` only in the explicit plaintext, unauthenticated mode for local experiments.
+    tokens: Option<Arc<NodeTokens>>,
+    metrics: Arc<Metrics>,
+}
+
+impl XdsServer {
+    pub fn new(
+        resources: watch::Receiver<Arc<ResourceSet>>,
+        tokens: Option<Arc<NodeTokens>>,
+    ) -> Self {
+        if tokens.is_none() {
+            tracing::warn!(
+                "xDS serves WITHOUT node authentication: anyone who can connect reads the mesh's configuration"
+            );
+        }
+        Self {
+            resources,
+            tokens,
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    pub fn into_server(self) -> AggregatedDiscoveryServiceServer<Self> {
+        AggregatedDiscoveryServiceServer::new(self)
+            .max_decoding_message_size(200 << 20)
+            .max_encoding_message_size(200 << 20)
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsServer {
+    type DeltaAggregatedResourcesStream = ResponseStream;
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let node = match &self.tokens {
+            Some(tokens) => {
+                let auth = request
+                    .metadata()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok());
+                match NodeTokens::from_metadata(auth).and_then(|t| tokens.verify(t)) {
+                    Ok(n) => n.to_string(),
+                    Err(e) => {
+                        self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(reason = %e, "xDS stream refused");
+                        return Err(Status::unauthenticated(e.to_string()));
+                    }
+                }
+            }
+            None => "(unauthenticated)".to_string(),
+        };
+        let cluster = request
+            .metadata()
+            .get("clusterid")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.metrics.streams.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(node = %node, cluster = %cluster, "xDS stream opened");
+        let (tx, rx) = mpsc::channel(16);
+        let stream = Stream_ {
+            inbound: request.into_inner(),
+            tx,
+            resources: self.resources.clone(),
+            metrics: self.metrics.clone(),
+            node,
+        };
+        tokio::spawn(stream.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// One client's stream.
+struct Stream_ {
+    inbound: Streaming<DeltaDiscoveryRequest>,
+    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    resources: watch::Receiver<Arc<ResourceSet>>,
+    metrics: Arc<Metrics>,
+    node: String,
+}
+
+/// What one client holds of one type.
+#[derive(Default)]
+struct TypeState {
+    known: HashMap<String, String>,
+}
+
+impl Stream_ {
+    async fn run(mut self) {
+        let mut types: HashMap<String, TypeState> = HashMap::new();
+        let mut nonce = 0u64;
+        loop {
+            tokio::select! {
+                msg = self.inbound.message() => {
+                    let req = match msg {
+                        Ok(Some(r)) => r,
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(node = %self.node, error = %e, "xDS stream ended");
+                            break;
+                        }
+                    };
+                    if req.type_url != ADDRESS_TYPE && req.type_url != AUTHORIZATION_TYPE {
+                        tracing::debug!(node = %self.node, type_url = %req.type_url, "ignoring an unknown type");
+                        continue;
+                    }
+                    if !req.response_nonce.is_empty() {
+                        match &req.error_detail {
+                            Some(e) => {
+                                self.metrics.nacks.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce, detail = %e.message, "xDS NACK");
+                            }
+                            None => {
+                                self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        if types.contains_key(&req.type_url) {
+                            continue;
+                        }
+                    }
+                    if types.contains_key(&req.type_url) {
+                        continue;
+                    }
+                    let st = TypeState { known: req.initial_resource_versions.clone().into_iter().collect() };
+                    types.insert(req.type_url.clone(), st);
+                    if !self.push(&mut types, &req.type_url, &mut nonce, true).await {
+                        break;
+                    }
+                }
+                changed = self.resources.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let urls: Vec<String> = types.keys().cloned().collect();
+                    for t in urls {
+                        if !self.push(&mut types, &t, &mut nonce, false).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends what the client lacks of `type_url` (always on the first push). False when the
+    /// client is gone.
+    async fn push(
+        &mut self,
+        types: &mut HashMap<String, TypeState>,
+        type_url: &str,
+        nonce: &mut u64,
+        first: bool,
+    ) -> bool {
+        let current = self.resources.borrow_and_update().clone();
+        let Some(st) = types.get_mut(type_url) else {
+            return true;
+        };
+        let empty = Default::default();
+        let set = current.of_type(type_url).unwrap_or(&empty);
+        let d = diff(&st.known, set);
+        if d.is_empty() && !first {
+            return true;
+        }
+        *nonce += 1;
+        let resources: Vec<Resource> = d
+            .upserts
+            .iter()
+            .map(|(name, v)| Resource {
+                version: v.version.clone(),
+                resource: Some(prost_types::Any {
+                    type_url: type_url.to_string(),
+                    value: (*v.body).clone(),
+                }),
+                name: name.clone(),
+                aliases: vec![],
+            })
+            .collect();
+        for (name, v) in &d.upserts {
+            st.known.insert(name.clone(), v.version.clone());
+        }
+        for name in &d.removed {
+            st.known.remove(name);
+        }
+        self.metrics.pushes.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .resources_sent
+            .fetch_add(resources.len() as u64, Ordering::Relaxed);
+        tracing::debug!(node = %self.node, type_url, upserts = resources.len(), removed = d.removed.len(), "xDS push");
+        let response = DeltaDiscoveryResponse {
+            system_version_info: String::new(),
+            resources,
+            type_url: type_url.to_string(),
+            nonce: nonce.to_string(),
+            removed_resources: d.removed,
+        };
+        self.tx.send(Ok(response)).await.is_ok()
+    }
+}
