@@ -57,6 +57,9 @@ pub(crate) struct ServeArgs {
     /// Longest certificate lifetime granted, in seconds.
     #[arg(long, default_value_t = 24 * 3600)]
     max_lifetime: u64,
+    /// LOCAL EXPERIMENTS ONLY: serve without TLS, and xDS without node authentication.
+    #[arg(long)]
+    plaintext: bool,
 }
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
@@ -122,6 +125,10 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         default: Duration::from_secs(args.max_lifetime),
         max: Duration::from_secs(args.max_lifetime),
     };
+    let resources = Arc::new(ferry_xds::resources::ResourceSet::from_snapshot(
+        &store.load(),
+    ));
+    let (res_tx, res_rx) = tokio::sync::watch::channel(resources);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -131,30 +138,50 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {}", args.listen))?;
         let addr = listener.local_addr()?;
-        let ips = if addr.ip().is_unspecified() {
-            vec![]
+        let (reload_tx, _reloads) =
+            tokio::sync::watch::channel(ferry_xds::source::Reloads::default());
+        tokio::spawn(ferry_xds::source::watch_file(
+            args.topology.clone(),
+            store.clone(),
+            res_tx,
+            Duration::from_millis(250),
+            reload_tx,
+        ));
+        let xds =
+            ferry_xds::server::XdsServer::new(res_rx, (!args.plaintext).then(|| tokens.clone()));
+        let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes).into_server();
+        let mut builder = tonic::transport::Server::builder();
+        if args.plaintext {
+            tracing_warn_plaintext();
         } else {
-            vec![addr.ip()]
-        };
-        let (chain, key) = ca
-            .issue_server_cert(
-                &[SERVER_NAME.to_string()],
-                &ips,
-                Duration::from_secs(365 * 24 * 3600),
-            )
-            .map_err(|e| anyhow::anyhow!("control-plane certificate: {e}"))?;
-        let tls = tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(chain, key));
-        let service = CaService::new(ca, tokens, store, lifetimes).into_server();
+            let ips = if addr.ip().is_unspecified() {
+                vec![]
+            } else {
+                vec![addr.ip()]
+            };
+            let (chain, key) = ca
+                .issue_server_cert(
+                    &[SERVER_NAME.to_string()],
+                    &ips,
+                    Duration::from_secs(365 * 24 * 3600),
+                )
+                .map_err(|e| anyhow::anyhow!("control-plane certificate: {e}"))?;
+            let tls = tonic::transport::ServerTlsConfig::new()
+                .identity(tonic::transport::Identity::from_pem(chain, key));
+            builder = builder.tls_config(tls)?;
+        }
         if addr.port() == 0 {
             bail!("the kernel gave port 0");
         }
-        println!("ferry control: serving the CA on {addr} (TLS, server name {SERVER_NAME})");
+        let mode = if args.plaintext { "PLAINTEXT" } else { "TLS" };
+        println!(
+            "ferry control: serving the CA and xDS on {addr} ({mode}, server name {SERVER_NAME})"
+        );
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        tonic::transport::Server::builder()
-            .tls_config(tls)?
-            .add_service(service)
+        builder
+            .add_service(ca_service)
+            .add_service(xds.into_server())
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 shutdown_signal(),
@@ -162,6 +189,14 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             .await?;
         Ok(())
     })
+}
+
+fn tracing_warn_plaintext() {
+    eprintln!(
+        "ferry control: WARNING: --plaintext: no TLS; xDS is served without node authentication. \
+         Anyone who can reach this port can read the mesh's configuration, and node credentials \
+         travel in clear. Use only for local experiments."
+    );
 }
 
 /// Resolves on SIGINT or SIGTERM.

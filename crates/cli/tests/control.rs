@@ -128,3 +128,42 @@ async fn the_control_plane_signs_for_colocated_workloads_and_keeps_its_root_acro
     .await
     .expect("old token and bundle still work");
 }
+
+#[tokio::test]
+async fn a_node_syncs_the_mesh_from_a_running_control_plane() {
+    let state =
+        TempDir(std::env::temp_dir().join(format!("ferry-control-xds-{}", std::process::id())));
+    let cp = serve(&state.0);
+    let bundle = output(&["control", "bundle"], &state.0);
+    let token = output(&["control", "token", "--node", "east-1"], &state.0);
+    let store = std::sync::Arc::new(ferry_core::store::Store::default());
+    let client = ferry_xds::client::XdsClient::new(
+        ferry_xds::client::ClientConfig {
+            endpoint: format!("https://{}", cp.addr),
+            bundle_pem: bundle,
+            server_name: "ferry-control".into(),
+            token: token.trim().to_string(),
+            cluster: "east".into(),
+            node_id: "ferry~east-1".into(),
+            plaintext: false,
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+        },
+        store.clone(),
+    );
+    let mut ready = client.ready();
+    let task = tokio::spawn(client.run());
+    tokio::time::timeout(Duration::from_secs(20), ready.wait_for(|r| *r))
+        .await
+        .expect("synced")
+        .unwrap();
+    let expected = ferry_topology::load_file(&example("two-clusters.yaml"))
+        .unwrap()
+        .snapshot;
+    assert_eq!(
+        store.load().workloads().count(),
+        expected.workloads().count()
+    );
+    assert_eq!(store.load().services().count(), expected.services().count());
+    task.abort();
+}

@@ -145,10 +145,10 @@ pub struct SnapshotBuilder {
     version: u64,
     clusters: Vec<Cluster>,
     nodes: Vec<Node>,
-    workloads: Vec<Workload>,
-    services: Vec<Service>,
-    policies: Vec<Policy>,
-    gateways: Vec<Gateway>,
+    workloads: Vec<Arc<Workload>>,
+    services: Vec<Arc<Service>>,
+    policies: Vec<Arc<Policy>>,
+    gateways: Vec<Arc<Gateway>>,
 }
 
 // === impl SnapshotBuilder ===
@@ -172,21 +172,38 @@ impl SnapshotBuilder {
     }
 
     pub fn workload(&mut self, w: Workload) -> &mut Self {
+        self.workload_shared(Arc::new(w))
+    }
+
+    pub fn service(&mut self, s: Service) -> &mut Self {
+        self.service_shared(Arc::new(s))
+    }
+
+    pub fn policy(&mut self, p: Policy) -> &mut Self {
+        self.policy_shared(Arc::new(p))
+    }
+
+    pub fn gateway(&mut self, g: Gateway) -> &mut Self {
+        self.gateway_shared(Arc::new(g))
+    }
+
+    /// Adds a workload already shared with another snapshot (no copy).
+    pub fn workload_shared(&mut self, w: Arc<Workload>) -> &mut Self {
         self.workloads.push(w);
         self
     }
 
-    pub fn service(&mut self, s: Service) -> &mut Self {
+    pub fn service_shared(&mut self, s: Arc<Service>) -> &mut Self {
         self.services.push(s);
         self
     }
 
-    pub fn policy(&mut self, p: Policy) -> &mut Self {
+    pub fn policy_shared(&mut self, p: Arc<Policy>) -> &mut Self {
         self.policies.push(p);
         self
     }
 
-    pub fn gateway(&mut self, g: Gateway) -> &mut Self {
+    pub fn gateway_shared(&mut self, g: Arc<Gateway>) -> &mut Self {
         self.gateways.push(g);
         self
     }
@@ -225,7 +242,7 @@ impl SnapshotBuilder {
                 .entry(s.hostname.clone())
                 .or_default()
                 .push(key.clone());
-            if snap.services.insert(key.clone(), Arc::new(s)).is_some() {
+            if snap.services.insert(key.clone(), s).is_some() {
                 return Err(SnapshotError::Duplicate {
                     object: ObjectRef::Service(key),
                 });
@@ -246,7 +263,7 @@ impl SnapshotBuilder {
                 });
             }
             snap.claim(g.network_address(), AddressOwner::Gateway(g.name.clone()))?;
-            snap.gateways.push(Arc::new(g));
+            snap.gateways.push(g);
         }
         for p in self.policies {
             let key = p.key();
@@ -259,7 +276,7 @@ impl SnapshotBuilder {
                     .push(key.clone()),
                 PolicyScope::WorkloadSelector => {}
             }
-            if snap.policies.insert(key.clone(), Arc::new(p)).is_some() {
+            if snap.policies.insert(key.clone(), p).is_some() {
                 return Err(SnapshotError::Duplicate {
                     object: ObjectRef::Policy(key),
                 });
@@ -322,7 +339,7 @@ impl SnapshotBuilder {
                     });
                 }
             }
-            snap.workloads.insert(w.uid.clone(), Arc::new(w));
+            snap.workloads.insert(w.uid.clone(), w);
         }
         // Address endpoints and references are checked once every owner is known.
         for (key, svc) in &snap.services {

@@ -6,6 +6,7 @@
 //! address, a waypoint that resolves to nothing) is set aside and reported, and the rest applies.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use ferry_core::model::{
     Cluster, ClusterId, Gateway, NetworkId, Node, NodeName, Policy, Service, Workload,
@@ -18,7 +19,7 @@ use crate::convert::{Decoded, InvalidResource};
 #[derive(Clone, Debug, Default)]
 pub struct Held {
     pub addresses: BTreeMap<String, Decoded>,
-    pub policies: BTreeMap<String, Policy>,
+    pub policies: BTreeMap<String, Arc<Policy>>,
 }
 
 /// Builds a snapshot from `held`, leaving out (and returning) resources that break it.
@@ -61,9 +62,9 @@ fn try_build(
     let live = |name: &String| !excluded.contains(name);
     let mut clusters: BTreeMap<ClusterId, NetworkId> = BTreeMap::new();
     let mut nodes: BTreeMap<NodeName, Node> = BTreeMap::new();
-    let mut services: Vec<&Service> = Vec::new();
-    let mut workloads: Vec<&Workload> = Vec::new();
-    let mut gateways: Vec<&Gateway> = Vec::new();
+    let mut services: Vec<&Arc<Service>> = Vec::new();
+    let mut workloads: Vec<&Arc<Workload>> = Vec::new();
+    let mut gateways: Vec<&Arc<Gateway>> = Vec::new();
     for (name, d) in held.addresses.iter().filter(|(n, _)| live(n)) {
         let _ = name;
         match d {
@@ -105,19 +106,28 @@ fn try_build(
         b.node(n);
     }
     for s in services {
-        b.service(s.clone());
+        b.service_shared(s.clone());
     }
     for (_, p) in held.policies.iter().filter(|(n, _)| live(n)) {
-        b.policy(p.clone());
+        b.policy_shared(p.clone());
     }
     for g in gateways {
-        b.gateway(g.clone());
+        b.gateway_shared(g.clone());
     }
     for w in workloads {
-        let mut w = w.clone();
-        w.services.retain(|k, _| service_keys.contains(k));
-        w.authorization_policies.retain(|k| policy_keys.contains(k));
-        b.workload(w);
+        // Copy a workload only when a reference it carries must be skipped.
+        let dangling = w.services.keys().any(|k| !service_keys.contains(k))
+            || w.authorization_policies
+                .iter()
+                .any(|k| !policy_keys.contains(k));
+        if dangling {
+            let mut w = (**w).clone();
+            w.services.retain(|k, _| service_keys.contains(k));
+            w.authorization_policies.retain(|k| policy_keys.contains(k));
+            b.workload(w);
+        } else {
+            b.workload_shared(w.clone());
+        }
     }
     b.build()
 }

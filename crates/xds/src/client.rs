@@ -261,7 +261,7 @@ impl XdsClient {
             st.held.addresses.insert(name, d);
         }
         for (name, _, p) in policies {
-            st.held.policies.insert(name, p);
+            st.held.policies.insert(name, Arc::new(p));
         }
         st.generation += 1;
         let (snap, set_aside) = assemble(&st.held, st.generation);

@@ -134,8 +134,10 @@ fn every_example_survives_the_wire_unchanged() {
                 .insert(n.clone(), decode_address(n, &v.body).unwrap());
         }
         for (n, v) in &set.by_type[ferry_api::AUTHORIZATION_TYPE] {
-            held.policies
-                .insert(n.clone(), decode_authorization(n, &v.body).unwrap());
+            held.policies.insert(
+                n.clone(),
+                std::sync::Arc::new(decode_authorization(n, &v.body).unwrap()),
+            );
         }
         let (back, rejected) = ferry_xds::assemble::assemble(&held, 1);
         assert!(rejected.is_empty(), "{name}: {rejected:?}");

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ferry_api::security as sec;
 use ferry_api::workload as wl;
@@ -26,9 +27,9 @@ pub struct InvalidResource {
 /// What one `Address` resource turned out to be.
 #[derive(Debug, Clone)]
 pub enum Decoded {
-    Workload(Workload),
-    Gateway(Gateway),
-    Service(Service),
+    Workload(Arc<Workload>),
+    Gateway(Arc<Gateway>),
+    Service(Arc<Service>),
 }
 
 type R<T> = Result<T, String>;
@@ -50,9 +51,9 @@ pub fn decode_address(name: &str, bytes: &[u8]) -> Result<Decoded, InvalidResour
                 )));
             }
             if w.ferry_eastwest_gateway {
-                gateway(&w).map(Decoded::Gateway)
+                gateway(&w).map(|g| Decoded::Gateway(Arc::new(g)))
             } else {
-                workload(&w).map(Decoded::Workload)
+                workload(&w).map(|w| Decoded::Workload(Arc::new(w)))
             }
         }
         Some(wl::address::Type::Service(s)) => {
@@ -62,7 +63,7 @@ pub fn decode_address(name: &str, bytes: &[u8]) -> Result<Decoded, InvalidResour
                     "expected the name namespace/hostname = {expected:?}, found {name:?}"
                 )));
             }
-            service(&s).map(Decoded::Service)
+            service(&s).map(|s| Decoded::Service(Arc::new(s)))
         }
         None => Err("neither a workload nor a service".to_string()),
     }
