@@ -73,11 +73,10 @@ fn mesh(workloads: usize, services: usize) -> ferry_core::snapshot::Snapshot {
         .collect();
     for i in 0..workloads {
         let n = i % 100;
-        let a = format!("198.{}.{}.{}", 18 + (n % 2), i / 250 % 200, i % 250 + 1);
+        // Pods alternate networks with their nodes; up to 50,000 per network, below the VIPs.
+        let j = i / 2;
+        let a = format!("198.{}.{}.{}", 18 + (n % 2), j / 250, j % 250 + 1);
         let w = m.pod(&format!("pod{i}"), &format!("node{n}"), &a);
-        if i >= 100_000 / 2 {
-            // keep addresses unique per network for large meshes
-        }
         w.services.insert(
             keys[i % services].clone(),
             vec![PortMapping {
