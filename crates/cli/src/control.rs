@@ -57,6 +57,9 @@ pub(crate) struct ServeArgs {
     /// Longest certificate lifetime granted, in seconds.
     #[arg(long, default_value_t = 24 * 3600)]
     max_lifetime: u64,
+    /// Where to serve Prometheus metrics (xDS pushes, ACKs, NACKs, refused streams).
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    metrics_listen: SocketAddr,
     /// LOCAL EXPERIMENTS ONLY: serve without TLS, and xDS without node authentication.
     #[arg(long)]
     plaintext: bool,
@@ -149,6 +152,14 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         ));
         let xds =
             ferry_xds::server::XdsServer::new(res_rx, (!args.plaintext).then(|| tokens.clone()));
+        let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+            .await
+            .with_context(|| format!("binding the metrics address {}", args.metrics_listen))?;
+        let metrics_addr = metrics_listener.local_addr()?;
+        tokio::spawn(ferry_xds::metrics_http::serve(
+            metrics_listener,
+            xds.metrics(),
+        ));
         let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes).into_server();
         let mut builder = tonic::transport::Server::builder();
         if args.plaintext {
@@ -175,7 +186,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
         let mode = if args.plaintext { "PLAINTEXT" } else { "TLS" };
         println!(
-            "ferry control: serving the CA and xDS on {addr} ({mode}, server name {SERVER_NAME})"
+            "ferry control: serving the CA and xDS on {addr} ({mode}, server name {SERVER_NAME}); metrics on http://{metrics_addr}/metrics"
         );
         use std::io::Write;
         let _ = std::io::stdout().flush();

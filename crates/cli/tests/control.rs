@@ -30,6 +30,7 @@ impl Drop for TempDir {
 struct Control {
     child: Child,
     addr: String,
+    metrics: String,
 }
 
 impl Drop for Control {
@@ -41,7 +42,15 @@ impl Drop for Control {
 
 fn serve(state: &Path) -> Control {
     let mut child = ferry()
-        .args(["control", "serve", "--listen", "127.0.0.1:0", "--topology"])
+        .args([
+            "control",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--topology",
+        ])
         .arg(example("two-clusters.yaml"))
         .arg("--state-dir")
         .arg(state)
@@ -57,7 +66,17 @@ fn serve(state: &Path) -> Control {
         .find(|w| w.starts_with("127.0.0.1:"))
         .expect("address printed")
         .to_string();
-    Control { child, addr }
+    let metrics = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .expect("metrics address printed")
+        .to_string();
+    Control {
+        child,
+        addr,
+        metrics,
+    }
 }
 
 fn output(args: &[&str], state: &Path) -> String {
@@ -166,4 +185,13 @@ async fn a_node_syncs_the_mesh_from_a_running_control_plane() {
     );
     assert_eq!(store.load().services().count(), expected.services().count());
     task.abort();
+    // The control plane exports what happened on the stream.
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&cp.metrics).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.contains("ferry_xds_streams_total 1"), "{text}");
+    assert!(text.contains("ferry_xds_acks_total"), "{text}");
 }
