@@ -10,6 +10,7 @@
 pub mod assemble;
 pub mod client;
 pub mod convert;
+pub mod flatten;
 pub mod metrics_http;
 pub mod resources;
 pub mod server;

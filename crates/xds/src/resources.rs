@@ -41,8 +41,10 @@ pub struct ResourceSet {
 }
 
 impl ResourceSet {
-    /// Encodes a snapshot.
+    /// Encodes a snapshot, with nested service addresses flattened where that is safe.
     pub fn from_snapshot(snap: &Snapshot) -> Self {
+        let flat = crate::flatten::flatten(snap);
+        let snap = &flat;
         let mut by_type = BTreeMap::new();
         by_type.insert(
             ADDRESS_TYPE,
