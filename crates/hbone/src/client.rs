@@ -39,10 +39,24 @@ impl Connection {
         accepted: Vec<Identity>,
         settings: &Settings,
     ) -> Result<Self, Error> {
+        Self::connect_with(&DirectDialer, src, addr, creds, bundle, accepted, settings).await
+    }
+
+    /// As [`Connection::connect`], with the TCP socket made by `dialer` (for example inside a
+    /// pod's network namespace).
+    pub async fn connect_with(
+        dialer: &dyn Dialer,
+        src: Option<IpAddr>,
+        addr: SocketAddr,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        accepted: Vec<Identity>,
+        settings: &Settings,
+    ) -> Result<Self, Error> {
         let config = tls::client_config(creds, bundle, accepted)?;
         let timeout = settings.connect_timeout;
         let handshake = async {
-            let tcp = dial(src, addr)
+            let tcp = dialer.dial(src, addr)
                 .await
                 .map_err(|source| Error::Connect { addr, source })?;
             tune_socket(&tcp, settings);
@@ -147,6 +161,30 @@ impl Connection {
             });
         }
         Ok(H2Stream::new(stream, response.into_body()))
+    }
+}
+
+/// Makes the TCP connections tunnels ride on.
+pub trait Dialer: Send + Sync + std::fmt::Debug + 'static {
+    fn dial(
+        &self,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<TcpStream>> + Send + '_>>;
+}
+
+/// Dials from this process's own network namespace, bound to `src` when given.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DirectDialer;
+
+impl Dialer for DirectDialer {
+    fn dial(
+        &self,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<TcpStream>> + Send + '_>>
+    {
+        Box::pin(dial(src, dst))
     }
 }
 

@@ -67,6 +67,8 @@ pub struct PoolConfig {
     pub max_streams: usize,
     pub idle_timeout: Duration,
     pub settings: Settings,
+    /// Makes the TCP connections (a node proxy dials from inside each pod's namespace).
+    pub dialer: std::sync::Arc<dyn crate::client::Dialer>,
 }
 
 impl Default for PoolConfig {
@@ -75,6 +77,7 @@ impl Default for PoolConfig {
             max_streams: 100,
             idle_timeout: Duration::from_secs(300),
             settings: Settings::default(),
+            dialer: std::sync::Arc::new(crate::client::DirectDialer),
         }
     }
 }
@@ -188,7 +191,8 @@ impl Pool {
         creds: &Credentials,
         bundle: &TrustBundle,
     ) -> Result<Arc<Entry>, Error> {
-        let conn = Connection::connect(
+        let conn = Connection::connect_with(
+            &*self.inner.config.dialer,
             Some(key.src_ip),
             key.dst,
             creds,
