@@ -56,7 +56,8 @@ impl Connection {
         let config = tls::client_config(creds, bundle, accepted)?;
         let timeout = settings.connect_timeout;
         let handshake = async {
-            let tcp = dialer.dial(src, addr)
+            let tcp = dialer
+                .dial(src, addr)
                 .await
                 .map_err(|source| Error::Connect { addr, source })?;
             tune_socket(&tcp, settings);

@@ -36,6 +36,12 @@ pub trait Handler: Send + Sync + 'static {
     /// Runs before any byte reaches the target; an error refuses the request with its status.
     fn check(&self, request: &ConnectRequest) -> Result<(), Refusal>;
 
+    /// Called once the tunnel ends: bytes sent to the target, bytes received from it, and the
+    /// error if it ended with one. For access logs and metrics; by default nothing.
+    fn finished(&self, request: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+        let _ = (request, sent, received, error);
+    }
+
     /// Opens the connection to the target. By default: TCP to an `ip:port` target.
     fn connect(
         &self,
@@ -218,6 +224,7 @@ async fn serve_stream<H: Handler>(
     match copy::bidirectional(&mut tunnel, &mut upstream).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
+            handler.finished(&req, sent, received, None);
         }
         Err(e) => {
             // Propagate the reset to the side that did not fail.
@@ -226,6 +233,7 @@ async fn serve_stream<H: Handler>(
                 Failed::B => tunnel.abort(),
             }
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");
+            handler.finished(&req, e.a_to_b, e.b_to_a, Some(&e.to_string()));
         }
     }
 }

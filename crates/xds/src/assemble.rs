@@ -22,13 +22,14 @@ pub struct Held {
     pub policies: BTreeMap<String, Arc<Policy>>,
 }
 
-/// Builds a snapshot from `held`, leaving out (and returning) resources that break it.
-pub fn assemble(held: &Held, version: u64) -> (Snapshot, Vec<InvalidResource>) {
+/// Builds a snapshot from `held`, leaving out (and returning) resources that break it. `None`
+/// when no snapshot can be built at all: the caller keeps serving the one it has.
+pub fn assemble(held: &Held, version: u64) -> (Option<Snapshot>, Vec<InvalidResource>) {
     let mut excluded: HashSet<String> = HashSet::new();
     let mut rejected = Vec::new();
     loop {
         match try_build(held, version, &excluded) {
-            Ok(snap) => return (snap, rejected),
+            Ok(snap) => return (Some(snap), rejected),
             Err(e) => {
                 let culprit = culprit(held, &e).filter(|n| !excluded.contains(n));
                 match culprit {
@@ -46,7 +47,7 @@ pub fn assemble(held: &Held, version: u64) -> (Snapshot, Vec<InvalidResource>) {
                             name: "*".into(),
                             reason: e.to_string(),
                         });
-                        return (Snapshot::default(), rejected);
+                        return (None, rejected);
                     }
                 }
             }
@@ -139,7 +140,8 @@ fn culprit(held: &Held, e: &SnapshotError) -> Option<String> {
             ObjectRef::Workload(uid) => Some(uid.to_string()),
             ObjectRef::Service(k) => Some(k.to_string()),
             ObjectRef::Policy(k) => Some(k.to_string()),
-            ObjectRef::Gateway(name) => held.addresses.iter().find_map(|(n, d)| match d {
+            // The last one by name: the first keeps its place.
+            ObjectRef::Gateway(name) => held.addresses.iter().rev().find_map(|(n, d)| match d {
                 Decoded::Gateway(g) if &g.name == name => Some(n.clone()),
                 _ => None,
             }),

@@ -92,7 +92,7 @@ impl XdsClient {
     /// Runs forever: sessions, and backoff between them.
     pub async fn run(self) {
         let mut backoff = self.config.backoff_initial;
-        let mut rng = SplitMix64::new(std::process::id() as u64 ^ 0x5eed);
+        let mut rng = SplitMix64::new(jitter_seed(&self.config.node_id));
         loop {
             let progressed = match self.session().await {
                 Ok(p) => {
@@ -118,6 +118,12 @@ impl XdsClient {
         let c = &self.config;
         self.state.lock().attempts += 1;
         let fail = |e: String| (false, e);
+        if !c.plaintext && !c.endpoint.starts_with("https://") {
+            return Err(fail(format!(
+                "{} is not an https:// address (plaintext needs the explicit option)",
+                c.endpoint
+            )));
+        }
         let mut endpoint = Endpoint::from_shared(c.endpoint.clone())
             .map_err(|e| fail(e.to_string()))?
             .connect_timeout(Duration::from_secs(5));
@@ -273,7 +279,14 @@ impl XdsClient {
             st.held.policies.remove(&bad.name);
         }
         rejected.extend(set_aside);
-        self.store.publish(snap);
+        match snap {
+            Some(snap) => {
+                self.store.publish(snap);
+            }
+            None => {
+                tracing::error!("no consistent snapshot from this push; keeping the last good one")
+            }
+        }
         st.last_rejected.clone_from(&rejected);
         drop(st);
         let error_detail = (!rejected.is_empty()).then(|| {
@@ -288,4 +301,14 @@ impl XdsClient {
             ..Default::default()
         }
     }
+}
+
+/// Differs per node and per start, so nodes do not reconnect in lockstep.
+fn jitter_seed(node_id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node_id.hash(&mut h);
+    std::process::id().hash(&mut h);
+    std::time::SystemTime::now().hash(&mut h);
+    h.finish()
 }

@@ -172,7 +172,8 @@ impl Stream_ {
                     }
                     let st = TypeState { known: req.initial_resource_versions.clone().into_iter().collect() };
                     types.insert(req.type_url.clone(), st);
-                    if !self.push(&mut types, &req.type_url, &mut nonce, true).await {
+                    let current = self.resources.borrow().clone();
+                    if !self.push(&mut types, &req.type_url, &current, &mut nonce, true).await {
                         break;
                     }
                 }
@@ -180,9 +181,14 @@ impl Stream_ {
                     if changed.is_err() {
                         break;
                     }
-                    let urls: Vec<String> = types.keys().cloned().collect();
+                    // One set for every type of this change: no type may miss it.
+                    let current = self.resources.borrow_and_update().clone();
+                    let mut urls: Vec<String> = types.keys().cloned().collect();
+                    // Policies before addresses: a workload never references a policy the node
+                    // does not have yet (no window without its ALLOW policy).
+                    urls.sort_by_key(|t| t.as_str() != AUTHORIZATION_TYPE);
                     for t in urls {
-                        if !self.push(&mut types, &t, &mut nonce, false).await {
+                        if !self.push(&mut types, &t, &current, &mut nonce, false).await {
                             return;
                         }
                     }
@@ -197,10 +203,10 @@ impl Stream_ {
         &mut self,
         types: &mut HashMap<String, TypeState>,
         type_url: &str,
+        current: &Arc<ResourceSet>,
         nonce: &mut u64,
         first: bool,
     ) -> bool {
-        let current = self.resources.borrow_and_update().clone();
         let Some(st) = types.get_mut(type_url) else {
             return true;
         };

@@ -140,6 +140,7 @@ fn every_example_survives_the_wire_unchanged() {
             );
         }
         let (back, rejected) = ferry_xds::assemble::assemble(&held, 1);
+        let back = back.expect("a snapshot");
         assert!(rejected.is_empty(), "{name}: {rejected:?}");
         for w in snap.workloads() {
             let mut expected = (**w).clone();
@@ -210,7 +211,9 @@ fn over_the_wire(snap: &ferry_core::snapshot::Snapshot) -> ferry_core::snapshot:
         held.addresses
             .insert(n.clone(), decode_address(n, &v.body).unwrap());
     }
-    ferry_xds::assemble::assemble(&held, 1).0
+    ferry_xds::assemble::assemble(&held, 1)
+        .0
+        .expect("a snapshot")
 }
 
 fn route_to_mc(snap: &ferry_core::snapshot::Snapshot) -> ferry_core::route::Decision {

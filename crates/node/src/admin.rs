@@ -1,0 +1,91 @@
+//! Admin endpoint: `/ready`, `/config_dump`, `/certs`, `/metrics` (plain HTTP/1.1, one request
+//! per connection). Bind it to the node's loopback or management address.
+
+use std::sync::Arc;
+
+use ferry_identity::manager::CertState;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::node::Node;
+
+pub async fn serve(node: Arc<Node>, listener: TcpListener, xds_ready: watch::Receiver<bool>) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let (node, ready) = (node.clone(), *xds_ready.borrow());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (status, ctype, body) = route(&node, path, ready);
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+            let _ = s.shutdown().await;
+        });
+    }
+}
+
+fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, String) {
+    match path {
+        "/ready" | "/healthz/ready" => {
+            if ready {
+                ("200 OK", "text/plain", "ready\n".into())
+            } else {
+                (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "waiting for the first xDS sync\n".into(),
+                )
+            }
+        }
+        "/metrics" | "/stats/prometheus" => {
+            ("200 OK", "text/plain; version=0.0.4", node.metrics.render())
+        }
+        "/certs" => ("200 OK", "application/json", certs(node).to_string()),
+        "/config_dump" => {
+            let snap = node.store.load();
+            let pods: Vec<_> = node.pods().iter().map(|p| json!({"uid": p.uid.to_string(), "ip": p.ip.to_string(), "identity": p.identity.to_string(), "netns": p.netns.path().display().to_string()})).collect();
+            let body = json!({
+                "node": node.name.to_string(),
+                "snapshot_version": snap.version(),
+                "workloads": snap.workloads().count(),
+                "services": snap.services().count(),
+                "policies": snap.policies().count(),
+                "pods": pods,
+                "active_connections": node.active(),
+                "certificates": certs(node),
+            });
+            ("200 OK", "application/json", body.to_string())
+        }
+        _ => (
+            "404 Not Found",
+            "text/plain",
+            "paths: /ready /config_dump /certs /metrics\n".into(),
+        ),
+    }
+}
+
+/// A summary of every certificate: identity, state, expiry. Never key material.
+fn certs(node: &Node) -> serde_json::Value {
+    let now = std::time::SystemTime::now();
+    node.certs
+        .states()
+        .into_iter()
+        .map(|(id, st)| match st {
+            CertState::Ready(i) => json!({"identity": id.to_string(), "state": "ready",
+                "expires_in_s": i.not_after.duration_since(now).map(|d| d.as_secs()).unwrap_or(0)}),
+            CertState::Pending => json!({"identity": id.to_string(), "state": "pending"}),
+            CertState::Failed(e) => {
+                json!({"identity": id.to_string(), "state": "failed", "error": e})
+            }
+        })
+        .collect()
+}

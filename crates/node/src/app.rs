@@ -1,0 +1,147 @@
+//! The composition root of `ferry node`.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_core::model::NodeName;
+use ferry_core::store::Store;
+use ferry_hbone::pool::{Pool, PoolConfig};
+use ferry_hbone::tls::TrustBundle;
+use ferry_identity::client::GrpcCa;
+use ferry_identity::manager::{CertManager, ManagerConfig};
+use ferry_xds::client::{ClientConfig, XdsClient};
+use parking_lot::Mutex;
+
+use crate::node::{Node, PodDialer};
+use crate::telemetry::Metrics;
+
+/// How a node proxy is run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub name: String,
+    pub cluster: String,
+    /// The control plane, `https://ip:port`.
+    pub control: String,
+    pub token: String,
+    pub bundle_pem: String,
+    pub api_socket: PathBuf,
+    pub admin: SocketAddr,
+    /// How long in-flight connections may finish after SIGTERM.
+    pub drain: Duration,
+    pub plaintext: bool,
+}
+
+/// Runs the node proxy until SIGTERM or SIGINT, then drains.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
+    let store = Arc::new(Store::default());
+    let xds = XdsClient::new(
+        ClientConfig {
+            endpoint: config.control.clone(),
+            bundle_pem: config.bundle_pem.clone(),
+            server_name: "ferry-control".into(),
+            token: config.token.clone(),
+            cluster: config.cluster.clone(),
+            node_id: format!("ferry~{}", config.name),
+            plaintext: config.plaintext,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(15),
+        },
+        store.clone(),
+    );
+    let ready = xds.ready();
+    tokio::spawn(xds.run());
+    let ca = GrpcCa::new(
+        &config.control,
+        &config.bundle_pem,
+        "ferry-control",
+        config.token.clone(),
+        config.cluster.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let certs = CertManager::new(Arc::new(ca), ManagerConfig::default());
+    let by_ip = Arc::new(Mutex::new(HashMap::new()));
+    let pool = Pool::new(PoolConfig {
+        dialer: Arc::new(PodDialer(by_ip.clone())),
+        ..PoolConfig::default()
+    });
+    let node = Arc::new(Node {
+        name: NodeName::new(&config.name),
+        store: store.clone(),
+        certs,
+        bundle: Mutex::new(bundle),
+        pool,
+        metrics: Metrics::default(),
+        pods: Mutex::new(HashMap::new()),
+        by_ip,
+        connections: AtomicU64::new(0),
+        active: AtomicU64::new(0),
+    });
+    let admin = tokio::net::TcpListener::bind(config.admin)
+        .await
+        .with_context(|| format!("admin address {}", config.admin))?;
+    let admin_addr = admin.local_addr()?;
+    tokio::spawn(crate::admin::serve(node.clone(), admin, ready.clone()));
+    let api_node = node.clone();
+    let api_path = config.api_socket.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::api::serve(api_node, api_path.clone()).await {
+            tracing::error!(path = %api_path.display(), error = %e, "the enrollment API stopped");
+        }
+    });
+    tokio::spawn(prefetch(node.clone(), ready));
+    println!(
+        "ferry node {}: enrollment API on {}, admin on http://{admin_addr}/ (ready, config_dump, certs, metrics)",
+        config.name,
+        config.api_socket.display()
+    );
+    shutdown_signal().await;
+    tracing::info!(
+        drain_s = config.drain.as_secs(),
+        active = node.active(),
+        "draining"
+    );
+    node.stop_accepting();
+    let deadline = tokio::time::Instant::now() + config.drain;
+    while node.active() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::info!(left = node.active(), "node proxy stopped");
+    let _ = std::fs::remove_file(&config.api_socket);
+    Ok(())
+}
+
+/// Keeps certificates of this node's workloads fetched ahead of their first connection, and
+/// drops those of workloads that left.
+async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>) {
+    let _ = ready.wait_for(|r| *r).await;
+    loop {
+        let snap = node.store.load();
+        let ids: HashSet<_> = snap
+            .workloads_on_node(&node.name)
+            .iter()
+            .filter_map(|u| snap.workload(u))
+            .filter_map(|w| w.identity().ok())
+            .collect();
+        node.certs.prefetch(ids.iter());
+        node.certs.retain(&ids);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn shutdown_signal() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,306 @@
+//! Inbound: HBONE terminated with the pod's own certificate, authorized, forwarded to the pod;
+//! and plain TCP from outside the mesh, authorized without an identity.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use ferry_core::authz::{self, ConnInfo, Reason, Verdict};
+use ferry_hbone::copy::{self, Failed};
+use ferry_hbone::headers::{Refusal, Target};
+use ferry_hbone::server::{ConnectRequest, Handler, Server, reset_tcp};
+use ferry_hbone::settings::Settings;
+use socket2::SockRef;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::capture;
+use crate::node::{Node, Pod};
+use crate::telemetry::{AccessLog, Labels, Reporter};
+
+/// Describes a verdict for logs.
+fn describe(v: &Verdict) -> String {
+    match &v.reason {
+        Reason::DeniedBy(r) => format!("denied by policy {} rule {}", r.policy, r.rule),
+        Reason::AllowedBy(r) => format!("allowed by policy {} rule {}", r.policy, r.rule),
+        Reason::NoAllowMatched { allow_policies } => {
+            format!("denied: {allow_policies} ALLOW policies apply, none matches")
+        }
+        Reason::NoAllowPolicies => "allowed: no policy applies".into(),
+    }
+}
+
+/// Authorizes a connection to `pod` on `port`.
+fn authorize(
+    node: &Node,
+    pod: &Pod,
+    peer: Option<&ferry_core::identity::Identity>,
+    src: SocketAddr,
+    port: u16,
+) -> Result<Verdict, String> {
+    let snap = node.store.load();
+    let dst = snap.workload(&pod.uid).ok_or("the pod left the mesh")?;
+    Ok(authz::authorize(
+        &snap,
+        dst,
+        &ConnInfo {
+            source_identity: peer,
+            source_ip: src.ip(),
+            destination_ip: pod.ip,
+            destination_port: port,
+        },
+    ))
+}
+
+fn labels(
+    node: &Node,
+    pod: &Pod,
+    peer: Option<&ferry_core::identity::Identity>,
+    flags: &str,
+) -> Labels {
+    let snap = node.store.load();
+    let cluster = snap
+        .workload(&pod.uid)
+        .map_or_else(|| "unknown".into(), |w| w.cluster.to_string());
+    Labels {
+        reporter: Reporter::Destination,
+        source_workload: "unknown".into(),
+        source_principal: peer.map_or_else(|| "unknown".into(), ToString::to_string),
+        source_cluster: "unknown".into(),
+        destination_workload: pod.name.clone(),
+        destination_service: "unknown".into(),
+        destination_principal: pod.identity.to_string(),
+        destination_cluster: cluster,
+        response_flags: flags.into(),
+    }
+}
+
+/// The HBONE handler of one pod.
+struct Inbound {
+    node: Arc<Node>,
+    pod: Arc<Pod>,
+}
+
+impl Handler for Inbound {
+    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+        let Target::Addr(target) = req.target else {
+            return Err(Refusal::BadRequest(
+                "this node proxy serves pod addresses, not hostnames".into(),
+            ));
+        };
+        if target.ip() != self.pod.ip {
+            return Err(Refusal::BadRequest(format!(
+                "{target} is not this pod ({})",
+                self.pod.ip
+            )));
+        }
+        if [
+            capture::OUTBOUND_PORT,
+            capture::INBOUND_PORT,
+            capture::HBONE_PORT,
+        ]
+        .contains(&target.port())
+        {
+            return Err(Refusal::BadRequest(
+                "attempted recursive call to the proxy's own ports".into(),
+            ));
+        }
+        let verdict = authorize(
+            &self.node,
+            &self.pod,
+            Some(&req.peer),
+            req.peer_addr,
+            target.port(),
+        )
+        .map_err(Refusal::Unavailable)?;
+        if verdict.is_allowed() {
+            return Ok(());
+        }
+        let why = describe(&verdict);
+        let l = labels(&self.node, &self.pod, Some(&req.peer), "DENY");
+        self.node.metrics.opened(&l);
+        self.node.metrics.closed(&l, 0, 0);
+        AccessLog {
+            direction: "inbound",
+            src_addr: req.peer_addr.to_string(),
+            src_workload: "",
+            src_identity: req.peer.to_string(),
+            dst_addr: target.to_string(),
+            dst_workload: self.pod.uid.to_string(),
+            dst_identity: self.pod.identity.to_string(),
+            path: "hbone".into(),
+            error: Some(why.clone()),
+            ..AccessLog::default()
+        }
+        .emit();
+        Err(Refusal::Denied(why))
+    }
+
+    fn connect(
+        &self,
+        req: &ConnectRequest,
+    ) -> impl std::future::Future<Output = Result<TcpStream, Refusal>> + Send {
+        let (pod, node, target, peer) = (
+            self.pod.clone(),
+            self.node.clone(),
+            req.target.clone(),
+            req.peer.clone(),
+        );
+        async move {
+            let Target::Addr(addr) = target else {
+                return Err(Refusal::BadRequest("hostname target".into()));
+            };
+            node.metrics.opened(&labels(&node, &pod, Some(&peer), "-"));
+            node.active.fetch_add(1, Ordering::Relaxed);
+            pod.netns.connect(None, addr).await.map_err(|e| {
+                node.active.fetch_sub(1, Ordering::Relaxed);
+                Refusal::Unavailable(format!("connect {addr}: {e}"))
+            })
+        }
+    }
+
+    fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+        self.node.active.fetch_sub(1, Ordering::Relaxed);
+        self.node.metrics.closed(
+            &labels(&self.node, &self.pod, Some(&req.peer), "-"),
+            sent,
+            received,
+        );
+        AccessLog {
+            direction: "inbound",
+            src_addr: req.peer_addr.to_string(),
+            src_workload: "",
+            src_identity: req.peer.to_string(),
+            dst_addr: req.target.to_string(),
+            dst_workload: self.pod.uid.to_string(),
+            dst_identity: self.pod.identity.to_string(),
+            path: "hbone".into(),
+            bytes_sent: sent,
+            bytes_recv: received,
+            error: error.map(str::to_string),
+            ..AccessLog::default()
+        }
+        .emit();
+    }
+}
+
+/// Serves HBONE on the pod's port 15008 with the pod's current certificate.
+pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
+    let handler = Arc::new(Inbound {
+        node: node.clone(),
+        pod: pod.clone(),
+    });
+    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(pod = %pod.uid, error = %e, "HBONE accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // The newest valid certificate serves each new connection (rotation without restarts).
+        let creds = match node.certs.fetch(&pod.identity).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(pod = %pod.uid, error = %e, "no certificate: refusing an HBONE connection");
+                continue;
+            }
+        };
+        let leaf = creds.chain()[0].to_vec();
+        let server = match &current {
+            Some((l, s)) if *l == leaf => s.clone(),
+            _ => match Server::new(&creds, &node.bundle(), Settings::default()) {
+                Ok(s) => {
+                    let s = Arc::new(s);
+                    current = Some((leaf, s.clone()));
+                    s
+                }
+                Err(e) => {
+                    tracing::error!(pod = %pod.uid, error = %e, "cannot build the HBONE server");
+                    continue;
+                }
+            },
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve_connection(tcp, peer, handler).await {
+                tracing::debug!(peer = %peer, error = %e, "HBONE connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Serves plain TCP captured on the pod's inbound port (sources outside the mesh).
+pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
+    loop {
+        let Ok((tcp, peer)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+
+        let (node, pod) = (node.clone(), pod.clone());
+        tokio::spawn(async move { plain(node, pod, tcp, peer).await });
+    }
+}
+
+async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
+    let started = Instant::now();
+    let mut log = AccessLog {
+        direction: "inbound",
+        src_addr: peer.to_string(),
+        src_identity: "(none: plain TCP)".into(),
+        dst_workload: pod.uid.to_string(),
+        dst_identity: pod.identity.to_string(),
+        path: "plain tcp".into(),
+        ..AccessLog::default()
+    };
+    let result: Result<(u64, u64), String> = async {
+        let orig = SockRef::from(&tcp)
+            .original_dst_v4()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or("no original destination")?;
+        log.dst_addr = orig.to_string();
+        let verdict = authorize(&node, &pod, None, peer, orig.port())?;
+        if !verdict.is_allowed() {
+            let l = labels(&node, &pod, None, "DENY");
+            node.metrics.opened(&l);
+            node.metrics.closed(&l, 0, 0);
+            return Err(describe(&verdict));
+        }
+        let l = labels(&node, &pod, None, "-");
+        node.metrics.opened(&l);
+        let mut up = pod
+            .netns
+            .connect(None, SocketAddr::new(pod.ip, orig.port()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let r = match copy::bidirectional(&mut tcp, &mut up).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.failed == Failed::A {
+                    reset_tcp(&up);
+                }
+                Err(e.to_string())
+            }
+        };
+        let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
+        node.metrics.closed(&l, s, rcv);
+        r
+    }
+    .await;
+    match result {
+        Ok((s, r)) => {
+            log.bytes_sent = s;
+            log.bytes_recv = r;
+        }
+        Err(e) => {
+            reset_tcp(&tcp);
+            log.error = Some(e);
+        }
+    }
+    log.duration = started.elapsed();
+    log.emit();
+}

@@ -1,0 +1,108 @@
+//! Sockets inside a pod's network namespace.
+//!
+//! A socket belongs to the namespace of the thread that created it. Each enrolled pod gets one
+//! long-lived thread that has entered the pod's namespace; the node proxy asks it for listeners
+//! and outgoing sockets, then drives them from its own runtime. Every socket the proxy opens in
+//! a pod carries [`MARK`], which the pod's capture rules let through untouched.
+
+use std::fs::File;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use socket2::{Domain, Socket, Type};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// The packet mark on every socket the node proxy opens in a pod (Istio's 0x539).
+pub const MARK: u32 = 0x539;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A worker thread living in one network namespace.
+#[derive(Debug)]
+pub struct Netns {
+    path: PathBuf,
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+impl Netns {
+    /// Enters the namespace at `path` (e.g. `/var/run/netns/NAME` or `/proc/PID/ns/net`).
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = File::open(path)?;
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("ferry-netns".into())
+            .spawn(move || {
+                let entered = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(io::Error::from);
+                let ok = entered.is_ok();
+                let _ = ready_tx.send(entered);
+                if ok {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                }
+            })?;
+        ready_rx
+            .recv()
+            .map_err(|_| io::Error::other("the namespace thread died"))??;
+        Ok(Self {
+            path: path.to_path_buf(),
+            jobs,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the namespace's thread.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(f());
+            }))
+            .map_err(|_| io::Error::other("the namespace thread is gone"))?;
+        rx.await
+            .map_err(|_| io::Error::other("the namespace thread dropped the job"))
+    }
+
+    /// A listener on `addr` inside the namespace.
+    pub async fn listen(&self, addr: SocketAddr) -> io::Result<TcpListener> {
+        let l = self
+            .run(move || -> io::Result<std::net::TcpListener> {
+                let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+                s.set_reuse_address(true)?;
+                s.set_nonblocking(true)?;
+                s.bind(&addr.into())?;
+                s.listen(1024)?;
+                Ok(s.into())
+            })
+            .await??;
+        TcpListener::from_std(l)
+    }
+
+    /// A marked connection from inside the namespace, optionally bound to `src`.
+    pub async fn connect(&self, src: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpStream> {
+        let s = self
+            .run(move || -> io::Result<std::net::TcpStream> {
+                let s = Socket::new(Domain::for_address(dst), Type::STREAM, None)?;
+                s.set_mark(MARK)?;
+                s.set_nonblocking(true)?;
+                s.set_tcp_nodelay(true)?;
+                if let Some(ip) = src {
+                    s.bind(&SocketAddr::new(ip, 0).into())?;
+                }
+                Ok(s.into())
+            })
+            .await??;
+        let stream = TcpSocket::from_std_stream(s).connect(dst).await?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+}

@@ -1,0 +1,264 @@
+//! The node proxy's state: the mesh snapshot, certificates, the tunnel pool, and enrolled pods.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ferry_core::identity::Identity;
+use ferry_core::model::{NodeName, WorkloadUid};
+use ferry_core::store::Store;
+use ferry_hbone::client::Dialer;
+use ferry_hbone::pool::Pool;
+use ferry_hbone::tls::TrustBundle;
+use ferry_identity::manager::CertManager;
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+use crate::capture;
+use crate::netns::Netns;
+use crate::telemetry::Metrics;
+
+/// One enrolled pod.
+#[derive(Debug)]
+pub struct Pod {
+    pub uid: WorkloadUid,
+    pub name: String,
+    pub ip: IpAddr,
+    pub identity: Identity,
+    pub netns: Netns,
+    pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Enrolled pods by source IP, shared with the tunnel pool's dialer.
+pub(crate) type PodsByIp = Arc<Mutex<HashMap<IpAddr, Arc<Pod>>>>;
+
+/// Why a pod could not be enrolled.
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollError {
+    #[error("no workload {0} in the mesh (is this node's control plane in sync?)")]
+    UnknownWorkload(String),
+    #[error("workload {uid} runs on node {other}, not on {this}")]
+    OtherNode {
+        uid: String,
+        other: String,
+        this: String,
+    },
+    #[error("workload {0} has no address")]
+    NoAddress(String),
+    #[error("network namespace {path}: {source}")]
+    Netns {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("no certificate for {0}: {1}")]
+    Certificate(Identity, String),
+    #[error("workload {0} has no valid identity: {1}")]
+    BadIdentity(String, String),
+    #[error(transparent)]
+    Capture(#[from] capture::CaptureError),
+}
+
+/// The node proxy.
+#[derive(Debug)]
+pub struct Node {
+    pub name: NodeName,
+    pub store: Arc<Store>,
+    pub certs: CertManager,
+    /// The configured roots; replaced by the roots that come with certificates.
+    pub bundle: Mutex<TrustBundle>,
+    pub pool: Pool,
+    pub metrics: Metrics,
+    pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
+    pub(crate) by_ip: PodsByIp,
+    pub(crate) connections: AtomicU64,
+    pub(crate) active: AtomicU64,
+}
+
+/// Dials tunnels from inside the source pod's namespace.
+#[derive(Debug)]
+pub(crate) struct PodDialer(pub(crate) PodsByIp);
+
+impl Dialer for PodDialer {
+    fn dial(
+        &self,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<tokio::net::TcpStream>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            let pod = src.and_then(|ip| self.0.lock().get(&ip).cloned());
+            match pod {
+                Some(p) => p.netns.connect(None, dst).await,
+                None => Err(std::io::Error::other(format!(
+                    "no enrolled pod has address {src:?}"
+                ))),
+            }
+        })
+    }
+}
+
+impl Node {
+    /// The trust bundle to verify peers with.
+    pub fn bundle(&self) -> TrustBundle {
+        if let Some(b) = self.certs.trust_bundle() {
+            *self.bundle.lock() = b;
+        }
+        self.bundle.lock().clone()
+    }
+
+    /// Open proxied connections.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.lock().values().cloned().collect()
+    }
+
+    /// Enrolls pod `uid` whose network namespace is at `netns`: waits (up to `wait`) for it to
+    /// appear in the mesh, gets its certificate, opens its listeners inside its namespace and
+    /// installs the capture rules.
+    pub async fn enroll(
+        self: &Arc<Self>,
+        uid: &str,
+        netns: &Path,
+        wait: Duration,
+    ) -> Result<Arc<Pod>, EnrollError> {
+        let uid = WorkloadUid::new(uid);
+        if let Some(p) = self.pods.lock().get(&uid) {
+            return Ok(p.clone());
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        let w = loop {
+            if let Some(w) = self.store.load().workload(&uid).cloned() {
+                break w;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(EnrollError::UnknownWorkload(uid.to_string()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if w.node.as_ref() != Some(&self.name) {
+            return Err(EnrollError::OtherNode {
+                uid: uid.to_string(),
+                other: w.node.as_ref().map_or("(none)".into(), ToString::to_string),
+                this: self.name.to_string(),
+            });
+        }
+        let ip = *w
+            .addresses
+            .first()
+            .ok_or_else(|| EnrollError::NoAddress(uid.to_string()))?;
+        let identity = w
+            .identity()
+            .map_err(|e| EnrollError::BadIdentity(uid.to_string(), e.to_string()))?;
+        self.certs
+            .fetch(&identity)
+            .await
+            .map_err(|e| EnrollError::Certificate(identity.clone(), e.to_string()))?;
+        let ns = Netns::open(netns).map_err(|source| EnrollError::Netns {
+            path: netns.display().to_string(),
+            source,
+        })?;
+        let pod = Arc::new(Pod {
+            uid: uid.clone(),
+            name: w.name.clone(),
+            ip,
+            identity,
+            netns: ns,
+            tasks: Mutex::new(Vec::new()),
+        });
+        let listen = |port| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port);
+        let io = |source| EnrollError::Netns {
+            path: netns.display().to_string(),
+            source,
+        };
+        let outbound = pod
+            .netns
+            .listen(listen(capture::OUTBOUND_PORT))
+            .await
+            .map_err(io)?;
+        let inbound = pod
+            .netns
+            .listen(listen(capture::INBOUND_PORT))
+            .await
+            .map_err(io)?;
+        let hbone = pod
+            .netns
+            .listen(listen(capture::HBONE_PORT))
+            .await
+            .map_err(io)?;
+        {
+            let mut t = pod.tasks.lock();
+            t.push(tokio::spawn(crate::outbound::serve(
+                self.clone(),
+                pod.clone(),
+                outbound,
+            )));
+            t.push(tokio::spawn(crate::inbound::serve_plain(
+                self.clone(),
+                pod.clone(),
+                inbound,
+            )));
+            t.push(tokio::spawn(crate::inbound::serve_hbone(
+                self.clone(),
+                pod.clone(),
+                hbone,
+            )));
+        }
+        if let Err(e) = capture::install(netns).await {
+            self.stop(&pod).await;
+            return Err(e.into());
+        }
+        self.by_ip.lock().insert(ip, pod.clone());
+        self.pods.lock().insert(uid.clone(), pod.clone());
+        tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %netns.display(), "pod enrolled");
+        Ok(pod)
+    }
+
+    /// Removes pod `uid`: closes its listeners and deletes its capture rules.
+    pub async fn remove(&self, uid: &str) -> bool {
+        let pod = self.pods.lock().remove(&WorkloadUid::new(uid));
+        match pod {
+            Some(p) => {
+                self.by_ip.lock().remove(&p.ip);
+                self.stop(&p).await;
+                tracing::info!(pod = %uid, "pod removed");
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn stop(&self, pod: &Pod) {
+        for t in pod.tasks.lock().drain(..) {
+            t.abort();
+        }
+        capture::remove(pod.netns.path()).await;
+    }
+
+    /// Stops accepting on every pod (the drain's first step).
+    pub fn stop_accepting(&self) {
+        for p in self.pods.lock().values() {
+            for t in p.tasks.lock().drain(..) {
+                t.abort();
+            }
+        }
+    }
+
+    /// The namespace paths of enrolled pods (for the API's `list`).
+    pub fn enrolled(&self) -> Vec<(String, PathBuf)> {
+        let mut v: Vec<_> = self
+            .pods
+            .lock()
+            .values()
+            .map(|p| (p.uid.to_string(), p.netns.path().to_path_buf()))
+            .collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,240 @@
+//! Outbound: a pod's captured connection -> the routing decision -> HBONE, or plain TCP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use ferry_core::random::SplitMix64;
+use ferry_core::route::{self, Destination, Source, Transport};
+use ferry_hbone::copy::{self, Failed};
+use ferry_hbone::headers::ConnectHeaders;
+use ferry_hbone::pool::PoolKey;
+use ferry_hbone::server::reset_tcp;
+use socket2::SockRef;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::capture;
+use crate::node::{Node, Pod};
+use crate::telemetry::{AccessLog, Labels, Reporter};
+
+pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                let (node, pod) = (node.clone(), pod.clone());
+                tokio::spawn(async move { handle(node, pod, tcp, peer).await });
+            }
+            Err(e) => {
+                tracing::warn!(pod = %pod.uid, error = %e, "outbound accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
+    let started = Instant::now();
+    let _ = tcp.set_nodelay(true);
+    let n = node.connections.fetch_add(1, Ordering::Relaxed);
+    node.active.fetch_add(1, Ordering::Relaxed);
+    let mut log = AccessLog {
+        direction: "outbound",
+        src_addr: peer.to_string(),
+        src_workload: &pod.name,
+        src_identity: pod.identity.to_string(),
+        ..AccessLog::default()
+    };
+    let result = proxy(&node, &pod, &mut tcp, peer, n, &mut log).await;
+    if let Err(e) = &result {
+        reset_tcp(&tcp);
+        log.error = Some(e.clone());
+    }
+    log.duration = started.elapsed();
+    log.emit();
+    node.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn proxy(
+    node: &Node,
+    pod: &Pod,
+    tcp: &mut TcpStream,
+    peer: SocketAddr,
+    n: u64,
+    log: &mut AccessLog<'_>,
+) -> Result<(), String> {
+    let orig = SockRef::from(&*tcp)
+        .original_dst_v4()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .ok_or("no original destination")?;
+    log.dst_addr = orig.to_string();
+    if orig.ip() == pod.ip
+        && [
+            capture::OUTBOUND_PORT,
+            capture::INBOUND_PORT,
+            capture::HBONE_PORT,
+        ]
+        .contains(&orig.port())
+    {
+        return Err("attempted recursive call to the proxy's own ports".into());
+    }
+    let snap = node.store.load();
+    let src = snap
+        .workload(&pod.uid)
+        .cloned()
+        .ok_or("the pod left the mesh")?;
+    let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
+    let decision = route::route(&snap, Source::new(&src), &Destination::Addr(orig), &mut rng);
+    let mut labels = Labels {
+        reporter: Reporter::Source,
+        source_workload: pod.name.clone(),
+        source_principal: pod.identity.to_string(),
+        source_cluster: src.cluster.to_string(),
+        destination_workload: "unknown".into(),
+        destination_service: "unknown".into(),
+        destination_principal: "unknown".into(),
+        destination_cluster: "unknown".into(),
+        response_flags: "-".into(),
+    };
+    let plan = match decision.outcome {
+        Ok(p) => p,
+        Err(e) => {
+            labels.response_flags = "NoRoute".into();
+            node.metrics.opened(&labels);
+            node.metrics.closed(&labels, 0, 0);
+            log.path = "refused at the source".into();
+            return Err(e.to_string());
+        }
+    };
+    let landing = plan
+        .landing
+        .as_ref()
+        .and_then(|u| snap.workload(u))
+        .cloned();
+    if let Some(l) = &landing {
+        labels.destination_workload = l.name.clone();
+        labels.destination_cluster = l.cluster.to_string();
+        log.dst_workload = l.uid.to_string();
+    }
+    if let Some(s) = &plan.service {
+        labels.destination_service = s.hostname.clone();
+        log.dst_service = s.to_string();
+    }
+    log.path = match (&plan.waypoint, &plan.transport) {
+        (Some(w), _) => format!("hbone via waypoint {w}"),
+        (None, Transport::Hbone { .. }) => "hbone".into(),
+        (None, Transport::GatewayHbone { .. }) => "double hbone via east-west gateway".into(),
+        (None, Transport::Tcp { .. }) => "plain tcp (destination not in the mesh)".into(),
+        (None, Transport::Passthrough { .. }) => "passthrough".into(),
+    };
+    node.metrics.opened(&labels);
+    let outcome = match &plan.transport {
+        Transport::Hbone {
+            connect_to,
+            authority,
+            identities,
+        } => {
+            log.dst_hbone_addr = connect_to.to_string();
+            log.dst_identity = identities
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            labels.destination_principal = log.dst_identity.clone();
+            let creds = node
+                .certs
+                .fetch(&pod.identity)
+                .await
+                .map_err(|e| e.to_string())?;
+            let key = PoolKey::new(
+                pod.identity.clone(),
+                pod.ip,
+                *connect_to,
+                identities.clone(),
+            );
+            let headers = ConnectHeaders {
+                baggage: vec![
+                    ("k8s.cluster.name".into(), src.cluster.to_string()),
+                    ("k8s.namespace.name".into(), src.namespace.clone()),
+                    ("k8s.pod.name".into(), src.name.clone()),
+                ],
+                forwarded_for: Some(peer),
+                forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
+                traceparent: Some(traceparent(n)),
+                forwarded_network: None,
+            };
+            let mut tunnel = node
+                .pool
+                .open(&key, &creds, &node.bundle(), authority, &headers)
+                .await
+                .map_err(|e| {
+                    labels.response_flags = "ConnectionFailure".into();
+                    e.to_string()
+                })?;
+            match copy::bidirectional(tcp, &mut tunnel).await {
+                Ok((sent, recv)) => Ok((sent, recv)),
+                Err(e) => {
+                    if e.failed == Failed::A {
+                        tunnel.abort();
+                    }
+                    Err((e.a_to_b, e.b_to_a, e.to_string()))
+                }
+            }
+        }
+        Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
+            let mut up = pod.netns.connect(None, *connect_to).await.map_err(|e| {
+                labels.response_flags = "ConnectionFailure".into();
+                format!("connect {connect_to}: {e}")
+            })?;
+            match copy::bidirectional(tcp, &mut up).await {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    if e.failed == Failed::A {
+                        reset_tcp(&up);
+                    }
+                    Err((e.a_to_b, e.b_to_a, e.to_string()))
+                }
+            }
+        }
+        Transport::GatewayHbone { gateway, .. } => {
+            labels.response_flags = "NoRoute".into();
+            node.metrics.closed(&labels, 0, 0);
+            return Err(format!(
+                "double HBONE through the east-west gateway {gateway} is not implemented yet"
+            ));
+        }
+    };
+    match outcome {
+        Ok((sent, recv)) => {
+            log.bytes_sent = sent;
+            log.bytes_recv = recv;
+            node.metrics.closed(&labels, sent, recv);
+            Ok(())
+        }
+        Err((sent, recv, e)) => {
+            log.bytes_sent = sent;
+            log.bytes_recv = recv;
+            node.metrics.closed(&labels, sent, recv);
+            Err(e)
+        }
+    }
+}
+
+fn started_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A W3C traceparent, random per downstream connection.
+fn traceparent(n: u64) -> String {
+    use ferry_core::random::Random;
+    let mut r = SplitMix64::new(n ^ started_nanos());
+    format!(
+        "00-{:016x}{:016x}-{:016x}-01",
+        r.next_u64() | 1,
+        r.next_u64(),
+        r.next_u64() | 1
+    )
+}
