@@ -4,6 +4,8 @@
 
 mod control;
 mod explain;
+mod lab;
+mod node;
 mod render;
 
 use std::path::PathBuf;
@@ -28,6 +30,11 @@ enum Command {
     /// The control plane: the mesh CA (and, with later work, xDS) over TLS.
     #[command(subcommand)]
     Control(control::ControlCommand),
+    /// The node proxy: one per node, serving every enrolled pod on it.
+    Node(node::NodeArgs),
+    /// A whole multi-cluster mesh in network namespaces on this machine.
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
 }
 
 /// Output format.
@@ -59,6 +66,30 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Explain(args) => explain::run(&args),
-        Command::Control(cmd) => control::run(cmd),
+        Command::Control(cmd) => {
+            init_logging();
+            control::run(cmd)
+        }
+        Command::Node(args) => {
+            init_logging();
+            node::run(&args)
+        }
+        Command::Lab(cmd) => lab::run(cmd),
+    }
+}
+
+/// Structured logs on stderr; `RUST_LOG` sets levels, `FERRY_LOG_FORMAT=json` for JSON lines.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    if std::env::var("FERRY_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
     }
 }

@@ -1,0 +1,403 @@
+//! `up` and `down`: namespaces, links, addresses, processes.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ferry_core::model::TunnelProtocol;
+
+use crate::state::{NodeProc, Pod, State};
+use crate::{CONTROL_IP, MGMT_PREFIX};
+
+/// The built-in default mesh.
+pub const DEFAULT_TOPOLOGY: &str = include_str!("../../../examples/lab.yaml");
+
+/// The ports every lab pod's echo app serves.
+pub const APP_PORTS: [u16; 2] = [8080, 9090];
+
+/// How to bring a lab up.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Prefix of every namespace name; lets several labs coexist.
+    pub id: String,
+    pub state_dir: PathBuf,
+    pub topology: Option<PathBuf>,
+    /// The `ferry` binary to run inside the lab.
+    pub ferry: PathBuf,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    run(Command::new("ip").args(args))
+}
+
+/// Checks what the lab needs, and says exactly what is missing.
+pub fn preflight() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "ferry lab needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces, veth \
+             links and iptables rules; run it as root, or inside a user namespace made with \
+             `unshare --user --map-root-user --net --mount`"
+        );
+    }
+    for tool in ["ip", "iptables", "iptables-restore", "nsenter", "setsid"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+        if !found {
+            bail!("ferry lab needs `{tool}` (Debian packages: iproute2, iptables, util-linux)");
+        }
+    }
+    Ok(())
+}
+
+fn netns(state: &mut State, name: String) -> anyhow::Result<String> {
+    ip(&["netns", "add", &name])?;
+    state.netns.push(name.clone());
+    state.save()?;
+    ip(&["-n", &name, "link", "set", "lo", "up"])?;
+    Ok(name)
+}
+
+fn bridge(ns: &str) -> anyhow::Result<()> {
+    ip(&["-n", ns, "link", "add", "br0", "type", "bridge"])?;
+    ip(&["-n", ns, "link", "set", "br0", "up"])
+}
+
+/// A veth from `host_ns` (as eth0, with `addr`) to the bridge in `bridge_ns` (as `port`).
+fn attach(host_ns: &str, addr: &str, bridge_ns: &str, port: &str) -> anyhow::Result<()> {
+    ip(&[
+        "link", "add", "eth0", "netns", host_ns, "type", "veth", "peer", "name", port, "netns",
+        bridge_ns,
+    ])?;
+    ip(&["-n", bridge_ns, "link", "set", port, "master", "br0", "up"])?;
+    ip(&["-n", host_ns, "addr", "add", addr, "dev", "eth0"])?;
+    ip(&["-n", host_ns, "link", "set", "eth0", "up"])
+}
+
+/// Starts `args` inside `ns`, detached, logging to `log`. Returns its pid.
+fn spawn(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyhow::Result<u32> {
+    let out = std::fs::File::create(log)?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {args:?} in {ns}"))?;
+    state.pids.push(child.id());
+    state.save()?;
+    Ok(child.id())
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let end = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() > end {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Ok(())
+}
+
+/// Brings a lab up; on failure, takes down whatever was made.
+pub fn up(opts: &Options) -> anyhow::Result<State> {
+    preflight()?;
+    if State::load(&opts.state_dir).is_some() {
+        bail!(
+            "a lab is already up in {} (run `ferry lab down` first)",
+            opts.state_dir.display()
+        );
+    }
+    let mut state = State {
+        id: opts.id.clone(),
+        dir: opts.state_dir.clone(),
+        ..State::default()
+    };
+    std::fs::create_dir_all(&opts.state_dir)?;
+    state.save()?;
+    match build(opts, &mut state) {
+        Ok(()) => Ok(state),
+        Err(e) => {
+            let _ = down(&opts.state_dir);
+            Err(e)
+        }
+    }
+}
+
+fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
+    let text = match &opts.topology {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => DEFAULT_TOPOLOGY.to_string(),
+    };
+    let topo_path = opts.state_dir.join("topology.yaml");
+    std::fs::write(&topo_path, &text)?;
+    state.topology = topo_path.clone();
+    let topo = ferry_topology::parse(&topo_path.display().to_string(), &text)?;
+    let snap = &topo.snapshot;
+    for w in snap.workloads() {
+        for a in &w.addresses {
+            if a.to_string().starts_with(&format!("{MGMT_PREFIX}.")) {
+                bail!(
+                    "workload {} uses {a}, inside the lab's reserved management network {MGMT_PREFIX}.0/24",
+                    w.uid
+                );
+            }
+        }
+    }
+    let id = &opts.id;
+    let exe = opts.ferry.display().to_string();
+    let dir = opts.state_dir.display().to_string();
+
+    // Management network: the control plane and the node proxies.
+    let mgmt = netns(state, format!("{id}-mgmt"))?;
+    bridge(&mgmt)?;
+    let ctl = netns(state, format!("{id}-ctl"))?;
+    attach(&ctl, &format!("{CONTROL_IP}/24"), &mgmt, "ctl")?;
+
+    // One bridge per mesh network.
+    let mut networks: BTreeMap<String, String> = BTreeMap::new();
+    for (k, c) in snap.clusters().enumerate() {
+        if !networks.contains_key(c.network.as_str()) {
+            let ns = netns(state, format!("{id}-net{k}"))?;
+            bridge(&ns)?;
+            networks.insert(c.network.to_string(), ns);
+        }
+    }
+
+    // Pods: every workload with an address.
+    let mut workloads: Vec<_> = snap
+        .workloads()
+        .filter(|w| !w.addresses.is_empty())
+        .cloned()
+        .collect();
+    workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
+    for (j, w) in workloads.iter().enumerate() {
+        let ns = netns(state, format!("{id}-p{j}"))?;
+        let addr = format!("{}/15", w.addresses[0]);
+        attach(&ns, &addr, &networks[w.network.as_str()], &format!("p{j}"))?;
+        state.pods.insert(
+            w.name.clone(),
+            Pod {
+                uid: w.uid.to_string(),
+                netns: ns,
+                ip: w.addresses[0].to_string(),
+                node: w.node.as_ref().map(ToString::to_string),
+                cluster: w.cluster.to_string(),
+                enrolled: false,
+            },
+        );
+    }
+    state.save()?;
+
+    // Control plane.
+    let control_dir = format!("{dir}/control");
+    let status = Command::new(&exe)
+        .args([
+            "control",
+            "bundle",
+            "--state-dir",
+            &control_dir,
+            "--trust-domain",
+            &topo.trust_domain,
+        ])
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !status.status.success() {
+        bail!("ferry control bundle failed");
+    }
+    let bundle = format!("{dir}/bundle.pem");
+    std::fs::write(&bundle, &status.stdout)?;
+    let control_log = opts.state_dir.join("control.log");
+    let listen = format!("{CONTROL_IP}:15012");
+    spawn(
+        state,
+        &ctl,
+        &[
+            &exe,
+            "control",
+            "serve",
+            "--topology",
+            &topo_path.display().to_string(),
+            "--state-dir",
+            &control_dir,
+            "--listen",
+            &listen,
+            "--metrics-listen",
+            &format!("{CONTROL_IP}:15014"),
+        ],
+        &control_log,
+    )?;
+    state.control_log = control_log.clone();
+    state.control_addr = listen.clone();
+    wait_for("the control plane", Duration::from_secs(20), || {
+        std::fs::read_to_string(&control_log).is_ok_and(|l| l.contains("serving the CA and xDS"))
+    })?;
+
+    // Node proxies.
+    for (i, n) in snap.nodes().enumerate() {
+        let ns = netns(state, format!("{id}-h{i}"))?;
+        let mgmt_ip = format!("{MGMT_PREFIX}.{}", 10 + i);
+        attach(&ns, &format!("{mgmt_ip}/24"), &mgmt, &format!("h{i}"))?;
+        let token = Command::new(&exe)
+            .args([
+                "control",
+                "token",
+                "--state-dir",
+                &control_dir,
+                "--node",
+                n.name.as_str(),
+            ])
+            .output()?;
+        if !token.status.success() {
+            bail!("ferry control token failed for node {}", n.name);
+        }
+        let token_file = format!("{dir}/{}.token", n.name);
+        std::fs::write(&token_file, &token.stdout)?;
+        let api = opts.state_dir.join(format!("{}.sock", n.name));
+        let log = opts.state_dir.join(format!("{}.log", n.name));
+        let admin = format!("{mgmt_ip}:15000");
+        spawn(
+            state,
+            &ns,
+            &[
+                &exe,
+                "node",
+                "--name",
+                n.name.as_str(),
+                "--cluster",
+                n.cluster.as_str(),
+                "--control",
+                &format!("https://{listen}"),
+                "--token-file",
+                &token_file,
+                "--bundle-file",
+                &bundle,
+                "--api",
+                &api.display().to_string(),
+                "--admin",
+                &admin,
+            ],
+            &log,
+        )?;
+        state.nodes.insert(
+            n.name.to_string(),
+            NodeProc {
+                netns: ns,
+                mgmt_ip,
+                api: api.clone(),
+                admin,
+                log,
+                cluster: n.cluster.to_string(),
+            },
+        );
+        state.save()?;
+    }
+    for n in state.nodes.values() {
+        wait_for(
+            &format!("the node proxy in {}", n.netns),
+            Duration::from_secs(20),
+            || n.api.exists(),
+        )?;
+    }
+
+    // Apps, then enrollment.
+    let ports = APP_PORTS.map(|p| p.to_string()).join(",");
+    let pods: Vec<(String, String)> = state
+        .pods
+        .iter()
+        .map(|(n, p)| (n.clone(), p.netns.clone()))
+        .collect();
+    for (name, ns) in pods {
+        let log = opts.state_dir.join(format!("app-{name}.log"));
+        spawn(
+            state,
+            &ns,
+            &[&exe, "lab", "echo", "--name", &name, "--ports", &ports],
+            &log,
+        )?;
+    }
+    for w in &workloads {
+        let Some(node) = &w.node else { continue };
+        if w.tunnel != TunnelProtocol::Hbone {
+            continue;
+        }
+        let pod = state.pods.get(&w.name).context("pod state")?;
+        let api = &state.nodes[node.as_str()].api;
+        let answer = api_call(
+            api,
+            &format!("add {} /var/run/netns/{}", pod.uid, pod.netns),
+        )?;
+        if answer.trim() != "ok" {
+            bail!("enrolling {} on {node}: {}", w.name, answer.trim());
+        }
+        if let Some(p) = state.pods.get_mut(&w.name) {
+            p.enrolled = true;
+        }
+    }
+    state.save()?;
+    Ok(())
+}
+
+/// One request to a node proxy's enrollment API.
+pub fn api_call(socket: &Path, line: &str) -> anyhow::Result<String> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer)?;
+    Ok(answer)
+}
+
+/// Removes everything a lab made. Safe to run twice, and after a partial `up`.
+pub fn down(state_dir: &Path) -> anyhow::Result<bool> {
+    let Some(state) = State::load(state_dir) else {
+        return Ok(false);
+    };
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for &pid in &state.pids {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+    }
+    let end = Instant::now() + Duration::from_secs(5);
+    for &pid in &state.pids {
+        while kill(Pid::from_raw(pid as i32), None).is_ok() && Instant::now() < end {
+            // Reap if it is our child; otherwise just wait for it to go.
+            let _ = nix::sys::wait::waitpid(
+                Pid::from_raw(pid as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+    for ns in state.netns.iter().rev() {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(Stdio::null())
+            .status();
+    }
+    std::fs::remove_dir_all(state_dir)
+        .with_context(|| format!("removing {}", state_dir.display()))?;
+    Ok(true)
+}

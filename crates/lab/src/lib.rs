@@ -1,0 +1,21 @@
+//! `ferry lab`: a multi-cluster mesh on one machine, built from a topology file.
+//!
+//! ```text
+//!  <id>-mgmt  bridge: the control plane and every node proxy (198.19.254.0/24, reserved)
+//!     |-- <id>-ctl   ferry control (CA + xDS) on 198.19.254.1:15012
+//!     |-- <id>-hN    ferry node, one per topology node, 198.19.254.(10+N)
+//!  <id>-netK  bridge: one per topology network; pods of that network are on-link (198.18.0.0/15)
+//!     |-- <id>-pJ    one per workload: eth0 with its address, an echo app on 8080 and 9090
+//! ```
+//! Node proxies enter their pods' namespaces to capture traffic. Nothing has a default route:
+//! the lab reaches nothing but itself. `ferry lab down` removes every namespace and process it
+//! made, also after a partial `up`, and is safe to run twice.
+
+pub mod apps;
+pub mod build;
+pub mod state;
+
+/// The reserved management network.
+pub const MGMT_PREFIX: &str = "198.19.254";
+/// The control plane's address on the management network.
+pub const CONTROL_IP: &str = "198.19.254.1";

@@ -1,0 +1,59 @@
+//! What a lab made, written down as it is made, so `down` can undo a partial `up`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Pod {
+    pub uid: String,
+    pub netns: String,
+    pub ip: String,
+    pub node: Option<String>,
+    pub cluster: String,
+    pub enrolled: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct NodeProc {
+    pub netns: String,
+    pub mgmt_ip: String,
+    pub api: PathBuf,
+    pub admin: String,
+    pub log: PathBuf,
+    pub cluster: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct State {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Every namespace created, in creation order.
+    pub netns: Vec<String>,
+    /// Every process started.
+    pub pids: Vec<u32>,
+    pub pods: BTreeMap<String, Pod>,
+    pub nodes: BTreeMap<String, NodeProc>,
+    pub control_log: PathBuf,
+    pub control_addr: String,
+    pub topology: PathBuf,
+}
+
+impl State {
+    pub fn file(dir: &Path) -> PathBuf {
+        dir.join("lab.json")
+    }
+
+    pub fn load(dir: &Path) -> Option<Self> {
+        serde_json::from_str(&std::fs::read_to_string(Self::file(dir)).ok()?).ok()
+    }
+
+    pub fn save(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        std::fs::write(
+            Self::file(&self.dir),
+            serde_json::to_string_pretty(self).map_err(std::io::Error::other)?,
+        )
+    }
+}
