@@ -1,0 +1,257 @@
+//! End to end in the lab: real namespaces, real capture, real HBONE. Needs root (CI runs as
+//! root); elsewhere the test says why it did nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn ferry() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// Tears the lab down however the test ends.
+struct Lab {
+    dir: PathBuf,
+    id: String,
+}
+
+impl Lab {
+    fn up() -> Option<Self> {
+        if !nix_is_root() {
+            eprintln!("skipping the lab test: it needs root to create network namespaces");
+            return None;
+        }
+        let lab = Self {
+            dir: std::env::temp_dir().join(format!("ferry-lab-test-{}", std::process::id())),
+            id: "fT".into(),
+        };
+        let out = ferry()
+            .args(["lab", "up", "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "lab up failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(lab)
+    }
+
+    fn send(&self, pod: &str, to: &str, data: &str) -> Result<String, String> {
+        let out = ferry()
+            .args(["lab", "send", pod, to, "--data", data, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{node}.log"))).unwrap_or_default()
+    }
+
+    /// Waits until `node`'s log has a line containing every one of `parts`; returns it.
+    fn log_line(&self, node: &str, parts: &[&str]) -> String {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(l) = self
+                .log(node)
+                .lines()
+                .find(|l| parts.iter().all(|p| l.contains(p)))
+            {
+                return l.to_string();
+            }
+            assert!(
+                Instant::now() < end,
+                "no line with {parts:?} in {node}.log:\n{}",
+                self.log(node)
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    fn metrics(&self, node: &str, admin: &str) -> String {
+        let out = ferry()
+            .args(["lab", "exec", node, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "lab",
+                "connect",
+                admin,
+                "--data",
+                "GET /metrics HTTP/1.0\r\n\r\n",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
+                .unwrap();
+        state["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_u64().unwrap() as u32)
+            .collect()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = ferry()
+            .args(["lab", "down", "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id])
+            .output();
+    }
+}
+
+fn nix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        && Path::new("/usr/sbin/ip").exists()
+            | Path::new("/sbin/ip").exists()
+            | Path::new("/usr/bin/ip").exists()
+}
+
+#[test]
+fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
+    let Some(lab) = Lab::up() else { return };
+    let payload: String = (0..2000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+
+    // Same node: sleep (alpha-1) -> echo-alpha-1 (alpha-1), in HBONE, identity checked at B.
+    let r = lab
+        .send("sleep", "198.18.1.20:8080", &payload)
+        .expect("same node");
+    assert!(r.starts_with("echo-alpha-1 port 8080"), "{r}");
+    assert!(r.ends_with(&payload), "bytes arrive intact");
+    lab.log_line(
+        "alpha-1",
+        &[
+            "direction=\"inbound\"",
+            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
+            "dst.addr=198.18.1.20:8080",
+            "connection complete",
+        ],
+    );
+    lab.log_line(
+        "alpha-1",
+        &[
+            "direction=\"outbound\"",
+            "dst.addr=198.18.1.20:8080",
+            "dst.hbone_addr=198.18.1.20:15008",
+            "path=hbone",
+        ],
+    );
+
+    // Another node.
+    let r = lab
+        .send("sleep", "198.18.2.20:8080", &payload)
+        .expect("other node");
+    assert!(
+        r.starts_with("echo-alpha-2 port 8080") && r.ends_with(&payload),
+        "{r}"
+    );
+    lab.log_line(
+        "alpha-2",
+        &[
+            "direction=\"inbound\"",
+            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
+            "dst.addr=198.18.2.20:8080",
+            "connection complete",
+        ],
+    );
+
+    // DENY for sleep -> echo on port 9090: refused at B, the log names the policy.
+    let e = lab
+        .send("sleep", "198.18.2.20:9090", "x")
+        .expect_err("denied");
+    assert!(e.contains("reset") || e.contains("refused"), "{e}");
+    lab.log_line(
+        "alpha-2",
+        &[
+            "direction=\"inbound\"",
+            "dst.addr=198.18.2.20:9090",
+            "denied by policy default/deny-admin-port",
+        ],
+    );
+
+    // Out of the mesh: plain TCP, the destination sees the real source.
+    let r = lab
+        .send("sleep", "198.18.3.90:8080", "x")
+        .expect("passthrough");
+    assert!(r.starts_with("legacy port 8080 saw 198.18.1.10:"), "{r}");
+    lab.log_line("alpha-1", &["dst.addr=198.18.3.90:8080", "path=plain tcp"]);
+
+    // A local service whose only healthy waypoint endpoint is in beta: refused in alpha, and
+    // nothing reaches beta.
+    lab.send("sleep", "198.18.10.5:80", "x")
+        .expect_err("no eligible waypoint endpoint");
+    lab.log_line(
+        "alpha-1",
+        &[
+            "dst.addr=198.18.10.5:80",
+            "no waypoint endpoint is eligible for a source in cluster alpha",
+        ],
+    );
+    let beta = lab.metrics("beta-1", "198.19.254.12:15000");
+    assert!(
+        beta.contains("istio_tcp_connections_opened_total"),
+        "metrics answer: {beta}"
+    );
+    assert!(
+        !beta.contains("audit-waypoint-beta"),
+        "a connection reached beta's waypoint:\n{beta}"
+    );
+    assert!(
+        !lab.log("beta-1").contains("198.18.10.5"),
+        "beta saw the local service's traffic"
+    );
+
+    // A multi-cluster service whose endpoint is alpha's own catalog VIP: one hop to the pod.
+    let r = lab.send("sleep", "198.18.10.4:80", "x").expect("nested");
+    assert!(r.starts_with("catalog-alpha port 8080"), "{r}");
+    let line = lab.log_line(
+        "alpha-1",
+        &["direction=\"outbound\"", "dst.addr=198.18.10.4:80"],
+    );
+    assert!(
+        line.contains("dst.hbone_addr=198.18.2.40:15008") && line.contains("path=hbone"),
+        "one tunnel, to the pod: {line}"
+    );
+    lab.log_line(
+        "alpha-2",
+        &["direction=\"inbound\"", "dst.addr=198.18.2.40:8080"],
+    );
+    assert!(
+        !lab.log("alpha-2")
+            .lines()
+            .any(|l| l.contains("direction=\"outbound\"") && l.contains("198.18.10.3")),
+        "no second capture"
+    );
+
+    // The control plane goes away: the node keeps serving its last good configuration.
+    let control = lab.pids()[0];
+    let _ = Command::new("kill").arg(control.to_string()).status();
+    let r = lab
+        .send("sleep", "198.18.10.1:80", "after")
+        .expect("still served without the control plane");
+    assert!(r.contains("after"), "{r}");
+}
