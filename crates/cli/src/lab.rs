@@ -45,6 +45,44 @@ pub(crate) enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// Measure A -> B through Ferry against A -> B direct, in the same run; and node proxy
+    /// memory with many idle proxied connections.
+    Bench {
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        #[arg(long, default_value = "echo-alpha-2")]
+        to: String,
+        #[arg(long, default_value_t = 512)]
+        bulk_mib: usize,
+        #[arg(long, default_value_t = 5000)]
+        round_trips: usize,
+        #[arg(long, default_value_t = 500)]
+        conns: usize,
+        /// Idle proxied connections to hold while measuring node proxy memory.
+        #[arg(long, default_value_t = 10000)]
+        idle: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) the benchmark client.
+    #[command(hide = true)]
+    BenchClient {
+        #[arg(long)]
+        target: std::net::IpAddr,
+        #[arg(long)]
+        bulk_mib: usize,
+        #[arg(long)]
+        round_trips: usize,
+        #[arg(long)]
+        conns: usize,
+    },
+    /// (inside the lab) hold idle connections until stdin closes.
+    #[command(hide = true)]
+    Hold {
+        to: SocketAddr,
+        #[arg(long)]
+        n: usize,
+    },
     /// (inside the lab) the echo app a pod runs.
     #[command(hide = true)]
     Echo {
@@ -128,6 +166,31 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
                 .status()?;
             Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
         }
+        LabCommand::Bench {
+            from,
+            to,
+            bulk_mib,
+            round_trips,
+            conns,
+            idle,
+            lab,
+        } => {
+            bench(&lab, &from, &to, bulk_mib, round_trips, conns, idle)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::BenchClient {
+            target,
+            bulk_mib,
+            round_trips,
+            conns,
+        } => {
+            ferry_lab::apps::bench(target, bulk_mib, round_trips, conns)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Hold { to, n } => {
+            ferry_lab::apps::hold(to, n)?;
+            Ok(ExitCode::SUCCESS)
+        }
         LabCommand::Echo { name, ports } => {
             ferry_lab::apps::echo(&name, &ports)?;
             Ok(ExitCode::SUCCESS)
@@ -204,4 +267,97 @@ fn print_status(state: &State) {
         state.topology.display()
     );
     println!("tear down:      ferry lab down");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    lab: &LabArgs,
+    from: &str,
+    to: &str,
+    bulk_mib: usize,
+    round_trips: usize,
+    conns: usize,
+    idle: usize,
+) -> anyhow::Result<()> {
+    use std::io::{BufRead, BufReader};
+    let state = State::load(&lab.state_dir).context("no lab is up")?;
+    let src = state
+        .pods
+        .get(from)
+        .with_context(|| format!("no pod {from}"))?;
+    let dst = state.pods.get(to).with_context(|| format!("no pod {to}"))?;
+    let exe = std::env::current_exe()?;
+    let status = Command::new("ip")
+        .args(["netns", "exec", &src.netns])
+        .arg(&exe)
+        .args([
+            "lab",
+            "bench-client",
+            "--target",
+            &dst.ip,
+            "--bulk-mib",
+            &bulk_mib.to_string(),
+        ])
+        .args([
+            "--round-trips",
+            &round_trips.to_string(),
+            "--conns",
+            &conns.to_string(),
+        ])
+        .status()?;
+    if !status.success() {
+        bail!("the benchmark client failed");
+    }
+    if idle == 0 {
+        return Ok(());
+    }
+    let nodes: Vec<(&String, u32)> = [&src.node, &dst.node]
+        .into_iter()
+        .flatten()
+        .filter_map(|n| state.nodes.get(n).map(|p| (n, p.pid)))
+        .collect();
+    let before: Vec<u64> = nodes.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &src.netns])
+        .arg(&exe)
+        .args([
+            "lab",
+            "hold",
+            &format!("{}:8080", dst.ip),
+            "--n",
+            &idle.to_string(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    if !line.starts_with("held") {
+        let _ = child.kill();
+        bail!("holding {idle} connections failed");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after: Vec<u64> = nodes.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+    drop(child.stdin.take());
+    let _ = child.wait();
+    for (((name, _), b), a) in nodes.iter().zip(&before).zip(&after) {
+        println!(
+            "idle          node {name}: RSS {} KiB -> {} KiB with {idle} idle proxied connections ({:.1} KiB per connection)",
+            b,
+            a,
+            a.saturating_sub(*b) as f64 / idle as f64
+        );
+    }
+    Ok(())
 }

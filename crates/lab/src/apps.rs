@@ -1,54 +1,182 @@
-//! The lab's small apps: an echo server that says who it is and whom it saw, and a client.
+//! The lab's small apps: an echo server that says who it is and whom it saw, a sink, a client,
+//! and the benchmark client.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-/// Serves every port in `ports`: each connection gets `"<name> port <p> saw <peer>\n"`, then its
-/// own bytes back until it closes its side.
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
+pub const SINK_PORT: u16 = 7070;
+
+/// Serves every port in `ports` (each connection gets `"<name> port <p> saw <peer>\n"`, then
+/// its own bytes back until it closes its side) and the sink on [`SINK_PORT`].
 pub fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
-    let mut threads = Vec::new();
-    for &port in ports {
-        let l = TcpListener::bind(("0.0.0.0", port))?;
-        let name = name.to_string();
-        threads.push(std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(mut s) = conn else { continue };
-                let name = name.clone();
-                std::thread::spawn(move || {
-                    let peer = s
-                        .peer_addr()
-                        .map_or_else(|_| "?".to_string(), |p| p.to_string());
-                    let _ = s.write_all(format!("{name} port {port} saw {peer}\n").as_bytes());
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        match s.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if s.write_all(&buf[..n]).is_err() {
-                                    break;
-                                }
-                            }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for &port in ports {
+            let l = TcpListener::bind(("0.0.0.0", port)).await?;
+            let name = name.to_string();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let Ok((mut s, peer)) = l.accept().await else {
+                        continue;
+                    };
+                    let name = name.clone();
+                    tokio::spawn(async move {
+                        let _ = s.set_nodelay(true);
+                        let _ = s
+                            .write_all(format!("{name} port {port} saw {peer}\n").as_bytes())
+                            .await;
+                        let (mut r, mut w) = s.split();
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                        let _ = w.shutdown().await;
+                    });
+                }
+            }));
+        }
+        let sink = TcpListener::bind(("0.0.0.0", SINK_PORT)).await?;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = sink.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 256 * 1024];
+                    let mut total = 0u64;
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            break;
                         }
+                        total += n as u64;
                     }
-                    let _ = s.shutdown(std::net::Shutdown::Write);
+                    let _ = s.write_all(&total.to_le_bytes()).await;
                 });
             }
         }));
-    }
-    for t in threads {
-        let _ = t.join();
-    }
-    Ok(())
+        for t in tasks {
+            let _ = t.await;
+        }
+        Ok(())
+    })
 }
 
 /// Connects to `to`, sends `data`, closes its side, and returns everything received.
 pub fn connect(to: SocketAddr, data: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
-    let mut s = TcpStream::connect_timeout(&to, timeout)?;
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&to, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.write_all(data)?;
     s.shutdown(std::net::Shutdown::Write)?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     Ok(out)
+}
+
+/// A connection from this pod: through Ferry (captured) or direct (marked, so the capture
+/// rules let it pass: the same wire, without the proxies).
+async fn dial(to: SocketAddr, direct: bool) -> std::io::Result<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    if direct {
+        s.set_mark(0x539)?;
+    }
+    s.set_nonblocking(true)?;
+    let stream = TcpSocket::from_std_stream(std::net::TcpStream::from(s))
+        .connect(to)
+        .await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+async fn greeted(to: SocketAddr, direct: bool) -> std::io::Result<BufReader<TcpStream>> {
+    let mut s = BufReader::new(dial(to, direct).await?);
+    let mut line = String::new();
+    s.read_line(&mut line).await?;
+    Ok(s)
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    v[((v.len() as f64 * p) as usize).min(v.len() - 1)].as_secs_f64() * 1e6
+}
+
+/// Measures from this pod to `target` (an echo pod), through Ferry and direct, side by side.
+pub fn bench(
+    target: std::net::IpAddr,
+    bulk_mib: usize,
+    round_trips: usize,
+    conns: usize,
+) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let sink = SocketAddr::new(target, SINK_PORT);
+        let echo = SocketAddr::new(target, 8080);
+        let chunk = vec![0x5au8; 256 * 1024];
+        let mut results = Vec::new();
+        for direct in [true, false] {
+            // Bulk, one connection.
+            let mut s = dial(sink, direct).await?;
+            let start = Instant::now();
+            for _ in 0..(bulk_mib * 4) {
+                s.write_all(&chunk).await?;
+            }
+            s.shutdown().await?;
+            let mut n = [0u8; 8];
+            s.read_exact(&mut n).await?;
+            let gbps = u64::from_le_bytes(n) as f64 / start.elapsed().as_secs_f64() / 1e9;
+            // 1 KiB round trips.
+            let mut s = greeted(echo, direct).await?;
+            let msg = [0x42u8; 1024];
+            let mut back = [0u8; 1024];
+            let mut lat = Vec::with_capacity(round_trips);
+            for _ in 0..round_trips {
+                let t = Instant::now();
+                s.write_all(&msg).await?;
+                s.read_exact(&mut back).await?;
+                lat.push(t.elapsed());
+            }
+            // New connections: connect, greeting, close.
+            let start = Instant::now();
+            for _ in 0..conns {
+                drop(greeted(echo, direct).await?);
+            }
+            let cps = conns as f64 / start.elapsed().as_secs_f64();
+            results.push((gbps, pct(&mut lat, 0.5), pct(&mut lat, 0.99), cps));
+        }
+        let (d, f) = (results[0], results[1]);
+        println!("A -> B on another node, {bulk_mib} MiB bulk, {round_trips} round trips, {conns} connections");
+        println!("bulk          direct {:.2} GB/s   ferry {:.2} GB/s   ratio {:.2}x", d.0, f.0, f.0 / d.0);
+        println!("rr 1 KiB p50  direct {:.0} us   ferry {:.0} us   added {:.0} us", d.1, f.1, f.1 - d.1);
+        println!("rr 1 KiB p99  direct {:.0} us   ferry {:.0} us   added {:.0} us", d.2, f.2, f.2 - d.2);
+        println!("conns/s       direct {:.0}   ferry {:.0}   ratio {:.2}x", d.3, f.3, f.3 / d.3);
+        Ok(())
+    })
+}
+
+/// Opens `n` connections through Ferry to `target` and holds them until stdin closes.
+pub fn hold(target: SocketAddr, n: usize) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut held = Vec::with_capacity(n);
+        for _ in 0..n {
+            held.push(greeted(target, false).await?);
+        }
+        println!("held {n}");
+        let mut stdin = tokio::io::stdin();
+        let mut b = [0u8; 1];
+        let _ = stdin.read(&mut b).await;
+        drop(held);
+        Ok(())
+    })
 }

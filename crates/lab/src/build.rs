@@ -276,7 +276,7 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
         let api = opts.state_dir.join(format!("{}.sock", n.name));
         let log = opts.state_dir.join(format!("{}.log", n.name));
         let admin = format!("{mgmt_ip}:15000");
-        spawn(
+        let pid = spawn(
             state,
             &ns,
             &[
@@ -302,6 +302,7 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
         state.nodes.insert(
             n.name.to_string(),
             NodeProc {
+                pid,
                 netns: ns,
                 mgmt_ip,
                 api: api.clone(),

@@ -17,6 +17,7 @@ pub struct Pod {
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct NodeProc {
+    pub pid: u32,
     pub netns: String,
     pub mgmt_ip: String,
     pub api: PathBuf,
