@@ -13,7 +13,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(protos, ["proto"])?;
+    // BTreeMap for every map field: the encoding (and so a resource's version) must not depend
+    // on hash order.
     tonic_prost_build::configure()
+        .btree_map(".")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

@@ -76,12 +76,20 @@ pub(crate) enum LabCommand {
         #[arg(long)]
         conns: usize,
     },
-    /// (inside the lab) hold idle connections until stdin closes.
+    /// (inside the lab) hold idle connections until stdin closes (or one is closed).
     #[command(hide = true)]
     Hold {
         to: SocketAddr,
         #[arg(long)]
         n: usize,
+        #[arg(long)]
+        until_closed: bool,
+    },
+    /// Restart one node proxy; its pods are enrolled again.
+    RestartNode {
+        node: String,
+        #[command(flatten)]
+        lab: LabArgs,
     },
     /// (inside the lab) the echo app a pod runs.
     #[command(hide = true)]
@@ -187,8 +195,17 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             ferry_lab::apps::bench(target, bulk_mib, round_trips, conns)?;
             Ok(ExitCode::SUCCESS)
         }
-        LabCommand::Hold { to, n } => {
-            ferry_lab::apps::hold(to, n)?;
+        LabCommand::Hold {
+            to,
+            n,
+            until_closed,
+        } => {
+            ferry_lab::apps::hold(to, n, until_closed)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::RestartNode { node, lab } => {
+            build::restart_node(&lab.state_dir, &node)?;
+            println!("ferry lab: node {node} restarted, its pods enrolled again");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Echo { name, ports } => {

@@ -247,11 +247,75 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "no second capture"
     );
 
+    // A node proxy restart: new connections work once it is back.
+    let out = ferry()
+        .args(["lab", "restart-node", "alpha-2", "--state-dir"])
+        .arg(&lab.dir)
+        .args(["--id", &lab.id])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "after restart")
+        .expect("served after the restart");
+    assert!(
+        r.starts_with("ledger-alpha port 8080") && r.contains("after restart"),
+        "{r}"
+    );
+
+    // A long-lived connection is closed when a policy change stops allowing it.
+    let mut hold = ferry()
+        .args(["lab", "exec", "sleep", "--state-dir"])
+        .arg(&lab.dir)
+        .args(["--id", &lab.id, "--"])
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "lab",
+            "hold",
+            "198.18.2.20:8080",
+            "--n",
+            "1",
+            "--until-closed",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
+    assert_eq!(lines.next().unwrap().unwrap(), "held 1");
+    let topology = lab.dir.join("topology.yaml");
+    let mut text = std::fs::read_to_string(&topology).unwrap();
+    text.push_str("  - name: deny-sleep-8080\n    namespace: default\n    selector: {app: echo}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/sleep]}]\n        to: [{ports: [8080]}]\n");
+    std::fs::write(&topology, text).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(lines.next().and_then(Result::ok));
+    });
+    let closed = rx.recv_timeout(Duration::from_secs(20));
+    let _ = hold.kill();
+    let _ = hold.wait();
+    assert_eq!(
+        closed.ok().flatten().as_deref(),
+        Some("closed"),
+        "the held connection was not closed by the policy change"
+    );
+    lab.log_line(
+        "alpha-2",
+        &["connection closed: no longer allowed by policy"],
+    );
+    assert!(
+        lab.send("sleep", "198.18.2.20:8080", "x").is_err(),
+        "new connections are denied too"
+    );
+
     // The control plane goes away: the node keeps serving its last good configuration.
     let control = lab.pids()[0];
     let _ = Command::new("kill").arg(control.to_string()).status();
     let r = lab
-        .send("sleep", "198.18.10.1:80", "after")
+        .send("sleep", "198.18.10.2:80", "after")
         .expect("still served without the control plane");
     assert!(r.contains("after"), "{r}");
 }

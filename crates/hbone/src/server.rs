@@ -23,6 +23,8 @@ use crate::tls::{self, Credentials, TrustBundle};
 /// What the server knows about one CONNECT when it asks the handler.
 #[derive(Clone, Debug)]
 pub struct ConnectRequest {
+    /// Unique in this process: names the tunnel between `check`, `connect` and `finished`.
+    pub id: u64,
     /// The mutual-TLS peer's SPIFFE identity (verified, same trust domain as ours).
     pub peer: Identity,
     /// The TCP address the tunnel connection came from.
@@ -195,7 +197,9 @@ async fn serve_stream<H: Handler>(
         Err(r) => return refuse(&mut respond, &r),
     };
     let (parts, body) = request.into_parts();
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let req = ConnectRequest {
+        id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         peer: peer.clone(),
         peer_addr,
         target,

@@ -161,8 +161,9 @@ pub fn bench(
     })
 }
 
-/// Opens `n` connections through Ferry to `target` and holds them until stdin closes.
-pub fn hold(target: SocketAddr, n: usize) -> anyhow::Result<()> {
+/// Opens `n` connections through Ferry to `target` and holds them until stdin closes, or, with
+/// `until_closed`, until the first of them is closed by the other side (then prints `closed`).
+pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -173,6 +174,23 @@ pub fn hold(target: SocketAddr, n: usize) -> anyhow::Result<()> {
             held.push(greeted(target, false).await?);
         }
         println!("held {n}");
+        if until_closed {
+            let mut set = tokio::task::JoinSet::new();
+            for mut c in held {
+                set.spawn(async move {
+                    let mut b = [0u8; 1024];
+                    loop {
+                        match c.read(&mut b).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    }
+                });
+            }
+            let _ = set.join_next().await;
+            println!("closed");
+            return Ok(());
+        }
         let mut stdin = tokio::io::stdin();
         let mut b = [0u8; 1];
         let _ = stdin.read(&mut b).await;

@@ -276,33 +276,34 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
         let api = opts.state_dir.join(format!("{}.sock", n.name));
         let log = opts.state_dir.join(format!("{}.log", n.name));
         let admin = format!("{mgmt_ip}:15000");
-        let pid = spawn(
-            state,
-            &ns,
-            &[
-                &exe,
-                "node",
-                "--name",
-                n.name.as_str(),
-                "--cluster",
-                n.cluster.as_str(),
-                "--control",
-                &format!("https://{listen}"),
-                "--token-file",
-                &token_file,
-                "--bundle-file",
-                &bundle,
-                "--api",
-                &api.display().to_string(),
-                "--admin",
-                &admin,
-            ],
-            &log,
-        )?;
+        let args: Vec<String> = [
+            exe.as_str(),
+            "node",
+            "--name",
+            n.name.as_str(),
+            "--cluster",
+            n.cluster.as_str(),
+            "--control",
+            &format!("https://{listen}"),
+            "--token-file",
+            &token_file,
+            "--bundle-file",
+            &bundle,
+            "--api",
+            &api.display().to_string(),
+            "--admin",
+            &admin,
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let pid = spawn(state, &ns, &argv, &log)?;
         state.nodes.insert(
             n.name.to_string(),
             NodeProc {
                 pid,
+                args,
                 netns: ns,
                 mgmt_ip,
                 api: api.clone(),
@@ -401,4 +402,71 @@ pub fn down(state_dir: &Path) -> anyhow::Result<bool> {
     std::fs::remove_dir_all(state_dir)
         .with_context(|| format!("removing {}", state_dir.display()))?;
     Ok(true)
+}
+
+/// Restarts one node proxy and enrolls its pods again (as a CNI agent would replay them).
+pub fn restart_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let mut state = State::load(state_dir).context("no lab is up")?;
+    let n = state
+        .nodes
+        .get(node)
+        .with_context(|| format!("no node {node}"))?;
+    let (old, netns, api, log, args) = (
+        n.pid,
+        n.netns.clone(),
+        n.api.clone(),
+        n.log.clone(),
+        n.args.clone(),
+    );
+    let _ = kill(Pid::from_raw(old as i32), Signal::SIGTERM);
+    wait_for(
+        "the old node proxy to exit",
+        Duration::from_secs(40),
+        || {
+            let _ = nix::sys::wait::waitpid(
+                Pid::from_raw(old as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+            kill(Pid::from_raw(old as i32), None).is_err()
+        },
+    )?;
+    let _ = std::fs::remove_file(&api);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
+    writeln!(logfile, "--- restarted by ferry lab ---")?;
+    let pid = spawn_append(&mut state, &netns, &argv, &log)?;
+    if let Some(n) = state.nodes.get_mut(node) {
+        n.pid = pid;
+    }
+    state.save()?;
+    wait_for("the restarted node proxy", Duration::from_secs(20), || {
+        api.exists()
+    })?;
+    for p in state
+        .pods
+        .values()
+        .filter(|p| p.enrolled && p.node.as_deref() == Some(node))
+    {
+        let answer = api_call(&api, &format!("add {} /var/run/netns/{}", p.uid, p.netns))?;
+        if answer.trim() != "ok" {
+            bail!("re-enrolling {}: {}", p.uid, answer.trim());
+        }
+    }
+    Ok(())
+}
+
+fn spawn_append(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyhow::Result<u32> {
+    let out = std::fs::OpenOptions::new().append(true).open(log)?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    state.pids.push(child.id());
+    state.save()?;
+    Ok(child.id())
 }

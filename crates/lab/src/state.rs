@@ -18,6 +18,8 @@ pub struct Pod {
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct NodeProc {
     pub pid: u32,
+    /// The command line, to restart it.
+    pub args: Vec<String>,
     pub netns: String,
     pub mgmt_ip: String,
     pub api: PathBuf,

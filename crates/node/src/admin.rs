@@ -61,6 +61,7 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 "policies": snap.policies().count(),
                 "pods": pods,
                 "active_connections": node.active(),
+                "tracked_connections": node.conns.len(),
                 "certificates": certs(node),
             });
             ("200 OK", "application/json", body.to_string())

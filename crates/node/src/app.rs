@@ -77,6 +77,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         bundle: Mutex::new(bundle),
         pool,
         metrics: Metrics::default(),
+        conns: crate::conns::Conns::default(),
         pods: Mutex::new(HashMap::new()),
         by_ip,
         connections: AtomicU64::new(0),
@@ -95,6 +96,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     });
     tokio::spawn(prefetch(node.clone(), ready));
+    tokio::spawn(recheck(node.clone()));
     println!(
         "ferry node {}: enrollment API on {}, admin on http://{admin_addr}/ (ready, config_dump, certs, metrics)",
         config.name,
@@ -143,5 +145,26 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Re-authorizes open connections whenever a new snapshot is applied.
+async fn recheck(node: Arc<Node>) {
+    let mut last = node.store.load().version();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let snap = node.store.load();
+        if snap.version() != last {
+            last = snap.version();
+            tracing::debug!(
+                version = last,
+                tracked = node.conns.len(),
+                "re-checking open connections"
+            );
+            let closed = node.conns.recheck(&snap);
+            if closed > 0 {
+                tracing::info!(closed, version = last, "policy change closed connections");
+            }
+        }
     }
 }

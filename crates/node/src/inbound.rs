@@ -146,20 +146,25 @@ impl Handler for Inbound {
             req.target.clone(),
             req.peer.clone(),
         );
+        let (id, src) = (req.id, req.peer_addr);
         async move {
             let Target::Addr(addr) = target else {
                 return Err(Refusal::BadRequest("hostname target".into()));
             };
             node.metrics.opened(&labels(&node, &pod, Some(&peer), "-"));
             node.active.fetch_add(1, Ordering::Relaxed);
-            pod.netns.connect(None, addr).await.map_err(|e| {
+            let up = pod.netns.connect(None, addr).await.map_err(|e| {
                 node.active.fetch_sub(1, Ordering::Relaxed);
                 Refusal::Unavailable(format!("connect {addr}: {e}"))
-            })
+            })?;
+            node.conns
+                .track(id, pod.clone(), Some(peer), src, addr.port(), &up);
+            Ok(up)
         }
     }
 
     fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+        self.node.conns.forget(req.id);
         self.node.active.fetch_sub(1, Ordering::Relaxed);
         self.node.metrics.closed(
             &labels(&self.node, &self.pod, Some(&req.peer), "-"),
@@ -277,6 +282,12 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
             .connect(None, SocketAddr::new(pod.ip, orig.port()))
             .await
             .map_err(|e| e.to_string())?;
+        let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
+        node.conns
+            .track(id, pod.clone(), None, peer, orig.port(), &up);
+        let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
+        node.conns
+            .track(id, pod.clone(), None, peer, orig.port(), &up);
         let r = match copy::bidirectional(&mut tcp, &mut up).await {
             Ok(v) => Ok(v),
             Err(e) => {
@@ -286,6 +297,7 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
                 Err(e.to_string())
             }
         };
+        node.conns.forget(id);
         let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
         node.metrics.closed(&l, s, rcv);
         r

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod api;
 pub mod app;
 pub mod capture;
+pub mod conns;
 pub mod inbound;
 pub mod netns;
 pub mod node;

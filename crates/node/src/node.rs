@@ -71,6 +71,8 @@ pub struct Node {
     pub bundle: Mutex<TrustBundle>,
     pub pool: Pool,
     pub metrics: Metrics,
+    /// Open inbound connections, re-checked on every configuration change.
+    pub conns: crate::conns::Conns,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,

@@ -155,7 +155,7 @@ impl XdsClient {
                     }),
                     type_url: type_url.to_string(),
                     resource_names_subscribe: vec!["*".to_string()],
-                    initial_resource_versions: initial,
+                    initial_resource_versions: initial.into_iter().collect(),
                     ..Default::default()
                 };
                 tx.try_send(req).map_err(|e| fail(e.to_string()))?;

@@ -289,3 +289,24 @@ fn a_local_inner_service_stays_nested() {
         "east//v1/Pod/default/catalog-east"
     );
 }
+
+#[test]
+fn versions_do_not_depend_on_map_order() {
+    let mut m = ferry_core::testing::MeshBuilder::new();
+    m.cluster("c", "net").node("n", "c", "r/z/s");
+    m.pod("w", "n", "198.18.1.1");
+    for i in 0..8 {
+        m.service(
+            &format!("s{i}"),
+            &[("net", &format!("198.18.100.{}", i + 1))],
+            80,
+            8080,
+        );
+        m.backs("w", &format!("s{i}"));
+    }
+    let snap = m.build();
+    let versions: Vec<_> = (0..16)
+        .map(|_| ResourceSet::from_snapshot(&snap).by_type[ferry_api::ADDRESS_TYPE]["c//v1/Pod/default/w"].version.clone())
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] == w[1]), "{versions:?}");
+}
