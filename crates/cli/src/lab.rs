@@ -262,10 +262,10 @@ fn print_status(state: &State) {
         );
     }
     for (name, p) in &state.pods {
-        let how = if p.enrolled {
-            "in the mesh"
-        } else {
-            "not in the mesh"
+        let how = match (p.enrolled, p.waypoint) {
+            (_, true) => "waypoint (ferry waypoint)",
+            (true, false) => "in the mesh",
+            (false, false) => "not in the mesh",
         };
         println!(
             "  pod  {name:<22} {:<13} cluster {:<8} node {:<9} netns {:<8} {how}",

@@ -32,6 +32,8 @@ enum Command {
     Control(control::ControlCommand),
     /// The node proxy: one per node, serving every enrolled pod on it.
     Node(node::NodeArgs),
+    /// A waypoint instance (minimal, L4): re-decides on behalf of the original source's cluster.
+    Waypoint(node::WaypointArgs),
     /// A whole multi-cluster mesh in network namespaces on this machine.
     #[command(subcommand)]
     Lab(lab::LabCommand),
@@ -73,6 +75,10 @@ fn main() -> ExitCode {
         Command::Node(args) => {
             init_logging();
             node::run(&args)
+        }
+        Command::Waypoint(args) => {
+            init_logging();
+            node::run_waypoint(&args)
         }
         Command::Lab(cmd) => lab::run(cmd),
     }

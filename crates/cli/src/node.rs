@@ -70,3 +70,54 @@ fn run_inner(args: &NodeArgs) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(ferry_node::app::run(config))
 }
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct WaypointArgs {
+    /// This instance's workload uid.
+    #[arg(long)]
+    uid: String,
+    #[arg(long)]
+    cluster: String,
+    #[arg(long)]
+    control: String,
+    /// The credential of the node this instance runs on.
+    #[arg(long)]
+    token_file: PathBuf,
+    #[arg(long)]
+    bundle_file: PathBuf,
+    #[arg(long, default_value = "0.0.0.0:15008")]
+    listen: SocketAddr,
+    /// Listen and dial inside this network namespace (the waypoint pod's).
+    #[arg(long)]
+    netns: Option<PathBuf>,
+}
+
+pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
+    let result = (|| -> anyhow::Result<()> {
+        let token = std::fs::read_to_string(&args.token_file)
+            .with_context(|| format!("reading {}", args.token_file.display()))?;
+        let bundle = std::fs::read_to_string(&args.bundle_file)
+            .with_context(|| format!("reading {}", args.bundle_file.display()))?;
+        let config = ferry_node::waypoint::Config {
+            uid: args.uid.clone(),
+            cluster: args.cluster.clone(),
+            control: args.control.clone(),
+            token: token.trim().to_string(),
+            bundle_pem: bundle,
+            listen: args.listen,
+            netns: args.netns.clone(),
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(ferry_node::waypoint::run(config))
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry waypoint: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -225,6 +225,30 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "beta saw the local service's traffic"
     );
 
+    // From outside the mesh to a destination with a waypoint: through the waypoint process.
+    let r = lab
+        .send("legacy", "198.18.3.60:8080", "via the waypoint")
+        .expect("through the waypoint");
+    assert!(
+        r.starts_with("audit-beta port 8080") && r.contains("via the waypoint"),
+        "{r}"
+    );
+    lab.log_line(
+        "beta-1",
+        &[
+            "dst.addr=198.18.3.60:8080",
+            "path=plain tcp via waypoint default/audit-waypoint",
+        ],
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "direction=\"waypoint\"",
+            "dst.addr=198.18.3.60:8080",
+            "connection complete",
+        ],
+    );
+
     // A multi-cluster service whose endpoint is alpha's own catalog VIP: one hop to the pod.
     let r = lab.send("sleep", "198.18.10.4:80", "x").expect("nested");
     assert!(r.starts_with("catalog-alpha port 8080"), "{r}");

@@ -24,6 +24,7 @@ pub mod server;
 pub mod settings;
 pub mod stream;
 pub mod tls;
+pub mod upstream;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

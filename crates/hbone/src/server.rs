@@ -19,6 +19,7 @@ use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 use crate::tls::{self, Credentials, TrustBundle};
+use crate::upstream::Upstream;
 
 /// What the server knows about one CONNECT when it asks the handler.
 #[derive(Clone, Debug)]
@@ -48,12 +49,13 @@ pub trait Handler: Send + Sync + 'static {
     fn connect(
         &self,
         request: &ConnectRequest,
-    ) -> impl Future<Output = Result<TcpStream, Refusal>> + Send {
+    ) -> impl Future<Output = Result<Upstream, Refusal>> + Send {
         let target = request.target.clone();
         async move {
             match target {
                 Target::Addr(addr) => TcpStream::connect(addr)
                     .await
+                    .map(Upstream::from)
                     .map_err(|e| Refusal::Unavailable(format!("connect to {addr}: {e}"))),
                 Target::Host { hostname, port } => Err(Refusal::Unavailable(format!(
                     "no resolver for hostname target {hostname}:{port}"
@@ -212,7 +214,6 @@ async fn serve_stream<H: Handler>(
         Ok(s) => s,
         Err(r) => return refuse(&mut respond, &r),
     };
-    let _ = upstream.set_nodelay(true);
     let ok = Response::builder()
         .status(http::StatusCode::OK)
         .body(())
@@ -233,7 +234,7 @@ async fn serve_stream<H: Handler>(
         Err(e) => {
             // Propagate the reset to the side that did not fail.
             match e.failed {
-                Failed::A => reset_tcp(&upstream),
+                Failed::A => upstream.reset(),
                 Failed::B => tunnel.abort(),
             }
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");

@@ -204,6 +204,7 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
                 node: w.node.as_ref().map(ToString::to_string),
                 cluster: w.cluster.to_string(),
                 enrolled: false,
+                waypoint: false,
             },
         );
     }
@@ -338,9 +339,61 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
             &log,
         )?;
     }
+    // Waypoint instances run `ferry waypoint` in their own namespace (with their node's
+    // credential); they terminate HBONE themselves and are not captured.
+    let waypoint_keys: std::collections::HashSet<_> = snap
+        .services()
+        .filter(|s| s.waypoint_for.is_some())
+        .map(|s| s.key())
+        .collect();
+    let is_waypoint =
+        |w: &ferry_core::model::Workload| w.services.keys().any(|k| waypoint_keys.contains(k));
+    for w in workloads.iter().filter(|w| is_waypoint(w)) {
+        let Some(node) = &w.node else { continue };
+        let pod = state.pods.get(&w.name).context("pod state")?;
+        let pod_ns = format!("/var/run/netns/{}", pod.netns);
+        // In its node's namespace (to reach the control plane), serving inside the pod's.
+        let ns = state
+            .nodes
+            .get(node.as_str())
+            .context("node state")?
+            .netns
+            .clone();
+        let log = opts.state_dir.join(format!("waypoint-{}.log", w.name));
+        let token_file = format!("{dir}/{node}.token");
+        spawn(
+            state,
+            &ns,
+            &[
+                &exe,
+                "waypoint",
+                "--uid",
+                w.uid.as_str(),
+                "--cluster",
+                w.cluster.as_str(),
+                "--control",
+                &format!("https://{listen}"),
+                "--token-file",
+                &token_file,
+                "--bundle-file",
+                &bundle,
+                "--netns",
+                &pod_ns,
+            ],
+            &log,
+        )?;
+        if let Some(p) = state.pods.get_mut(&w.name) {
+            p.waypoint = true;
+        }
+        wait_for(
+            &format!("waypoint {}", w.name),
+            Duration::from_secs(30),
+            || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("serving HBONE")),
+        )?;
+    }
     for w in &workloads {
         let Some(node) = &w.node else { continue };
-        if w.tunnel != TunnelProtocol::Hbone {
+        if w.tunnel != TunnelProtocol::Hbone || is_waypoint(w) {
             continue;
         }
         let pod = state.pods.get(&w.name).context("pod state")?;

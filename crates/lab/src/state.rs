@@ -13,6 +13,9 @@ pub struct Pod {
     pub node: Option<String>,
     pub cluster: String,
     pub enrolled: bool,
+    /// Runs `ferry waypoint` (terminates HBONE itself, not captured).
+    #[serde(default)]
+    pub waypoint: bool,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use ferry_core::authz::{self, ConnInfo, Reason, Verdict};
 use ferry_hbone::copy::{self, Failed};
-use ferry_hbone::headers::{Refusal, Target};
+use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
+use ferry_hbone::pool::PoolKey;
 use ferry_hbone::server::{ConnectRequest, Handler, Server, reset_tcp};
 use ferry_hbone::settings::Settings;
 use socket2::SockRef;
@@ -139,7 +140,8 @@ impl Handler for Inbound {
     fn connect(
         &self,
         req: &ConnectRequest,
-    ) -> impl std::future::Future<Output = Result<TcpStream, Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, Refusal>> + Send
+    {
         let (pod, node, target, peer) = (
             self.pod.clone(),
             self.node.clone(),
@@ -159,7 +161,7 @@ impl Handler for Inbound {
             })?;
             node.conns
                 .track(id, pod.clone(), Some(peer), src, addr.port(), &up);
-            Ok(up)
+            Ok(up.into())
         }
     }
 
@@ -277,6 +279,42 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
         }
         let l = labels(&node, &pod, None, "-");
         node.metrics.opened(&l);
+        // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
+        if let Some((wp_addr, wp_id, wp_name, cluster)) = {
+            let snap = node.store.load();
+            snap.workload(&pod.uid)
+                .and_then(|w| waypoint_instance(&snap, w))
+        } {
+            log.path = format!("plain tcp via waypoint {wp_name}");
+            log.dst_hbone_addr = wp_addr.to_string();
+            let creds = node
+                .certs
+                .fetch(&pod.identity)
+                .await
+                .map_err(|e| e.to_string())?;
+            let key = PoolKey::new(pod.identity.clone(), pod.ip, wp_addr, vec![wp_id]);
+            let headers = ConnectHeaders {
+                baggage: vec![("k8s.cluster.name".into(), cluster)],
+                forwarded_for: Some(peer),
+                ..ConnectHeaders::default()
+            };
+            let mut tunnel = node
+                .pool
+                .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
+                .await
+                .map_err(|e| e.to_string())?;
+            let r = copy::bidirectional(&mut tcp, &mut tunnel)
+                .await
+                .map_err(|e| {
+                    if e.failed == Failed::A {
+                        tunnel.abort();
+                    }
+                    e.to_string()
+                });
+            let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
+            node.metrics.closed(&l, s, rcv);
+            return r;
+        }
         let mut up = pod
             .netns
             .connect(None, SocketAddr::new(pod.ip, orig.port()))
@@ -315,4 +353,50 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
     }
     log.duration = started.elapsed();
     log.emit();
+}
+
+/// The waypoint instance that plain traffic to `dst` must go through, if `dst` has a waypoint:
+/// a healthy instance on `dst`'s network that the waypoint's scope admits for `dst`'s cluster,
+/// `dst`'s own cluster first. Returns (HBONE address, identity, waypoint name, `dst`'s cluster).
+fn waypoint_instance(
+    snap: &ferry_core::snapshot::Snapshot,
+    dst: &ferry_core::model::Workload,
+) -> Option<(SocketAddr, ferry_core::identity::Identity, String, String)> {
+    use ferry_core::model::{GatewayDestination, Health};
+    use ferry_core::snapshot::{AddressOwner, Endpoint};
+    let wp = dst.waypoint.clone().or_else(|| {
+        dst.services
+            .keys()
+            .filter_map(|k| snap.service(k))
+            .find_map(|s| s.waypoint.clone())
+    })?;
+    let key = match &wp.destination {
+        GatewayDestination::Service(k) => k.clone(),
+        GatewayDestination::Address(a) => match snap.owner(a) {
+            Some(AddressOwner::Service(k)) => k.clone(),
+            _ => return None,
+        },
+    };
+    let ws = snap.service(&key)?;
+    let mut instances: Vec<_> = snap
+        .endpoints(&key)
+        .iter()
+        .filter_map(|e| match e {
+            Endpoint::Workload(u) => snap.workload(u),
+            Endpoint::Address(_) => None,
+        })
+        .filter(|i| {
+            i.health == Health::Healthy
+                && i.network == dst.network
+                && ws.scope.admits(&i.cluster, &dst.cluster)
+        })
+        .collect();
+    instances.sort_by_key(|i| (i.cluster != dst.cluster, i.uid.clone()));
+    let i = instances.first()?;
+    Some((
+        SocketAddr::new(*i.addresses.first()?, wp.hbone_port),
+        i.identity().ok()?,
+        key.to_string(),
+        dst.cluster.to_string(),
+    ))
 }

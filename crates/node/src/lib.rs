@@ -22,3 +22,4 @@ pub mod netns;
 pub mod node;
 pub mod outbound;
 pub mod telemetry;
+pub mod waypoint;

@@ -1,0 +1,297 @@
+//! `ferry waypoint`, minimal and L4: the HBONE hop in front of a service or workload.
+//!
+//! It terminates HBONE with its own identity, decides again for the tunnel's target *on behalf
+//! of the original source's cluster* (from the tunnel's `baggage`), so the service's scope is
+//! enforced here too whatever the hop before did, and carries the bytes on in a new HBONE tunnel
+//! under its own identity. HTTP-aware routing and L7 policy come with the waypoint work.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_core::identity::Identity;
+use ferry_core::model::{ClusterId, WorkloadUid};
+use ferry_core::random::SplitMix64;
+use ferry_core::route::{self, Destination, Plan, Source, Transport};
+use ferry_core::store::Store;
+use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
+use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
+use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::settings::Settings;
+use ferry_hbone::tls::TrustBundle;
+use ferry_hbone::upstream::Upstream;
+use ferry_identity::client::GrpcCa;
+use ferry_identity::manager::{CertManager, ManagerConfig};
+use ferry_xds::client::{ClientConfig, XdsClient};
+use parking_lot::Mutex;
+
+use crate::telemetry::AccessLog;
+
+/// How a waypoint instance is run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This instance's workload uid.
+    pub uid: String,
+    pub cluster: String,
+    pub control: String,
+    /// The credential of the node this instance runs on.
+    pub token: String,
+    pub bundle_pem: String,
+    pub listen: SocketAddr,
+    /// Listen and dial inside this network namespace (the waypoint pod's), while talking to
+    /// the control plane from the process's own.
+    pub netns: Option<std::path::PathBuf>,
+}
+
+/// Dials from inside the waypoint pod's namespace.
+#[derive(Debug)]
+struct NetnsDialer(Arc<crate::netns::Netns>);
+
+impl ferry_hbone::client::Dialer for NetnsDialer {
+    fn dial(
+        &self,
+        _src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<tokio::net::TcpStream>> + Send + '_>,
+    > {
+        Box::pin(self.0.connect(None, dst))
+    }
+}
+
+struct Waypoint {
+    store: Arc<Store>,
+    certs: CertManager,
+    pool: Pool,
+    bundle: TrustBundle,
+    uid: WorkloadUid,
+    identity: Identity,
+    ip: IpAddr,
+    cluster: ClusterId,
+    plans: Mutex<HashMap<u64, Plan>>,
+    refused: AtomicU64,
+    netns: Option<Arc<crate::netns::Netns>>,
+}
+
+impl Handler for Waypoint {
+    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+        let Target::Addr(dst) = req.target else {
+            return Err(Refusal::BadRequest(
+                "this waypoint serves address targets".into(),
+            ));
+        };
+        let headers = ConnectHeaders::read(&req.headers);
+        let origin = headers
+            .baggage
+            .iter()
+            .find(|(k, _)| k == "k8s.cluster.name")
+            .map_or_else(|| self.cluster.clone(), |(_, v)| ClusterId::new(v));
+        let snap = self.store.load();
+        let me = snap
+            .workload(&self.uid)
+            .cloned()
+            .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
+        let mut rng = SplitMix64::new(req.id);
+        let decision = route::route(
+            &snap,
+            Source::on_behalf_of(&me, &origin),
+            &Destination::Addr(dst),
+            &mut rng,
+        );
+        match decision.outcome {
+            Ok(plan) => {
+                self.plans.lock().insert(req.id, plan);
+                Ok(())
+            }
+            Err(e) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let (peer, reason) = (req.peer.to_string(), e.to_string());
+                tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst, reason = %reason, "waypoint refused the connection");
+                Err(Refusal::Unavailable(e.to_string()))
+            }
+        }
+    }
+
+    fn connect(
+        &self,
+        req: &ConnectRequest,
+    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
+        let plan = self.plans.lock().remove(&req.id);
+        let peer = req.peer_addr;
+        let origin = ConnectHeaders::read(&req.headers).baggage;
+        async move {
+            let plan =
+                plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
+            match plan.transport {
+                Transport::Hbone {
+                    connect_to,
+                    authority,
+                    identities,
+                } => {
+                    let creds = self
+                        .certs
+                        .fetch(&self.identity)
+                        .await
+                        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                    let key = PoolKey::new(self.identity.clone(), self.ip, connect_to, identities);
+                    let headers = ConnectHeaders {
+                        baggage: origin,
+                        forwarded_for: Some(peer),
+                        ..ConnectHeaders::default()
+                    };
+                    let bundle = self
+                        .certs
+                        .trust_bundle()
+                        .unwrap_or_else(|| self.bundle.clone());
+                    let t = self
+                        .pool
+                        .open(&key, &creds, &bundle, &authority, &headers)
+                        .await
+                        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                    Ok(Upstream::from(t))
+                }
+                Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
+                    let stream = match &self.netns {
+                        Some(ns) => ns.connect(None, connect_to).await,
+                        None => tokio::net::TcpStream::connect(connect_to).await,
+                    };
+                    stream
+                        .map(Upstream::from)
+                        .map_err(|e| Refusal::Unavailable(format!("connect {connect_to}: {e}")))
+                }
+                Transport::GatewayHbone { .. } => Err(Refusal::Unavailable(
+                    "gateway hops are not implemented yet".into(),
+                )),
+            }
+        }
+    }
+
+    fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+        AccessLog {
+            direction: "waypoint",
+            src_addr: req.peer_addr.to_string(),
+            src_workload: "",
+            src_identity: req.peer.to_string(),
+            dst_addr: req.target.to_string(),
+            path: "hbone via this waypoint".into(),
+            bytes_sent: sent,
+            bytes_recv: received,
+            error: error.map(str::to_string),
+            ..AccessLog::default()
+        }
+        .emit();
+    }
+}
+
+/// Runs a waypoint instance until SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
+    let store = Arc::new(Store::default());
+    let xds = XdsClient::new(
+        ClientConfig {
+            endpoint: config.control.clone(),
+            bundle_pem: config.bundle_pem.clone(),
+            server_name: "ferry-control".into(),
+            token: config.token.clone(),
+            cluster: config.cluster.clone(),
+            node_id: format!("ferry-waypoint~{}", config.uid),
+            plaintext: false,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(15),
+        },
+        store.clone(),
+    );
+    let mut ready = xds.ready();
+    tokio::spawn(xds.run());
+    ready.wait_for(|r| *r).await.context("xDS")?;
+    let uid = WorkloadUid::new(&config.uid);
+    let me = store
+        .load()
+        .workload(&uid)
+        .cloned()
+        .with_context(|| format!("no workload {} in the mesh", config.uid))?;
+    let identity = me.identity().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ip = *me
+        .addresses
+        .first()
+        .context("the waypoint has no address")?;
+    let ca = GrpcCa::new(
+        &config.control,
+        &config.bundle_pem,
+        "ferry-control",
+        config.token.clone(),
+        config.cluster.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let certs = CertManager::new(Arc::new(ca), ManagerConfig::default());
+    certs
+        .fetch(&identity)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let netns = match &config.netns {
+        Some(p) => Some(Arc::new(
+            crate::netns::Netns::open(p)
+                .with_context(|| format!("network namespace {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let pool_config = match &netns {
+        Some(ns) => PoolConfig {
+            dialer: Arc::new(NetnsDialer(ns.clone())),
+            ..PoolConfig::default()
+        },
+        None => PoolConfig::default(),
+    };
+    let wp = Arc::new(Waypoint {
+        store,
+        certs,
+        pool: Pool::new(pool_config),
+        bundle,
+        uid,
+        identity: identity.clone(),
+        ip,
+        cluster: ClusterId::new(&config.cluster),
+        plans: Mutex::new(HashMap::new()),
+        refused: AtomicU64::new(0),
+        netns: netns.clone(),
+    });
+    let listener = match &netns {
+        Some(ns) => ns.listen(config.listen).await,
+        None => tokio::net::TcpListener::bind(config.listen).await,
+    }
+    .with_context(|| format!("binding {}", config.listen))?;
+    println!(
+        "ferry waypoint {}: serving HBONE on {} as {identity}",
+        config.uid, config.listen
+    );
+    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
+    loop {
+        let (tcp, peer) = listener.accept().await?;
+        let creds = match wp.certs.fetch(&wp.identity).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "no certificate: refusing a connection");
+                continue;
+            }
+        };
+        let leaf = creds.chain()[0].to_vec();
+        let server = match &current {
+            Some((l, s)) if *l == leaf => s.clone(),
+            _ => {
+                let bundle = wp.certs.trust_bundle().unwrap_or_else(|| wp.bundle.clone());
+                let s = Arc::new(Server::new(&creds, &bundle, Settings::default())?);
+                current = Some((leaf, s.clone()));
+                s
+            }
+        };
+        let wp = wp.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve_connection(tcp, peer, wp).await {
+                tracing::debug!(peer = %peer, error = %e, "waypoint connection ended with an error");
+            }
+        });
+    }
+}
