@@ -85,6 +85,21 @@ pub(crate) enum LabCommand {
         #[arg(long)]
         until_closed: bool,
     },
+    /// Hand one node's pods over to a new node proxy process without refusing a connection.
+    Handover {
+        node: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) short connections one after another until a file appears.
+    #[command(hide = true)]
+    Churn {
+        to: SocketAddr,
+        #[arg(long)]
+        until_file: PathBuf,
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+    },
     /// Restart one node proxy; its pods are enrolled again.
     RestartNode {
         node: String,
@@ -201,6 +216,21 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             until_closed,
         } => {
             ferry_lab::apps::hold(to, n, until_closed)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Handover { node, lab } => {
+            build::handover(&lab.state_dir, &node)?;
+            println!("ferry lab: node {node} handed over to a new node proxy");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Churn {
+            to,
+            until_file,
+            max_seconds,
+        } => {
+            let (ok, failed) =
+                ferry_lab::apps::churn(to, &until_file, Duration::from_secs(max_seconds));
+            println!("ok={ok} failed={failed}");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::RestartNode { node, lab } => {

@@ -271,6 +271,52 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "no second capture"
     );
 
+    // Handovers of both nodes on the path while short connections keep coming: none refused.
+    let stop = lab.dir.join("stop-churn");
+    let churn = ferry()
+        .args(["lab", "exec", "sleep", "--state-dir"])
+        .arg(&lab.dir)
+        .args(["--id", &lab.id, "--"])
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .args(["lab", "churn", "198.18.2.20:8080", "--until-file"])
+        .arg(&stop)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for node in ["alpha-1", "alpha-2"] {
+        let out = ferry()
+            .args(["lab", "handover", node, "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "handover of {node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::write(&stop, "").unwrap();
+    let out = churn.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let counts: Vec<u64> = summary
+        .split(' ')
+        .filter_map(|kv| kv.split('=').nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(counts.len(), 2, "{summary}");
+    assert!(counts[0] > 0, "no connection made it: {summary}");
+    assert_eq!(
+        counts[1],
+        0,
+        "connections refused during the handovers: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "after handover")
+        .expect("served by the new node proxies");
+    assert!(r.contains("after handover"), "{r}");
+
     // A node proxy restart: new connections work once it is back.
     let out = ferry()
         .args(["lab", "restart-node", "alpha-2", "--state-dir"])

@@ -132,6 +132,11 @@ impl Connection {
         self.send.current_max_send_streams()
     }
 
+    /// Marks the connection unusable (it failed to open a stream).
+    pub fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
     /// Whether the connection can no longer carry streams.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)

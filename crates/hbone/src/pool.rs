@@ -140,29 +140,70 @@ impl Pool {
         authority: &str,
         headers: &ConnectHeaders,
     ) -> Result<Tunnel, Error> {
-        let entry = match self.checkout(key) {
-            Some(e) => e,
-            None => {
-                let lock = self
-                    .inner
-                    .dialing
-                    .lock()
-                    .entry(key.clone())
-                    .or_default()
-                    .clone();
-                let _guard = lock.lock().await;
-                match self.checkout(key) {
-                    Some(e) => e,
-                    None => self.dial(key, creds, bundle).await?,
-                }
-            }
-        };
+        let (entry, fresh) = self.acquire(key, creds, bundle).await?;
         let reservation = Reservation(entry);
-        let stream = reservation.0.conn.open(authority, headers).await?;
-        Ok(Tunnel {
-            stream,
-            _reservation: reservation,
-        })
+        match reservation.0.conn.open(authority, headers).await {
+            Ok(stream) => Ok(Tunnel {
+                stream,
+                _reservation: reservation,
+            }),
+            // A pooled connection that went away (GOAWAY, peer restart) between uses: never hand
+            // it out again, and try once more on a new one. A refusal (an HTTP status) is final.
+            Err(Error::H2 { .. }) if !fresh => {
+                reservation.0.conn.mark_closed();
+                drop(reservation);
+                let entry = self.dial_locked(key, creds, bundle).await?;
+                let reservation = Reservation(entry);
+                let stream = reservation.0.conn.open(authority, headers).await?;
+                Ok(Tunnel {
+                    stream,
+                    _reservation: reservation,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A reserved slot on a pooled connection, or on a new one (`true`).
+    async fn acquire(
+        &self,
+        key: &PoolKey,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+    ) -> Result<(Arc<Entry>, bool), Error> {
+        if let Some(e) = self.checkout(key) {
+            return Ok((e, false));
+        }
+        let lock = self
+            .inner
+            .dialing
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _guard = lock.lock().await;
+        match self.checkout(key) {
+            Some(e) => Ok((e, false)),
+            None => Ok((self.dial(key, creds, bundle).await?, true)),
+        }
+    }
+
+    /// A new connection for `key`, one dial at a time per key.
+    async fn dial_locked(
+        &self,
+        key: &PoolKey,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+    ) -> Result<Arc<Entry>, Error> {
+        let lock = self
+            .inner
+            .dialing
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _guard = lock.lock().await;
+        self.dial(key, creds, bundle).await
     }
 
     /// A live connection for `key` with a free stream slot, reserved.

@@ -70,6 +70,8 @@ pub struct Server {
     acceptor: TlsAcceptor,
     trust_domain: String,
     settings: Settings,
+    /// When it turns true, every connection is told to stop opening streams (GOAWAY).
+    drain: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -90,7 +92,15 @@ impl Server {
             acceptor: TlsAcceptor::from(tls::server_config(creds, bundle)?),
             trust_domain: creds.identity().trust_domain().to_string(),
             settings,
+            drain: None,
         })
+    }
+
+    /// Connections get a GOAWAY when `drain` turns true: clients finish what they have and
+    /// open new streams elsewhere.
+    pub fn drain_on(mut self, drain: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.drain = Some(drain);
+        self
     }
 
     /// Accepts connections from `listener` forever, each served on its own task.
@@ -156,9 +166,24 @@ impl Server {
             }
         };
         tokio::pin!(keepalive);
+        let mut drain = self.drain.clone();
+        let mut goaway_sent = false;
         loop {
+            let draining = async {
+                match drain.as_mut() {
+                    Some(d) if !goaway_sent => {
+                        let _ = d.wait_for(|v| *v).await;
+                    }
+                    _ => std::future::pending::<()>().await,
+                }
+            };
             let next = tokio::select! {
                 next = conn.accept() => next,
+                () = draining => {
+                    conn.graceful_shutdown();
+                    goaway_sent = true;
+                    continue;
+                }
                 why = &mut keepalive => {
                     tracing::info!(peer.addr = %peer_addr, src.identity = %peer, reason = why, "closing HBONE connection");
                     return Ok(());

@@ -198,3 +198,34 @@ pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<
         Ok(())
     })
 }
+
+/// Opens short connections to `to` one after another (connect, read the greeting, close) until
+/// `stop` exists or `max` passes; returns (succeeded, failed) and prints each failure.
+pub fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64) {
+    use std::io::BufRead;
+    let end = Instant::now() + max;
+    let (mut ok, mut failed) = (0u64, 0u64);
+    while !stop.exists() && Instant::now() < end {
+        let attempt = (|| -> std::io::Result<()> {
+            let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let mut line = String::new();
+            std::io::BufReader::new(&s).read_line(&mut line)?;
+            if line.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed before the greeting",
+                ));
+            }
+            Ok(())
+        })();
+        match attempt {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                failed += 1;
+                eprintln!("attempt {} failed: {e}", ok + failed);
+            }
+        }
+    }
+    (ok, failed)
+}

@@ -523,3 +523,76 @@ fn spawn_append(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyho
     state.save()?;
     Ok(child.id())
 }
+
+/// Hands a node's pods over to a new node proxy process without refusing a connection: the new
+/// process opens its listeners beside the old one's (SO_REUSEPORT) and keeps the capture rules
+/// as they are; only then does the old one drain and exit (its queued connections migrate).
+pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let mut state = State::load(state_dir).context("no lab is up")?;
+    let n = state
+        .nodes
+        .get(node)
+        .with_context(|| format!("no node {node}"))?;
+    let (old, netns, log, mut args) = (n.pid, n.netns.clone(), n.log.clone(), n.args.clone());
+    let api = state_dir.join(format!("{node}.{}.sock", state.pids.len()));
+    if let Some(i) = args.iter().position(|a| a == "--api") {
+        args[i + 1] = api.display().to_string();
+    }
+    // The old process still holds its admin port: the new one takes the next.
+    let mut admin = None;
+    if let Some(i) = args.iter().position(|a| a == "--admin") {
+        let (ip, port) = args[i + 1].rsplit_once(':').context("admin address")?;
+        let next = format!("{ip}:{}", port.parse::<u16>()? + 1);
+        args[i + 1].clone_from(&next);
+        admin = Some(next);
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
+    writeln!(
+        logfile,
+        "--- handover: a new node proxy starts beside the old one ---"
+    )?;
+    let pid = spawn_append(&mut state, &netns, &argv, &log)?;
+    wait_for("the new node proxy", Duration::from_secs(20), || {
+        api.exists()
+    })?;
+    for p in state
+        .pods
+        .values()
+        .filter(|p| p.enrolled && p.node.as_deref() == Some(node))
+    {
+        let answer = api_call(&api, &format!("add {} /var/run/netns/{}", p.uid, p.netns))?;
+        if answer.trim() != "ok" {
+            bail!(
+                "enrolling {} in the new node proxy: {}",
+                p.uid,
+                answer.trim()
+            );
+        }
+    }
+    // Only now does the old one stop accepting and drain.
+    let _ = kill(Pid::from_raw(old as i32), Signal::SIGTERM);
+    wait_for(
+        "the old node proxy to drain and exit",
+        Duration::from_secs(60),
+        || {
+            let _ = nix::sys::wait::waitpid(
+                Pid::from_raw(old as i32),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+            kill(Pid::from_raw(old as i32), None).is_err()
+        },
+    )?;
+    if let Some(n) = state.nodes.get_mut(node) {
+        n.pid = pid;
+        n.api = api;
+        n.args = args;
+        if let Some(a) = admin {
+            n.admin = a;
+        }
+    }
+    state.save()?;
+    Ok(())
+}

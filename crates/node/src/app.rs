@@ -38,6 +38,7 @@ pub struct Config {
 
 /// Runs the node proxy until SIGTERM or SIGINT, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    raise_fd_limit();
     let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
     let store = Arc::new(Store::default());
     let xds = XdsClient::new(
@@ -78,6 +79,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         pool,
         metrics: Metrics::default(),
         conns: crate::conns::Conns::default(),
+        drain: tokio::sync::watch::channel(false).0,
         pods: Mutex::new(HashMap::new()),
         by_ip,
         connections: AtomicU64::new(0),
@@ -166,5 +168,17 @@ async fn recheck(node: Arc<Node>) {
                 tracing::info!(closed, version = last, "policy change closed connections");
             }
         }
+    }
+}
+
+/// Raises the soft file-descriptor limit to the hard one: every proxied connection holds two.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the file-descriptor limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the file-descriptor limit"),
+        },
+        _ => {}
     }
 }

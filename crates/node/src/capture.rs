@@ -44,8 +44,22 @@ fn rules() -> String {
     )
 }
 
-/// Installs the capture rules (replacing any left from an earlier run).
+/// Installs the capture rules. Rules already in place (a previous node proxy's, during a
+/// handover) are kept as they are: removing and adding them again would open a window in which
+/// the pod's traffic bypasses the proxy.
 pub async fn install(netns: &Path) -> Result<(), CaptureError> {
+    // Queued connections of a closing listener move to the other listeners of its port group
+    // (the next node proxy's) instead of being reset.
+    let _ = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["sysctl", "-q", "-w", "net.ipv4.tcp_migrate_req=1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await;
+    if installed(netns).await {
+        return Ok(());
+    }
     remove(netns).await;
     let err = |detail: String| CaptureError {
         netns: netns.display().to_string(),
@@ -98,4 +112,22 @@ pub async fn remove(netns: &Path) {
         let _ = ipt(&["-F", chain]).status().await;
         let _ = ipt(&["-X", chain]).status().await;
     }
+}
+
+/// Whether both jumps into Ferry's chains are in place.
+pub async fn installed(netns: &Path) -> bool {
+    let mut ok = true;
+    for (chain, hook) in [("FERRY_OUT", "OUTPUT"), ("FERRY_IN", "PREROUTING")] {
+        let status = Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args([
+                "iptables", "-w", "-t", "nat", "-C", hook, "-p", "tcp", "-j", chain,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await;
+        ok &= status.is_ok_and(|s| s.success());
+    }
+    ok
 }

@@ -218,7 +218,9 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
         let leaf = creds.chain()[0].to_vec();
         let server = match &current {
             Some((l, s)) if *l == leaf => s.clone(),
-            _ => match Server::new(&creds, &node.bundle(), Settings::default()) {
+            _ => match Server::new(&creds, &node.bundle(), Settings::default())
+                .map(|s| s.drain_on(node.drain.subscribe()))
+            {
                 Ok(s) => {
                     let s = Arc::new(s);
                     current = Some((leaf, s.clone()));

@@ -78,6 +78,8 @@ impl Netns {
             .run(move || -> io::Result<std::net::TcpListener> {
                 let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
                 s.set_reuse_address(true)?;
+                // A new node proxy opens its listeners beside the old one's during a handover.
+                s.set_reuse_port(true)?;
                 s.set_nonblocking(true)?;
                 s.bind(&addr.into())?;
                 s.listen(1024)?;

@@ -73,6 +73,8 @@ pub struct Node {
     pub metrics: Metrics,
     /// Open inbound connections, re-checked on every configuration change.
     pub conns: crate::conns::Conns,
+    /// Turns true when the node proxy drains: HBONE connections get a GOAWAY.
+    pub drain: tokio::sync::watch::Sender<bool>,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,
@@ -194,6 +196,10 @@ impl Node {
             .listen(listen(capture::HBONE_PORT))
             .await
             .map_err(io)?;
+        // Registered before the listeners accept: a connection they take may need the pod
+        // (the tunnel dialer finds pods by address).
+        self.by_ip.lock().insert(ip, pod.clone());
+        self.pods.lock().insert(uid.clone(), pod.clone());
         {
             let mut t = pod.tasks.lock();
             t.push(tokio::spawn(crate::outbound::serve(
@@ -213,11 +219,11 @@ impl Node {
             )));
         }
         if let Err(e) = capture::install(netns).await {
+            self.by_ip.lock().remove(&ip);
+            self.pods.lock().remove(&uid);
             self.stop(&pod).await;
             return Err(e.into());
         }
-        self.by_ip.lock().insert(ip, pod.clone());
-        self.pods.lock().insert(uid.clone(), pod.clone());
         tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %netns.display(), "pod enrolled");
         Ok(pod)
     }
@@ -243,8 +249,10 @@ impl Node {
         capture::remove(pod.netns.path()).await;
     }
 
-    /// Stops accepting on every pod (the drain's first step).
+    /// Stops accepting on every pod and tells HBONE peers to go elsewhere (the drain's first
+    /// step).
     pub fn stop_accepting(&self) {
+        self.drain.send_replace(true);
         for p in self.pods.lock().values() {
             for t in p.tasks.lock().drain(..) {
                 t.abort();
