@@ -381,6 +381,32 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "new connections are denied too"
     );
 
+    // Someone removes a pod's capture rules: the node proxy puts them back.
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).unwrap()).unwrap();
+    let sleep_ns = state["pods"]["sleep"]["netns"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ipt = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &sleep_ns, "iptables", "-w", "-t", "nat"])
+            .args(args)
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        ipt(&["-D", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"]),
+        "rules were in place"
+    );
+    let end = Instant::now() + Duration::from_secs(15);
+    while !ipt(&["-C", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"]) {
+        assert!(Instant::now() < end, "capture rules were not restored");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.log_line("alpha-1", &["capture rules were missing; restored"]);
+
     // The control plane goes away: the node keeps serving its last good configuration.
     let control = lab.pids()[0];
     let _ = Command::new("kill").arg(control.to_string()).status();

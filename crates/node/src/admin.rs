@@ -47,9 +47,13 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
             }
         }
         "/metrics" | "/stats/prometheus" => {
-            ("200 OK", "text/plain; version=0.0.4", node.metrics.render())
+            let mut text = node.metrics.render();
+            text.push_str(&format!(
+                "# HELP ferry_capture_repairs_total Capture rules found missing and put back.\n# TYPE ferry_capture_repairs_total counter\nferry_capture_repairs_total {}\n",
+                node.capture_repairs.load(std::sync::atomic::Ordering::Relaxed)
+            ));
+            ("200 OK", "text/plain; version=0.0.4", text)
         }
-        "/certs" => ("200 OK", "application/json", certs(node).to_string()),
         "/config_dump" => {
             let snap = node.store.load();
             let pods: Vec<_> = node.pods().iter().map(|p| json!({"uid": p.uid.to_string(), "ip": p.ip.to_string(), "identity": p.identity.to_string(), "netns": p.netns.path().display().to_string()})).collect();

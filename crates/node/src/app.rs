@@ -80,6 +80,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Metrics::default(),
         conns: crate::conns::Conns::default(),
         drain: tokio::sync::watch::channel(false).0,
+        capture_repairs: AtomicU64::new(0),
         pods: Mutex::new(HashMap::new()),
         by_ip,
         connections: AtomicU64::new(0),
@@ -99,6 +100,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     });
     tokio::spawn(prefetch(node.clone(), ready));
     tokio::spawn(recheck(node.clone()));
+    tokio::spawn(reconcile(node.clone()));
     println!(
         "ferry node {}: enrollment API on {}, admin on http://{admin_addr}/ (ready, config_dump, certs, metrics)",
         config.name,
@@ -180,5 +182,33 @@ fn raise_fd_limit() {
             Err(e) => tracing::warn!(error = %e, "cannot raise the file-descriptor limit"),
         },
         _ => {}
+    }
+}
+
+/// Keeps every enrolled pod's capture rules in place: rules removed by someone else are put
+/// back (and counted), so a pod's traffic does not go around the proxy for longer than one
+/// check interval. A pod whose namespace is gone is reported.
+async fn reconcile(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for pod in node.pods() {
+            let path = pod.netns.path().to_path_buf();
+            if !path.exists() {
+                tracing::error!(pod = %pod.uid, netns = %path.display(), "the pod's network namespace is gone; remove the pod or enroll it again");
+                continue;
+            }
+            if !crate::capture::installed(&path).await {
+                node.capture_repairs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                match crate::capture::install(&path).await {
+                    Ok(()) => {
+                        tracing::warn!(pod = %pod.uid, "capture rules were missing; restored")
+                    }
+                    Err(e) => {
+                        tracing::error!(pod = %pod.uid, error = %e, "capture rules are missing and cannot be restored")
+                    }
+                }
+            }
+        }
     }
 }

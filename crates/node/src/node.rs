@@ -75,6 +75,8 @@ pub struct Node {
     pub conns: crate::conns::Conns,
     /// Turns true when the node proxy drains: HBONE connections get a GOAWAY.
     pub drain: tokio::sync::watch::Sender<bool>,
+    /// Capture rules found missing and put back.
+    pub capture_repairs: AtomicU64,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,
