@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod copy;
+pub mod double;
 pub mod error;
 pub mod headers;
 pub mod pool;

@@ -1,0 +1,202 @@
+//! Double HBONE through a gateway that forwards the inner bytes without reading them.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ferry_hbone::double::open_inner;
+use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
+use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
+use ferry_hbone::server::{ConnectRequest, Handler};
+use ferry_hbone::settings::Settings;
+use ferry_hbone::testkit::TestCa;
+use ferry_hbone::upstream::Upstream;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const GATEWAY: &str = "spiffe://cluster.local/ns/istio-system/sa/eastwest";
+
+/// A gateway: hostname targets only, forwarded as raw bytes to one HBONE address.
+struct Gateway {
+    next_hop: std::net::SocketAddr,
+    seen: Mutex<Vec<(String, String)>>,
+}
+
+impl Handler for Gateway {
+    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+        match &req.target {
+            Target::Host { .. } => {
+                self.seen
+                    .lock()
+                    .push((req.peer.to_string(), req.target.to_string()));
+                Ok(())
+            }
+            Target::Addr(_) => Err(Refusal::BadRequest(
+                "a gateway serves service hostnames only".into(),
+            )),
+        }
+    }
+
+    fn connect(
+        &self,
+        _req: &ConnectRequest,
+    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
+        let to = self.next_hop;
+        async move {
+            tokio::net::TcpStream::connect(to)
+                .await
+                .map(Upstream::from)
+                .map_err(|e| Refusal::Unavailable(e.to_string()))
+        }
+    }
+}
+
+/// The destination: resolves the hostname target to the echo server.
+struct Destination {
+    echo: std::net::SocketAddr,
+    seen: Mutex<Vec<(String, String, Option<String>)>>,
+}
+
+impl Handler for Destination {
+    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+        let h = ConnectHeaders::read(&req.headers);
+        self.seen.lock().push((
+            req.peer.to_string(),
+            req.target.to_string(),
+            h.forwarded_network,
+        ));
+        Ok(())
+    }
+
+    fn connect(
+        &self,
+        _req: &ConnectRequest,
+    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
+        let to = self.echo;
+        async move {
+            tokio::net::TcpStream::connect(to)
+                .await
+                .map(Upstream::from)
+                .map_err(|e| Refusal::Unavailable(e.to_string()))
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_destination_sees_the_original_identity_through_the_gateway() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let dest = Arc::new(Destination {
+        echo,
+        seen: Mutex::new(Vec::new()),
+    });
+    let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
+    let gw = Arc::new(Gateway {
+        next_hop: dest_addr,
+        seen: Mutex::new(Vec::new()),
+    });
+    let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
+
+    let pool = Pool::new(PoolConfig::default());
+    let creds = ca.issue_str(CLIENT);
+    let authority = "echo.default.svc.cluster.local:80";
+    let key = PoolKey::new(
+        id(CLIENT),
+        "127.0.0.1".parse().unwrap(),
+        gw_addr,
+        vec![id(GATEWAY)],
+    );
+    let outer = pool
+        .open(
+            &key,
+            &creds,
+            &ca.bundle(),
+            authority,
+            &ConnectHeaders::default(),
+        )
+        .await
+        .expect("outer tunnel");
+    let headers = ConnectHeaders {
+        forwarded_network: Some("net-east".into()),
+        ..ConnectHeaders::default()
+    };
+    let mut inner = open_inner(
+        outer,
+        gw_addr,
+        &creds,
+        &ca.bundle(),
+        vec![id(SERVER)],
+        authority,
+        &headers,
+        &Settings::default(),
+    )
+    .await
+    .expect("inner tunnel");
+    inner.write_all(b"across networks").await.unwrap();
+    inner.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    inner.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"across networks");
+    assert_eq!(
+        gw.seen.lock()[0],
+        (CLIENT.to_string(), authority.to_string()),
+        "the gateway checks the caller"
+    );
+    let seen = dest.seen.lock()[0].clone();
+    assert_eq!(
+        seen.0, CLIENT,
+        "the destination sees the original identity, not the gateway's"
+    );
+    assert_eq!(seen.1, authority);
+    assert_eq!(seen.2.as_deref(), Some("net-east"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inner_handshake_checks_the_destination_identity() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let dest = Arc::new(Destination {
+        echo,
+        seen: Mutex::new(Vec::new()),
+    });
+    let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
+    let gw = Arc::new(Gateway {
+        next_hop: dest_addr,
+        seen: Mutex::new(Vec::new()),
+    });
+    let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let creds = ca.issue_str(CLIENT);
+    let key = PoolKey::new(
+        id(CLIENT),
+        "127.0.0.1".parse().unwrap(),
+        gw_addr,
+        vec![id(GATEWAY)],
+    );
+    let outer = pool
+        .open(
+            &key,
+            &creds,
+            &ca.bundle(),
+            "x.default.svc:80",
+            &ConnectHeaders::default(),
+        )
+        .await
+        .unwrap();
+    let wanted = "spiffe://cluster.local/ns/default/sa/someone-else";
+    let err = open_inner(
+        outer,
+        gw_addr,
+        &creds,
+        &ca.bundle(),
+        vec![id(wanted)],
+        "x.default.svc:80",
+        &ConnectHeaders::default(),
+        &Settings::default(),
+    )
+    .await
+    .expect_err("an impostor behind the gateway is refused");
+    assert!(err.to_string().contains(wanted), "{err}");
+    assert!(dest.seen.lock().is_empty());
+}
