@@ -4,6 +4,9 @@ use ferry_core::identity::Identity;
 use ferry_core::model::NodeName;
 use ferry_core::snapshot::Snapshot;
 
+/// The credential name prefix of east-west gateways (`gateway.<gateway name>`).
+pub const GATEWAY_PREFIX: &str = "gateway.";
+
 /// Why a node may not have a certificate for an identity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denial {
@@ -21,6 +24,18 @@ pub enum Denial {
 
 /// Allows `node` to obtain `identity` only if a workload with that identity is scheduled on it.
 pub fn authorize(snap: &Snapshot, node: &NodeName, identity: &Identity) -> Result<(), Denial> {
+    // An east-west gateway authenticates as `gateway.<name>` and may hold only its own identity.
+    if let Some(gw) = node.as_str().strip_prefix(GATEWAY_PREFIX) {
+        return match snap.gateways().find(|g| g.name == gw) {
+            Some(g) if &g.identity == identity => Ok(()),
+            Some(g) => Err(Denial::OnAnotherNode {
+                identity: identity.clone(),
+                node: node.clone(),
+                elsewhere: format!("gateway {} holds only {}", g.name, g.identity),
+            }),
+            None => Err(Denial::UnknownNode { node: node.clone() }),
+        };
+    }
     if snap.node(node).is_none() {
         return Err(Denial::UnknownNode { node: node.clone() });
     }

@@ -34,6 +34,8 @@ enum Command {
     Node(node::NodeArgs),
     /// A waypoint instance (minimal, L4): re-decides on behalf of the original source's cluster.
     Waypoint(node::WaypointArgs),
+    /// An east-west gateway: the entry of a network for double-HBONE traffic from others.
+    Gateway(node::GatewayArgs),
     /// A whole multi-cluster mesh in network namespaces on this machine.
     #[command(subcommand)]
     Lab(lab::LabCommand),
@@ -79,6 +81,10 @@ fn main() -> ExitCode {
         Command::Waypoint(args) => {
             init_logging();
             node::run_waypoint(&args)
+        }
+        Command::Gateway(args) => {
+            init_logging();
+            node::run_gateway(&args)
         }
         Command::Lab(cmd) => lab::run(cmd),
     }

@@ -121,3 +121,47 @@ pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
         }
     }
 }
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct GatewayArgs {
+    /// The gateway's name in the topology.
+    #[arg(long)]
+    name: String,
+    #[arg(long)]
+    control: String,
+    /// The gateway's credential (`ferry control token --node gateway.<name>`).
+    #[arg(long)]
+    token_file: PathBuf,
+    #[arg(long)]
+    bundle_file: PathBuf,
+    #[arg(long, default_value = "0.0.0.0:15008")]
+    listen: SocketAddr,
+}
+
+pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
+    let result = (|| -> anyhow::Result<()> {
+        let token = std::fs::read_to_string(&args.token_file)
+            .with_context(|| format!("reading {}", args.token_file.display()))?;
+        let bundle = std::fs::read_to_string(&args.bundle_file)
+            .with_context(|| format!("reading {}", args.bundle_file.display()))?;
+        let config = ferry_node::gateway::Config {
+            name: args.name.clone(),
+            control: args.control.clone(),
+            token: token.trim().to_string(),
+            bundle_pem: bundle,
+            listen: args.listen,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(ferry_node::gateway::run(config))
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry gateway: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -17,16 +17,29 @@ struct Lab {
 
 impl Lab {
     fn up() -> Option<Self> {
+        Self::up_with(None, "fT", "main")
+    }
+
+    fn up_with(topology: Option<&str>, id: &str, tag: &str) -> Option<Self> {
         if !nix_is_root() {
             eprintln!("skipping the lab test: it needs root to create network namespaces");
             return None;
         }
         let lab = Self {
-            dir: std::env::temp_dir().join(format!("ferry-lab-test-{}", std::process::id())),
-            id: "fT".into(),
+            dir: std::env::temp_dir().join(format!("ferry-lab-test-{}-{tag}", std::process::id())),
+            id: id.into(),
         };
-        let out = ferry()
-            .args(["lab", "up", "--state-dir"])
+        let mut cmd = ferry();
+        cmd.args(["lab", "up"]);
+        if let Some(t) = topology {
+            cmd.arg(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../examples")
+                    .join(t),
+            );
+        }
+        let out = cmd
+            .arg("--state-dir")
             .arg(&lab.dir)
             .args(["--id", &lab.id])
             .output()
@@ -392,6 +405,7 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         Command::new("ip")
             .args(["netns", "exec", &sleep_ns, "iptables", "-w", "-t", "nat"])
             .args(args)
+            .stderr(std::process::Stdio::null())
             .status()
             .unwrap()
             .success()
@@ -414,4 +428,46 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         .send("sleep", "198.18.10.2:80", "after")
         .expect("still served without the control plane");
     assert!(r.contains("after"), "{r}");
+}
+
+#[test]
+fn two_networks_meet_only_through_their_gateways() {
+    let Some(lab) = Lab::up_with(Some("two-clusters.yaml"), "fU", "networks") else {
+        return;
+    };
+    // A global service with pods only in west, from east: double HBONE through west's gateway.
+    let r = lab
+        .send("sleep-east", "198.18.10.5:80", "across")
+        .expect("through the gateway");
+    assert!(
+        r.starts_with("search-west-1 port 7070") && r.contains("across"),
+        "{r}"
+    );
+    // The destination's node proxy sees the original identity, not the gateway's.
+    lab.log_line(
+        "west-2",
+        &[
+            "direction=\"inbound\"",
+            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
+            "dst.addr=search.default.svc.cluster.local:80",
+        ],
+    );
+    lab.log_line(
+        "gateway-eastwest-west",
+        &[
+            "direction=\"gateway\"",
+            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
+            "dst.addr=search.default.svc.cluster.local:80",
+        ],
+    );
+    // A west pod's address means nothing on east's network: no way around the gateway.
+    assert!(
+        lab.send("sleep-east", "198.19.2.70:7070", "x").is_err(),
+        "networks are separate"
+    );
+    // Same-network traffic in each cluster still works as before.
+    let r = lab
+        .send("sleep-west", "198.19.10.2:80", "local")
+        .expect("ledger in west");
+    assert!(r.starts_with("ledger-west-1"), "{r}");
 }

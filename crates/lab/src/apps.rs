@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
-pub const SINK_PORT: u16 = 7070;
+pub const SINK_PORT: u16 = 7777;
 
 /// Serves every port in `ports` (each connection gets `"<name> port <p> saw <peer>\n"`, then
 /// its own bytes back until it closes its side) and the sink on [`SINK_PORT`].

@@ -81,13 +81,24 @@ fn bridge(ns: &str) -> anyhow::Result<()> {
 
 /// A veth from `host_ns` (as eth0, with `addr`) to the bridge in `bridge_ns` (as `port`).
 fn attach(host_ns: &str, addr: &str, bridge_ns: &str, port: &str) -> anyhow::Result<()> {
+    attach_named(host_ns, "eth0", addr, bridge_ns, port)
+}
+
+/// A veth from `host_ns` (as `ifname`, with `addr`) to the bridge in `bridge_ns` (as `port`).
+fn attach_named(
+    host_ns: &str,
+    ifname: &str,
+    addr: &str,
+    bridge_ns: &str,
+    port: &str,
+) -> anyhow::Result<()> {
     ip(&[
-        "link", "add", "eth0", "netns", host_ns, "type", "veth", "peer", "name", port, "netns",
+        "link", "add", ifname, "netns", host_ns, "type", "veth", "peer", "name", port, "netns",
         bridge_ns,
     ])?;
     ip(&["-n", bridge_ns, "link", "set", port, "master", "br0", "up"])?;
-    ip(&["-n", host_ns, "addr", "add", addr, "dev", "eth0"])?;
-    ip(&["-n", host_ns, "link", "set", "eth0", "up"])
+    ip(&["-n", host_ns, "addr", "add", addr, "dev", ifname])?;
+    ip(&["-n", host_ns, "link", "set", ifname, "up"])
 }
 
 /// Starts `args` inside `ns`, detached, logging to `log`. Returns its pid.
@@ -323,8 +334,122 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
         )?;
     }
 
+    // East-west gateways: on their own network, and reachable at their address from every other
+    // network (an interface on each other network's bridge, with a route back to its pods).
+    let gateways: Vec<_> = snap.gateways().cloned().collect();
+    for (k, g) in gateways.iter().enumerate() {
+        let gns = netns(state, format!("{id}-g{k}"))?;
+        attach_named(
+            &gns,
+            "mgmt",
+            &format!("{MGMT_PREFIX}.{}/24", 100 + k),
+            &mgmt,
+            &format!("g{k}"),
+        )?;
+        let own = networks
+            .get(g.network.as_str())
+            .context("gateway network")?
+            .clone();
+        attach_named(
+            &gns,
+            "own",
+            &format!("{}/15", g.address),
+            &own,
+            &format!("g{k}"),
+        )?;
+        let own_ips: std::collections::HashSet<_> = snap
+            .workloads()
+            .filter(|w| w.network == g.network)
+            .flat_map(|w| w.addresses.clone())
+            .collect();
+        for (m, (net, net_ns)) in networks.iter().enumerate() {
+            if net == g.network.as_str() {
+                continue;
+            }
+            let ifname = format!("n{m}");
+            attach_named(
+                &gns,
+                &ifname,
+                &format!("{}/32", g.address),
+                net_ns,
+                &format!("g{k}n{m}"),
+            )?;
+            for w in snap.workloads().filter(|w| w.network.as_str() == net) {
+                for a in &w.addresses {
+                    if own_ips.contains(a) {
+                        bail!(
+                            "the lab cannot route gateway {} to {a}: the address is used on two networks",
+                            g.name
+                        );
+                    }
+                    ip(&[
+                        "-n",
+                        &gns,
+                        "route",
+                        "add",
+                        &format!("{a}/32"),
+                        "dev",
+                        &ifname,
+                    ])?;
+                }
+            }
+        }
+        let token = Command::new(&exe)
+            .args([
+                "control",
+                "token",
+                "--state-dir",
+                &control_dir,
+                "--node",
+                &format!("gateway.{}", g.name),
+            ])
+            .output()?;
+        if !token.status.success() {
+            bail!("ferry control token failed for gateway {}", g.name);
+        }
+        let token_file = format!("{dir}/gateway-{}.token", g.name);
+        std::fs::write(&token_file, &token.stdout)?;
+        let log = opts.state_dir.join(format!("gateway-{}.log", g.name));
+        spawn(
+            state,
+            &gns,
+            &[
+                &exe,
+                "gateway",
+                "--name",
+                &g.name,
+                "--control",
+                &format!("https://{listen}"),
+                "--token-file",
+                &token_file,
+                "--bundle-file",
+                &bundle,
+            ],
+            &log,
+        )?;
+        wait_for(
+            &format!("gateway {}", g.name),
+            Duration::from_secs(30),
+            || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("serving HBONE")),
+        )?;
+    }
+
     // Apps, then enrollment.
-    let ports = APP_PORTS.map(|p| p.to_string()).join(",");
+    // Every port a service targets, so any service's traffic finds the app listening.
+    let mut app_ports: std::collections::BTreeSet<u16> = APP_PORTS.into_iter().collect();
+    for s in snap.services() {
+        app_ports.extend(s.ports.iter().map(|p| p.target_port));
+    }
+    for w in snap.workloads() {
+        app_ports.extend(w.services.values().flatten().map(|p| p.target_port));
+    }
+    app_ports
+        .retain(|p| *p != 0 && *p != crate::apps::SINK_PORT && ![15001, 15006, 15008].contains(p));
+    let ports = app_ports
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let pods: Vec<(String, String)> = state
         .pods
         .iter()

@@ -84,17 +84,7 @@ struct Inbound {
 
 impl Handler for Inbound {
     fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
-        let Target::Addr(target) = req.target else {
-            return Err(Refusal::BadRequest(
-                "this node proxy serves pod addresses, not hostnames".into(),
-            ));
-        };
-        if target.ip() != self.pod.ip {
-            return Err(Refusal::BadRequest(format!(
-                "{target} is not this pod ({})",
-                self.pod.ip
-            )));
-        }
+        let target = resolve(&self.node, &self.pod, &req.target)?;
         if [
             capture::OUTBOUND_PORT,
             capture::INBOUND_PORT,
@@ -150,9 +140,7 @@ impl Handler for Inbound {
         );
         let (id, src) = (req.id, req.peer_addr);
         async move {
-            let Target::Addr(addr) = target else {
-                return Err(Refusal::BadRequest("hostname target".into()));
-            };
+            let addr = resolve(&node, &pod, &target)?;
             node.metrics.opened(&labels(&node, &pod, Some(&peer), "-"));
             node.active.fetch_add(1, Ordering::Relaxed);
             let up = pod.netns.connect(None, addr).await.map_err(|e| {
@@ -401,4 +389,40 @@ fn waypoint_instance(
         key.to_string(),
         dst.cluster.to_string(),
     ))
+}
+
+/// Where a tunnel to `pod` goes: its own `ip:port`, or, for a `hostname:port` target (the inner
+/// tunnel of double HBONE), the port of that service which this pod serves.
+fn resolve(node: &Node, pod: &Pod, target: &Target) -> Result<SocketAddr, Refusal> {
+    match target {
+        Target::Addr(a) if a.ip() == pod.ip => Ok(*a),
+        Target::Addr(a) => Err(Refusal::BadRequest(format!(
+            "{a} is not this pod ({})",
+            pod.ip
+        ))),
+        Target::Host { hostname, port } => {
+            let snap = node.store.load();
+            let w = snap
+                .workload(&pod.uid)
+                .ok_or_else(|| Refusal::Unavailable("the pod left the mesh".into()))?;
+            let key = snap
+                .services_by_hostname(hostname)
+                .iter()
+                .find(|k| w.services.contains_key(*k))
+                .ok_or_else(|| {
+                    Refusal::Unavailable(format!("this pod serves no service {hostname}"))
+                })?;
+            let svc = snap
+                .service(key)
+                .ok_or_else(|| Refusal::Unavailable(format!("no service {key}")))?;
+            let sp = svc
+                .port(*port)
+                .ok_or_else(|| Refusal::BadRequest(format!("service {key} has no port {port}")))?;
+            let target = w
+                .target_port(key, *port)
+                .filter(|p| *p != 0)
+                .unwrap_or(sp.target_port);
+            Ok(SocketAddr::new(pod.ip, target))
+        }
+    }
 }

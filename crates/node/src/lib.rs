@@ -17,6 +17,7 @@ pub mod api;
 pub mod app;
 pub mod capture;
 pub mod conns;
+pub mod gateway;
 pub mod inbound;
 pub mod netns;
 pub mod node;

@@ -197,12 +197,78 @@ async fn proxy(
                 }
             }
         }
-        Transport::GatewayHbone { gateway, .. } => {
-            labels.response_flags = "NoRoute".into();
-            node.metrics.closed(&labels, 0, 0);
-            return Err(format!(
-                "double HBONE through the east-west gateway {gateway} is not implemented yet"
-            ));
+        Transport::GatewayHbone {
+            gateway,
+            gateway_identity,
+            authority,
+            identities,
+        } => {
+            log.dst_hbone_addr = gateway.to_string();
+            log.dst_identity = identities
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            labels.destination_principal = log.dst_identity.clone();
+            let creds = node
+                .certs
+                .fetch(&pod.identity)
+                .await
+                .map_err(|e| e.to_string())?;
+            let key = PoolKey::new(
+                pod.identity.clone(),
+                pod.ip,
+                *gateway,
+                vec![gateway_identity.clone()],
+            );
+            let headers = ConnectHeaders {
+                baggage: vec![
+                    ("k8s.cluster.name".into(), src.cluster.to_string()),
+                    ("k8s.namespace.name".into(), src.namespace.clone()),
+                    ("k8s.pod.name".into(), src.name.clone()),
+                ],
+                forwarded_for: Some(peer),
+                forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
+                traceparent: Some(traceparent(n)),
+                forwarded_network: None,
+            };
+            let bundle = node.bundle();
+            let outer = node
+                .pool
+                .open(&key, &creds, &bundle, authority, &headers)
+                .await
+                .map_err(|e| {
+                    labels.response_flags = "ConnectionFailure".into();
+                    format!("outer tunnel to the gateway: {e}")
+                })?;
+            let inner_headers = ConnectHeaders {
+                forwarded_network: Some(src.network.to_string()),
+                ..headers
+            };
+            let mut inner = ferry_hbone::double::open_inner(
+                outer,
+                *gateway,
+                &creds,
+                &bundle,
+                identities.clone(),
+                authority,
+                &inner_headers,
+                &ferry_hbone::settings::Settings::default(),
+            )
+            .await
+            .map_err(|e| {
+                labels.response_flags = "ConnectionFailure".into();
+                format!("inner tunnel through the gateway: {e}")
+            })?;
+            match copy::bidirectional(tcp, &mut inner).await {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    if e.failed == Failed::A {
+                        inner.abort();
+                    }
+                    Err((e.a_to_b, e.b_to_a, e.to_string()))
+                }
+            }
         }
     };
     match outcome {

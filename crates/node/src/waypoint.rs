@@ -78,10 +78,12 @@ struct Waypoint {
 
 impl Handler for Waypoint {
     fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
-        let Target::Addr(dst) = req.target else {
-            return Err(Refusal::BadRequest(
-                "this waypoint serves address targets".into(),
-            ));
+        let dst = match &req.target {
+            Target::Addr(a) => Destination::Addr(*a),
+            Target::Host { hostname, port } => Destination::Host {
+                hostname: hostname.clone(),
+                port: *port,
+            },
         };
         let headers = ConnectHeaders::read(&req.headers);
         let origin = headers
@@ -95,12 +97,7 @@ impl Handler for Waypoint {
             .cloned()
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
         let mut rng = SplitMix64::new(req.id);
-        let decision = route::route(
-            &snap,
-            Source::on_behalf_of(&me, &origin),
-            &Destination::Addr(dst),
-            &mut rng,
-        );
+        let decision = route::route(&snap, Source::on_behalf_of(&me, &origin), &dst, &mut rng);
         match decision.outcome {
             Ok(plan) => {
                 self.plans.lock().insert(req.id, plan);
@@ -109,7 +106,7 @@ impl Handler for Waypoint {
             Err(e) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 let (peer, reason) = (req.peer.to_string(), e.to_string());
-                tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst, reason = %reason, "waypoint refused the connection");
+                tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, "waypoint refused the connection");
                 Err(Refusal::Unavailable(e.to_string()))
             }
         }

@@ -1,0 +1,250 @@
+//! `ferry gateway`: the east-west gateway of one network.
+//!
+//! It accepts outer HBONE tunnels from other networks, verifies the caller (mutual TLS), accepts
+//! only `hostname:port` targets (never a raw pod address), checks that the service exists and
+//! that its scope admits the caller's cluster, picks an endpoint (or the service's waypoint) *on
+//! its own network*, and forwards the inner tunnel's bytes to that endpoint's HBONE port without
+//! terminating them: the destination sees the original identity end to end.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_core::model::{ClusterId, Health, Locality, TunnelProtocol, Workload, WorkloadUid};
+use ferry_core::random::SplitMix64;
+use ferry_core::route::{self, Destination, Source, Transport};
+use ferry_core::store::Store;
+use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
+use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::settings::Settings;
+use ferry_hbone::tls::TrustBundle;
+use ferry_hbone::upstream::Upstream;
+use ferry_identity::client::GrpcCa;
+use ferry_identity::manager::{CertManager, ManagerConfig};
+use ferry_xds::client::{ClientConfig, XdsClient};
+use parking_lot::Mutex;
+
+use crate::telemetry::AccessLog;
+
+/// How a gateway is run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The gateway's name in the topology.
+    pub name: String,
+    pub control: String,
+    /// The gateway's credential (`ferry control token --node gateway.<name>`).
+    pub token: String,
+    pub bundle_pem: String,
+    pub listen: SocketAddr,
+}
+
+struct Gateway {
+    store: Arc<Store>,
+    name: String,
+    plans: Mutex<HashMap<u64, SocketAddr>>,
+    refused: AtomicU64,
+}
+
+impl Gateway {
+    /// The gateway as a source for routing decisions: on its network, in its cluster.
+    fn as_workload(&self) -> Option<Workload> {
+        let snap = self.store.load();
+        let g = snap.gateways().find(|g| g.name == self.name)?.clone();
+        Some(Workload {
+            uid: WorkloadUid::new(format!("gateway/{}", g.name)),
+            name: g.name.clone(),
+            namespace: g.identity.namespace().to_string(),
+            service_account: g.identity.service_account().to_string(),
+            trust_domain: g.identity.trust_domain().to_string(),
+            addresses: vec![g.address],
+            network: g.network.clone(),
+            cluster: g.cluster.clone(),
+            node: None,
+            locality: Locality::default(),
+            tunnel: TunnelProtocol::Hbone,
+            health: Health::Healthy,
+            capacity: 1,
+            waypoint: None,
+            network_gateway: None,
+            services: BTreeMap::new(),
+            authorization_policies: Vec::new(),
+            labels: BTreeMap::new(),
+        })
+    }
+
+    fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let (peer, target) = (req.peer.to_string(), req.target.to_string());
+        tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, "gateway refused the connection");
+        Refusal::Denied(why)
+    }
+}
+
+impl Handler for Gateway {
+    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+        let Target::Host { hostname, port } = &req.target else {
+            return Err(self.refuse(
+                req,
+                "a gateway serves service hostnames, never pod addresses".into(),
+            ));
+        };
+        let me = self.as_workload().ok_or_else(|| {
+            Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
+        })?;
+        let origin = ConnectHeaders::read(&req.headers)
+            .baggage
+            .iter()
+            .find(|(k, _)| k == "k8s.cluster.name")
+            .map(|(_, v)| ClusterId::new(v))
+            .ok_or_else(|| {
+                self.refuse(
+                    req,
+                    "the caller did not say which cluster it is in (baggage k8s.cluster.name)"
+                        .into(),
+                )
+            })?;
+        let snap = self.store.load();
+        let dst = Destination::Host {
+            hostname: hostname.clone(),
+            port: *port,
+        };
+        let decision = route::route(
+            &snap,
+            Source::on_behalf_of(&me, &origin),
+            &dst,
+            &mut SplitMix64::new(req.id),
+        );
+        match decision.outcome {
+            Ok(plan) => match plan.transport {
+                Transport::Hbone { connect_to, .. } => {
+                    self.plans.lock().insert(req.id, connect_to);
+                    Ok(())
+                }
+                _ => Err(self.refuse(
+                    req,
+                    format!(
+                        "no endpoint of {hostname} on this gateway's network for cluster {origin}"
+                    ),
+                )),
+            },
+            Err(e) => Err(self.refuse(req, e.to_string())),
+        }
+    }
+
+    fn connect(
+        &self,
+        req: &ConnectRequest,
+    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
+        let to = self.plans.lock().remove(&req.id);
+        async move {
+            let to =
+                to.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
+            // The inner tunnel's bytes go to the endpoint's HBONE port untouched.
+            tokio::net::TcpStream::connect(to)
+                .await
+                .map(Upstream::from)
+                .map_err(|e| Refusal::Unavailable(format!("connect {to}: {e}")))
+        }
+    }
+
+    fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+        AccessLog {
+            direction: "gateway",
+            src_addr: req.peer_addr.to_string(),
+            src_workload: "",
+            src_identity: req.peer.to_string(),
+            dst_addr: req.target.to_string(),
+            path: "forwarded to its network, inner tunnel untouched".into(),
+            bytes_sent: sent,
+            bytes_recv: received,
+            error: error.map(str::to_string),
+            ..AccessLog::default()
+        }
+        .emit();
+    }
+}
+
+/// Runs the gateway until SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
+    let store = Arc::new(Store::default());
+    let xds = XdsClient::new(
+        ClientConfig {
+            endpoint: config.control.clone(),
+            bundle_pem: config.bundle_pem.clone(),
+            server_name: "ferry-control".into(),
+            token: config.token.clone(),
+            cluster: String::new(),
+            node_id: format!("ferry-gateway~{}", config.name),
+            plaintext: false,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(15),
+        },
+        store.clone(),
+    );
+    let mut ready = xds.ready();
+    tokio::spawn(xds.run());
+    ready.wait_for(|r| *r).await.context("xDS")?;
+    let g = store
+        .load()
+        .gateways()
+        .find(|g| g.name == config.name)
+        .cloned()
+        .with_context(|| format!("no gateway {} in the mesh", config.name))?;
+    let ca = GrpcCa::new(
+        &config.control,
+        &config.bundle_pem,
+        "ferry-control",
+        config.token.clone(),
+        g.cluster.to_string(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let certs = CertManager::new(Arc::new(ca), ManagerConfig::default());
+    certs
+        .fetch(&g.identity)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gw = Arc::new(Gateway {
+        store,
+        name: config.name.clone(),
+        plans: Mutex::new(HashMap::new()),
+        refused: AtomicU64::new(0),
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    println!(
+        "ferry gateway {}: serving HBONE on {} as {} for network {}",
+        config.name, config.listen, g.identity, g.network
+    );
+    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
+    loop {
+        let (tcp, peer) = listener.accept().await?;
+        let creds = match certs.fetch(&g.identity).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "no certificate: refusing a connection");
+                continue;
+            }
+        };
+        let leaf = creds.chain()[0].to_vec();
+        let server = match &current {
+            Some((l, s)) if *l == leaf => s.clone(),
+            _ => {
+                let b = certs.trust_bundle().unwrap_or_else(|| bundle.clone());
+                let s = Arc::new(Server::new(&creds, &b, Settings::default())?);
+                current = Some((leaf, s.clone()));
+                s
+            }
+        };
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve_connection(tcp, peer, gw).await {
+                tracing::debug!(peer = %peer, error = %e, "gateway connection ended with an error");
+            }
+        });
+    }
+}
