@@ -64,6 +64,53 @@ pub(crate) enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// Compare two paths from one pod through Ferry, in the same run (e.g. same-network HBONE
+    /// against double HBONE through a gateway).
+    BenchPaths {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        near: SocketAddr,
+        #[arg(long)]
+        far: SocketAddr,
+        #[arg(long, default_value_t = 128)]
+        bulk_mib: usize,
+        #[arg(long, default_value_t = 3000)]
+        round_trips: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) a hand-made HBONE request: get a certificate for `identity` with a node
+    /// credential, then CONNECT to `authority` through `to`. Prints the outcome.
+    #[command(hide = true)]
+    Craft {
+        #[arg(long)]
+        control: String,
+        #[arg(long)]
+        token_file: PathBuf,
+        #[arg(long)]
+        bundle_file: PathBuf,
+        #[arg(long)]
+        identity: String,
+        #[arg(long)]
+        to: SocketAddr,
+        #[arg(long)]
+        peer_identity: String,
+        #[arg(long)]
+        authority: String,
+        #[arg(long)]
+        cluster: String,
+    },
+    /// (inside the lab) the path comparison client.
+    #[command(hide = true)]
+    PathsClient {
+        near: SocketAddr,
+        far: SocketAddr,
+        #[arg(long)]
+        bulk_mib: usize,
+        #[arg(long)]
+        round_trips: usize,
+    },
     /// (inside the lab) the benchmark client.
     #[command(hide = true)]
     BenchClient {
@@ -210,6 +257,107 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             ferry_lab::apps::bench(target, bulk_mib, round_trips, conns)?;
             Ok(ExitCode::SUCCESS)
         }
+        LabCommand::BenchPaths {
+            from,
+            near,
+            far,
+            bulk_mib,
+            round_trips,
+            lab,
+        } => {
+            let state = State::load(&lab.state_dir).context("no lab is up")?;
+            let ns = netns_of(&state, &from)?;
+            let status = Command::new("ip")
+                .args(["netns", "exec", &ns])
+                .arg(std::env::current_exe()?)
+                .args(["lab", "paths-client", &near.to_string(), &far.to_string()])
+                .args([
+                    "--bulk-mib",
+                    &bulk_mib.to_string(),
+                    "--round-trips",
+                    &round_trips.to_string(),
+                ])
+                .status()?;
+            Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
+        }
+        LabCommand::Craft {
+            control,
+            token_file,
+            bundle_file,
+            identity,
+            to,
+            peer_identity,
+            authority,
+            cluster,
+        } => {
+            let token = std::fs::read_to_string(&token_file)?;
+            let bundle = std::fs::read_to_string(&bundle_file)?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                use ferry_identity::client::CertificateSource;
+                let ca = ferry_identity::client::GrpcCa::new(
+                    &control,
+                    &bundle,
+                    "ferry-control",
+                    token.trim().to_string(),
+                    cluster.clone(),
+                )
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let creds = ca
+                    .sign(&identity.parse()?, Duration::from_secs(3600))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let trust = ferry_hbone::tls::TrustBundle::from_pem(&bundle)?;
+                let conn = ferry_hbone::client::Connection::connect(
+                    None,
+                    to,
+                    &creds,
+                    &trust,
+                    vec![peer_identity.parse()?],
+                    &ferry_hbone::settings::Settings::default(),
+                )
+                .await?;
+                let headers = ferry_hbone::headers::ConnectHeaders {
+                    baggage: vec![("k8s.cluster.name".into(), cluster)],
+                    ..Default::default()
+                };
+                match conn.open(&authority, &headers).await {
+                    Ok(_) => println!("status 200: tunnel open"),
+                    Err(e) => println!("refused: {e}"),
+                }
+                Ok::<_, anyhow::Error>(())
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::PathsClient {
+            near,
+            far,
+            bulk_mib,
+            round_trips,
+        } => {
+            let [n, f] = ferry_lab::apps::paths(near, far, bulk_mib, round_trips)?;
+            println!(
+                "paths through Ferry from this pod, {bulk_mib} MiB echoed, {round_trips} round trips"
+            );
+            println!(
+                "near {near}: {:.2} GB/s, 1 KiB p50 {:.0} us p99 {:.0} us",
+                n.0, n.1, n.2
+            );
+            println!(
+                "far  {far}: {:.2} GB/s, 1 KiB p50 {:.0} us p99 {:.0} us",
+                f.0, f.1, f.2
+            );
+            println!(
+                "far / near: throughput {:.2}x, p50 {:.2}x, p99 {:.2}x",
+                f.0 / n.0,
+                f.1 / n.1,
+                f.2 / n.2
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         LabCommand::Hold {
             to,
             n,
@@ -263,6 +411,9 @@ fn netns_of(state: &State, pod: &str) -> anyhow::Result<String> {
     }
     if let Some(n) = state.nodes.get(pod) {
         return Ok(n.netns.clone());
+    }
+    if let Some(g) = state.gateways.get(pod) {
+        return Ok(g.clone());
     }
     let known: Vec<&str> = state.pods.keys().map(String::as_str).collect();
     bail!(

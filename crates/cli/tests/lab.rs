@@ -460,6 +460,61 @@ fn two_networks_meet_only_through_their_gateways() {
             "dst.addr=search.default.svc.cluster.local:80",
         ],
     );
+    // A crafted request straight to west's gateway for ledger, local to each cluster, from an
+    // east identity: refused at the gateway (and counted in its log). The same request for the
+    // global service passes.
+    let craft = |authority: &str| {
+        let out = ferry()
+            .args(["lab", "exec", "eastwest-east", "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "lab",
+                "craft",
+                "--control",
+                "https://198.19.254.1:15012",
+                "--token-file",
+            ])
+            .arg(lab.dir.join("east-1.token"))
+            .arg("--bundle-file")
+            .arg(lab.dir.join("bundle.pem"))
+            .args([
+                "--identity",
+                "spiffe://cluster.local/ns/default/sa/sleep",
+                "--to",
+                "198.19.255.1:15008",
+            ])
+            .args([
+                "--peer-identity",
+                "spiffe://cluster.local/ns/istio-system/sa/eastwest-west",
+                "--cluster",
+                "east",
+            ])
+            .args(["--authority", authority])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let refused = craft("ledger.default.svc.cluster.local:80");
+    assert!(
+        refused.contains("refused") && refused.contains("401"),
+        "{refused}"
+    );
+    lab.log_line(
+        "gateway-eastwest-west",
+        &[
+            "gateway refused the connection",
+            "dst.addr=ledger.default.svc.cluster.local:80",
+        ],
+    );
+    let allowed = craft("search.default.svc.cluster.local:80");
+    assert!(allowed.contains("status 200"), "{allowed}");
+
     // A west pod's address means nothing on east's network: no way around the gateway.
     assert!(
         lab.send("sleep-east", "198.19.2.70:7070", "x").is_err(),

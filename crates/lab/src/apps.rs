@@ -229,3 +229,56 @@ pub fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64
     }
     (ok, failed)
 }
+
+/// Through Ferry from this pod: bulk (echoed) throughput and 1 KiB round trips to `near` and to
+/// `far`, in the same run. Returns ((GB/s, p50 us, p99 us) near, the same far).
+pub fn paths(
+    near: SocketAddr,
+    far: SocketAddr,
+    mib: usize,
+    round_trips: usize,
+) -> anyhow::Result<[(f64, f64, f64); 2]> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut out = [(0.0, 0.0, 0.0); 2];
+        for (i, to) in [near, far].into_iter().enumerate() {
+            let s = greeted(to, false).await?;
+            let (mut r, mut w) = tokio::io::split(s);
+            let total = mib << 20;
+            let start = Instant::now();
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut got = 0;
+                while got < total {
+                    let n = r.read(&mut buf).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                Ok::<_, std::io::Error>((r, got))
+            });
+            let chunk = vec![0x5au8; 256 * 1024];
+            for _ in 0..(total / chunk.len()) {
+                w.write_all(&chunk).await?;
+            }
+            let (r, got) = reader.await??;
+            let gbps = got as f64 / start.elapsed().as_secs_f64() / 1e9;
+            let mut s = r.unsplit(w);
+            let msg = [0x42u8; 1024];
+            let mut back = [0u8; 1024];
+            let mut lat = Vec::with_capacity(round_trips);
+            for _ in 0..round_trips {
+                let t = Instant::now();
+                s.write_all(&msg).await?;
+                s.read_exact(&mut back).await?;
+                lat.push(t.elapsed());
+            }
+            out[i] = (gbps, pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+        }
+        Ok(out)
+    })
+}

@@ -339,6 +339,7 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
     let gateways: Vec<_> = snap.gateways().cloned().collect();
     for (k, g) in gateways.iter().enumerate() {
         let gns = netns(state, format!("{id}-g{k}"))?;
+        state.gateways.insert(g.name.clone(), gns.clone());
         attach_named(
             &gns,
             "mgmt",

@@ -41,6 +41,9 @@ pub struct State {
     pub pids: Vec<u32>,
     pub pods: BTreeMap<String, Pod>,
     pub nodes: BTreeMap<String, NodeProc>,
+    /// East-west gateways: name -> namespace.
+    #[serde(default)]
+    pub gateways: BTreeMap<String, String>,
     pub control_log: PathBuf,
     pub control_addr: String,
     pub topology: PathBuf,
