@@ -526,3 +526,31 @@ fn two_networks_meet_only_through_their_gateways() {
         .expect("ledger in west");
     assert!(r.starts_with("ledger-west-1"), "{r}");
 }
+
+#[test]
+fn pods_with_the_same_address_on_two_networks_are_never_confused() {
+    let Some(lab) = Lab::up_with(Some("overlap.yaml"), "fV", "overlap") else {
+        return;
+    };
+    // 198.18.1.20 is app-east on east's network and hello-west on west's.
+    let r = lab
+        .send("sleep-east", "198.18.1.20:8080", "x")
+        .expect("east's own pod");
+    assert!(r.starts_with("app-east port 8080"), "{r}");
+    let r = lab
+        .send("sleep-east", "198.18.10.1:80", "x")
+        .expect("west's pod through the gateway");
+    assert!(r.starts_with("hello-west port 8080"), "{r}");
+    let r = lab
+        .send("sleep-west", "198.18.1.20:8080", "x")
+        .expect("west's own pod");
+    assert!(r.starts_with("hello-west port 8080"), "{r}");
+    lab.log_line(
+        "gateway-gw-west",
+        &[
+            "direction=\"gateway\"",
+            "dst.addr=hello.default.svc.cluster.local:80",
+            "connection",
+        ],
+    );
+}

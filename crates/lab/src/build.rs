@@ -358,11 +358,18 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
             &own,
             &format!("g{k}"),
         )?;
-        let own_ips: std::collections::HashSet<_> = snap
-            .workloads()
-            .filter(|w| w.network == g.network)
-            .flat_map(|w| w.addresses.clone())
-            .collect();
+        // Replies go back out of the interface a connection came in on, so pod addresses may
+        // repeat across networks: each interface marks what it receives, accepted sockets take
+        // the mark of their SYN, and each mark routes through its own interface.
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            &gns,
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.tcp_fwmark_accept=1",
+        ]))?;
         for (m, (net, net_ns)) in networks.iter().enumerate() {
             if net == g.network.as_str() {
                 continue;
@@ -375,25 +382,37 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
                 net_ns,
                 &format!("g{k}n{m}"),
             )?;
-            for w in snap.workloads().filter(|w| w.network.as_str() == net) {
-                for a in &w.addresses {
-                    if own_ips.contains(a) {
-                        bail!(
-                            "the lab cannot route gateway {} to {a}: the address is used on two networks",
-                            g.name
-                        );
-                    }
-                    ip(&[
-                        "-n",
-                        &gns,
-                        "route",
-                        "add",
-                        &format!("{a}/32"),
-                        "dev",
-                        &ifname,
-                    ])?;
-                }
-            }
+            let mark = (m + 1).to_string();
+            let table = (100 + m).to_string();
+            run(Command::new("ip").args([
+                "netns",
+                "exec",
+                &gns,
+                "iptables",
+                "-w",
+                "-t",
+                "mangle",
+                "-A",
+                "PREROUTING",
+                "-i",
+                &ifname,
+                "-j",
+                "MARK",
+                "--set-mark",
+                &mark,
+            ]))?;
+            ip(&["-n", &gns, "rule", "add", "fwmark", &mark, "lookup", &table])?;
+            ip(&[
+                "-n",
+                &gns,
+                "route",
+                "add",
+                "198.18.0.0/15",
+                "dev",
+                &ifname,
+                "table",
+                &table,
+            ])?;
         }
         let token = Command::new(&exe)
             .args([
