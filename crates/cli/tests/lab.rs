@@ -460,6 +460,17 @@ fn two_networks_meet_only_through_their_gateways() {
             "dst.addr=search.default.svc.cluster.local:80",
         ],
     );
+    // Metrics on the destination side label where the connection came from.
+    let m = lab.metrics("west-2", "198.19.254.13:15000");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("istio_tcp_connections_opened_total")
+                && l.contains("source_cluster=\"east\",source_network=\"net-east\"")
+                && l.contains("destination_workload=\"search-west-1\"")
+                && l.contains("destination_network=\"net-west\"")),
+        "{m}"
+    );
+
     // A crafted request straight to west's gateway for ledger, local to each cluster, from an
     // east identity: refused at the gateway (and counted in its log). The same request for the
     // global service passes.

@@ -58,20 +58,33 @@ fn labels(
     pod: &Pod,
     peer: Option<&ferry_core::identity::Identity>,
     flags: &str,
+    headers: Option<&http::HeaderMap>,
 ) -> Labels {
+    // What the tunnel says about its source: baggage names the cluster; the inner request of
+    // double HBONE names the network it came from.
+    let h = headers.map(ConnectHeaders::read).unwrap_or_default();
+    let src_cluster = h
+        .baggage
+        .iter()
+        .find(|(k, _)| k == "k8s.cluster.name")
+        .map_or_else(|| "unknown".to_string(), |(_, v)| v.clone());
+    let src_network = h.forwarded_network;
     let snap = node.store.load();
-    let cluster = snap
-        .workload(&pod.uid)
-        .map_or_else(|| "unknown".into(), |w| w.cluster.to_string());
+    let (cluster, network) = snap.workload(&pod.uid).map_or_else(
+        || ("unknown".into(), "unknown".into()),
+        |w| (w.cluster.to_string(), w.network.to_string()),
+    );
     Labels {
         reporter: Reporter::Destination,
         source_workload: "unknown".into(),
         source_principal: peer.map_or_else(|| "unknown".into(), ToString::to_string),
-        source_cluster: "unknown".into(),
+        source_cluster: src_cluster,
+        source_network: src_network.unwrap_or_else(|| "unknown".into()),
         destination_workload: pod.name.clone(),
         destination_service: "unknown".into(),
         destination_principal: pod.identity.to_string(),
         destination_cluster: cluster,
+        destination_network: network,
         response_flags: flags.into(),
     }
 }
@@ -108,7 +121,13 @@ impl Handler for Inbound {
             return Ok(());
         }
         let why = describe(&verdict);
-        let l = labels(&self.node, &self.pod, Some(&req.peer), "DENY");
+        let l = labels(
+            &self.node,
+            &self.pod,
+            Some(&req.peer),
+            "DENY",
+            Some(&req.headers),
+        );
         self.node.metrics.opened(&l);
         self.node.metrics.closed(&l, 0, 0);
         AccessLog {
@@ -138,10 +157,11 @@ impl Handler for Inbound {
             req.target.clone(),
             req.peer.clone(),
         );
-        let (id, src) = (req.id, req.peer_addr);
+        let (id, src, headers) = (req.id, req.peer_addr, req.headers.clone());
         async move {
             let addr = resolve(&node, &pod, &target)?;
-            node.metrics.opened(&labels(&node, &pod, Some(&peer), "-"));
+            node.metrics
+                .opened(&labels(&node, &pod, Some(&peer), "-", Some(&headers)));
             node.active.fetch_add(1, Ordering::Relaxed);
             let up = pod.netns.connect(None, addr).await.map_err(|e| {
                 node.active.fetch_sub(1, Ordering::Relaxed);
@@ -157,7 +177,13 @@ impl Handler for Inbound {
         self.node.conns.forget(req.id);
         self.node.active.fetch_sub(1, Ordering::Relaxed);
         self.node.metrics.closed(
-            &labels(&self.node, &self.pod, Some(&req.peer), "-"),
+            &labels(
+                &self.node,
+                &self.pod,
+                Some(&req.peer),
+                "-",
+                Some(&req.headers),
+            ),
             sent,
             received,
         );
@@ -262,12 +288,12 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
         log.dst_addr = orig.to_string();
         let verdict = authorize(&node, &pod, None, peer, orig.port())?;
         if !verdict.is_allowed() {
-            let l = labels(&node, &pod, None, "DENY");
+            let l = labels(&node, &pod, None, "DENY", None);
             node.metrics.opened(&l);
             node.metrics.closed(&l, 0, 0);
             return Err(describe(&verdict));
         }
-        let l = labels(&node, &pod, None, "-");
+        let l = labels(&node, &pod, None, "-", None);
         node.metrics.opened(&l);
         // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
         if let Some((wp_addr, wp_id, wp_name, cluster)) = {

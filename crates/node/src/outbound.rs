@@ -91,10 +91,12 @@ async fn proxy(
         source_workload: pod.name.clone(),
         source_principal: pod.identity.to_string(),
         source_cluster: src.cluster.to_string(),
+        source_network: src.network.to_string(),
         destination_workload: "unknown".into(),
         destination_service: "unknown".into(),
         destination_principal: "unknown".into(),
         destination_cluster: "unknown".into(),
+        destination_network: "unknown".into(),
         response_flags: "-".into(),
     };
     let plan = match decision.outcome {
@@ -115,6 +117,7 @@ async fn proxy(
     if let Some(l) = &landing {
         labels.destination_workload = l.name.clone();
         labels.destination_cluster = l.cluster.to_string();
+        labels.destination_network = l.network.to_string();
         log.dst_workload = l.uid.to_string();
     }
     if let Some(s) = &plan.service {

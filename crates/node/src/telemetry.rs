@@ -29,10 +29,12 @@ pub struct Labels {
     pub source_workload: String,
     pub source_principal: String,
     pub source_cluster: String,
+    pub source_network: String,
     pub destination_workload: String,
     pub destination_service: String,
     pub destination_principal: String,
     pub destination_cluster: String,
+    pub destination_network: String,
     /// `-` when fine, else e.g. `DENY`, `ConnectionFailure`, `NoRoute`.
     pub response_flags: String,
 }
@@ -106,15 +108,17 @@ impl Metrics {
             for (l, c) in m.iter() {
                 let _ = writeln!(
                     out,
-                    "{name}{{reporter=\"{}\",source_workload=\"{}\",source_principal=\"{}\",source_cluster=\"{}\",destination_workload=\"{}\",destination_service=\"{}\",destination_principal=\"{}\",destination_cluster=\"{}\",request_protocol=\"tcp\",response_flags=\"{}\"}} {}",
+                    "{name}{{reporter=\"{}\",source_workload=\"{}\",source_principal=\"{}\",source_cluster=\"{}\",source_network=\"{}\",destination_workload=\"{}\",destination_service=\"{}\",destination_principal=\"{}\",destination_cluster=\"{}\",destination_network=\"{}\",request_protocol=\"tcp\",response_flags=\"{}\"}} {}",
                     l.reporter.as_str(),
                     l.source_workload,
                     l.source_principal,
                     l.source_cluster,
+                    l.source_network,
                     l.destination_workload,
                     l.destination_service,
                     l.destination_principal,
                     l.destination_cluster,
+                    l.destination_network,
                     l.response_flags,
                     get(c)
                 );
