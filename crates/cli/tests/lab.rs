@@ -458,6 +458,7 @@ fn two_networks_meet_only_through_their_gateways() {
             "direction=\"gateway\"",
             "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
             "dst.addr=search.default.svc.cluster.local:80",
+            "connection complete",
         ],
     );
     // Metrics on the destination side label where the connection came from.

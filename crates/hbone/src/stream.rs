@@ -15,27 +15,47 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// An HTTP/2 CONNECT stream carrying a tunnel's bytes.
 #[derive(Debug)]
 pub struct H2Stream {
-    send: SendStream<Bytes>,
-    recv: RecvStream,
+    /// Present until the stream is dropped (see `Drop`).
+    io: Option<(SendStream<Bytes>, RecvStream)>,
     /// Received data not yet read by the caller.
     pending: Bytes,
     write_closed: bool,
+    read_done: bool,
+    aborted: bool,
 }
 
 impl H2Stream {
     pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
         Self {
-            send,
-            recv,
+            io: Some((send, recv)),
             pending: Bytes::new(),
             write_closed: false,
+            read_done: false,
+            aborted: false,
         }
     }
 
     /// Resets the stream: the peer sees a reset, not a clean end. RFC 9113 §8.5: a TCP reset on
     /// the far side of a CONNECT tunnel is signalled with a stream error of type CONNECT_ERROR.
     pub fn abort(&mut self) {
-        self.send.send_reset(Reason::CONNECT_ERROR);
+        self.aborted = true;
+        self.send().send_reset(Reason::CONNECT_ERROR);
+    }
+
+    fn send(&mut self) -> &mut SendStream<Bytes> {
+        &mut self
+            .io
+            .as_mut()
+            .expect("the stream's halves live until drop")
+            .0
+    }
+
+    fn recv(&mut self) -> &mut RecvStream {
+        &mut self
+            .io
+            .as_mut()
+            .expect("the stream's halves live until drop")
+            .1
     }
 }
 
@@ -70,15 +90,18 @@ impl AsyncRead for H2Stream {
                 buf.put_slice(&chunk);
                 return Poll::Ready(Ok(()));
             }
-            match ready!(self.recv.poll_data(cx)) {
+            match ready!(self.recv().poll_data(cx)) {
                 Some(Ok(data)) => {
                     // Give the window back as soon as h2 hands the data over: the pending buffer
                     // holds at most one frame, so memory stays bounded by the stream window.
-                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    let _ = self.recv().flow_control().release_capacity(data.len());
                     self.pending = data;
                 }
                 Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => return Poll::Ready(Ok(())),
+                None => {
+                    self.read_done = true;
+                    return Poll::Ready(Ok(()));
+                }
             }
         }
     }
@@ -99,13 +122,13 @@ impl AsyncWrite for H2Stream {
                 "tunnel write half is closed",
             )));
         }
-        self.send.reserve_capacity(buf.len());
+        self.send().reserve_capacity(buf.len());
         loop {
-            match self.send.poll_capacity(cx) {
+            match self.send().poll_capacity(cx) {
                 Poll::Ready(Some(Ok(0))) => {}
                 Poll::Ready(Some(Ok(n))) => {
                     let n = n.min(buf.len());
-                    self.send
+                    self.send()
                         .send_data(Bytes::copy_from_slice(&buf[..n]), false)
                         .map_err(h2_to_io)?;
                     return Poll::Ready(Ok(n));
@@ -119,7 +142,7 @@ impl AsyncWrite for H2Stream {
                 }
                 Poll::Pending => {
                     // No capacity: the peer may have reset the stream meanwhile.
-                    return match self.send.poll_reset(cx) {
+                    return match self.send().poll_reset(cx) {
                         Poll::Ready(Ok(reason)) => Poll::Ready(Err(io::Error::new(
                             io::ErrorKind::ConnectionReset,
                             format!("tunnel reset by peer ({reason})"),
@@ -139,8 +162,34 @@ impl AsyncWrite for H2Stream {
     fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.write_closed {
             self.write_closed = true;
-            self.send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
+            self.send()
+                .send_data(Bytes::new(), true)
+                .map_err(h2_to_io)?;
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+/// A stream we finished writing while the peer has not finished yet: hand it to a task that
+/// waits (briefly) for the peer's END_STREAM, so the peer sees a clean end instead of the
+/// RST_STREAM(CANCEL) that dropping an open stream sends.
+impl Drop for H2Stream {
+    fn drop(&mut self) {
+        if !self.write_closed || self.read_done || self.aborted {
+            return;
+        }
+        let (Some(io), Ok(rt)) = (self.io.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        rt.spawn(async move {
+            let (send, mut recv) = io;
+            let drain = async {
+                while let Some(Ok(data)) = recv.data().await {
+                    let _ = recv.flow_control().release_capacity(data.len());
+                }
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+            drop(send);
+        });
     }
 }
