@@ -24,6 +24,14 @@ pub struct ConnInfo<'a> {
     pub destination_port: u16,
 }
 
+/// The HTTP facts of one request, for waypoints.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpRequest<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub host: &'a str,
+}
+
 /// Allow or deny.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,8 +79,27 @@ impl Verdict {
     }
 }
 
-/// Decides whether `conn` may reach `dst`.
+/// Decides whether `conn` may reach `dst` (L4: a match that needs HTTP facts never holds).
 pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdict {
+    evaluate(snap, dst, conn, None)
+}
+
+/// Decides whether one HTTP request on `conn` may reach `dst` (at a waypoint).
+pub fn authorize_request(
+    snap: &Snapshot,
+    dst: &Workload,
+    conn: &ConnInfo<'_>,
+    request: &HttpRequest<'_>,
+) -> Verdict {
+    evaluate(snap, dst, conn, Some(request))
+}
+
+fn evaluate(
+    snap: &Snapshot,
+    dst: &Workload,
+    conn: &ConnInfo<'_>,
+    request: Option<&HttpRequest<'_>>,
+) -> Verdict {
     let mut applicable: Vec<&Policy> = snap.policies_for(dst).map(|p| &**p).collect();
     applicable.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     applicable.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
@@ -81,6 +108,7 @@ pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdic
     let facts = Facts {
         conn,
         principal: principal.as_deref(),
+        request,
     };
     let mut audited = Vec::new();
     let mut dry_run = Vec::new();
@@ -133,6 +161,7 @@ pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdic
 struct Facts<'a> {
     conn: &'a ConnInfo<'a>,
     principal: Option<&'a str>,
+    request: Option<&'a HttpRequest<'a>>,
 }
 
 /// The index of the first rule of `p` that matches, if any. Rules OR.
@@ -153,6 +182,21 @@ fn clause_matches(c: &Clause, facts: &Facts<'_>) -> bool {
 
 /// Every populated field holds (values of one field OR); `not_*` lists must not match.
 fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
+    if m.is_l7() {
+        let Some(req) = facts.request else {
+            return false;
+        };
+        let any = |list: &[crate::model::StringMatch], v: &str| list.iter().any(|s| s.matches(v));
+        let method_ok = (m.methods.is_empty() || any(&m.methods, req.method))
+            && !any(&m.not_methods, req.method);
+        let path_ok =
+            (m.paths.is_empty() || any(&m.paths, req.path)) && !any(&m.not_paths, req.path);
+        let host_ok =
+            (m.hosts.is_empty() || any(&m.hosts, req.host)) && !any(&m.not_hosts, req.host);
+        if !(method_ok && path_ok && host_ok) {
+            return false;
+        }
+    }
     let conn = facts.conn;
     let principal = facts.principal;
     let namespace = conn.source_identity.map(Identity::namespace);

@@ -382,3 +382,76 @@ fn clauses_and_matches_combine_like_istio() {
     assert!(!check(&snap, &echo, Some("sleep"), 81).is_allowed());
     assert!(!check(&snap, &echo, Some("third"), 80).is_allowed());
 }
+
+fn request(method: &'static str, path: &'static str) -> crate::authz::HttpRequest<'static> {
+    crate::authz::HttpRequest {
+        method,
+        path,
+        host: "echo.default.svc.cluster.local",
+    }
+}
+
+fn check_request(
+    snap: &Snapshot,
+    dst: &Workload,
+    method: &'static str,
+    path: &'static str,
+) -> Verdict {
+    let id: Identity = "spiffe://cluster.local/ns/default/sa/sleep"
+        .parse()
+        .unwrap();
+    crate::authz::authorize_request(
+        snap,
+        dst,
+        &ConnInfo {
+            source_identity: Some(&id),
+            source_ip: ip("198.18.1.10"),
+            destination_ip: ip("198.18.1.40"),
+            destination_port: 8080,
+        },
+        &request(method, path),
+    )
+}
+
+#[test]
+fn l7_matches_need_an_http_request() {
+    let get_only = Match {
+        methods: vec![StringMatch::Exact("GET".into())],
+        ..Match::default()
+    };
+    let (snap, echo) = mesh(vec![policy(
+        "allow-get",
+        PolicyScope::Namespace,
+        Action::Allow,
+        vec![rule(vec![get_only])],
+    )]);
+    assert!(check_request(&snap, &echo, "GET", "/").is_allowed());
+    assert!(!check_request(&snap, &echo, "POST", "/").is_allowed());
+    // At L4 there is no request: an L7-only ALLOW never matches, so the default deny holds.
+    assert!(!check(&snap, &echo, Some("sleep"), 8080).is_allowed());
+}
+
+#[test]
+fn l7_deny_on_paths_and_its_negation() {
+    let admin = Match {
+        paths: vec![StringMatch::from_pattern("/admin*")],
+        ..Match::default()
+    };
+    let not_public = Match {
+        not_paths: vec![StringMatch::from_pattern("/public*")],
+        methods: vec![StringMatch::Exact("DELETE".into())],
+        ..Match::default()
+    };
+    let (snap, echo) = mesh(vec![policy(
+        "deny",
+        PolicyScope::Namespace,
+        Action::Deny,
+        vec![rule(vec![admin]), rule(vec![not_public])],
+    )]);
+    assert!(!check_request(&snap, &echo, "GET", "/admin/users").is_allowed());
+    assert!(check_request(&snap, &echo, "GET", "/public/x").is_allowed());
+    assert!(!check_request(&snap, &echo, "DELETE", "/orders/1").is_allowed());
+    assert!(check_request(&snap, &echo, "DELETE", "/public/1").is_allowed());
+    // At L4 an L7 DENY does not apply: the waypoint is where it is enforced.
+    assert!(check(&snap, &echo, Some("sleep"), 8080).is_allowed());
+}

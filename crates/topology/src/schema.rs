@@ -254,6 +254,19 @@ pub(crate) struct ToSpec {
     pub(crate) ports: Vec<PortValue>,
     #[serde(default)]
     pub(crate) not_ports: Vec<PortValue>,
+    /// L7, enforced by waypoints: HTTP methods, paths and hosts (exact, `prefix*`, `*suffix`).
+    #[serde(default)]
+    pub(crate) methods: Vec<String>,
+    #[serde(default)]
+    pub(crate) not_methods: Vec<String>,
+    #[serde(default)]
+    pub(crate) paths: Vec<String>,
+    #[serde(default)]
+    pub(crate) not_paths: Vec<String>,
+    #[serde(default)]
+    pub(crate) hosts: Vec<String>,
+    #[serde(default)]
+    pub(crate) not_hosts: Vec<String>,
 }
 
 fn yes() -> bool {

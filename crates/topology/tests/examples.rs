@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use ferry_core::model::{
     Action, Cidr, ClusterId, GatewayDestination, HBONE_PORT, LoadBalancing, NetworkAddress,
-    NetworkId, PolicyKey, PolicyScope, ScopeRule, ServiceKey, TunnelProtocol, WaypointFor,
-    Workload, WorkloadUid,
+    NetworkId, PolicyKey, PolicyScope, ScopeRule, ServiceKey, StringMatch, TunnelProtocol,
+    WaypointFor, Workload, WorkloadUid,
 };
 use ferry_core::snapshot::{AddressOwner, Endpoint, Snapshot};
 use ferry_topology::{Topology, load_file};
@@ -225,7 +225,20 @@ fn two_clusters_policies() {
 
     // Selector policies are listed on the workloads they select, and only on those.
     let echo = workload(&snap, "west//v1/Pod/default/echo-west-1");
-    assert_eq!(echo.authorization_policies, [allow.key()]);
+    let writes = snap
+        .policy(&PolicyKey::new("default", "deny-echo-admin-writes"))
+        .expect("deny-echo-admin-writes");
+    assert_eq!(writes.action, Action::Deny);
+    let l7 = &writes.rules[0].clauses[0].matches[0];
+    assert!(l7.is_l7(), "methods and paths make it an L7 match");
+    let methods: Vec<String> = l7.methods.iter().map(|m| m.to_string()).collect();
+    assert_eq!(methods, ["POST", "PUT", "DELETE"]);
+    assert_eq!(l7.paths, [StringMatch::Prefix("/admin".into())]);
+    let mut keys = echo.authorization_policies.clone();
+    keys.sort();
+    let mut want = vec![allow.key(), writes.key()];
+    want.sort();
+    assert_eq!(keys, want);
     let sleep = workload(&snap, "west//v1/Pod/default/sleep-west");
     assert!(sleep.authorization_policies.is_empty());
 

@@ -176,9 +176,27 @@ pub struct Match {
     pub not_destination_ips: Vec<Cidr>,
     pub destination_ports: Vec<u16>,
     pub not_destination_ports: Vec<u16>,
+    /// L7 (Ferry's extension, enforced by waypoints): HTTP methods, paths and hosts. At L4 a
+    /// match with any of these never holds.
+    pub methods: Vec<StringMatch>,
+    pub not_methods: Vec<StringMatch>,
+    pub paths: Vec<StringMatch>,
+    pub not_paths: Vec<StringMatch>,
+    pub hosts: Vec<StringMatch>,
+    pub not_hosts: Vec<StringMatch>,
 }
 
 impl Match {
+    /// Whether it needs an HTTP request to be judged.
+    pub fn is_l7(&self) -> bool {
+        !(self.methods.is_empty()
+            && self.not_methods.is_empty()
+            && self.paths.is_empty()
+            && self.not_paths.is_empty()
+            && self.hosts.is_empty()
+            && self.not_hosts.is_empty())
+    }
+
     pub fn is_empty(&self) -> bool {
         self == &Self::default()
     }

@@ -125,15 +125,29 @@ impl Cx {
     }
 
     fn operation_match(&mut self, path: &str, t: &ToSpec) -> Match {
-        if t.ports.is_empty() && t.not_ports.is_empty() {
+        let l7 = [
+            &t.methods,
+            &t.not_methods,
+            &t.paths,
+            &t.not_paths,
+            &t.hosts,
+            &t.not_hosts,
+        ];
+        if t.ports.is_empty() && t.not_ports.is_empty() && l7.iter().all(|l| l.is_empty()) {
             self.problem(
                 path,
-                "expected at least one of `ports`, `not_ports`, found an empty entry",
+                "expected at least one of `ports`, `not_ports`, `methods`, `not_methods`, `paths`, `not_paths`, `hosts`, `not_hosts`, found an empty entry",
             );
         }
         Match {
             destination_ports: self.policy_ports(&format!("{path}.ports"), &t.ports),
             not_destination_ports: self.policy_ports(&format!("{path}.not_ports"), &t.not_ports),
+            methods: self.patterns(&format!("{path}.methods"), &t.methods),
+            not_methods: self.patterns(&format!("{path}.not_methods"), &t.not_methods),
+            paths: self.patterns(&format!("{path}.paths"), &t.paths),
+            not_paths: self.patterns(&format!("{path}.not_paths"), &t.not_paths),
+            hosts: self.patterns(&format!("{path}.hosts"), &t.hosts),
+            not_hosts: self.patterns(&format!("{path}.not_hosts"), &t.not_hosts),
             ..Match::default()
         }
     }

@@ -454,6 +454,12 @@ fn policy(p: &sec::Authorization) -> R<Policy> {
                                             not_destination_ips: ci(&m.not_destination_ips)?,
                                             destination_ports: ports(&m.destination_ports)?,
                                             not_destination_ports: ports(&m.not_destination_ports)?,
+                                            methods: sm(&m.ferry_methods)?,
+                                            not_methods: sm(&m.ferry_not_methods)?,
+                                            paths: sm(&m.ferry_paths)?,
+                                            not_paths: sm(&m.ferry_not_paths)?,
+                                            hosts: sm(&m.ferry_hosts)?,
+                                            not_hosts: sm(&m.ferry_not_hosts)?,
                                         })
                                     })
                                     .collect::<R<_>>()?,

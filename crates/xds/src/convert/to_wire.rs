@@ -335,6 +335,12 @@ fn policy(p: &Policy) -> sec::Authorization {
                                 service_accounts: sa(&m.service_accounts),
                                 not_service_accounts: sa(&m.not_service_accounts),
                                 extensions: vec![],
+                                ferry_methods: m.methods.iter().map(string_match).collect(),
+                                ferry_not_methods: m.not_methods.iter().map(string_match).collect(),
+                                ferry_paths: m.paths.iter().map(string_match).collect(),
+                                ferry_not_paths: m.not_paths.iter().map(string_match).collect(),
+                                ferry_hosts: m.hosts.iter().map(string_match).collect(),
+                                ferry_not_hosts: m.not_hosts.iter().map(string_match).collect(),
                             })
                             .collect(),
                     })
