@@ -262,6 +262,33 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         ],
     );
 
+    // HTTP through the same waypoint is judged request by request: a read passes, a write
+    // under /admin is refused with 403 by the waypoint and never reaches the pod.
+    let get = "GET /admin/report HTTP/1.1\r\nHost: audit\r\nConnection: close\r\n\r\n";
+    let r = lab
+        .send("legacy", "198.18.3.60:8081", get)
+        .expect("an allowed request");
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.contains("audit-beta http GET /admin/report"),
+        "{r}"
+    );
+    let post = "POST /admin/report HTTP/1.1\r\nHost: audit\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let r = lab
+        .send("legacy", "198.18.3.60:8081", post)
+        .expect("an answer from the waypoint");
+    assert!(
+        r.starts_with("HTTP/1.1 403") && !r.contains("audit-beta http"),
+        "{r}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "waypoint denied the request",
+            "http.method=POST",
+            "http.path=/admin/report",
+        ],
+    );
+
     // A multi-cluster service whose endpoint is alpha's own catalog VIP: one hop to the pod.
     let r = lab.send("sleep", "198.18.10.4:80", "x").expect("nested");
     assert!(r.starts_with("catalog-alpha port 8080"), "{r}");

@@ -5,6 +5,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use tokio::io::DuplexStream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -15,6 +16,15 @@ use crate::pool::Tunnel;
 pub enum Upstream {
     Tcp(TcpStream),
     Tunnel(Tunnel),
+    /// An in-process peer: a task that inspects the bytes (a waypoint's HTTP filter) and
+    /// carries them on itself.
+    Local(DuplexStream),
+}
+
+impl From<DuplexStream> for Upstream {
+    fn from(d: DuplexStream) -> Self {
+        Self::Local(d)
+    }
 }
 
 impl From<TcpStream> for Upstream {
@@ -36,6 +46,8 @@ impl Upstream {
         match self {
             Self::Tcp(t) => crate::server::reset_tcp(t),
             Self::Tunnel(t) => t.abort(),
+            // Dropping our end tells the inspecting task at once.
+            Self::Local(d) => *d = tokio::io::duplex(1).0,
         }
     }
 }
@@ -49,6 +61,7 @@ impl AsyncRead for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_read(cx, buf),
             Self::Tunnel(t) => Pin::new(t).poll_read(cx, buf),
+            Self::Local(d) => Pin::new(d).poll_read(cx, buf),
         }
     }
 }
@@ -62,6 +75,7 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_write(cx, buf),
             Self::Tunnel(t) => Pin::new(t).poll_write(cx, buf),
+            Self::Local(d) => Pin::new(d).poll_write(cx, buf),
         }
     }
 
@@ -69,6 +83,7 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_flush(cx),
             Self::Tunnel(t) => Pin::new(t).poll_flush(cx),
+            Self::Local(d) => Pin::new(d).poll_flush(cx),
         }
     }
 
@@ -76,6 +91,7 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_shutdown(cx),
             Self::Tunnel(t) => Pin::new(t).poll_shutdown(cx),
+            Self::Local(d) => Pin::new(d).poll_shutdown(cx),
         }
     }
 }

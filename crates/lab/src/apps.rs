@@ -10,8 +10,13 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
 pub const SINK_PORT: u16 = 7777;
 
+/// The HTTP port: HTTP/1.1, every request answered `200` with
+/// `"<name> http <method> <path> saw <peer>\n"` (for the waypoint's per-request policy).
+pub const HTTP_PORT: u16 = 8081;
+
 /// Serves every port in `ports` (each connection gets `"<name> port <p> saw <peer>\n"`, then
-/// its own bytes back until it closes its side) and the sink on [`SINK_PORT`].
+/// its own bytes back until it closes its side), the sink on [`SINK_PORT`] and HTTP on
+/// [`HTTP_PORT`].
 pub fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -59,11 +64,42 @@ pub fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
                 });
             }
         }));
+        let http = TcpListener::bind(("0.0.0.0", HTTP_PORT)).await?;
+        tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
         for t in tasks {
             let _ = t.await;
         }
         Ok(())
     })
+}
+
+async fn serve_http(name: String, l: TcpListener) {
+    use http_body_util::Full;
+    loop {
+        let Ok((s, peer)) = l.accept().await else {
+            continue;
+        };
+        let name = name.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let text = format!(
+                        "{name} http {} {} saw {peer}\n",
+                        req.method(),
+                        req.uri().path()
+                    );
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            bytes::Bytes::from(text),
+                        )))
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .half_close(true)
+                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                .await;
+        });
+    }
 }
 
 /// Connects to `to`, sends `data`, closes its side, and returns everything received.

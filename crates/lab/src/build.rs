@@ -463,8 +463,12 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
     for w in snap.workloads() {
         app_ports.extend(w.services.values().flatten().map(|p| p.target_port));
     }
-    app_ports
-        .retain(|p| *p != 0 && *p != crate::apps::SINK_PORT && ![15001, 15006, 15008].contains(p));
+    app_ports.retain(|p| {
+        *p != 0
+            && *p != crate::apps::SINK_PORT
+            && *p != crate::apps::HTTP_PORT
+            && ![15001, 15006, 15008].contains(p)
+    });
     let ports = app_ports
         .iter()
         .map(ToString::to_string)

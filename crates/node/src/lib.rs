@@ -19,6 +19,7 @@ pub mod capture;
 pub mod conns;
 pub mod gateway;
 pub mod inbound;
+pub mod l7;
 pub mod netns;
 pub mod node;
 pub mod outbound;

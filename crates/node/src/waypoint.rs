@@ -1,9 +1,11 @@
-//! `ferry waypoint`, minimal and L4: the HBONE hop in front of a service or workload.
+//! `ferry waypoint`: the HBONE hop in front of a service or workload.
 //!
 //! It terminates HBONE with its own identity, decides again for the tunnel's target *on behalf
 //! of the original source's cluster* (from the tunnel's `baggage`), so the service's scope is
 //! enforced here too whatever the hop before did, and carries the bytes on in a new HBONE tunnel
-//! under its own identity. HTTP-aware routing and L7 policy come with the waypoint work.
+//! under its own identity. When a policy on the destination names HTTP facts (methods, paths,
+//! hosts), the bytes go through [`crate::l7`] instead, which judges each HTTP/1 request on its
+//! own with the original source's identity. HTTP routing is not done yet.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -118,51 +120,25 @@ impl Handler for Waypoint {
     ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
         let plan = self.plans.lock().remove(&req.id);
         let peer = req.peer_addr;
-        let origin = ConnectHeaders::read(&req.headers).baggage;
+        let headers = ConnectHeaders::read(&req.headers);
+        let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
+        let origin = headers.baggage;
+        let source = req.peer.clone();
         async move {
             let plan =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
-            match plan.transport {
-                Transport::Hbone {
-                    connect_to,
-                    authority,
-                    identities,
-                } => {
-                    let creds = self
-                        .certs
-                        .fetch(&self.identity)
-                        .await
-                        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
-                    let key = PoolKey::new(self.identity.clone(), self.ip, connect_to, identities);
-                    let headers = ConnectHeaders {
-                        baggage: origin,
-                        forwarded_for: Some(peer),
-                        ..ConnectHeaders::default()
-                    };
-                    let bundle = self
-                        .certs
-                        .trust_bundle()
-                        .unwrap_or_else(|| self.bundle.clone());
-                    let t = self
-                        .pool
-                        .open(&key, &creds, &bundle, &authority, &headers)
-                        .await
-                        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
-                    Ok(Upstream::from(t))
-                }
-                Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
-                    let stream = match &self.netns {
-                        Some(ns) => ns.connect(None, connect_to).await,
-                        None => tokio::net::TcpStream::connect(connect_to).await,
-                    };
-                    stream
-                        .map(Upstream::from)
-                        .map_err(|e| Refusal::Unavailable(format!("connect {connect_to}: {e}")))
-                }
-                Transport::GatewayHbone { .. } => Err(Refusal::Unavailable(
-                    "gateway hops are not implemented yet".into(),
-                )),
-            }
+            let filter = self.http_filter(&plan, source, source_ip);
+            let upstream = self.open_upstream(plan, peer, origin).await?;
+            let Some((check, dst)) = filter else {
+                return Ok(upstream);
+            };
+            // The destination has HTTP rules: every request is judged here, one by one.
+            let (near, far) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(async move {
+                let outcome = crate::l7::serve(far, upstream, check).await;
+                tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
+            });
+            Ok(Upstream::from(near))
         }
     }
 
@@ -180,6 +156,107 @@ impl Handler for Waypoint {
             ..AccessLog::default()
         }
         .emit();
+    }
+}
+
+impl Waypoint {
+    /// Requests to `plan`'s destination are judged one by one when a policy on it names HTTP
+    /// facts (methods, paths, hosts); otherwise the bytes are carried as they are.
+    fn http_filter(
+        &self,
+        plan: &Plan,
+        source: Identity,
+        source_ip: IpAddr,
+    ) -> Option<(crate::l7::RequestCheck, WorkloadUid)> {
+        let uid = plan.landing.clone()?;
+        let snap = self.store.load();
+        let dst = snap.workload(&uid)?;
+        // A match bound to other ports can never hold here, HTTP or not.
+        let port = plan.landing_port;
+        let has_http_rules = snap.policies_for(dst).any(|p| {
+            p.rules
+                .iter()
+                .flat_map(|r| &r.clauses)
+                .flat_map(|c| &c.matches)
+                .any(|m| {
+                    m.is_l7()
+                        && (m.destination_ports.is_empty() || m.destination_ports.contains(&port))
+                        && !m.not_destination_ports.contains(&port)
+                })
+        });
+        if !has_http_rules {
+            return None;
+        }
+        let (store, landing) = (self.store.clone(), uid.clone());
+        let check: crate::l7::RequestCheck = Arc::new(move |request| {
+            let snap = store.load();
+            let dst = snap
+                .workload(&landing)
+                .ok_or_else(|| "the destination left the mesh".to_string())?;
+            let destination_ip = dst.addresses.first().copied().unwrap_or(source_ip);
+            let conn = ferry_core::authz::ConnInfo {
+                source_identity: Some(&source),
+                source_ip,
+                destination_ip,
+                destination_port: port,
+            };
+            let verdict = ferry_core::authz::authorize_request(&snap, dst, &conn, request);
+            if verdict.is_allowed() {
+                Ok(())
+            } else {
+                Err(format!("{:?}", verdict.reason))
+            }
+        });
+        Some((check, uid))
+    }
+
+    async fn open_upstream(
+        &self,
+        plan: Plan,
+        peer: SocketAddr,
+        origin: Vec<(String, String)>,
+    ) -> Result<Upstream, Refusal> {
+        match plan.transport {
+            Transport::Hbone {
+                connect_to,
+                authority,
+                identities,
+            } => {
+                let creds = self
+                    .certs
+                    .fetch(&self.identity)
+                    .await
+                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                let key = PoolKey::new(self.identity.clone(), self.ip, connect_to, identities);
+                let headers = ConnectHeaders {
+                    baggage: origin,
+                    forwarded_for: Some(peer),
+                    ..ConnectHeaders::default()
+                };
+                let bundle = self
+                    .certs
+                    .trust_bundle()
+                    .unwrap_or_else(|| self.bundle.clone());
+                let t = self
+                    .pool
+                    .open(&key, &creds, &bundle, &authority, &headers)
+                    .await
+                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                Ok(Upstream::from(t))
+            }
+            Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
+                let stream = match &self.netns {
+                    Some(ns) => ns.connect(None, connect_to).await,
+                    None => tokio::net::TcpStream::connect(connect_to).await,
+                };
+                stream
+                    .map(Upstream::from)
+                    .map_err(|e| Refusal::Unavailable(format!("connect {connect_to}: {e}")))
+            }
+            Transport::GatewayHbone { .. } => Err(Refusal::Unavailable(
+                "gateway hops are not implemented yet".into(),
+            )),
+        }
     }
 }
 
