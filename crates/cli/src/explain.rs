@@ -285,6 +285,7 @@ fn authorize(
             .copied()
             .unwrap_or(IpAddr::from([0, 0, 0, 0])),
         destination_port: plan.landing_port,
+        via_waypoint: authz::is_waypoint_of(snap, dst, Some(identity)),
     };
     Authorization::Checked {
         at: dst.uid.to_string(),

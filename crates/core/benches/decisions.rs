@@ -181,6 +181,7 @@ fn bench(c: &mut Criterion) {
                 source_ip: sources[i].addresses[0],
                 destination_ip: dst.addresses[0],
                 destination_port: 8080,
+                via_waypoint: false,
             };
             black_box(authorize(&snap, dst, &conn).is_allowed())
         })

@@ -22,6 +22,41 @@ pub struct ConnInfo<'a> {
     pub destination_ip: IpAddr,
     /// The target port on the workload (after service-to-target translation).
     pub destination_port: u16,
+    /// The peer is an instance of the destination's own waypoint, which has already judged
+    /// each HTTP request (see [`is_waypoint_of`]). Otherwise, at L4, a DENY match that names
+    /// HTTP facts is applied on its other fields alone: stricter, never looser.
+    pub via_waypoint: bool,
+}
+
+/// Whether `peer` is an instance of the waypoint that serves `dst` (its own, or its services').
+pub fn is_waypoint_of(snap: &Snapshot, dst: &Workload, peer: Option<&Identity>) -> bool {
+    use crate::model::GatewayDestination;
+    use crate::snapshot::{AddressOwner, Endpoint};
+    let Some(peer) = peer else {
+        return false;
+    };
+    let refs = dst.waypoint.iter().chain(
+        dst.services
+            .keys()
+            .filter_map(|k| snap.service(k))
+            .filter_map(|s| s.waypoint.as_ref()),
+    );
+    refs.filter_map(|wp| match &wp.destination {
+        GatewayDestination::Service(k) => Some(k.clone()),
+        GatewayDestination::Address(a) => match snap.owner(a) {
+            Some(AddressOwner::Service(k)) => Some(k.clone()),
+            _ => None,
+        },
+    })
+    .any(|key| {
+        snap.endpoints(&key).iter().any(|e| match e {
+            Endpoint::Workload(u) => snap
+                .workload(u)
+                .and_then(|w| w.identity().ok())
+                .is_some_and(|id| &id == peer),
+            Endpoint::Address(_) => false,
+        })
+    })
 }
 
 /// The HTTP facts of one request, for waypoints.
@@ -79,7 +114,9 @@ impl Verdict {
     }
 }
 
-/// Decides whether `conn` may reach `dst` (L4: a match that needs HTTP facts never holds).
+/// Decides whether `conn` may reach `dst` at L4: a match that names HTTP facts never holds in
+/// an ALLOW, and holds on its other fields alone in a DENY unless `conn` came through the
+/// destination's waypoint (fail closed both ways).
 pub fn authorize(snap: &Snapshot, dst: &Workload, conn: &ConnInfo<'_>) -> Verdict {
     evaluate(snap, dst, conn, None)
 }
@@ -109,6 +146,7 @@ fn evaluate(
         conn,
         principal: principal.as_deref(),
         request,
+        l7_holds_at_l4: false,
     };
     let mut audited = Vec::new();
     let mut dry_run = Vec::new();
@@ -116,6 +154,12 @@ fn evaluate(
     let mut allow = None;
     let mut allow_policies = 0;
     for p in applicable {
+        // At L4, a DENY that names HTTP facts holds on its other fields alone (fail closed),
+        // unless the destination's waypoint already judged each request.
+        let facts = Facts {
+            l7_holds_at_l4: p.action == Action::Deny && !conn.via_waypoint,
+            ..facts
+        };
         let hit = matching_rule(p, &facts).map(|rule| RuleRef {
             policy: p.key(),
             rule,
@@ -158,10 +202,13 @@ fn evaluate(
 }
 
 /// The connection's facts, with the principal computed once per check.
+#[derive(Clone, Copy)]
 struct Facts<'a> {
     conn: &'a ConnInfo<'a>,
     principal: Option<&'a str>,
     request: Option<&'a HttpRequest<'a>>,
+    /// Without a request, whether a match's HTTP fields count as holding.
+    l7_holds_at_l4: bool,
 }
 
 /// The index of the first rule of `p` that matches, if any. Rules OR.
@@ -182,10 +229,7 @@ fn clause_matches(c: &Clause, facts: &Facts<'_>) -> bool {
 
 /// Every populated field holds (values of one field OR); `not_*` lists must not match.
 fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
-    if m.is_l7() {
-        let Some(req) = facts.request else {
-            return false;
-        };
+    if let (true, Some(req)) = (m.is_l7(), facts.request) {
         let any = |list: &[crate::model::StringMatch], v: &str| list.iter().any(|s| s.matches(v));
         let method_ok = (m.methods.is_empty() || any(&m.methods, req.method))
             && !any(&m.not_methods, req.method);
@@ -196,6 +240,8 @@ fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
         if !(method_ok && path_ok && host_ok) {
             return false;
         }
+    } else if m.is_l7() && !facts.l7_holds_at_l4 {
+        return false;
     }
     let conn = facts.conn;
     let principal = facts.principal;

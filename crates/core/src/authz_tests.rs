@@ -66,6 +66,7 @@ fn check(snap: &Snapshot, dst: &Workload, from: Option<&str>, port: u16) -> Verd
             source_ip: ip("198.18.1.10"),
             destination_ip: ip("198.18.1.40"),
             destination_port: port,
+            via_waypoint: false,
         },
     )
 }
@@ -408,6 +409,7 @@ fn check_request(
             source_ip: ip("198.18.1.10"),
             destination_ip: ip("198.18.1.40"),
             destination_port: 8080,
+            via_waypoint: false,
         },
         &request(method, path),
     )
@@ -452,6 +454,22 @@ fn l7_deny_on_paths_and_its_negation() {
     assert!(check_request(&snap, &echo, "GET", "/public/x").is_allowed());
     assert!(!check_request(&snap, &echo, "DELETE", "/orders/1").is_allowed());
     assert!(check_request(&snap, &echo, "DELETE", "/public/1").is_allowed());
-    // At L4 an L7 DENY does not apply: the waypoint is where it is enforced.
-    assert!(check(&snap, &echo, Some("sleep"), 8080).is_allowed());
+    // At L4 an L7 DENY holds on its other fields alone (here: none, so everything): traffic
+    // that did not pass the waypoint is never let through on facts nobody checked.
+    let verdict = check(&snap, &echo, Some("sleep"), 8080);
+    assert!(!verdict.is_allowed());
+    assert!(matches!(verdict.reason, Reason::DeniedBy(_)), "{verdict:?}");
+    // From the destination's waypoint, which judged each request, it is not applied again.
+    let via = authorize(
+        &snap,
+        &echo,
+        &ConnInfo {
+            source_identity: None,
+            source_ip: ip("198.18.1.50"),
+            destination_ip: ip("198.18.1.40"),
+            destination_port: 8080,
+            via_waypoint: true,
+        },
+    );
+    assert!(via.is_allowed(), "{via:?}");
 }

@@ -81,7 +81,7 @@ impl Conns {
         let mut closed = 0;
         self.map.lock().retain(|id, t| {
             let Some(dst) = snap.workload(&t.pod.uid) else { return true };
-            let conn = ConnInfo { source_identity: t.peer.as_ref(), source_ip: t.src.ip(), destination_ip: t.pod.ip, destination_port: t.port };
+            let conn = ConnInfo { source_identity: t.peer.as_ref(), source_ip: t.src.ip(), destination_ip: t.pod.ip, destination_port: t.port, via_waypoint: authz::is_waypoint_of(snap, dst, t.peer.as_ref()) };
             let verdict = authz::authorize(snap, dst, &conn);
             if verdict.is_allowed() {
                 return true;

@@ -38,6 +38,7 @@ fn authorize(
     peer: Option<&ferry_core::identity::Identity>,
     src: SocketAddr,
     port: u16,
+    to_waypoint: bool,
 ) -> Result<Verdict, String> {
     let snap = node.store.load();
     let dst = snap.workload(&pod.uid).ok_or("the pod left the mesh")?;
@@ -49,6 +50,9 @@ fn authorize(
             source_ip: src.ip(),
             destination_ip: pod.ip,
             destination_port: port,
+            // HTTP facts are judged by the waypoint: the one this connection is about to be
+            // sent through, or the one it came from.
+            via_waypoint: to_waypoint || authz::is_waypoint_of(&snap, dst, peer),
         },
     ))
 }
@@ -115,6 +119,7 @@ impl Handler for Inbound {
             Some(&req.peer),
             req.peer_addr,
             target.port(),
+            false,
         )
         .map_err(Refusal::Unavailable)?;
         if verdict.is_allowed() {
@@ -286,7 +291,12 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
             .and_then(|a| a.as_socket())
             .ok_or("no original destination")?;
         log.dst_addr = orig.to_string();
-        let verdict = authorize(&node, &pod, None, peer, orig.port())?;
+        let via = {
+            let snap = node.store.load();
+            snap.workload(&pod.uid)
+                .and_then(|w| waypoint_instance(&snap, w))
+        };
+        let verdict = authorize(&node, &pod, None, peer, orig.port(), via.is_some())?;
         if !verdict.is_allowed() {
             let l = labels(&node, &pod, None, "DENY", None);
             node.metrics.opened(&l);
@@ -296,11 +306,7 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
         let l = labels(&node, &pod, None, "-", None);
         node.metrics.opened(&l);
         // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
-        if let Some((wp_addr, wp_id, wp_name, cluster)) = {
-            let snap = node.store.load();
-            snap.workload(&pod.uid)
-                .and_then(|w| waypoint_instance(&snap, w))
-        } {
+        if let Some((wp_addr, wp_id, wp_name, cluster)) = via {
             log.path = format!("plain tcp via waypoint {wp_name}");
             log.dst_hbone_addr = wp_addr.to_string();
             let creds = node

@@ -199,6 +199,7 @@ impl Waypoint {
                 source_ip,
                 destination_ip,
                 destination_port: port,
+                via_waypoint: false,
             };
             let verdict = ferry_core::authz::authorize_request(&snap, dst, &conn, request);
             if verdict.is_allowed() {
