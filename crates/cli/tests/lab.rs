@@ -289,6 +289,59 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         ],
     );
 
+    // A mesh source to audit's HTTP port: through the waypoint, three pipelined requests on one
+    // connection, each judged on its own; the waypoint logs the original source, the pod's node
+    // proxy sees the waypoint.
+    let three = "GET /admin/a HTTP/1.1\r\nHost: audit\r\n\r\nPOST /admin/b HTTP/1.1\r\nHost: audit\r\nContent-Length: 0\r\n\r\nGET /ok HTTP/1.1\r\nHost: audit\r\nConnection: close\r\n\r\n";
+    let r = lab
+        .send("echo-beta", "198.18.10.5:81", three)
+        .expect("one connection, three answers");
+    let statuses: Vec<&str> = r
+        .lines()
+        .filter(|l| l.starts_with("HTTP/1.1 "))
+        .map(|l| &l[9..12])
+        .collect();
+    assert_eq!(statuses, ["200", "403", "200"], "{r}");
+    assert!(
+        r.contains("audit-beta http GET /admin/a") && r.contains("audit-beta http GET /ok"),
+        "{r}"
+    );
+    assert!(
+        !r.contains("audit-beta http POST"),
+        "the denied request reached the pod: {r}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "waypoint denied the request",
+            "src.identity=spiffe://cluster.local/ns/default/sa/echo",
+            "http.path=/admin/b",
+            "http.status=403",
+            "reason=denied by policy default/deny-audit-admin-writes rule 0",
+        ],
+    );
+    lab.log_line(
+        "beta-1",
+        &[
+            "direction=\"inbound\"",
+            "src.identity=spiffe://cluster.local/ns/default/sa/audit-waypoint",
+            "dst.addr=198.18.3.60:8081",
+            "connection complete",
+        ],
+    );
+    // Straight to the pod, around the waypoint: nobody judges the HTTP, so the DENY applies on
+    // its port alone and the node proxy refuses the connection (fail closed).
+    lab.send("echo-beta", "198.18.3.60:8081", "GET / HTTP/1.1\r\n\r\n")
+        .expect_err("refused around the waypoint");
+    lab.log_line(
+        "beta-1",
+        &[
+            "src.identity=spiffe://cluster.local/ns/default/sa/echo",
+            "dst.addr=198.18.3.60:8081",
+            "error=\"denied by policy default/deny-audit-admin-writes rule 0\"",
+        ],
+    );
+
     // A multi-cluster service whose endpoint is alpha's own catalog VIP: one hop to the pod.
     let r = lab.send("sleep", "198.18.10.4:80", "x").expect("nested");
     assert!(r.starts_with("catalog-alpha port 8080"), "{r}");

@@ -20,7 +20,8 @@ use crate::node::{Node, Pod};
 use crate::telemetry::{AccessLog, Labels, Reporter};
 
 /// Describes a verdict for logs.
-fn describe(v: &Verdict) -> String {
+/// A verdict in words, for access logs and refusals.
+pub(crate) fn describe(v: &Verdict) -> String {
     match &v.reason {
         Reason::DeniedBy(r) => format!("denied by policy {} rule {}", r.policy, r.rule),
         Reason::AllowedBy(r) => format!("allowed by policy {} rule {}", r.policy, r.rule),

@@ -4,6 +4,7 @@
 //! destination with HTTP rules is never reached by traffic the rules could not be checked on).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
@@ -18,6 +19,14 @@ pub type RequestCheck = Arc<dyn Fn(&HttpRequest<'_>) -> Result<(), String> + Sen
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
+/// What each request's access-log line names.
+#[derive(Clone, Debug, Default)]
+pub struct Labels {
+    /// The original source (the tunnel's mutual-TLS peer), not this waypoint.
+    pub src_identity: String,
+    pub dst_workload: String,
+}
+
 /// What happened on one connection, for the access log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
@@ -29,7 +38,7 @@ pub struct Outcome {
 
 /// Serves HTTP/1 from `client`, sending each allowed request on to `upstream` (one upstream
 /// connection, requests in order).
-pub async fn serve<C, U>(client: C, upstream: U, check: RequestCheck) -> Outcome
+pub async fn serve<C, U>(client: C, upstream: U, check: RequestCheck, labels: Labels) -> Outcome
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -52,9 +61,17 @@ where
     let counts = Arc::new(parking_lot::Mutex::new((0u64, 0u64)));
     let svc = {
         let counts = counts.clone();
+        let labels = Arc::new(labels);
         hyper::service::service_fn(move |req: Request<Incoming>| {
-            let (sender, check, counts) = (sender.clone(), check.clone(), counts.clone());
+            let (sender, check, counts, labels) = (
+                sender.clone(),
+                check.clone(),
+                counts.clone(),
+                labels.clone(),
+            );
             async move {
+                let started = Instant::now();
+                let (method, path) = (req.method().clone(), req.uri().path().to_string());
                 let verdict = {
                     let host = req
                         .headers()
@@ -63,31 +80,31 @@ where
                         .or_else(|| req.uri().host())
                         .unwrap_or("");
                     check(&HttpRequest {
-                        method: req.method().as_str(),
-                        path: req.uri().path(),
+                        method: method.as_str(),
+                        path: &path,
                         host,
                     })
                 };
-                if let Err(reason) = verdict {
-                    counts.lock().1 += 1;
-                    tracing::info!(target: "access", direction = "waypoint", http.method = %req.method(), http.path = %req.uri().path(), reason = %reason, "waypoint denied the request");
-                    return Ok::<_, hyper::Error>(plain(
-                        StatusCode::FORBIDDEN,
-                        "RBAC: access denied\n",
-                    ));
+                let resp = match &verdict {
+                    Err(_) => {
+                        counts.lock().1 += 1;
+                        plain(StatusCode::FORBIDDEN, "RBAC: access denied\n")
+                    }
+                    Ok(()) => {
+                        counts.lock().0 += 1;
+                        forward(&sender, req).await
+                    }
+                };
+                let (status, ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
+                match verdict {
+                    Err(reason) => {
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, reason = %reason, "waypoint denied the request")
+                    }
+                    Ok(()) => {
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, "request")
+                    }
                 }
-                counts.lock().0 += 1;
-                let mut s = sender.lock().await;
-                if s.ready().await.is_err() {
-                    return Ok(plain(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream connection closed\n",
-                    ));
-                }
-                match s.send_request(req).await {
-                    Ok(resp) => Ok(resp.map(BodyExt::boxed)),
-                    Err(e) => Ok(plain(StatusCode::BAD_GATEWAY, &format!("upstream: {e}\n"))),
-                }
+                Ok::<_, hyper::Error>(resp)
             }
         })
     };
@@ -102,6 +119,21 @@ where
         allowed,
         denied,
         error: served.err().map(|e| format!("client: {e}")),
+    }
+}
+
+/// Sends one allowed request on; a failure upstream is answered `502`.
+async fn forward(
+    sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let mut s = sender.lock().await;
+    if s.ready().await.is_err() {
+        return plain(StatusCode::BAD_GATEWAY, "upstream connection closed\n");
+    }
+    match s.send_request(req).await {
+        Ok(resp) => resp.map(BodyExt::boxed),
+        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("upstream: {e}\n")),
     }
 }
 

@@ -124,6 +124,7 @@ impl Handler for Waypoint {
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
         let origin = headers.baggage;
         let source = req.peer.clone();
+        let peer_identity = req.peer.to_string();
         async move {
             let plan =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
@@ -135,7 +136,11 @@ impl Handler for Waypoint {
             // The destination has HTTP rules: every request is judged here, one by one.
             let (near, far) = tokio::io::duplex(64 * 1024);
             tokio::spawn(async move {
-                let outcome = crate::l7::serve(far, upstream, check).await;
+                let labels = crate::l7::Labels {
+                    src_identity: peer_identity,
+                    dst_workload: dst.to_string(),
+                };
+                let outcome = crate::l7::serve(far, upstream, check, labels).await;
                 tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
             });
             Ok(Upstream::from(near))
@@ -205,7 +210,7 @@ impl Waypoint {
             if verdict.is_allowed() {
                 Ok(())
             } else {
-                Err(format!("{:?}", verdict.reason))
+                Err(crate::inbound::describe(&verdict))
             }
         });
         Some((check, uid))

@@ -58,7 +58,9 @@ async fn filter(
     tokio::spawn(async move {
         let (client, _) = l.accept().await.unwrap();
         let upstream = TcpStream::connect(up).await.unwrap();
-        let _ = tx.send(l7::serve(client, upstream, check).await).await;
+        let _ = tx
+            .send(l7::serve(client, upstream, check, l7::Labels::default()).await)
+            .await;
     });
     (addr, rx)
 }
