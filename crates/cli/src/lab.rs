@@ -100,6 +100,10 @@ pub(crate) enum LabCommand {
         authority: String,
         #[arg(long)]
         cluster: String,
+        /// Dial the tunnel from this network namespace (a name under /run/netns) instead of
+        /// the one the credential is fetched from.
+        #[arg(long)]
+        dial_netns: Option<String>,
     },
     /// (inside the lab) the path comparison client.
     #[command(hide = true)]
@@ -289,6 +293,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             peer_identity,
             authority,
             cluster,
+            dial_netns,
         } => {
             let token = std::fs::read_to_string(&token_file)?;
             let bundle = std::fs::read_to_string(&bundle_file)?;
@@ -311,7 +316,14 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let trust = ferry_hbone::tls::TrustBundle::from_pem(&bundle)?;
-                let conn = ferry_hbone::client::Connection::connect(
+                let dialer: Box<dyn ferry_hbone::client::Dialer> = match dial_netns {
+                    Some(name) => Box::new(ferry_node::waypoint::NetnsDialer(std::sync::Arc::new(
+                        ferry_node::netns::Netns::open(&PathBuf::from("/run/netns").join(name))?,
+                    ))),
+                    None => Box::new(ferry_hbone::client::DirectDialer),
+                };
+                let conn = ferry_hbone::client::Connection::connect_with(
+                    dialer.as_ref(),
                     None,
                     to,
                     &creds,

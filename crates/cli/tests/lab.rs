@@ -342,6 +342,68 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         ],
     );
 
+    // A crafted tunnel straight to beta's waypoint claiming a source in beta, for catalog (local
+    // to each cluster, only alpha has a pod): whatever the hop before decided, the waypoint
+    // refuses and logs it. The same tunnel for a source in alpha is carried.
+    let legacy_ns = {
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).unwrap())
+                .unwrap();
+        state["pods"]["legacy"]["netns"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let craft = |cluster: &str| {
+        let out = ferry()
+            .args(["lab", "exec", "alpha-1", "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "craft", "--control", "https://198.19.254.1:15012"])
+            .arg("--token-file")
+            .arg(lab.dir.join("alpha-1.token"))
+            .arg("--bundle-file")
+            .arg(lab.dir.join("bundle.pem"))
+            .args([
+                "--identity",
+                "spiffe://cluster.local/ns/default/sa/sleep",
+                "--to",
+                "198.18.3.50:15008",
+                "--peer-identity",
+                "spiffe://cluster.local/ns/default/sa/audit-waypoint",
+                "--authority",
+                "198.18.10.3:80",
+                "--dial-netns",
+                &legacy_ns,
+                "--cluster",
+                cluster,
+            ])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let refused = craft("beta");
+    assert!(
+        refused.contains("refused") && refused.contains("503"),
+        "{refused}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "waypoint refused the connection",
+            "origin.cluster=beta",
+            "dst.addr=198.18.10.3:80",
+            "no endpoint is eligible for a source in cluster beta",
+        ],
+    );
+    let carried = craft("alpha");
+    assert!(carried.contains("status 200"), "{carried}");
+
     // A multi-cluster service whose endpoint is alpha's own catalog VIP: one hop to the pod.
     let r = lab.send("sleep", "198.18.10.4:80", "x").expect("nested");
     assert!(r.starts_with("catalog-alpha port 8080"), "{r}");

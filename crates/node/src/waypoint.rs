@@ -50,7 +50,7 @@ pub struct Config {
 
 /// Dials from inside the waypoint pod's namespace.
 #[derive(Debug)]
-struct NetnsDialer(Arc<crate::netns::Netns>);
+pub struct NetnsDialer(pub Arc<crate::netns::Netns>);
 
 impl ferry_hbone::client::Dialer for NetnsDialer {
     fn dial(
