@@ -115,6 +115,32 @@ pub(crate) enum LabCommand {
         #[arg(long)]
         round_trips: usize,
     },
+    /// HTTP requests through a waypoint against the L4-only Ferry path and the direct path,
+    /// same run, same pod; with the waypoints' CPU per 1,000 requests.
+    BenchHttp {
+        #[arg(long, default_value = "echo-beta")]
+        from: String,
+        /// A pod's HTTP port reached without a waypoint: the direct and L4 paths.
+        #[arg(long, default_value = "198.18.3.30:8081")]
+        l4: SocketAddr,
+        /// A service's HTTP port served by a waypoint with per-request policy.
+        #[arg(long, default_value = "198.18.10.5:81")]
+        waypoint: SocketAddr,
+        #[arg(long, default_value_t = 5000)]
+        requests: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) the HTTP benchmark client.
+    #[command(hide = true)]
+    HttpBenchClient {
+        #[arg(long)]
+        l4: SocketAddr,
+        #[arg(long)]
+        waypoint: SocketAddr,
+        #[arg(long)]
+        requests: usize,
+    },
     /// (inside the lab) the benchmark client.
     #[command(hide = true)]
     BenchClient {
@@ -250,6 +276,59 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             lab,
         } => {
             bench(&lab, &from, &to, bulk_mib, round_trips, conns, idle)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::BenchHttp {
+            from,
+            l4,
+            waypoint,
+            requests,
+            lab,
+        } => {
+            let state = State::load(&lab.state_dir).context("no lab is up")?;
+            let ns = netns_of(&state, &from)?;
+            let waypoints: Vec<u32> = state
+                .pids
+                .iter()
+                .copied()
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"waypoint".as_slice()))
+                })
+                .collect();
+            let before: u64 = waypoints.iter().map(|p| cpu_ticks(*p)).sum();
+            let status = Command::new("ip")
+                .args(["netns", "exec", &ns])
+                .arg(std::env::current_exe()?)
+                .args(["lab", "http-bench-client", "--l4", &l4.to_string()])
+                .args(["--waypoint", &waypoint.to_string()])
+                .args(["--requests", &requests.to_string()])
+                .status()?;
+            if !status.success() {
+                bail!("the HTTP benchmark client failed");
+            }
+            let ticks = waypoints.iter().map(|p| cpu_ticks(*p)).sum::<u64>() - before;
+            // Kernel clock ticks are 10 ms on these machines (USER_HZ = 100).
+            println!(
+                "waypoint CPU: {:.1} ms per 1,000 requests ({} process(es), {requests} requests)",
+                ticks as f64 * 10.0 * 1000.0 / requests as f64,
+                waypoints.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::HttpBenchClient {
+            l4,
+            waypoint,
+            requests,
+        } => {
+            ferry_lab::apps::http_bench(
+                &[
+                    ("direct (no proxy)".into(), l4, true),
+                    ("ferry L4 (node proxy only)".into(), l4, false),
+                    ("ferry + waypoint (HTTP policy)".into(), waypoint, false),
+                ],
+                requests,
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::BenchClient {
@@ -432,6 +511,18 @@ fn netns_of(state: &State, pod: &str) -> anyhow::Result<String> {
         "no pod or node {pod:?} in this lab (pods: {})",
         known.join(", ")
     )
+}
+
+/// User plus system CPU of `pid`, in clock ticks (0 if it is gone).
+fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
 }
 
 fn print_status(state: &State) {

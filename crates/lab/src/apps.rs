@@ -2,6 +2,8 @@
 //! and the benchmark client.
 
 use std::net::SocketAddr;
+
+use anyhow::Context as _;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -317,4 +319,69 @@ pub fn paths(
         }
         Ok(out)
     })
+}
+
+/// Sends `requests` keep-alive `GET`s on one connection to each of `paths` (label, target,
+/// direct) in turn and prints requests per second and p50/p99 latency, each against the first
+/// path (the baseline) in the same run.
+pub fn http_bench(paths: &[(String, SocketAddr, bool)], requests: usize) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut base: Option<(f64, f64, f64)> = None;
+        for (label, to, direct) in paths {
+            let mut s = BufReader::new(dial(*to, *direct).await?);
+            let req = format!("GET /bench HTTP/1.1\r\nHost: {to}\r\n\r\n");
+            let mut lat = Vec::with_capacity(requests);
+            let start = Instant::now();
+            for _ in 0..requests {
+                let t = Instant::now();
+                s.get_mut().write_all(req.as_bytes()).await?;
+                let status = read_response(&mut s).await?;
+                anyhow::ensure!(status == 200, "{label}: status {status}");
+                lat.push(t.elapsed());
+            }
+            let rps = requests as f64 / start.elapsed().as_secs_f64();
+            let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+            let (b_rps, b50, b99) = *base.get_or_insert((rps, p50, p99));
+            println!(
+                "{label:<34} {rps:>9.0} req/s ({:.2}x)  p50 {p50:>7.1} us (+{:.1})  p99 {p99:>7.1} us (+{:.1})",
+                rps / b_rps,
+                p50 - b50,
+                p99 - b99
+            );
+        }
+        Ok(())
+    })
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` body; returns its status.
+async fn read_response(s: &mut BufReader<TcpStream>) -> anyhow::Result<u16> {
+    let mut line = String::new();
+    s.read_line(&mut line).await?;
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("not an HTTP status line: {line:?}"))?;
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        if s.read_line(&mut line).await? == 0 {
+            anyhow::bail!("the connection closed mid-response");
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().context("content-length")?;
+        }
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await?;
+    Ok(status)
 }
