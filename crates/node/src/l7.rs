@@ -1,17 +1,18 @@
-//! The waypoint's HTTP/1 filter: every request on a tunnel is authorized on its own, with the
-//! request's method, path and host, before it is sent on. A denied request gets `403` and the
-//! connection stays usable; bytes that are not HTTP/1 end the connection (fail closed: a
-//! destination with HTTP rules is never reached by traffic the rules could not be checked on).
+//! The waypoint's HTTP filter. The client's first bytes tell HTTP (HTTP/1.1, or HTTP/2 with
+//! prior knowledge) from anything else. HTTP: every request is authorized on its own, with its
+//! method, path and host, before it is sent on (as HTTP/1.1); a denied request gets `403` and the
+//! connection stays usable. Anything else: the connection is authorized once at L4, where a DENY
+//! that names HTTP facts holds on its other fields (fail closed), and carried as bytes.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
-use http::{Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Decides one request: `Err` carries the reason it was denied.
@@ -108,11 +109,11 @@ where
             }
         })
     };
-    let served = hyper::server::conn::http1::Builder::new()
-        // Clients may close their side once the last request is sent.
-        .half_close(true)
-        .serve_connection(TokioIo::new(client), svc)
-        .await;
+    // HTTP/1.1, or HTTP/2 with prior knowledge (told apart by the connection preface).
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Clients may close their side once the last request is sent.
+    builder.http1().half_close(true);
+    let served = builder.serve_connection(TokioIo::new(client), svc).await;
     upstream_task.abort();
     let (allowed, denied) = *counts.lock();
     Outcome {
@@ -125,8 +126,29 @@ where
 /// Sends one allowed request on; a failure upstream is answered `502`.
 async fn forward(
     sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Response<Body> {
+    if req.version() != Version::HTTP_11 {
+        // An HTTP/2 request goes on as HTTP/1.1: origin-form target, authority as `host`.
+        if !req.headers().contains_key(header::HOST)
+            && let Some(v) = req
+                .uri()
+                .authority()
+                .and_then(|a| header::HeaderValue::from_str(a.as_str()).ok())
+        {
+            req.headers_mut().insert(header::HOST, v);
+        }
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        match target.parse() {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n"),
+        }
+        *req.version_mut() = Version::HTTP_11;
+    }
     let mut s = sender.lock().await;
     if s.ready().await.is_err() {
         return plain(StatusCode::BAD_GATEWAY, "upstream connection closed\n");
@@ -149,4 +171,145 @@ fn plain(status: StatusCode, body: &str) -> Response<Body> {
         header::HeaderValue::from_static("text/plain"),
     );
     resp
+}
+
+/// What the first bytes of a connection say it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sniffed {
+    /// An HTTP/1 request line, or the HTTP/2 connection preface.
+    Http,
+    /// Anything else: carried at L4.
+    Other,
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+/// Longer than any method a real client sends; a longer first token is not HTTP.
+const MAX_METHOD: usize = 20;
+
+/// Classifies the first bytes of a connection; `None` while more bytes are needed.
+pub fn sniff(head: &[u8]) -> Option<Sniffed> {
+    let n = head.len().min(H2_PREFACE.len());
+    if head[..n] == H2_PREFACE[..n] {
+        return (n == H2_PREFACE.len()).then_some(Sniffed::Http);
+    }
+    for (i, b) in head.iter().enumerate() {
+        match b {
+            b'A'..=b'Z' if i < MAX_METHOD => {}
+            b' ' if i > 0 => return Some(Sniffed::Http),
+            _ => return Some(Sniffed::Other),
+        }
+    }
+    if head.len() < MAX_METHOD {
+        None
+    } else {
+        Some(Sniffed::Other)
+    }
+}
+
+/// A stream that replays the bytes already read from it before reading on.
+#[derive(Debug)]
+pub struct Replay<S> {
+    head: Bytes,
+    inner: S,
+}
+
+impl<S> Replay<S> {
+    pub fn new(head: Bytes, inner: S) -> Self {
+        Self { head, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.head.is_empty() {
+            let n = this.head.len().min(buf.remaining());
+            buf.put_slice(&this.head.split_to(n));
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Tells HTTP from anything else by the client's first bytes: HTTP is judged request by
+/// request ([`serve`]); anything else is carried at L4 if `l4` (the connection-level policy
+/// check) allows it. The client must speak first; a server-first protocol waits here.
+pub async fn serve_detected<C, U>(
+    mut client: C,
+    mut upstream: U,
+    check: RequestCheck,
+    l4: impl FnOnce() -> Result<(), String>,
+    labels: Labels,
+) -> Outcome
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::with_capacity(64);
+    let kind = loop {
+        if let Some(kind) = sniff(&head) {
+            break kind;
+        }
+        let mut b = [0u8; 64];
+        match client.read(&mut b).await {
+            Ok(0) => break Sniffed::Other,
+            Ok(n) => head.extend_from_slice(&b[..n]),
+            Err(e) => {
+                return Outcome {
+                    error: Some(format!("client: {e}")),
+                    ..Outcome::default()
+                };
+            }
+        }
+    };
+    let mut client = Replay::new(Bytes::from(head), client);
+    match kind {
+        Sniffed::Http => serve(client, upstream, check, labels).await,
+        Sniffed::Other => match l4() {
+            Err(reason) => {
+                tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %reason, "waypoint denied a connection that is not HTTP");
+                Outcome {
+                    denied: 1,
+                    error: Some(reason),
+                    ..Outcome::default()
+                }
+            }
+            Ok(()) => Outcome {
+                error: tokio::io::copy_bidirectional(&mut client, &mut upstream)
+                    .await
+                    .err()
+                    .map(|e| e.to_string()),
+                ..Outcome::default()
+            },
+        },
+    }
 }

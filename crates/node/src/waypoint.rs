@@ -130,7 +130,7 @@ impl Handler for Waypoint {
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
             let filter = self.http_filter(&plan, source, source_ip);
             let upstream = self.open_upstream(plan, peer, origin).await?;
-            let Some((check, dst)) = filter else {
+            let Some((check, l4, dst)) = filter else {
                 return Ok(upstream);
             };
             // The destination has HTTP rules: every request is judged here, one by one.
@@ -140,7 +140,7 @@ impl Handler for Waypoint {
                     src_identity: peer_identity,
                     dst_workload: dst.to_string(),
                 };
-                let outcome = crate::l7::serve(far, upstream, check, labels).await;
+                let outcome = crate::l7::serve_detected(far, upstream, check, l4, labels).await;
                 tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
             });
             Ok(Upstream::from(near))
@@ -172,7 +172,11 @@ impl Waypoint {
         plan: &Plan,
         source: Identity,
         source_ip: IpAddr,
-    ) -> Option<(crate::l7::RequestCheck, WorkloadUid)> {
+    ) -> Option<(
+        crate::l7::RequestCheck,
+        impl FnOnce() -> Result<(), String> + Send + 'static,
+        WorkloadUid,
+    )> {
         let uid = plan.landing.clone()?;
         let snap = self.store.load();
         let dst = snap.workload(&uid)?;
@@ -192,28 +196,20 @@ impl Waypoint {
         if !has_http_rules {
             return None;
         }
-        let (store, landing) = (self.store.clone(), uid.clone());
-        let check: crate::l7::RequestCheck = Arc::new(move |request| {
-            let snap = store.load();
-            let dst = snap
-                .workload(&landing)
-                .ok_or_else(|| "the destination left the mesh".to_string())?;
-            let destination_ip = dst.addresses.first().copied().unwrap_or(source_ip);
-            let conn = ferry_core::authz::ConnInfo {
-                source_identity: Some(&source),
-                source_ip,
-                destination_ip,
-                destination_port: port,
-                via_waypoint: false,
-            };
-            let verdict = ferry_core::authz::authorize_request(&snap, dst, &conn, request);
-            if verdict.is_allowed() {
-                Ok(())
-            } else {
-                Err(crate::inbound::describe(&verdict))
-            }
+        let judge = Arc::new(Judge {
+            store: self.store.clone(),
+            landing: uid.clone(),
+            source,
+            source_ip,
+            port,
         });
-        Some((check, uid))
+        let per_request = judge.clone();
+        let check: crate::l7::RequestCheck =
+            Arc::new(move |request| per_request.judge(Some(request)));
+        // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds on
+        // its other fields).
+        let l4 = move || judge.judge(None);
+        Some((check, l4, uid))
     }
 
     async fn open_upstream(
@@ -262,6 +258,41 @@ impl Waypoint {
             Transport::GatewayHbone { .. } => Err(Refusal::Unavailable(
                 "gateway hops are not implemented yet".into(),
             )),
+        }
+    }
+}
+
+/// What a waypoint knows to authorize the traffic of one tunnel.
+struct Judge {
+    store: Arc<Store>,
+    landing: WorkloadUid,
+    source: Identity,
+    source_ip: IpAddr,
+    port: u16,
+}
+
+impl Judge {
+    /// One HTTP request, or (`None`) the whole connection at L4; `Err` says why it is denied.
+    fn judge(&self, request: Option<&ferry_core::authz::HttpRequest<'_>>) -> Result<(), String> {
+        let snap = self.store.load();
+        let dst = snap
+            .workload(&self.landing)
+            .ok_or_else(|| "the destination left the mesh".to_string())?;
+        let conn = ferry_core::authz::ConnInfo {
+            source_identity: Some(&self.source),
+            source_ip: self.source_ip,
+            destination_ip: dst.addresses.first().copied().unwrap_or(self.source_ip),
+            destination_port: self.port,
+            via_waypoint: false,
+        };
+        let verdict = match request {
+            Some(r) => ferry_core::authz::authorize_request(&snap, dst, &conn, r),
+            None => ferry_core::authz::authorize(&snap, dst, &conn),
+        };
+        if verdict.is_allowed() {
+            Ok(())
+        } else {
+            Err(crate::inbound::describe(&verdict))
         }
     }
 }

@@ -141,3 +141,161 @@ async fn bytes_that_are_not_http_go_nowhere() {
     assert_eq!((got.allowed, got.denied), (0, 0));
     assert!(seen.lock().is_empty(), "the upstream got {:?}", seen.lock());
 }
+
+#[test]
+fn sniffing_tells_http_from_other_bytes_and_never_panics() {
+    use l7::{Sniffed, sniff};
+    assert_eq!(sniff(b"GET / HTTP/1.1\r\n"), Some(Sniffed::Http));
+    assert_eq!(sniff(b"POST "), Some(Sniffed::Http));
+    assert_eq!(sniff(b"PRI * HTTP/2.0\r\n\r\nSM"), Some(Sniffed::Http));
+    assert_eq!(sniff(b"PRI"), None, "could still be the HTTP/2 preface");
+    assert_eq!(sniff(b"GE"), None);
+    assert_eq!(sniff(b""), None);
+    assert_eq!(sniff(b"\x16\x03\x01"), Some(Sniffed::Other), "TLS");
+    assert_eq!(sniff(b"get / HTTP/1.1"), Some(Sniffed::Other));
+    assert_eq!(sniff(b" GET"), Some(Sniffed::Other));
+    assert_eq!(sniff(&[b'A'; 40]), Some(Sniffed::Other));
+    // Every byte string up to 3 bytes over a small alphabet, and long random ones: an answer
+    // or "more", never a panic; and once decided, more bytes never change the answer.
+    let alphabet = [b'G', b'P', b'R', b'I', b' ', b'*', b'\r', 0u8, 0xff];
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..20_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let len = (rng % 40) as usize;
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| alphabet[((rng >> (i % 56)) % alphabet.len() as u64) as usize])
+            .collect();
+        if let Some(kind) = sniff(&bytes) {
+            let mut more = bytes.clone();
+            more.extend_from_slice(b"XYZ /");
+            assert_eq!(sniff(&more), Some(kind), "{bytes:?}");
+        }
+    }
+}
+
+/// A filter in front of a raw TCP echo server, deciding by sniffing; `l4` says whether a
+/// connection that is not HTTP may pass.
+async fn detecting_filter(
+    up: std::net::SocketAddr,
+    l4_allows: bool,
+) -> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<Outcome>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let check: RequestCheck = Arc::new(|r| {
+        if r.method == "POST" && r.path.starts_with("/admin") {
+            Err("no admin writes".into())
+        } else {
+            Ok(())
+        }
+    });
+    tokio::spawn(async move {
+        let (client, _) = l.accept().await.unwrap();
+        let upstream = TcpStream::connect(up).await.unwrap();
+        let l4 = move || {
+            if l4_allows {
+                Ok(())
+            } else {
+                Err("denied at L4".to_string())
+            }
+        };
+        let outcome = l7::serve_detected(client, upstream, check, l4, l7::Labels::default()).await;
+        let _ = tx.send(outcome).await;
+    });
+    (addr, rx)
+}
+
+/// A raw TCP echo server; counts the bytes it received.
+async fn tcp_echo(got: Arc<Mutex<usize>>) -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let got = got.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    *got.lock() += n;
+                    if s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn other_bytes_are_carried_at_l4_only_when_l4_policy_allows() {
+    for allowed in [true, false] {
+        let got = Arc::new(Mutex::new(0));
+        let up = tcp_echo(got.clone()).await;
+        let (addr, mut outcome) = detecting_filter(up, allowed).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"\x16\x03\x01 hello").await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut back))
+            .await
+            .expect("the connection ends");
+        let o = tokio::time::timeout(Duration::from_secs(10), outcome.recv())
+            .await
+            .expect("an outcome")
+            .expect("an outcome");
+        if allowed {
+            assert_eq!(back, b"\x16\x03\x01 hello", "{o:?}");
+            assert_eq!(*got.lock(), 9);
+        } else {
+            assert!(back.is_empty(), "{back:?}");
+            assert_eq!(*got.lock(), 0, "denied bytes reached the upstream");
+            assert_eq!(o.denied, 1, "{o:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn http2_with_prior_knowledge_is_judged_request_by_request() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(seen.clone()).await;
+    let (addr, mut outcome) = detecting_filter(up, false).await;
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut send = |method: &'static str, path: &'static str| {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://echo.default.svc{path}"))
+            .body(Full::new(Bytes::from_static(b"h2")))
+            .unwrap();
+        sender.send_request(req)
+    };
+    let ok = send("GET", "/admin/users").await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let body = ok.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"seen GET /admin/users h2");
+    let denied = send("POST", "/admin/users").await.unwrap();
+    assert_eq!(denied.status(), 403);
+    let body = denied.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"RBAC: access denied\n");
+    // The client goes away: its socket is closed.
+    drop(sender);
+    conn.abort();
+    let _ = conn.await;
+    let o = tokio::time::timeout(Duration::from_secs(10), outcome.recv())
+        .await
+        .expect("an outcome")
+        .expect("an outcome");
+    assert_eq!((o.allowed, o.denied), (1, 1), "{o:?}");
+    assert_eq!(*seen.lock(), ["GET /admin/users"]);
+}
