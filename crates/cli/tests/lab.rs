@@ -329,6 +329,21 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "connection complete",
         ],
     );
+    // Bytes that are not HTTP on that port: judged once at L4, where the DENY holds on its
+    // port alone; nothing reaches the pod.
+    let r = lab.send("echo-beta", "198.18.10.5:81", "not http at all\n");
+    assert!(
+        r.as_ref().map_or(true, |r| !r.contains("audit-beta")),
+        "{r:?}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "waypoint denied a connection that is not HTTP",
+            "src.identity=spiffe://cluster.local/ns/default/sa/echo",
+            "reason=denied by policy default/deny-audit-admin-writes rule 0",
+        ],
+    );
     // Straight to the pod, around the waypoint: nobody judges the HTTP, so the DENY applies on
     // its port alone and the node proxy refuses the connection (fail closed).
     lab.send("echo-beta", "198.18.3.60:8081", "GET / HTTP/1.1\r\n\r\n")
