@@ -90,6 +90,10 @@ pub(crate) struct WaypointArgs {
     /// Listen and dial inside this network namespace (the waypoint pod's).
     #[arg(long)]
     netns: Option<PathBuf>,
+    /// Admin endpoint (`/ready`, `/metrics` with request counts and durations), in the same
+    /// namespace as `--listen`.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
 }
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
@@ -106,6 +110,7 @@ pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
             bundle_pem: bundle,
             listen: args.listen,
             netns: args.netns.clone(),
+            admin: args.admin,
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -344,6 +344,22 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "reason=denied by policy default/deny-audit-admin-writes rule 0",
         ],
     );
+    // The waypoint's request metrics count the allowed and denied requests by response code,
+    // labelled with the original source.
+    let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");
+    for code in ["200", "403"] {
+        assert!(
+            m.lines().any(|l| l.starts_with("istio_requests_total{")
+                && l.contains(&format!("response_code=\"{code}\""))
+                && l.contains("source_principal=\"spiffe://cluster.local/ns/default/sa/echo\"")),
+            "no {code} line:\n{m}"
+        );
+    }
+    assert!(
+        m.contains("istio_request_duration_milliseconds_bucket{"),
+        "{m}"
+    );
+
     // Straight to the pod, around the waypoint: nobody judges the HTTP, so the DENY applies on
     // its port alone and the node proxy refuses the connection (fail closed).
     lab.send("echo-beta", "198.18.3.60:8081", "GET / HTTP/1.1\r\n\r\n")
@@ -416,6 +432,13 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "no endpoint is eligible for a source in cluster beta",
         ],
     );
+    let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");
+    let refused_total: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("ferry_waypoint_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused_total >= 1, "the refusal is not counted:\n{m}");
     let carried = craft("alpha");
     assert!(carried.contains("status 200"), "{carried}");
 

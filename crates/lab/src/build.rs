@@ -510,6 +510,8 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
             .clone();
         let log = opts.state_dir.join(format!("waypoint-{}.log", w.name));
         let token_file = format!("{dir}/{node}.token");
+        // Admin (`/metrics`) on the pod's own address, port 15020.
+        let admin = format!("{}:15020", pod.ip);
         spawn(
             state,
             &ns,
@@ -528,6 +530,8 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
                 &bundle,
                 "--netns",
                 &pod_ns,
+                "--admin",
+                &admin,
             ],
             &log,
         )?;

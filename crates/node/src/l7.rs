@@ -26,6 +26,8 @@ pub struct Labels {
     /// The original source (the tunnel's mutual-TLS peer), not this waypoint.
     pub src_identity: String,
     pub dst_workload: String,
+    /// Where each request is counted, if anywhere.
+    pub metrics: Option<Arc<crate::l7_metrics::RequestMetrics>>,
 }
 
 /// What happened on one connection, for the access log.
@@ -97,6 +99,14 @@ where
                     }
                 };
                 let (status, ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
+                if let Some(m) = &labels.metrics {
+                    m.record(
+                        status,
+                        &labels.src_identity,
+                        &labels.dst_workload,
+                        started.elapsed().as_secs_f64() * 1e3,
+                    );
+                }
                 match verdict {
                     Err(reason) => {
                         tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, reason = %reason, "waypoint denied the request")

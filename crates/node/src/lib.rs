@@ -20,6 +20,7 @@ pub mod conns;
 pub mod gateway;
 pub mod inbound;
 pub mod l7;
+pub mod l7_metrics;
 pub mod netns;
 pub mod node;
 pub mod outbound;

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -46,6 +46,8 @@ pub struct Config {
     /// Listen and dial inside this network namespace (the waypoint pod's), while talking to
     /// the control plane from the process's own.
     pub netns: Option<std::path::PathBuf>,
+    /// Admin endpoint (`/ready`, `/metrics`), in the same namespace as `listen`.
+    pub admin: Option<SocketAddr>,
 }
 
 /// Dials from inside the waypoint pod's namespace.
@@ -74,7 +76,7 @@ struct Waypoint {
     ip: IpAddr,
     cluster: ClusterId,
     plans: Mutex<HashMap<u64, Plan>>,
-    refused: AtomicU64,
+    metrics: Arc<crate::l7_metrics::RequestMetrics>,
     netns: Option<Arc<crate::netns::Netns>>,
 }
 
@@ -106,7 +108,7 @@ impl Handler for Waypoint {
                 Ok(())
             }
             Err(e) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused.fetch_add(1, Ordering::Relaxed);
                 let (peer, reason) = (req.peer.to_string(), e.to_string());
                 tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, "waypoint refused the connection");
                 Err(Refusal::Unavailable(e.to_string()))
@@ -135,10 +137,12 @@ impl Handler for Waypoint {
             };
             // The destination has HTTP rules: every request is judged here, one by one.
             let (near, far) = tokio::io::duplex(64 * 1024);
+            let metrics = self.metrics.clone();
             tokio::spawn(async move {
                 let labels = crate::l7::Labels {
                     src_identity: peer_identity,
                     dst_workload: dst.to_string(),
+                    metrics: Some(metrics),
                 };
                 let outcome = crate::l7::serve_detected(far, upstream, check, l4, labels).await;
                 tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
@@ -262,6 +266,36 @@ impl Waypoint {
     }
 }
 
+/// `/ready` and `/metrics`, one request per connection.
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<crate::l7_metrics::RequestMetrics>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = match req.split_whitespace().nth(1).unwrap_or("/") {
+                "/ready" | "/healthz/ready" => ("200 OK", "ready\n".to_string()),
+                "/metrics" | "/stats/prometheus" => ("200 OK", metrics.render()),
+                _ => ("404 Not Found", "paths: /ready /metrics\n".to_string()),
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+            let _ = s.shutdown().await;
+        });
+    }
+}
+
 /// What a waypoint knows to authorize the traffic of one tunnel.
 struct Judge {
     store: Arc<Store>,
@@ -366,7 +400,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ip,
         cluster: ClusterId::new(&config.cluster),
         plans: Mutex::new(HashMap::new()),
-        refused: AtomicU64::new(0),
+        metrics: Arc::default(),
         netns: netns.clone(),
     });
     let listener = match &netns {
@@ -374,6 +408,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => tokio::net::TcpListener::bind(config.listen).await,
     }
     .with_context(|| format!("binding {}", config.listen))?;
+    if let Some(addr) = config.admin {
+        let admin = match &netns {
+            Some(ns) => ns.listen(addr).await,
+            None => tokio::net::TcpListener::bind(addr).await,
+        }
+        .with_context(|| format!("binding the admin endpoint {addr}"))?;
+        tokio::spawn(serve_admin(admin, wp.metrics.clone()));
+    }
     println!(
         "ferry waypoint {}: serving HBONE on {} as {identity}",
         config.uid, config.listen
