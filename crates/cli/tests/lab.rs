@@ -344,6 +344,24 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "reason=denied by policy default/deny-audit-admin-writes rule 0",
         ],
     );
+    // A header match: any request with `x-debug` is refused.
+    let r = lab
+        .send(
+            "echo-beta",
+            "198.18.10.5:81",
+            "GET /ok HTTP/1.1\r\nX-Debug: 1\r\nConnection: close\r\n\r\n",
+        )
+        .expect("an answer from the waypoint");
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "waypoint denied the request",
+            "http.path=/ok",
+            "reason=denied by policy default/deny-audit-admin-writes rule 1",
+        ],
+    );
+
     // The waypoint's request metrics count the allowed and denied requests by response code,
     // labelled with the original source.
     let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");

@@ -65,6 +65,8 @@ pub struct HttpRequest<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub host: &'a str,
+    /// Header names in lower case, with their values (a name may repeat).
+    pub headers: &'a [(&'a str, &'a str)],
 }
 
 /// Allow or deny.
@@ -237,7 +239,12 @@ fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
             (m.paths.is_empty() || any(&m.paths, req.path)) && !any(&m.not_paths, req.path);
         let host_ok =
             (m.hosts.is_empty() || any(&m.hosts, req.host)) && !any(&m.not_hosts, req.host);
-        if !(method_ok && path_ok && host_ok) {
+        let headers_ok = m.headers.iter().all(|h| {
+            req.headers
+                .iter()
+                .any(|(n, v)| *n == h.name && any(&h.values, v))
+        });
+        if !(method_ok && path_ok && host_ok && headers_ok) {
             return false;
         }
     } else if m.is_l7() && !facts.l7_holds_at_l4 {

@@ -389,6 +389,7 @@ fn request(method: &'static str, path: &'static str) -> crate::authz::HttpReques
         method,
         path,
         host: "echo.default.svc.cluster.local",
+        headers: &[("x-team", "payments")],
     }
 }
 
@@ -472,4 +473,48 @@ fn l7_deny_on_paths_and_its_negation() {
         },
     );
     assert!(via.is_allowed(), "{via:?}");
+}
+
+#[test]
+fn l7_header_matches_need_the_header_with_a_matching_value() {
+    use crate::model::HeaderMatch;
+    let team = |v: &str| Match {
+        headers: vec![HeaderMatch {
+            name: "x-team".into(),
+            values: vec![StringMatch::from_pattern(v)],
+        }],
+        ..Match::default()
+    };
+    // The request carries `x-team: payments`.
+    let (snap, echo) = mesh(vec![policy(
+        "allow-payments",
+        PolicyScope::Namespace,
+        Action::Allow,
+        vec![rule(vec![team("pay*")])],
+    )]);
+    assert!(check_request(&snap, &echo, "GET", "/").is_allowed());
+    let (snap, echo) = mesh(vec![policy(
+        "allow-search",
+        PolicyScope::Namespace,
+        Action::Allow,
+        vec![rule(vec![team("search")])],
+    )]);
+    assert!(!check_request(&snap, &echo, "GET", "/").is_allowed());
+    let absent = Match {
+        headers: vec![HeaderMatch {
+            name: "x-debug".into(),
+            values: vec![StringMatch::Presence],
+        }],
+        ..Match::default()
+    };
+    let (snap, echo) = mesh(vec![policy(
+        "deny-debug",
+        PolicyScope::Namespace,
+        Action::Deny,
+        vec![rule(vec![absent])],
+    )]);
+    assert!(
+        check_request(&snap, &echo, "GET", "/").is_allowed(),
+        "a header the request lacks does not match"
+    );
 }

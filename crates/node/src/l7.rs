@@ -82,10 +82,21 @@ where
                         .and_then(|v| v.to_str().ok())
                         .or_else(|| req.uri().host())
                         .unwrap_or("");
+                    // `http` keeps header names in lower case; a value that is not text is
+                    // read lossily, so it can still match (presence, prefixes) and a DENY on
+                    // it cannot be dodged with odd bytes.
+                    let values: Vec<(&str, std::borrow::Cow<'_, str>)> = req
+                        .headers()
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), String::from_utf8_lossy(v.as_bytes())))
+                        .collect();
+                    let headers: Vec<(&str, &str)> =
+                        values.iter().map(|(n, v)| (*n, v.as_ref())).collect();
                     check(&HttpRequest {
                         method: method.as_str(),
                         path: &path,
                         host,
+                        headers: &headers,
                     })
                 };
                 let resp = match &verdict {

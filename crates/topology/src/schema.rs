@@ -267,6 +267,9 @@ pub(crate) struct ToSpec {
     pub(crate) hosts: Vec<String>,
     #[serde(default)]
     pub(crate) not_hosts: Vec<String>,
+    /// Request headers: each named header must have a value matching one of the patterns.
+    #[serde(default)]
+    pub(crate) headers: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 fn yes() -> bool {

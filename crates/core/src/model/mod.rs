@@ -13,8 +13,8 @@ pub use names::{
     ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid,
 };
 pub use policy::{
-    Action, Cidr, Clause, InvalidCidr, Match, Policy, PolicyScope, Rule, ServiceAccountMatch,
-    StringMatch,
+    Action, Cidr, Clause, HeaderMatch, InvalidCidr, Match, Policy, PolicyScope, Rule,
+    ServiceAccountMatch, StringMatch,
 };
 pub use service::{
     AddressEndpoint, GatewayDestination, GatewayRef, HealthPolicy, LbMode, LoadBalancing,

@@ -184,6 +184,15 @@ pub struct Match {
     pub not_paths: Vec<StringMatch>,
     pub hosts: Vec<StringMatch>,
     pub not_hosts: Vec<StringMatch>,
+    /// Request headers that must be present with a matching value (all of them).
+    pub headers: Vec<HeaderMatch>,
+}
+
+/// A request header (name in lower case) with a value matching one of `values`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HeaderMatch {
+    pub name: String,
+    pub values: Vec<StringMatch>,
 }
 
 impl Match {
@@ -194,7 +203,8 @@ impl Match {
             && self.paths.is_empty()
             && self.not_paths.is_empty()
             && self.hosts.is_empty()
-            && self.not_hosts.is_empty())
+            && self.not_hosts.is_empty()
+            && self.headers.is_empty())
     }
 
     pub fn is_empty(&self) -> bool {

@@ -133,10 +133,14 @@ impl Cx {
             &t.hosts,
             &t.not_hosts,
         ];
-        if t.ports.is_empty() && t.not_ports.is_empty() && l7.iter().all(|l| l.is_empty()) {
+        if t.ports.is_empty()
+            && t.not_ports.is_empty()
+            && l7.iter().all(|l| l.is_empty())
+            && t.headers.is_empty()
+        {
             self.problem(
                 path,
-                "expected at least one of `ports`, `not_ports`, `methods`, `not_methods`, `paths`, `not_paths`, `hosts`, `not_hosts`, found an empty entry",
+                "expected at least one of `ports`, `not_ports`, `methods`, `not_methods`, `paths`, `not_paths`, `hosts`, `not_hosts`, `headers`, found an empty entry",
             );
         }
         Match {
@@ -148,6 +152,14 @@ impl Cx {
             not_paths: self.patterns(&format!("{path}.not_paths"), &t.not_paths),
             hosts: self.patterns(&format!("{path}.hosts"), &t.hosts),
             not_hosts: self.patterns(&format!("{path}.not_hosts"), &t.not_hosts),
+            headers: t
+                .headers
+                .iter()
+                .map(|(name, values)| ferry_core::model::HeaderMatch {
+                    name: name.to_ascii_lowercase(),
+                    values: self.patterns(&format!("{path}.headers.{name}"), values),
+                })
+                .collect(),
             ..Match::default()
         }
     }

@@ -460,6 +460,20 @@ fn policy(p: &sec::Authorization) -> R<Policy> {
                                             not_paths: sm(&m.ferry_not_paths)?,
                                             hosts: sm(&m.ferry_hosts)?,
                                             not_hosts: sm(&m.ferry_not_hosts)?,
+                                            headers: m
+                                                .ferry_headers
+                                                .iter()
+                                                .map(|h| {
+                                                    if h.name.is_empty() {
+                                                        return Err("a header match has no name"
+                                                            .to_string());
+                                                    }
+                                                    Ok(ferry_core::model::HeaderMatch {
+                                                        name: h.name.to_ascii_lowercase(),
+                                                        values: sm(&h.values)?,
+                                                    })
+                                                })
+                                                .collect::<R<Vec<_>>>()?,
                                         })
                                     })
                                     .collect::<R<_>>()?,

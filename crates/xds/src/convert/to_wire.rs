@@ -341,6 +341,14 @@ fn policy(p: &Policy) -> sec::Authorization {
                                 ferry_not_paths: m.not_paths.iter().map(string_match).collect(),
                                 ferry_hosts: m.hosts.iter().map(string_match).collect(),
                                 ferry_not_hosts: m.not_hosts.iter().map(string_match).collect(),
+                                ferry_headers: m
+                                    .headers
+                                    .iter()
+                                    .map(|h| sec::HeaderMatch {
+                                        name: h.name.clone(),
+                                        values: h.values.iter().map(string_match).collect(),
+                                    })
+                                    .collect(),
                             })
                             .collect(),
                     })
