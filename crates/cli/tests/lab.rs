@@ -109,6 +109,29 @@ impl Lab {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Runs `ferry lab craft` in `exec_in`'s namespace: a credential for `identity` fetched
+    /// with `node`'s token, then one CONNECT to `authority` through `to`. Returns its output.
+    fn craft(&self, exec_in: &str, node: &str, flags: &[&str]) -> String {
+        let out = ferry()
+            .args(["lab", "exec", exec_in, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "craft", "--control", "https://198.19.254.1:15012"])
+            .arg("--token-file")
+            .arg(self.dir.join(format!("{node}.token")))
+            .arg("--bundle-file")
+            .arg(self.dir.join("bundle.pem"))
+            .args(flags)
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
     fn pids(&self) -> Vec<u32> {
         let state: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
@@ -404,17 +427,10 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             .to_string()
     };
     let craft = |cluster: &str| {
-        let out = ferry()
-            .args(["lab", "exec", "alpha-1", "--state-dir"])
-            .arg(&lab.dir)
-            .args(["--id", &lab.id, "--"])
-            .arg(env!("CARGO_BIN_EXE_ferry"))
-            .args(["lab", "craft", "--control", "https://198.19.254.1:15012"])
-            .arg("--token-file")
-            .arg(lab.dir.join("alpha-1.token"))
-            .arg("--bundle-file")
-            .arg(lab.dir.join("bundle.pem"))
-            .args([
+        lab.craft(
+            "alpha-1",
+            "alpha-1",
+            &[
                 "--identity",
                 "spiffe://cluster.local/ns/default/sa/sleep",
                 "--to",
@@ -427,13 +443,7 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
                 &legacy_ns,
                 "--cluster",
                 cluster,
-            ])
-            .output()
-            .unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            ],
         )
     };
     let refused = craft("beta");
@@ -674,40 +684,21 @@ fn two_networks_meet_only_through_their_gateways() {
     // east identity: refused at the gateway (and counted in its log). The same request for the
     // global service passes.
     let craft = |authority: &str| {
-        let out = ferry()
-            .args(["lab", "exec", "eastwest-east", "--state-dir"])
-            .arg(&lab.dir)
-            .args(["--id", &lab.id, "--"])
-            .arg(env!("CARGO_BIN_EXE_ferry"))
-            .args([
-                "lab",
-                "craft",
-                "--control",
-                "https://198.19.254.1:15012",
-                "--token-file",
-            ])
-            .arg(lab.dir.join("east-1.token"))
-            .arg("--bundle-file")
-            .arg(lab.dir.join("bundle.pem"))
-            .args([
+        lab.craft(
+            "eastwest-east",
+            "east-1",
+            &[
                 "--identity",
                 "spiffe://cluster.local/ns/default/sa/sleep",
                 "--to",
                 "198.19.255.1:15008",
-            ])
-            .args([
                 "--peer-identity",
                 "spiffe://cluster.local/ns/istio-system/sa/eastwest-west",
                 "--cluster",
                 "east",
-            ])
-            .args(["--authority", authority])
-            .output()
-            .unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+                "--authority",
+                authority,
+            ],
         )
     };
     let refused = craft("ledger.default.svc.cluster.local:80");
