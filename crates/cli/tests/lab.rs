@@ -92,6 +92,11 @@ impl Lab {
     }
 
     fn metrics(&self, node: &str, admin: &str) -> String {
+        self.admin_get(node, admin, "/metrics")
+    }
+
+    /// One GET to an admin endpoint, from inside `node`'s (or a pod's) namespace.
+    fn admin_get(&self, node: &str, admin: &str, path: &str) -> String {
         let out = ferry()
             .args(["lab", "exec", node, "--state-dir"])
             .arg(&self.dir)
@@ -102,7 +107,7 @@ impl Lab {
                 "connect",
                 admin,
                 "--data",
-                "GET /metrics HTTP/1.0\r\n\r\n",
+                &format!("GET {path} HTTP/1.0\r\n\r\n"),
             ])
             .output()
             .unwrap();
@@ -459,6 +464,19 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "dst.addr=198.18.10.3:80",
             "no endpoint is eligible for a source in cluster beta",
         ],
+    );
+    // The same admin endpoints as a node proxy: its identity and its certificate (no keys).
+    let dump = lab.admin_get("audit-waypoint-beta", "198.18.3.50:15020", "/config_dump");
+    assert!(
+        dump.contains("\"identity\":\"spiffe://cluster.local/ns/default/sa/audit-waypoint\"")
+            && dump.contains("\"state\":\"ready\"")
+            && !dump.contains("PRIVATE KEY"),
+        "{dump}"
+    );
+    let certs = lab.admin_get("beta-1", "198.19.254.12:15000", "/certs");
+    assert!(
+        certs.contains("\"state\":\"ready\"") && !certs.contains("PRIVATE KEY"),
+        "{certs}"
     );
     let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");
     let refused_total: u64 = m

@@ -66,10 +66,15 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 "pods": pods,
                 "active_connections": node.active(),
                 "tracked_connections": node.conns.len(),
-                "certificates": certs(node),
+                "certificates": cert_summary(&node.certs),
             });
             ("200 OK", "application/json", body.to_string())
         }
+        "/certs" => (
+            "200 OK",
+            "application/json",
+            cert_summary(&node.certs).to_string(),
+        ),
         _ => (
             "404 Not Found",
             "text/plain",
@@ -79,9 +84,9 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
 }
 
 /// A summary of every certificate: identity, state, expiry. Never key material.
-fn certs(node: &Node) -> serde_json::Value {
+pub(crate) fn cert_summary(certs: &ferry_identity::manager::CertManager) -> serde_json::Value {
     let now = std::time::SystemTime::now();
-    node.certs
+    certs
         .states()
         .into_iter()
         .map(|(id, st)| match st {

@@ -267,24 +267,39 @@ impl Waypoint {
 }
 
 /// `/ready` and `/metrics`, one request per connection.
-async fn serve_admin(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<crate::l7_metrics::RequestMetrics>,
-) {
+async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
             continue;
         };
-        let metrics = metrics.clone();
+        let wp = wp.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 2048];
             let n = s.read(&mut buf).await.unwrap_or(0);
             let req = String::from_utf8_lossy(&buf[..n]);
             let (status, body) = match req.split_whitespace().nth(1).unwrap_or("/") {
                 "/ready" | "/healthz/ready" => ("200 OK", "ready\n".to_string()),
-                "/metrics" | "/stats/prometheus" => ("200 OK", metrics.render()),
-                _ => ("404 Not Found", "paths: /ready /metrics\n".to_string()),
+                "/metrics" | "/stats/prometheus" => ("200 OK", wp.metrics.render()),
+                "/config_dump" => {
+                    let snap = wp.store.load();
+                    let body = serde_json::json!({
+                        "waypoint": wp.uid.to_string(),
+                        "identity": wp.identity.to_string(),
+                        "cluster": wp.cluster.to_string(),
+                        "snapshot_version": snap.version(),
+                        "workloads": snap.workloads().count(),
+                        "services": snap.services().count(),
+                        "policies": snap.policies().count(),
+                        "certificates": crate::admin::cert_summary(&wp.certs),
+                    });
+                    ("200 OK", body.to_string())
+                }
+                "/certs" => ("200 OK", crate::admin::cert_summary(&wp.certs).to_string()),
+                _ => (
+                    "404 Not Found",
+                    "paths: /ready /config_dump /certs /metrics\n".to_string(),
+                ),
             };
             let resp = format!(
                 "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -414,7 +429,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None => tokio::net::TcpListener::bind(addr).await,
         }
         .with_context(|| format!("binding the admin endpoint {addr}"))?;
-        tokio::spawn(serve_admin(admin, wp.metrics.clone()));
+        tokio::spawn(serve_admin(admin, wp.clone()));
     }
     println!(
         "ferry waypoint {}: serving HBONE on {} as {identity}",
