@@ -74,7 +74,37 @@ where
             );
             async move {
                 let started = Instant::now();
-                let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                // The path is judged, and sent on, in one normal form, so the app cannot be
+                // reached at a path the policy did not see (`/x/../admin`, `/%61dmin`).
+                let path = match normalize_path(req.uri().path()) {
+                    Ok(p) => p,
+                    Err(why) => {
+                        counts.lock().1 += 1;
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %req.method(), reason = why, "waypoint refused a request path");
+                        return Ok(plain(StatusCode::BAD_REQUEST, &format!("{why}\n")));
+                    }
+                };
+                let mut req = req;
+                if path != req.uri().path() {
+                    let target = match req.uri().query() {
+                        Some(q) => format!("{path}?{q}"),
+                        None => path.clone(),
+                    };
+                    let mut parts = req.uri().clone().into_parts();
+                    match target.parse() {
+                        Ok(pq) => parts.path_and_query = Some(pq),
+                        Err(_) => {
+                            return Ok(plain(StatusCode::BAD_REQUEST, "bad request target\n"));
+                        }
+                    }
+                    match http::Uri::from_parts(parts) {
+                        Ok(uri) => *req.uri_mut() = uri,
+                        Err(_) => {
+                            return Ok(plain(StatusCode::BAD_REQUEST, "bad request target\n"));
+                        }
+                    }
+                }
+                let method = req.method().clone();
                 let verdict = {
                     let host = req
                         .headers()
@@ -333,4 +363,75 @@ where
             },
         },
     }
+}
+
+/// The normal form of a request path, as Istio's `BASE` normalization plus merged slashes:
+/// percent-encoded unreserved characters decoded, `.` and `..` segments resolved, runs of `/`
+/// merged. Encoded or raw backslashes and encoded slashes are refused (an app may read them as
+/// separators), as are broken escapes.
+pub fn normalize_path(path: &str) -> Result<String, &'static str> {
+    if path == "*" {
+        return Ok(path.to_string());
+    }
+    if !path.starts_with('/') {
+        return Err("the request path must start with /");
+    }
+    let bytes = path.as_bytes();
+    let mut decoded = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => return Err("the request path holds a backslash"),
+            b'%' => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                let (Some(h), Some(l)) = (
+                    bytes.get(i + 1).copied().and_then(hex),
+                    bytes.get(i + 2).copied().and_then(hex),
+                ) else {
+                    return Err("the request path holds a broken %-escape");
+                };
+                let c = (h * 16 + l) as u8;
+                match c {
+                    b'/' | b'\\' => return Err("the request path holds an encoded slash"),
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                        decoded.push(c as char)
+                    }
+                    _ => {
+                        decoded.push('%');
+                        decoded.push_str(&format!("{c:02X}"));
+                    }
+                }
+                i += 3;
+                continue;
+            }
+            _ => {}
+        }
+        // Bytes other than `%` and `\` are copied as they are (whole UTF-8 sequences).
+        let next = bytes[i + 1..]
+            .iter()
+            .position(|b| *b == b'%' || *b == b'\\')
+            .map_or(bytes.len(), |p| i + 1 + p);
+        decoded.push_str(&path[i..next]);
+        i = next;
+    }
+    let trailing = decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
+    let mut out: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    let mut norm = String::with_capacity(decoded.len());
+    for seg in &out {
+        norm.push('/');
+        norm.push_str(seg);
+    }
+    if norm.is_empty() || trailing {
+        norm.push('/');
+    }
+    Ok(norm)
 }

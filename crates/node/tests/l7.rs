@@ -299,3 +299,76 @@ async fn http2_with_prior_knowledge_is_judged_request_by_request() {
     assert_eq!((o.allowed, o.denied), (1, 1), "{o:?}");
     assert_eq!(*seen.lock(), ["GET /admin/users"]);
 }
+
+#[test]
+fn paths_are_judged_in_one_normal_form() {
+    use l7::normalize_path as n;
+    assert_eq!(n("/admin/users").unwrap(), "/admin/users");
+    assert_eq!(n("/x/../admin/users").unwrap(), "/admin/users");
+    assert_eq!(n("/./admin//users/").unwrap(), "/admin/users/");
+    assert_eq!(n("/%61dmin/%7Eme").unwrap(), "/admin/~me");
+    assert_eq!(n("/../../admin").unwrap(), "/admin");
+    assert_eq!(n("/a/b/..").unwrap(), "/a/");
+    assert_eq!(n("/a%3fb").unwrap(), "/a%3Fb", "reserved stays encoded");
+    assert_eq!(n("/").unwrap(), "/");
+    assert_eq!(n("*").unwrap(), "*");
+    assert!(n("/a%2Fb").is_err());
+    assert!(n("/a%5cb").is_err());
+    assert!(n("/a\\b").is_err());
+    assert!(n("/a%4").is_err());
+    assert!(n("/a%zz").is_err());
+    assert!(n("admin").is_err());
+    // Random paths: never a panic; the normal form is stable and has no dot segments or
+    // doubled slashes.
+    let alphabet = [
+        "/", ".", "..", "%", "2", "e", "a", "%2e", "%2E", "%41", "//", "%", "f",
+    ];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..20_000 {
+        let mut p = String::from("/");
+        for _ in 0..(rng % 12) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            p.push_str(alphabet[(rng % alphabet.len() as u64) as usize]);
+        }
+        if let Ok(norm) = n(&p) {
+            assert_eq!(n(&norm).as_deref(), Ok(norm.as_str()), "{p}");
+            assert!(!norm.contains("//"), "{p} -> {norm}");
+            assert!(
+                !norm.split('/').any(|s| s == "." || s == ".."),
+                "{p} -> {norm}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_path_that_dodges_the_rule_by_its_spelling_is_still_denied() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let up = upstream(seen.clone()).await;
+    let (addr, _outcome) = filter(up).await;
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for path in [
+        "/x/../admin/users",
+        "/%61dmin/users",
+        "//admin/users",
+        "/./admin",
+    ] {
+        let (status, body) = request(&mut sender, "POST", path).await;
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+    let (status, _) = request(&mut sender, "POST", "/a%2Fadmin").await;
+    assert_eq!(status, 400);
+    // Allowed requests go on in the normal form the policy saw.
+    let (status, body) = request(&mut sender, "GET", "/x/../%61dmin/users").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "seen GET /admin/users payload")
+    );
+    assert_eq!(*seen.lock(), ["GET /admin/users"]);
+}
