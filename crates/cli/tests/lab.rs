@@ -312,6 +312,8 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "waypoint-audit-waypoint-beta",
         &[
             "waypoint denied the request",
+            // Judged as what it is: unauthenticated, not as the pod its node relayed it for.
+            "src.identity=(none: plain TCP relayed by spiffe://cluster.local/ns/default/sa/audit)",
             "http.method=POST",
             "http.path=/admin/report",
         ],

@@ -237,8 +237,12 @@ fn match_holds(m: &Match, facts: &Facts<'_>) -> bool {
             && !any(&m.not_methods, req.method);
         let path_ok =
             (m.paths.is_empty() || any(&m.paths, req.path)) && !any(&m.not_paths, req.path);
+        // Host names compare without regard to case.
+        let any_ci = |list: &[crate::model::StringMatch], v: &str| {
+            list.iter().any(|s| s.matches_ignore_case(v))
+        };
         let host_ok =
-            (m.hosts.is_empty() || any(&m.hosts, req.host)) && !any(&m.not_hosts, req.host);
+            (m.hosts.is_empty() || any_ci(&m.hosts, req.host)) && !any_ci(&m.not_hosts, req.host);
         let headers_ok = m.headers.iter().all(|h| {
             req.headers
                 .iter()

@@ -518,3 +518,19 @@ fn l7_header_matches_need_the_header_with_a_matching_value() {
         "a header the request lacks does not match"
     );
 }
+
+#[test]
+fn hosts_match_without_regard_to_case() {
+    let host = Match {
+        hosts: vec![StringMatch::from_pattern("ECHO.default.svc*")],
+        ..Match::default()
+    };
+    let (snap, echo) = mesh(vec![policy(
+        "deny-echo-host",
+        PolicyScope::Namespace,
+        Action::Deny,
+        vec![rule(vec![host])],
+    )]);
+    // The request's host is `echo.default.svc.cluster.local`.
+    assert!(!check_request(&snap, &echo, "GET", "/").is_allowed());
+}

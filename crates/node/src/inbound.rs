@@ -317,7 +317,10 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
                 .map_err(|e| e.to_string())?;
             let key = PoolKey::new(pod.identity.clone(), pod.ip, wp_addr, vec![wp_id]);
             let headers = ConnectHeaders {
-                baggage: vec![("k8s.cluster.name".into(), cluster)],
+                baggage: vec![
+                    ("k8s.cluster.name".into(), cluster),
+                    (crate::waypoint::PLAINTEXT_KEY.into(), "true".into()),
+                ],
                 forwarded_for: Some(peer),
                 ..ConnectHeaders::default()
             };

@@ -105,13 +105,17 @@ where
                     }
                 }
                 let method = req.method().clone();
+                // One host, the one the app will see (`forward` sends it as `host`).
+                let host = match request_host(&req) {
+                    Ok(h) => h,
+                    Err(why) => {
+                        counts.lock().1 += 1;
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %method, reason = why, "waypoint refused a request host");
+                        return Ok(plain(StatusCode::BAD_REQUEST, &format!("{why}\n")));
+                    }
+                };
                 let verdict = {
-                    let host = req
-                        .headers()
-                        .get(header::HOST)
-                        .and_then(|v| v.to_str().ok())
-                        .or_else(|| req.uri().host())
-                        .unwrap_or("");
+                    let host = host.as_str();
                     // `http` keeps header names in lower case; a value that is not text is
                     // read lossily, so it can still match (presence, prefixes) and a DENY on
                     // it cannot be dodged with odd bytes.
@@ -163,7 +167,11 @@ where
     // HTTP/1.1, or HTTP/2 with prior knowledge (told apart by the connection preface).
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // Clients may close their side once the last request is sent.
-    builder.http1().half_close(true);
+    builder
+        .http1()
+        .half_close(true)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(30));
     let served = builder.serve_connection(TokioIo::new(client), svc).await;
     upstream_task.abort();
     let (allowed, denied) = *counts.lock();
@@ -174,20 +182,37 @@ where
     }
 }
 
+/// The request's host, in lower case: the target's authority if it has one, else its one
+/// `host` header (none: empty, as HTTP/1.0 allows). Several `host` headers, or one that is not
+/// text, are refused.
+pub fn request_host<B>(req: &Request<B>) -> Result<String, &'static str> {
+    if let Some(a) = req.uri().authority() {
+        return Ok(a.as_str().to_ascii_lowercase());
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => Ok(String::new()),
+        (Some(_), Some(_)) => Err("the request has several host headers"),
+        (Some(h), None) => h
+            .to_str()
+            .map(str::to_ascii_lowercase)
+            .map_err(|_| "the request's host header is not text"),
+    }
+}
+
 /// Sends one allowed request on; a failure upstream is answered `502`.
 async fn forward(
     sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
-    if req.version() != Version::HTTP_11 {
-        // An HTTP/2 request goes on as HTTP/1.1: origin-form target, authority as `host`.
-        if !req.headers().contains_key(header::HOST)
-            && let Some(v) = req
-                .uri()
-                .authority()
-                .and_then(|a| header::HeaderValue::from_str(a.as_str()).ok())
-        {
-            req.headers_mut().insert(header::HOST, v);
+    if let Some(authority) = req.uri().authority().cloned() {
+        // An absolute target (HTTP/2 always, HTTP/1.1 sometimes) goes on in origin form with
+        // its authority as the only `host`: the host that was judged.
+        match header::HeaderValue::from_str(authority.as_str()) {
+            Ok(v) => {
+                req.headers_mut().insert(header::HOST, v);
+            }
+            Err(_) => return plain(StatusCode::BAD_REQUEST, "bad authority\n"),
         }
         let target = req
             .uri()
@@ -198,8 +223,9 @@ async fn forward(
             Ok(uri) => *req.uri_mut() = uri,
             Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n"),
         }
-        *req.version_mut() = Version::HTTP_11;
     }
+    // HTTP/2 requests go on as HTTP/1.1.
+    *req.version_mut() = Version::HTTP_11;
     let mut s = sender.lock().await;
     if s.ready().await.is_err() {
         return plain(StatusCode::BAD_GATEWAY, "upstream connection closed\n");
@@ -223,6 +249,9 @@ fn plain(status: StatusCode, body: &str) -> Response<Body> {
     );
     resp
 }
+
+/// How long a connection may stay silent before it is taken for a server-first protocol.
+pub const SNIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the first bytes of a connection say it carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,21 +355,29 @@ where
 {
     use tokio::io::AsyncReadExt;
     let mut head = Vec::with_capacity(64);
-    let kind = loop {
-        if let Some(kind) = sniff(&head) {
-            break kind;
-        }
-        let mut b = [0u8; 64];
-        match client.read(&mut b).await {
-            Ok(0) => break Sniffed::Other,
-            Ok(n) => head.extend_from_slice(&b[..n]),
-            Err(e) => {
-                return Outcome {
-                    error: Some(format!("client: {e}")),
-                    ..Outcome::default()
-                };
+    let sniffing = async {
+        loop {
+            if let Some(kind) = sniff(&head) {
+                return Ok(kind);
+            }
+            let mut b = [0u8; 64];
+            match client.read(&mut b).await {
+                Ok(0) => return Ok(Sniffed::Other),
+                Ok(n) => head.extend_from_slice(&b[..n]),
+                Err(e) => return Err(e),
             }
         }
+    };
+    // A client that says nothing (a server-first protocol) is carried at L4 after a moment.
+    let kind = match tokio::time::timeout(SNIFF_TIMEOUT, sniffing).await {
+        Ok(Ok(kind)) => kind,
+        Ok(Err(e)) => {
+            return Outcome {
+                error: Some(format!("client: {e}")),
+                ..Outcome::default()
+            };
+        }
+        Err(_) => Sniffed::Other,
     };
     let mut client = Replay::new(Bytes::from(head), client);
     match kind {

@@ -50,6 +50,10 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
 }
 
+/// Baggage key with which a node proxy says a tunnel carries plain TCP from outside the mesh
+/// (sent under the destination's identity; honoured only from that identity).
+pub const PLAINTEXT_KEY: &str = "ferry.source.plaintext";
+
 /// Dials from inside the waypoint pod's namespace.
 #[derive(Debug)]
 pub struct NetnsDialer(pub Arc<crate::netns::Netns>);
@@ -126,11 +130,18 @@ impl Handler for Waypoint {
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
         let origin = headers.baggage;
         let source = req.peer.clone();
-        let peer_identity = req.peer.to_string();
+        let relayed_plaintext = origin
+            .iter()
+            .any(|(k, v)| k == PLAINTEXT_KEY && v == "true");
+        let peer_identity = if relayed_plaintext {
+            format!("(none: plain TCP relayed by {})", req.peer)
+        } else {
+            req.peer.to_string()
+        };
         async move {
             let plan =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
-            let filter = self.http_filter(&plan, source, source_ip);
+            let filter = self.http_filter(&plan, source, relayed_plaintext, source_ip);
             let upstream = self.open_upstream(plan, peer, origin).await?;
             let Some((check, l4, dst)) = filter else {
                 return Ok(upstream);
@@ -169,12 +180,14 @@ impl Handler for Waypoint {
 }
 
 impl Waypoint {
-    /// Requests to `plan`'s destination are judged one by one when a policy on it names HTTP
-    /// facts (methods, paths, hosts); otherwise the bytes are carried as they are.
+    /// Every tunnel to a workload is inspected: HTTP is judged request by request, anything
+    /// else once at L4, both with the original source (`None`: plain TCP from outside the mesh,
+    /// relayed by the destination's node proxy).
     fn http_filter(
         &self,
         plan: &Plan,
         source: Identity,
+        relayed_plaintext: bool,
         source_ip: IpAddr,
     ) -> Option<(
         crate::l7::RequestCheck,
@@ -184,22 +197,14 @@ impl Waypoint {
         let uid = plan.landing.clone()?;
         let snap = self.store.load();
         let dst = snap.workload(&uid)?;
-        // A match bound to other ports can never hold here, HTTP or not.
+        // The destination's node proxy relays plain TCP from outside the mesh under the
+        // destination's own identity and says so; only that identity may say so.
+        let source = if relayed_plaintext && dst.identity().ok().as_ref() == Some(&source) {
+            None
+        } else {
+            Some(source)
+        };
         let port = plan.landing_port;
-        let has_http_rules = snap.policies_for(dst).any(|p| {
-            p.rules
-                .iter()
-                .flat_map(|r| &r.clauses)
-                .flat_map(|c| &c.matches)
-                .any(|m| {
-                    m.is_l7()
-                        && (m.destination_ports.is_empty() || m.destination_ports.contains(&port))
-                        && !m.not_destination_ports.contains(&port)
-                })
-        });
-        if !has_http_rules {
-            return None;
-        }
         let judge = Arc::new(Judge {
             store: self.store.clone(),
             landing: uid.clone(),
@@ -315,7 +320,8 @@ async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
 struct Judge {
     store: Arc<Store>,
     landing: WorkloadUid,
-    source: Identity,
+    /// `None` for plain TCP from outside the mesh.
+    source: Option<Identity>,
     source_ip: IpAddr,
     port: u16,
 }
@@ -328,7 +334,7 @@ impl Judge {
             .workload(&self.landing)
             .ok_or_else(|| "the destination left the mesh".to_string())?;
         let conn = ferry_core::authz::ConnInfo {
-            source_identity: Some(&self.source),
+            source_identity: self.source.as_ref(),
             source_ip: self.source_ip,
             destination_ip: dst.addresses.first().copied().unwrap_or(self.source_ip),
             destination_port: self.port,

@@ -372,3 +372,50 @@ async fn a_path_that_dodges_the_rule_by_its_spelling_is_still_denied() {
     );
     assert_eq!(*seen.lock(), ["GET /admin/users"]);
 }
+
+#[test]
+fn the_judged_host_is_the_one_the_app_sees() {
+    let req = |uri: &str, hosts: &[&[u8]]| {
+        let mut b = http::Request::builder().uri(uri);
+        for h in hosts {
+            b = b.header("host", http::HeaderValue::from_bytes(h).unwrap());
+        }
+        b.body(()).unwrap()
+    };
+    // An absolute target wins over the host header (and is what `forward` sends as host).
+    assert_eq!(
+        l7::request_host(&req("http://Admin.svc:8080/x", &[b"public.svc"])).unwrap(),
+        "admin.svc:8080"
+    );
+    assert_eq!(
+        l7::request_host(&req("/x", &[b"Public.SVC"])).unwrap(),
+        "public.svc"
+    );
+    assert_eq!(l7::request_host(&req("/x", &[])).unwrap(), "");
+    assert!(l7::request_host(&req("/x", &[b"a.svc", b"b.svc"])).is_err());
+    assert!(l7::request_host(&req("/x", &[b"caf\xc3\xa9.svc"])).is_err());
+}
+
+#[test]
+fn absolute_targets_reach_the_upstream_in_origin_form_with_the_judged_host() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let up = upstream(seen.clone()).await;
+        let (addr, _outcome) = filter(up).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            b"POST http://api.svc/admin/x HTTP/1.1\r\nHost: other.svc\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+        assert!(seen.lock().is_empty());
+    });
+}

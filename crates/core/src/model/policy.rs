@@ -55,6 +55,17 @@ impl StringMatch {
         }
     }
 
+    /// As [`StringMatch::matches`], ignoring ASCII case (host names).
+    pub fn matches_ignore_case(&self, value: &str) -> bool {
+        let v = value.to_ascii_lowercase();
+        match self {
+            Self::Exact(s) => v == s.to_ascii_lowercase(),
+            Self::Prefix(s) => v.starts_with(&s.to_ascii_lowercase()),
+            Self::Suffix(s) => v.ends_with(&s.to_ascii_lowercase()),
+            Self::Presence => !v.is_empty(),
+        }
+    }
+
     /// Istio's Kubernetes API form: `*` is presence, `x*` a prefix, `*x` a suffix.
     pub fn from_pattern(pattern: &str) -> Self {
         if pattern == "*" {
