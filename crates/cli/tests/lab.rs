@@ -622,6 +622,50 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "new connections are denied too"
     );
 
+    // The same through a waypoint: a held connection to audit (the app speaks first, so the
+    // waypoint carries it at L4 after a silent second) is closed by the waypoint when a policy
+    // stops allowing its original source. The pod's node sees only the waypoint.
+    let mut hold = ferry()
+        .args(["lab", "exec", "echo-beta", "--state-dir"])
+        .arg(&lab.dir)
+        .args(["--id", &lab.id, "--"])
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "lab",
+            "hold",
+            "198.18.10.5:80",
+            "--n",
+            "1",
+            "--until-closed",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
+    assert_eq!(lines.next().unwrap().unwrap(), "held 1");
+    let mut text = std::fs::read_to_string(&topology).unwrap();
+    text.push_str("  - name: deny-echo-audit\n    namespace: default\n    selector: {app: audit}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/echo]}]\n        to: [{ports: [8080]}]\n");
+    std::fs::write(&topology, text).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(lines.next().and_then(Result::ok));
+    });
+    let closed = rx.recv_timeout(Duration::from_secs(20));
+    let _ = hold.kill();
+    let _ = hold.wait();
+    assert_eq!(
+        closed.ok().flatten().as_deref(),
+        Some("closed"),
+        "the waypoint did not close the held tunnel on the policy change"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "policy change closed a tunnel",
+            "reason=denied by policy default/deny-echo-audit rule 0",
+        ],
+    );
+
     // Someone removes a pod's capture rules: the node proxy puts them back.
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).unwrap()).unwrap();

@@ -82,6 +82,16 @@ struct Waypoint {
     plans: Mutex<HashMap<u64, Plan>>,
     metrics: Arc<crate::l7_metrics::RequestMetrics>,
     netns: Option<Arc<crate::netns::Netns>>,
+    /// Tunnels being served, for re-checks when the policy changes.
+    tunnels: Mutex<Vec<OpenTunnel>>,
+}
+
+/// One tunnel the waypoint is carrying.
+struct OpenTunnel {
+    judge: Arc<Judge>,
+    /// Carried at L4 (not HTTP), so judged as a whole.
+    is_l4: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::AbortHandle,
 }
 
 impl Handler for Waypoint {
@@ -143,13 +153,26 @@ impl Handler for Waypoint {
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
             let filter = self.http_filter(&plan, source, relayed_plaintext, source_ip);
             let upstream = self.open_upstream(plan, peer, origin).await?;
-            let Some((check, l4, dst)) = filter else {
+            let Some((judge, dst)) = filter else {
                 return Ok(upstream);
             };
-            // The destination has HTTP rules: every request is judged here, one by one.
+            let per_request = judge.clone();
+            let check: crate::l7::RequestCheck =
+                Arc::new(move |request| per_request.judge(Some(request)));
+            // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
+            // on its other fields), and again whenever the policy changes.
+            let is_l4 = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let l4 = {
+                let (judge, is_l4) = (judge.clone(), is_l4.clone());
+                move || {
+                    let verdict = judge.judge(None);
+                    is_l4.store(verdict.is_ok(), Ordering::Relaxed);
+                    verdict
+                }
+            };
             let (near, far) = tokio::io::duplex(64 * 1024);
             let metrics = self.metrics.clone();
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let labels = crate::l7::Labels {
                     src_identity: peer_identity,
                     dst_workload: dst.to_string(),
@@ -157,6 +180,16 @@ impl Handler for Waypoint {
                 };
                 let outcome = crate::l7::serve_detected(far, upstream, check, l4, labels).await;
                 tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
+            });
+            let mut tunnels = self.tunnels.lock();
+            // Forget ended tunnels now and then, not only on policy changes.
+            if tunnels.len() >= 1024 && tunnels.len().is_power_of_two() {
+                tunnels.retain(|t| !t.task.is_finished());
+            }
+            tunnels.push(OpenTunnel {
+                judge,
+                is_l4,
+                task: task.abort_handle(),
             });
             Ok(Upstream::from(near))
         }
@@ -189,11 +222,7 @@ impl Waypoint {
         source: Identity,
         relayed_plaintext: bool,
         source_ip: IpAddr,
-    ) -> Option<(
-        crate::l7::RequestCheck,
-        impl FnOnce() -> Result<(), String> + Send + 'static,
-        WorkloadUid,
-    )> {
+    ) -> Option<(Arc<Judge>, WorkloadUid)> {
         let uid = plan.landing.clone()?;
         let snap = self.store.load();
         let dst = snap.workload(&uid)?;
@@ -212,13 +241,30 @@ impl Waypoint {
             source_ip,
             port,
         });
-        let per_request = judge.clone();
-        let check: crate::l7::RequestCheck =
-            Arc::new(move |request| per_request.judge(Some(request)));
-        // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds on
-        // its other fields).
-        let l4 = move || judge.judge(None);
-        Some((check, l4, uid))
+        Some((judge, uid))
+    }
+
+    /// Closes the open L4 tunnels the current policy no longer allows; forgets ended ones.
+    fn recheck(&self) -> usize {
+        let mut closed = 0;
+        self.tunnels.lock().retain(|t| {
+            if t.task.is_finished() {
+                return false;
+            }
+            if !t.is_l4.load(Ordering::Relaxed) {
+                return true;
+            }
+            match t.judge.judge(None) {
+                Ok(()) => true,
+                Err(reason) => {
+                    t.task.abort();
+                    closed += 1;
+                    tracing::info!(target: "access", direction = "waypoint", dst.workload = %t.judge.landing, reason = %reason, "policy change closed a tunnel");
+                    false
+                }
+            }
+        });
+        closed
     }
 
     async fn open_upstream(
@@ -422,6 +468,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         cluster: ClusterId::new(&config.cluster),
         plans: Mutex::new(HashMap::new()),
         metrics: Arc::default(),
+        tunnels: Mutex::default(),
         netns: netns.clone(),
     });
     let listener = match &netns {
@@ -429,6 +476,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => tokio::net::TcpListener::bind(config.listen).await,
     }
     .with_context(|| format!("binding {}", config.listen))?;
+    // Re-judge open L4 tunnels whenever a new snapshot is applied (HTTP is judged per request).
+    {
+        let wp = wp.clone();
+        tokio::spawn(async move {
+            let mut last = wp.store.load().version();
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let version = wp.store.load().version();
+                if version != last {
+                    last = version;
+                    let closed = wp.recheck();
+                    if closed > 0 {
+                        tracing::info!(closed, version, "policy change closed waypoint tunnels");
+                    }
+                }
+            }
+        });
+    }
     if let Some(addr) = config.admin {
         let admin = match &netns {
             Some(ns) => ns.listen(addr).await,
