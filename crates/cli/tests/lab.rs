@@ -137,6 +137,36 @@ impl Lab {
         )
     }
 
+    /// Holds one connection from `pod` to `to`, appends `policy` to the lab's topology (which
+    /// the control plane watches), and returns what the holder printed next (`closed` when the
+    /// connection was closed), waiting at most 20 s.
+    fn hold_until_policy(&self, pod: &str, to: &str, policy: &str) -> Option<String> {
+        let mut hold = ferry()
+            .args(["lab", "exec", pod, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "hold", to, "--n", "1", "--until-closed"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
+        assert_eq!(lines.next().unwrap().unwrap(), "held 1");
+        let topology = self.dir.join("topology.yaml");
+        let mut text = std::fs::read_to_string(&topology).unwrap();
+        text.push_str(policy);
+        std::fs::write(&topology, text).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(lines.next().and_then(Result::ok));
+        });
+        let next = rx.recv_timeout(Duration::from_secs(20)).ok().flatten();
+        let _ = hold.kill();
+        let _ = hold.wait();
+        next
+    }
+
     fn pids(&self) -> Vec<u32> {
         let state: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
@@ -579,37 +609,8 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
     );
 
     // A long-lived connection is closed when a policy change stops allowing it.
-    let mut hold = ferry()
-        .args(["lab", "exec", "sleep", "--state-dir"])
-        .arg(&lab.dir)
-        .args(["--id", &lab.id, "--"])
-        .arg(env!("CARGO_BIN_EXE_ferry"))
-        .args([
-            "lab",
-            "hold",
-            "198.18.2.20:8080",
-            "--n",
-            "1",
-            "--until-closed",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
-    assert_eq!(lines.next().unwrap().unwrap(), "held 1");
-    let topology = lab.dir.join("topology.yaml");
-    let mut text = std::fs::read_to_string(&topology).unwrap();
-    text.push_str("  - name: deny-sleep-8080\n    namespace: default\n    selector: {app: echo}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/sleep]}]\n        to: [{ports: [8080]}]\n");
-    std::fs::write(&topology, text).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(lines.next().and_then(Result::ok));
-    });
-    let closed = rx.recv_timeout(Duration::from_secs(20));
-    let _ = hold.kill();
-    let _ = hold.wait();
     assert_eq!(
-        closed.ok().flatten().as_deref(),
+        lab.hold_until_policy("sleep", "198.18.2.20:8080", "  - name: deny-sleep-8080\n    namespace: default\n    selector: {app: echo}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/sleep]}]\n        to: [{ports: [8080]}]\n").as_deref(),
         Some("closed"),
         "the held connection was not closed by the policy change"
     );
@@ -625,36 +626,8 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
     // The same through a waypoint: a held connection to audit (the app speaks first, so the
     // waypoint carries it at L4 after a silent second) is closed by the waypoint when a policy
     // stops allowing its original source. The pod's node sees only the waypoint.
-    let mut hold = ferry()
-        .args(["lab", "exec", "echo-beta", "--state-dir"])
-        .arg(&lab.dir)
-        .args(["--id", &lab.id, "--"])
-        .arg(env!("CARGO_BIN_EXE_ferry"))
-        .args([
-            "lab",
-            "hold",
-            "198.18.10.5:80",
-            "--n",
-            "1",
-            "--until-closed",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
-    assert_eq!(lines.next().unwrap().unwrap(), "held 1");
-    let mut text = std::fs::read_to_string(&topology).unwrap();
-    text.push_str("  - name: deny-echo-audit\n    namespace: default\n    selector: {app: audit}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/echo]}]\n        to: [{ports: [8080]}]\n");
-    std::fs::write(&topology, text).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(lines.next().and_then(Result::ok));
-    });
-    let closed = rx.recv_timeout(Duration::from_secs(20));
-    let _ = hold.kill();
-    let _ = hold.wait();
     assert_eq!(
-        closed.ok().flatten().as_deref(),
+        lab.hold_until_policy("echo-beta", "198.18.10.5:80", "  - name: deny-echo-audit\n    namespace: default\n    selector: {app: audit}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/echo]}]\n        to: [{ports: [8080]}]\n").as_deref(),
         Some("closed"),
         "the waypoint did not close the held tunnel on the policy change"
     );
