@@ -1,7 +1,7 @@
 //! `ferry node`: run the node proxy.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -38,37 +38,51 @@ pub(crate) struct NodeArgs {
     plaintext: bool,
 }
 
-pub(crate) fn run(args: &NodeArgs) -> ExitCode {
-    match run_inner(args) {
+/// The credential and trust bundle files every data-plane process starts from.
+fn read_credentials(token_file: &Path, bundle_file: &Path) -> anyhow::Result<(String, String)> {
+    let token = std::fs::read_to_string(token_file)
+        .with_context(|| format!("reading {}", token_file.display()))?;
+    let bundle = std::fs::read_to_string(bundle_file)
+        .with_context(|| format!("reading {}", bundle_file.display()))?;
+    Ok((token.trim().to_string(), bundle))
+}
+
+/// Runs `main` on a two-thread runtime; an error is printed as `ferry <what>: ...`, exit 2.
+fn run_process<F>(what: &str, main: impl FnOnce() -> anyhow::Result<F>) -> ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let result = main().and_then(|fut| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+            .block_on(fut)
+    });
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ferry node: {e:#}");
+            eprintln!("ferry {what}: {e:#}");
             ExitCode::from(2)
         }
     }
 }
 
-fn run_inner(args: &NodeArgs) -> anyhow::Result<()> {
-    let token = std::fs::read_to_string(&args.token_file)
-        .with_context(|| format!("reading {}", args.token_file.display()))?;
-    let bundle = std::fs::read_to_string(&args.bundle_file)
-        .with_context(|| format!("reading {}", args.bundle_file.display()))?;
-    let config = ferry_node::app::Config {
-        name: args.name.clone(),
-        cluster: args.cluster.clone(),
-        control: args.control.clone(),
-        token: token.trim().to_string(),
-        bundle_pem: bundle,
-        api_socket: args.api.clone(),
-        admin: args.admin,
-        drain: Duration::from_secs(args.drain_seconds),
-        plaintext: args.plaintext,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(ferry_node::app::run(config))
+pub(crate) fn run(args: &NodeArgs) -> ExitCode {
+    run_process("node", || {
+        let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
+        Ok(ferry_node::app::run(ferry_node::app::Config {
+            name: args.name.clone(),
+            cluster: args.cluster.clone(),
+            control: args.control.clone(),
+            token,
+            bundle_pem,
+            api_socket: args.api.clone(),
+            admin: args.admin,
+            drain: Duration::from_secs(args.drain_seconds),
+            plaintext: args.plaintext,
+        }))
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -97,34 +111,19 @@ pub(crate) struct WaypointArgs {
 }
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
-    let result = (|| -> anyhow::Result<()> {
-        let token = std::fs::read_to_string(&args.token_file)
-            .with_context(|| format!("reading {}", args.token_file.display()))?;
-        let bundle = std::fs::read_to_string(&args.bundle_file)
-            .with_context(|| format!("reading {}", args.bundle_file.display()))?;
-        let config = ferry_node::waypoint::Config {
+    run_process("waypoint", || {
+        let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
+        Ok(ferry_node::waypoint::run(ferry_node::waypoint::Config {
             uid: args.uid.clone(),
             cluster: args.cluster.clone(),
             control: args.control.clone(),
-            token: token.trim().to_string(),
-            bundle_pem: bundle,
+            token,
+            bundle_pem,
             listen: args.listen,
             netns: args.netns.clone(),
             admin: args.admin,
-        };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        rt.block_on(ferry_node::waypoint::run(config))
-    })();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferry waypoint: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+        }))
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -144,29 +143,14 @@ pub(crate) struct GatewayArgs {
 }
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
-    let result = (|| -> anyhow::Result<()> {
-        let token = std::fs::read_to_string(&args.token_file)
-            .with_context(|| format!("reading {}", args.token_file.display()))?;
-        let bundle = std::fs::read_to_string(&args.bundle_file)
-            .with_context(|| format!("reading {}", args.bundle_file.display()))?;
-        let config = ferry_node::gateway::Config {
+    run_process("gateway", || {
+        let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
+        Ok(ferry_node::gateway::run(ferry_node::gateway::Config {
             name: args.name.clone(),
             control: args.control.clone(),
-            token: token.trim().to_string(),
-            bundle_pem: bundle,
+            token,
+            bundle_pem,
             listen: args.listen,
-        };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        rt.block_on(ferry_node::gateway::run(config))
-    })();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferry gateway: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+        }))
+    })
 }

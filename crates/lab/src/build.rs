@@ -612,8 +612,6 @@ pub fn down(state_dir: &Path) -> anyhow::Result<bool> {
 
 /// Restarts one node proxy and enrolls its pods again (as a CNI agent would replay them).
 pub fn restart_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
     let mut state = State::load(state_dir).context("no lab is up")?;
     let n = state
         .nodes
@@ -626,18 +624,7 @@ pub fn restart_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         n.log.clone(),
         n.args.clone(),
     );
-    let _ = kill(Pid::from_raw(old as i32), Signal::SIGTERM);
-    wait_for(
-        "the old node proxy to exit",
-        Duration::from_secs(40),
-        || {
-            let _ = nix::sys::wait::waitpid(
-                Pid::from_raw(old as i32),
-                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-            );
-            kill(Pid::from_raw(old as i32), None).is_err()
-        },
-    )?;
+    stop_and_wait(old, "the old node proxy to exit", Duration::from_secs(40))?;
     let _ = std::fs::remove_file(&api);
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
@@ -681,8 +668,6 @@ fn spawn_append(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyho
 /// process opens its listeners beside the old one's (SO_REUSEPORT) and keeps the capture rules
 /// as they are; only then does the old one drain and exit (its queued connections migrate).
 pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
     let mut state = State::load(state_dir).context("no lab is up")?;
     let n = state
         .nodes
@@ -726,17 +711,10 @@ pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         }
     }
     // Only now does the old one stop accepting and drain.
-    let _ = kill(Pid::from_raw(old as i32), Signal::SIGTERM);
-    wait_for(
+    stop_and_wait(
+        old,
         "the old node proxy to drain and exit",
         Duration::from_secs(60),
-        || {
-            let _ = nix::sys::wait::waitpid(
-                Pid::from_raw(old as i32),
-                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-            );
-            kill(Pid::from_raw(old as i32), None).is_err()
-        },
     )?;
     if let Some(n) = state.nodes.get_mut(node) {
         n.pid = pid;
@@ -748,4 +726,16 @@ pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     }
     state.save()?;
     Ok(())
+}
+
+/// Sends SIGTERM to `pid` and waits (reaping it if it is our child) until it is gone.
+fn stop_and_wait(pid: u32, what: &str, max: Duration) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let pid = Pid::from_raw(pid as i32);
+    let _ = kill(pid, Signal::SIGTERM);
+    wait_for(what, max, || {
+        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        kill(pid, None).is_err()
+    })
 }

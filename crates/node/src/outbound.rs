@@ -138,13 +138,7 @@ async fn proxy(
             authority,
             identities,
         } => {
-            log.dst_hbone_addr = connect_to.to_string();
-            log.dst_identity = identities
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
-            labels.destination_principal = log.dst_identity.clone();
+            note_destination(log, &mut labels, *connect_to, identities);
             let creds = node
                 .certs
                 .fetch(&pod.identity)
@@ -156,17 +150,7 @@ async fn proxy(
                 *connect_to,
                 identities.clone(),
             );
-            let headers = ConnectHeaders {
-                baggage: vec![
-                    ("k8s.cluster.name".into(), src.cluster.to_string()),
-                    ("k8s.namespace.name".into(), src.namespace.clone()),
-                    ("k8s.pod.name".into(), src.name.clone()),
-                ],
-                forwarded_for: Some(peer),
-                forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
-                traceparent: Some(traceparent(n)),
-                forwarded_network: None,
-            };
+            let headers = tunnel_headers(&src, peer, &plan, n);
             let mut tunnel = node
                 .pool
                 .open(&key, &creds, &node.bundle(), authority, &headers)
@@ -206,13 +190,7 @@ async fn proxy(
             authority,
             identities,
         } => {
-            log.dst_hbone_addr = gateway.to_string();
-            log.dst_identity = identities
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
-            labels.destination_principal = log.dst_identity.clone();
+            note_destination(log, &mut labels, *gateway, identities);
             let creds = node
                 .certs
                 .fetch(&pod.identity)
@@ -224,17 +202,7 @@ async fn proxy(
                 *gateway,
                 vec![gateway_identity.clone()],
             );
-            let headers = ConnectHeaders {
-                baggage: vec![
-                    ("k8s.cluster.name".into(), src.cluster.to_string()),
-                    ("k8s.namespace.name".into(), src.namespace.clone()),
-                    ("k8s.pod.name".into(), src.name.clone()),
-                ],
-                forwarded_for: Some(peer),
-                forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
-                traceparent: Some(traceparent(n)),
-                forwarded_network: None,
-            };
+            let headers = tunnel_headers(&src, peer, &plan, n);
             let bundle = node.bundle();
             let outer = node
                 .pool
@@ -294,6 +262,42 @@ fn started_nanos() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Records where a tunnel goes (its HBONE address and the identities it accepts).
+fn note_destination(
+    log: &mut AccessLog<'_>,
+    labels: &mut Labels,
+    hbone: SocketAddr,
+    identities: &[ferry_core::identity::Identity],
+) {
+    log.dst_hbone_addr = hbone.to_string();
+    log.dst_identity = identities
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    labels.destination_principal = log.dst_identity.clone();
+}
+
+/// The CONNECT metadata of a tunnel opened for `src`'s connection from `peer`.
+fn tunnel_headers(
+    src: &ferry_core::model::Workload,
+    peer: SocketAddr,
+    plan: &route::Plan,
+    n: u64,
+) -> ConnectHeaders {
+    ConnectHeaders {
+        baggage: vec![
+            ("k8s.cluster.name".into(), src.cluster.to_string()),
+            ("k8s.namespace.name".into(), src.namespace.clone()),
+            ("k8s.pod.name".into(), src.name.clone()),
+        ],
+        forwarded_for: Some(peer),
+        forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
+        traceparent: Some(traceparent(n)),
+        forwarded_network: None,
+    }
 }
 
 /// A W3C traceparent, random per downstream connection.
