@@ -247,6 +247,7 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
             ("network", format!("on network {network}: {why}"))
         }
         DropReason::PortNotMapped { port } => ("port", format!("does not serve port {port}")),
+        DropReason::NotInSubset { subset } => ("subset", format!("not in subset {subset}")),
         DropReason::Balancer(LbDrop::Unhealthy) => ("health", "unhealthy".to_string()),
         DropReason::Balancer(LbDrop::NoCapacity) => ("capacity", "capacity 0".to_string()),
         DropReason::Balancer(LbDrop::LessPreferred { rank, of }) => (

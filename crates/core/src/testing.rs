@@ -136,6 +136,7 @@ impl MeshBuilder {
             scope: ServiceScope::global(),
             address_endpoints: Vec::new(),
             waypoint_for: None,
+            http_routes: Vec::new(),
         });
         self.services.last_mut().expect("just pushed")
     }

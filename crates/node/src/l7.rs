@@ -9,16 +9,14 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
-use http::{Request, Response, StatusCode, Version, header};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// Decides one request: `Err` carries the reason it was denied.
-pub type RequestCheck = Arc<dyn Fn(&HttpRequest<'_>) -> Result<(), String> + Send + Sync>;
-
-type Body = BoxBody<Bytes, hyper::Error>;
+pub use crate::l7_upstream::{Choice, Fixed, Refused, RequestCheck, Router};
+use crate::l7_upstream::{Upstreams, plain};
 
 /// What each request's access-log line names.
 #[derive(Clone, Debug, Default)]
@@ -39,43 +37,42 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
-/// Serves HTTP/1 from `client`, sending each allowed request on to `upstream` (one upstream
-/// connection, requests in order).
-pub async fn serve<C, U>(client: C, upstream: U, check: RequestCheck, labels: Labels) -> Outcome
+/// Serves HTTP from `client` with one upstream for every request allowed by `check`.
+pub async fn serve<C>(
+    client: C,
+    upstream: impl Into<ferry_hbone::upstream::Upstream>,
+    check: RequestCheck,
+    labels: Labels,
+) -> Outcome
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
-        Ok(pair) => pair,
-        Err(e) => {
-            return Outcome {
-                error: Some(format!("upstream: {e}")),
-                ..Outcome::default()
-            };
-        }
-    };
-    let upstream_task = tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "waypoint upstream connection ended");
-        }
-    });
-    let sender = Arc::new(tokio::sync::Mutex::new(sender));
+    serve_routed(client, Arc::new(Fixed::new(upstream, check)), labels).await
+}
+
+/// Serves HTTP/1.1 or HTTP/2 (prior knowledge) from `client`: each request is put in normal
+/// form, then routed and authorized by `router` on its own, and sent on as HTTP/1.1.
+pub async fn serve_routed<C, R>(client: C, router: Arc<R>, labels: Labels) -> Outcome
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    R: Router,
+{
+    let upstreams = Arc::new(Upstreams::default());
     let counts = Arc::new(parking_lot::Mutex::new((0u64, 0u64)));
     let svc = {
         let counts = counts.clone();
         let labels = Arc::new(labels);
         hyper::service::service_fn(move |req: Request<Incoming>| {
-            let (sender, check, counts, labels) = (
-                sender.clone(),
-                check.clone(),
+            let (router, upstreams, counts, labels) = (
+                router.clone(),
+                upstreams.clone(),
                 counts.clone(),
                 labels.clone(),
             );
             async move {
                 let started = Instant::now();
-                // The path is judged, and sent on, in one normal form, so the app cannot be
-                // reached at a path the policy did not see (`/x/../admin`, `/%61dmin`).
+                // The path is judged, routed and sent on in one normal form, so the app cannot
+                // be reached at a path the policy did not see (`/x/../admin`, `/%61dmin`).
                 let path = match normalize_path(req.uri().path()) {
                     Ok(p) => p,
                     Err(why) => {
@@ -105,7 +102,7 @@ where
                     }
                 }
                 let method = req.method().clone();
-                // One host, the one the app will see (`forward` sends it as `host`).
+                // One host, the one the app will see (sent on as the only `host`).
                 let host = match request_host(&req) {
                     Ok(h) => h,
                     Err(why) => {
@@ -114,50 +111,51 @@ where
                         return Ok(plain(StatusCode::BAD_REQUEST, &format!("{why}\n")));
                     }
                 };
-                let verdict = {
-                    let host = host.as_str();
-                    // `http` keeps header names in lower case; a value that is not text is
-                    // read lossily, so it can still match (presence, prefixes) and a DENY on
-                    // it cannot be dodged with odd bytes.
-                    let values: Vec<(&str, std::borrow::Cow<'_, str>)> = req
-                        .headers()
-                        .iter()
-                        .map(|(n, v)| (n.as_str(), String::from_utf8_lossy(v.as_bytes())))
-                        .collect();
-                    let headers: Vec<(&str, &str)> =
-                        values.iter().map(|(n, v)| (*n, v.as_ref())).collect();
-                    check(&HttpRequest {
-                        method: method.as_str(),
-                        path: &path,
-                        host,
-                        headers: &headers,
-                    })
+                // `http` keeps header names in lower case; a value that is not text is read
+                // lossily, so it can still match (presence, prefixes) and a DENY on it cannot
+                // be dodged with odd bytes.
+                let header_map = req.headers().clone();
+                let values: Vec<(&str, std::borrow::Cow<'_, str>)> = header_map
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), String::from_utf8_lossy(v.as_bytes())))
+                    .collect();
+                let headers: Vec<(&str, &str)> =
+                    values.iter().map(|(n, v)| (*n, v.as_ref())).collect();
+                let facts = HttpRequest {
+                    method: method.as_str(),
+                    path: &path,
+                    host: &host,
+                    headers: &headers,
                 };
-                let resp = match &verdict {
-                    Err(_) => {
-                        counts.lock().1 += 1;
-                        plain(StatusCode::FORBIDDEN, "RBAC: access denied\n")
-                    }
-                    Ok(()) => {
-                        counts.lock().0 += 1;
-                        forward(&sender, req).await
-                    }
+                let req = req.map(BodyExt::boxed);
+                let sent = crate::l7_upstream::forward(&*router, &upstreams, &facts, req).await;
+                if sent.denied {
+                    counts.lock().1 += 1;
+                } else {
+                    counts.lock().0 += 1;
+                }
+                let resp = sent.response;
+                let backend = if sent.backend.is_empty() {
+                    labels.dst_workload.as_str()
+                } else {
+                    sent.backend.as_str()
                 };
                 let (status, ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
                 if let Some(m) = &labels.metrics {
                     m.record(
                         status,
                         &labels.src_identity,
-                        &labels.dst_workload,
+                        backend,
                         started.elapsed().as_secs_f64() * 1e3,
                     );
                 }
-                match verdict {
-                    Err(reason) => {
-                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, reason = %reason, "waypoint denied the request")
+                let route = sent.route.as_deref().unwrap_or("");
+                match (&sent.reason, sent.denied) {
+                    (Some(reason), true) => {
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, reason = %reason, "waypoint denied the request")
                     }
-                    Ok(()) => {
-                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, "request")
+                    (reason, _) => {
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.route = route, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, tries = sent.tries, reason = reason.as_deref().unwrap_or(""), "request")
                     }
                 }
                 Ok::<_, hyper::Error>(resp)
@@ -173,7 +171,6 @@ where
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(std::time::Duration::from_secs(30));
     let served = builder.serve_connection(TokioIo::new(client), svc).await;
-    upstream_task.abort();
     let (allowed, denied) = *counts.lock();
     Outcome {
         allowed,
@@ -198,56 +195,6 @@ pub fn request_host<B>(req: &Request<B>) -> Result<String, &'static str> {
             .map(str::to_ascii_lowercase)
             .map_err(|_| "the request's host header is not text"),
     }
-}
-
-/// Sends one allowed request on; a failure upstream is answered `502`.
-async fn forward(
-    sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
-    mut req: Request<Incoming>,
-) -> Response<Body> {
-    if let Some(authority) = req.uri().authority().cloned() {
-        // An absolute target (HTTP/2 always, HTTP/1.1 sometimes) goes on in origin form with
-        // its authority as the only `host`: the host that was judged.
-        match header::HeaderValue::from_str(authority.as_str()) {
-            Ok(v) => {
-                req.headers_mut().insert(header::HOST, v);
-            }
-            Err(_) => return plain(StatusCode::BAD_REQUEST, "bad authority\n"),
-        }
-        let target = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
-        match target.parse() {
-            Ok(uri) => *req.uri_mut() = uri,
-            Err(_) => return plain(StatusCode::BAD_REQUEST, "bad request target\n"),
-        }
-    }
-    // HTTP/2 requests go on as HTTP/1.1.
-    *req.version_mut() = Version::HTTP_11;
-    let mut s = sender.lock().await;
-    if s.ready().await.is_err() {
-        return plain(StatusCode::BAD_GATEWAY, "upstream connection closed\n");
-    }
-    match s.send_request(req).await {
-        Ok(resp) => resp.map(BodyExt::boxed),
-        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("upstream: {e}\n")),
-    }
-}
-
-fn plain(status: StatusCode, body: &str) -> Response<Body> {
-    let mut resp = Response::new(
-        Full::new(Bytes::from(body.to_string()))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain"),
-    );
-    resp
 }
 
 /// How long a connection may stay silent before it is taken for a server-first protocol.
@@ -339,19 +286,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
     }
 }
 
-/// Tells HTTP from anything else by the client's first bytes: HTTP is judged request by
-/// request ([`serve`]); anything else is carried at L4 if `l4` (the connection-level policy
-/// check) allows it. The client must speak first; a server-first protocol waits here.
-pub async fn serve_detected<C, U>(
+/// Tells HTTP from anything else by the client's first bytes: HTTP is routed and judged
+/// request by request ([`serve_routed`]); anything else is carried at L4 (to what `open_l4`
+/// connects) if `l4` (the connection-level policy check) allows it. The client must speak first; a server-first protocol waits here.
+pub async fn serve_detected<C, R>(
     mut client: C,
-    mut upstream: U,
-    check: RequestCheck,
+    router: Arc<R>,
+    open_l4: impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, String>>,
     l4: impl FnOnce() -> Result<(), String>,
     labels: Labels,
 ) -> Outcome
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    R: Router,
 {
     use tokio::io::AsyncReadExt;
     let mut head = Vec::with_capacity(64);
@@ -381,7 +328,7 @@ where
     };
     let mut client = Replay::new(Bytes::from(head), client);
     match kind {
-        Sniffed::Http => serve(client, upstream, check, labels).await,
+        Sniffed::Http => serve_routed(client, router, labels).await,
         Sniffed::Other => match l4() {
             Err(reason) => {
                 tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %reason, "waypoint denied a connection that is not HTTP");
@@ -391,12 +338,18 @@ where
                     ..Outcome::default()
                 }
             }
-            Ok(()) => Outcome {
-                error: tokio::io::copy_bidirectional(&mut client, &mut upstream)
-                    .await
-                    .err()
-                    .map(|e| e.to_string()),
-                ..Outcome::default()
+            Ok(()) => match open_l4.await {
+                Err(e) => Outcome {
+                    error: Some(format!("upstream: {e}")),
+                    ..Outcome::default()
+                },
+                Ok(mut upstream) => Outcome {
+                    error: tokio::io::copy_bidirectional(&mut client, &mut upstream)
+                        .await
+                        .err()
+                        .map(|e| e.to_string()),
+                    ..Outcome::default()
+                },
             },
         },
     }

@@ -5,7 +5,7 @@
 //! enforced here too whatever the hop before did, and carries the bytes on in a new HBONE tunnel
 //! under its own identity. When a policy on the destination names HTTP facts (methods, paths,
 //! hosts), the bytes go through [`crate::l7`] instead, which judges each HTTP/1 request on its
-//! own with the original source's identity. HTTP routing is not done yet.
+//! own with the original source's identity, and routed on its own ([`crate::waypoint_router`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -70,20 +70,22 @@ impl ferry_hbone::client::Dialer for NetnsDialer {
     }
 }
 
-struct Waypoint {
-    store: Arc<Store>,
+pub(crate) struct Waypoint {
+    pub(crate) store: Arc<Store>,
     certs: CertManager,
     pool: Pool,
     bundle: TrustBundle,
-    uid: WorkloadUid,
+    pub(crate) uid: WorkloadUid,
     identity: Identity,
     ip: IpAddr,
     cluster: ClusterId,
     plans: Mutex<HashMap<u64, Plan>>,
-    metrics: Arc<crate::l7_metrics::RequestMetrics>,
+    pub(crate) metrics: Arc<crate::l7_metrics::RequestMetrics>,
     netns: Option<Arc<crate::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
     tunnels: Mutex<Vec<OpenTunnel>>,
+    /// Itself, for the tasks that serve its tunnels.
+    this: std::sync::Weak<Waypoint>,
 }
 
 /// One tunnel the waypoint is carrying.
@@ -148,17 +150,51 @@ impl Handler for Waypoint {
         } else {
             req.peer.to_string()
         };
+        let target = match &req.target {
+            Target::Addr(a) => Destination::Addr(*a),
+            Target::Host { hostname, port } => Destination::Host {
+                hostname: hostname.clone(),
+                port: *port,
+            },
+        };
+        let seed = req.id;
         async move {
             let plan =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
             let filter = self.http_filter(&plan, source, relayed_plaintext, source_ip);
-            let upstream = self.open_upstream(plan, peer, origin).await?;
             let Some((judge, dst)) = filter else {
-                return Ok(upstream);
+                return self.open_upstream(plan, peer, origin).await;
             };
-            let per_request = judge.clone();
-            let check: crate::l7::RequestCheck =
-                Arc::new(move |request| per_request.judge(Some(request)));
+            let wp = self
+                .this
+                .upgrade()
+                .ok_or_else(|| Refusal::Unavailable("the waypoint is stopping".into()))?;
+            // HTTP: every request is routed and judged on its own. Anything else goes where
+            // this tunnel's decision says, opened only then.
+            let router = Arc::new(crate::waypoint_router::TunnelRouter {
+                wp: wp.clone(),
+                target,
+                service: match &plan.class {
+                    route::Class::Service { service, port } => Some((service.clone(), *port)),
+                    _ => None,
+                },
+                origin: ClusterId::new(
+                    origin
+                        .iter()
+                        .find(|(k, _)| k == "k8s.cluster.name")
+                        .map_or(self.cluster.as_str(), |(_, v)| v.as_str()),
+                ),
+                baggage: origin.clone(),
+                peer,
+                source: judge.source.clone(),
+                source_ip,
+                rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
+            });
+            let open_l4 = async move {
+                wp.open_upstream(plan, peer, origin)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
             // on its other fields), and again whenever the policy changes.
             let is_l4 = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -178,7 +214,7 @@ impl Handler for Waypoint {
                     dst_workload: dst.to_string(),
                     metrics: Some(metrics),
                 };
-                let outcome = crate::l7::serve_detected(far, upstream, check, l4, labels).await;
+                let outcome = crate::l7::serve_detected(far, router, open_l4, l4, labels).await;
                 tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
             });
             let mut tunnels = self.tunnels.lock();
@@ -267,7 +303,7 @@ impl Waypoint {
         closed
     }
 
-    async fn open_upstream(
+    pub(crate) async fn open_upstream(
         &self,
         plan: Plan,
         peer: SocketAddr,
@@ -363,18 +399,21 @@ async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
 }
 
 /// What a waypoint knows to authorize the traffic of one tunnel.
-struct Judge {
-    store: Arc<Store>,
-    landing: WorkloadUid,
+pub(crate) struct Judge {
+    pub(crate) store: Arc<Store>,
+    pub(crate) landing: WorkloadUid,
     /// `None` for plain TCP from outside the mesh.
-    source: Option<Identity>,
-    source_ip: IpAddr,
-    port: u16,
+    pub(crate) source: Option<Identity>,
+    pub(crate) source_ip: IpAddr,
+    pub(crate) port: u16,
 }
 
 impl Judge {
     /// One HTTP request, or (`None`) the whole connection at L4; `Err` says why it is denied.
-    fn judge(&self, request: Option<&ferry_core::authz::HttpRequest<'_>>) -> Result<(), String> {
+    pub(crate) fn judge(
+        &self,
+        request: Option<&ferry_core::authz::HttpRequest<'_>>,
+    ) -> Result<(), String> {
         let snap = self.store.load();
         let dst = snap
             .workload(&self.landing)
@@ -457,7 +496,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         None => PoolConfig::default(),
     };
-    let wp = Arc::new(Waypoint {
+    let wp = Arc::new_cyclic(|this| Waypoint {
         store,
         certs,
         pool: Pool::new(pool_config),
@@ -470,6 +509,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::default(),
         tunnels: Mutex::default(),
         netns: netns.clone(),
+        this: this.clone(),
     });
     let listener = match &netns {
         Some(ns) => ns.listen(config.listen).await,

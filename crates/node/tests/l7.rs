@@ -193,7 +193,13 @@ async fn detecting_filter(
     });
     tokio::spawn(async move {
         let (client, _) = l.accept().await.unwrap();
-        let upstream = TcpStream::connect(up).await.unwrap();
+        let router = Arc::new(l7::Fixed::new(TcpStream::connect(up).await.unwrap(), check));
+        let open_l4 = async move {
+            TcpStream::connect(up)
+                .await
+                .map(ferry_hbone::upstream::Upstream::from)
+                .map_err(|e| e.to_string())
+        };
         let l4 = move || {
             if l4_allows {
                 Ok(())
@@ -201,7 +207,7 @@ async fn detecting_filter(
                 Err("denied at L4".to_string())
             }
         };
-        let outcome = l7::serve_detected(client, upstream, check, l4, l7::Labels::default()).await;
+        let outcome = l7::serve_detected(client, router, open_l4, l4, l7::Labels::default()).await;
         let _ = tx.send(outcome).await;
     });
     (addr, rx)
@@ -418,4 +424,147 @@ fn absolute_targets_reach_the_upstream_in_origin_form_with_the_judged_host() {
         assert!(text.starts_with("HTTP/1.1 403"), "{text}");
         assert!(seen.lock().is_empty());
     });
+}
+
+/// Routes by path: `/b*` to b, `/retry*` first to a closed port then (avoiding it) to a,
+/// `/slow*` to a server that never answers (200 ms deadline), the rest to a.
+struct PathRouter {
+    a: std::net::SocketAddr,
+    b: std::net::SocketAddr,
+    dead: std::net::SocketAddr,
+    hang: std::net::SocketAddr,
+    opens: Mutex<Vec<&'static str>>,
+}
+
+impl l7::Router for PathRouter {
+    type Ticket = (&'static str, std::net::SocketAddr);
+
+    fn decide(
+        &self,
+        req: &ferry_core::authz::HttpRequest<'_>,
+        avoid: &[String],
+    ) -> Result<l7::Choice<Self::Ticket>, l7::Refused> {
+        let (name, addr) = if req.path.starts_with("/b") {
+            ("b", self.b)
+        } else if req.path.starts_with("/retry") && avoid.is_empty() {
+            ("dead", self.dead)
+        } else if req.path.starts_with("/slow") {
+            ("hang", self.hang)
+        } else if req.path.starts_with("/nowhere") {
+            return Err(l7::Refused::Unroutable("no endpoint in scope".into()));
+        } else {
+            ("a", self.a)
+        };
+        Ok(l7::Choice {
+            key: name.into(),
+            backend: name.into(),
+            route: Some("by-path".into()),
+            timeout: Some(Duration::from_millis(200)).filter(|_| name == "hang"),
+            retries: 1,
+            ticket: (name, addr),
+        })
+    }
+
+    fn open(
+        &self,
+        ticket: &Self::Ticket,
+    ) -> impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, String>> + Send
+    {
+        self.opens.lock().push(ticket.0);
+        let addr = ticket.1;
+        async move {
+            TcpStream::connect(addr)
+                .await
+                .map(ferry_hbone::upstream::Upstream::from)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// A routed filter on one loopback connection, with its upstreams.
+async fn routed() -> (
+    hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    Arc<PathRouter>,
+    Arc<Mutex<Vec<String>>>,
+    Arc<Mutex<Vec<String>>>,
+) {
+    let (seen_a, seen_b) = (Arc::default(), Arc::default());
+    let a = upstream(Arc::clone(&seen_a)).await;
+    let b = upstream(Arc::clone(&seen_b)).await;
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let hang_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang = hang_l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hang_l.accept().await {
+            held.push(s);
+        }
+    });
+    let router = Arc::new(PathRouter {
+        a,
+        b,
+        dead,
+        hang,
+        opens: Mutex::default(),
+    });
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let r = router.clone();
+    tokio::spawn(async move {
+        let (client, _) = l.accept().await.unwrap();
+        l7::serve_routed(client, r, l7::Labels::default()).await
+    });
+    let s = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (sender, router, seen_a, seen_b)
+}
+
+#[tokio::test]
+async fn requests_on_one_connection_are_routed_one_by_one_over_reused_upstreams() {
+    let (mut sender, router, seen_a, seen_b) = routed().await;
+    for _ in 0..3 {
+        assert_eq!(request(&mut sender, "GET", "/a").await.0, 200);
+        assert_eq!(request(&mut sender, "GET", "/b").await.0, 200);
+    }
+    assert_eq!(seen_a.lock().len(), 3);
+    assert_eq!(seen_b.lock().len(), 3);
+    // One upstream connection per backend, reused by later requests.
+    assert_eq!(*router.opens.lock(), ["a", "b"]);
+    let (status, body) = request(&mut sender, "GET", "/nowhere").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no endpoint in scope"), "{body}");
+}
+
+#[tokio::test]
+async fn idempotent_requests_that_failed_before_a_response_are_retried_elsewhere() {
+    let (mut sender, router, seen_a, _) = routed().await;
+    // GET without a body: the closed port fails it, the retry goes to a.
+    let req = http::Request::builder()
+        .uri("/retry")
+        .header("host", "echo")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    sender.ready().await.unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(*router.opens.lock(), ["dead", "a"]);
+    // A POST with a body is not sent twice: 502, and a never sees it.
+    let (status, body) = request(&mut sender, "POST", "/retry").await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(*seen_a.lock(), ["GET /retry"]);
+}
+
+#[tokio::test]
+async fn a_backend_that_does_not_answer_in_time_gets_504_and_the_connection_goes_on() {
+    let (mut sender, _, seen_a, _) = routed().await;
+    let (status, body) = request(&mut sender, "GET", "/slow").await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(request(&mut sender, "GET", "/after").await.0, 200);
+    assert_eq!(*seen_a.lock(), ["GET /after"]);
 }

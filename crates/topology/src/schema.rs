@@ -150,6 +150,52 @@ pub(crate) struct ServiceSpec {
     pub(crate) subject_alt_names: Vec<String>,
     #[serde(default)]
     pub(crate) endpoints: Vec<EndpointSpec>,
+    /// HTTP routes, applied in order by the service's waypoint.
+    #[serde(default)]
+    pub(crate) routes: Vec<RouteSpec>,
+}
+
+/// One HTTP route of a service.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteSpec {
+    pub(crate) name: String,
+    /// Any of these (none: every request).
+    #[serde(default, rename = "match")]
+    pub(crate) matches: Vec<RouteMatchSpec>,
+    pub(crate) backends: Vec<BackendSpec>,
+    /// Deadline for the response head, in milliseconds (none: no deadline).
+    pub(crate) timeout_ms: Option<u32>,
+    /// Further tries of an idempotent request without a body that failed before a response.
+    #[serde(default)]
+    pub(crate) retries: u32,
+}
+
+/// Conditions that must all hold.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouteMatchSpec {
+    /// Exact path.
+    pub(crate) path: Option<String>,
+    /// Path prefix, segment-wise.
+    pub(crate) path_prefix: Option<String>,
+    /// Header name to pattern (exact, `prefix*`, `*suffix`, `*`).
+    #[serde(default)]
+    pub(crate) headers: BTreeMap<String, String>,
+}
+
+/// Where a share of a route's requests goes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BackendSpec {
+    /// A service name in the route's namespace, or `namespace/name`.
+    pub(crate) service: String,
+    pub(crate) port: Option<u16>,
+    /// Endpoint labels the backend is limited to.
+    #[serde(default)]
+    pub(crate) subset: BTreeMap<String, String>,
+    #[serde(default = "one")]
+    pub(crate) weight: u32,
 }
 
 /// An endpoint given by address (typically another service's VIP).

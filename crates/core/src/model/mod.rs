@@ -2,6 +2,7 @@
 //! so that the xDS layer can map it onto the wire field by field.
 
 mod gateway;
+mod http_route;
 mod names;
 mod policy;
 mod service;
@@ -9,6 +10,7 @@ mod topology;
 mod workload;
 
 pub use gateway::Gateway;
+pub use http_route::{HttpRoute, PathMatch, RouteBackend, RouteMatch};
 pub use names::{
     ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid,
 };

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use super::{ClusterId, NetworkAddress, NetworkId, PortMapping, ServiceKey};
+use super::{ClusterId, HttpRoute, NetworkAddress, NetworkId, PortMapping, ServiceKey};
 use crate::identity::Identity;
 
 /// A service port and the port its endpoints listen on. Istio's `Port`.
@@ -211,6 +211,8 @@ pub struct Service {
     pub address_endpoints: Vec<AddressEndpoint>,
     /// `Some` when this service fronts a waypoint's instances.
     pub waypoint_for: Option<WaypointFor>,
+    /// HTTP routes its waypoint applies, in order (empty: every request to the service itself).
+    pub http_routes: Vec<HttpRoute>,
 }
 
 // === impl Service ===

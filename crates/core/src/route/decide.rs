@@ -31,9 +31,31 @@ pub fn route(
     dst: &Destination,
     rng: &mut dyn Random,
 ) -> Decision {
+    route_within(snap, src, dst, &Within::default(), rng)
+}
+
+/// Limits an HTTP route puts on a decision, beside the usual ones.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Within<'a> {
+    /// Endpoints of the destination service must carry all of these labels (a route's subset).
+    pub subset: Option<&'a std::collections::BTreeMap<String, String>>,
+    /// The service whose route this is: its scope must admit every endpoint too, so a route
+    /// never leads a request outside the scope of the service it was sent to.
+    pub parent: Option<&'a Service>,
+}
+
+/// [`route`], with an HTTP route's limits.
+pub fn route_within(
+    snap: &Snapshot,
+    src: Source<'_>,
+    dst: &Destination,
+    within: &Within<'_>,
+    rng: &mut dyn Random,
+) -> Decision {
     let mut cx = Cx {
         snap,
         src,
+        within: *within,
         rng,
         steps: Vec::new(),
     };
@@ -47,6 +69,7 @@ pub fn route(
 struct Cx<'a, 'r> {
     snap: &'a Snapshot,
     src: Source<'a>,
+    within: Within<'r>,
     rng: &'r mut dyn Random,
     steps: Vec<Step>,
 }
@@ -285,11 +308,39 @@ impl<'a> Cx<'a, '_> {
                     Cand::address(a, target)
                 }
             };
+            let parent = self
+                .within
+                .parent
+                .filter(|p| !p.scope.admits(cand.cluster, origin));
+            let subset = self.within.subset.filter(|labels| {
+                chain.len() == 1
+                    && !labels.is_empty()
+                    && match cand.target {
+                        Target::Workload(w) => {
+                            labels.iter().any(|(k, v)| w.labels.get(k) != Some(v))
+                        }
+                        Target::Address(_) => true,
+                    }
+            });
             let reason = if !svc.scope.admits(cand.cluster, origin) {
                 Some(DropReason::OutOfScope {
                     service: key.clone(),
                     rule: svc.scope.rule_for(cand.cluster).clone(),
                     source_cluster: origin.clone(),
+                })
+            } else if let Some(p) = parent {
+                Some(DropReason::OutOfScope {
+                    service: p.key(),
+                    rule: p.scope.rule_for(cand.cluster).clone(),
+                    source_cluster: origin.clone(),
+                })
+            } else if let Some(labels) = subset {
+                Some(DropReason::NotInSubset {
+                    subset: labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(","),
                 })
             } else if cand.target_port == 0 {
                 Some(DropReason::PortNotMapped { port })

@@ -16,6 +16,7 @@
 //! - **Reachability**: the next hop is on the source's network, or is an east-west gateway.
 
 mod decide;
+pub mod http;
 #[cfg(test)]
 mod tests;
 
@@ -24,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-pub use decide::{MAX_NESTING, route};
+pub use decide::{MAX_NESTING, Within, route, route_within};
 
 use crate::identity::Identity;
 use crate::lb::LbDrop;
@@ -125,6 +126,10 @@ pub enum DropReason {
     /// The workload does not back the requested service port.
     PortNotMapped {
         port: u16,
+    },
+    /// Not in the subset an HTTP route asked for.
+    NotInSubset {
+        subset: String,
     },
     Balancer(LbDrop),
 }

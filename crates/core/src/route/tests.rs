@@ -619,3 +619,90 @@ fn hostnames_ports_and_seeds() {
         Err(RouteError::NoSuchPort { port: 81, .. })
     ));
 }
+
+/// An HTTP route's subset keeps only labelled endpoints, and the routed service's scope bounds
+/// the backend's endpoints too: a global backend reached through a local service stays local.
+#[test]
+fn route_within_keeps_subset_and_parent_scope() {
+    let mut m = flat();
+    m.pod("v1", "east-1", "198.18.1.21");
+    m.pod("v2", "east-1", "198.18.1.22");
+    m.pod("v2-west", "west-1", "198.18.2.22");
+    for (w, version) in [("v1", "v1"), ("v2", "v2"), ("v2-west", "v2")] {
+        m.workload_mut(w)
+            .labels
+            .insert("version".into(), version.into());
+    }
+    m.service("app", &[("net", "198.18.200.1")], 80, 8080).scope = ServiceScope::local();
+    m.service("backend", &[("net", "198.18.200.2")], 80, 8080);
+    m.backs("v1", "backend")
+        .backs("v2", "backend")
+        .backs("v2-west", "backend");
+    let snap = m.build();
+    let src = snap
+        .workloads()
+        .find(|w| w.name == "sleep")
+        .unwrap()
+        .clone();
+    let parent = snap.service(&key("app")).unwrap().clone();
+    let dst = Destination::Host {
+        hostname: hostname("backend"),
+        port: 80,
+    };
+    let subset: std::collections::BTreeMap<_, _> = [("version".to_string(), "v2".to_string())]
+        .into_iter()
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..200 {
+        let within = Within {
+            subset: Some(&subset),
+            parent: Some(&parent),
+        };
+        let d = route_within(
+            &snap,
+            Source::new(&src),
+            &dst,
+            &within,
+            &mut SplitMix64::new(seed),
+        );
+        seen.insert(landing(&d));
+    }
+    // v1 is not in the subset; v2-west is, but the local parent does not admit it from east.
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        vec!["east//v1/Pod/default/v2".to_string()]
+    );
+    // Without the parent, the west endpoint is a candidate.
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..200 {
+        let within = Within {
+            subset: Some(&subset),
+            parent: None,
+        };
+        let d = route_within(
+            &snap,
+            Source::new(&src),
+            &dst,
+            &within,
+            &mut SplitMix64::new(seed),
+        );
+        seen.insert(landing(&d));
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    // A subset nobody carries: no endpoint, never a fallback.
+    let none: std::collections::BTreeMap<_, _> = [("version".to_string(), "v9".to_string())]
+        .into_iter()
+        .collect();
+    let within = Within {
+        subset: Some(&none),
+        parent: Some(&parent),
+    };
+    let d = route_within(
+        &snap,
+        Source::new(&src),
+        &dst,
+        &within,
+        &mut SplitMix64::new(1),
+    );
+    assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })));
+}

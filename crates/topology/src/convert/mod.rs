@@ -2,11 +2,13 @@
 //! whole file to check, collecting every problem rather than stopping at the first.
 //!
 //! Sections are converted in file order (clusters, nodes, gateways, waypoints, services,
-//! workloads, policies); each later section only refers to earlier ones, so one pass suffices.
+//! workloads, policies); each later section only refers to earlier ones, so one pass suffices,
+//! except services' HTTP routes, resolved once every service is known.
 //! The result goes through [`SnapshotBuilder`] last, which re-checks the model's invariants.
 
 mod places;
 mod policies;
+mod routes;
 mod services;
 mod workloads;
 
@@ -39,6 +41,7 @@ pub(crate) fn convert(file: &File) -> Result<(Snapshot, String), Vec<Problem>> {
     cx.gateways(&file.gateways);
     cx.waypoints(&file.waypoints);
     cx.services(&file.services);
+    cx.routes(&file.services);
     cx.workloads(&file.workloads);
     cx.policies(&file.policies);
     if !cx.problems.is_empty() {

@@ -89,6 +89,7 @@ impl Cx {
                 scope,
                 address_endpoints: Vec::new(),
                 waypoint_for: Some(serves),
+                http_routes: Vec::new(),
             });
         }
     }
@@ -170,6 +171,7 @@ impl Cx {
                 scope,
                 address_endpoints,
                 waypoint_for: None,
+                http_routes: Vec::new(),
             });
         }
     }

@@ -9,10 +9,11 @@ use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
     Action, AddressEndpoint, Cidr, Clause, ClusterId, Gateway, GatewayDestination, GatewayRef,
-    HBONE_PORT, Health, HealthPolicy, LbMode, LoadBalancing, Locality, LocalityScope, Match,
-    NetworkAddress, NetworkId, NodeName, Policy, PolicyKey, PolicyScope, PortMapping, Rule,
-    ScopeRule, Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
-    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
+    HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode, LoadBalancing, Locality, LocalityScope,
+    Match, NetworkAddress, NetworkId, NodeName, PathMatch, Policy, PolicyKey, PolicyScope,
+    PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service, ServiceAccountMatch,
+    ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
+    WorkloadUid,
 };
 use prost::Message;
 
@@ -376,6 +377,12 @@ fn service(s: &wl::Service) -> R<Service> {
             })
             .collect::<R<_>>()?,
         waypoint_for,
+        http_routes: s
+            .ferry_http_routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| http_route(r).map_err(|e| format!("ferry_http_routes[{i}]: {e}")))
+            .collect::<R<_>>()?,
     })
 }
 
@@ -484,5 +491,83 @@ fn policy(p: &sec::Authorization) -> R<Policy> {
             })
             .collect::<R<_>>()?,
         dry_run: p.dry_run,
+    })
+}
+
+fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
+    use wl::ferry_header_route_match::Value;
+    use wl::ferry_route_match::Path;
+    let path = |p: &str| {
+        if p.starts_with('/') {
+            Ok(p.to_string())
+        } else {
+            Err(format!("path {p:?} does not start with /"))
+        }
+    };
+    let matches = r
+        .matches
+        .iter()
+        .map(|m| {
+            Ok(RouteMatch {
+                path: match &m.path {
+                    None => None,
+                    Some(Path::PathExact(p)) => Some(PathMatch::Exact(path(p)?)),
+                    Some(Path::PathPrefix(p)) => Some(PathMatch::Prefix(path(p)?)),
+                },
+                headers: m
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        let value = match &h.value {
+                            Some(Value::Exact(x)) => StringMatch::Exact(x.clone()),
+                            Some(Value::Prefix(x)) => StringMatch::Prefix(x.clone()),
+                            Some(Value::Suffix(x)) => StringMatch::Suffix(x.clone()),
+                            Some(Value::Present(true)) => StringMatch::Presence,
+                            Some(Value::Present(false)) | None => {
+                                return Err(format!("header {:?} has no value match", h.name));
+                            }
+                        };
+                        Ok((
+                            nonempty(&h.name, "header name")?.to_ascii_lowercase(),
+                            value,
+                        ))
+                    })
+                    .collect::<R<_>>()?,
+            })
+        })
+        .collect::<R<_>>()?;
+    let backends: Vec<RouteBackend> = r
+        .backends
+        .iter()
+        .map(|b| {
+            let (ns, host) = b.service.split_once('/').ok_or_else(|| {
+                format!("backend service {:?} is not namespace/hostname", b.service)
+            })?;
+            Ok(RouteBackend {
+                service: ServiceKey::new(
+                    nonempty(ns, "backend namespace")?,
+                    nonempty(host, "backend hostname")?,
+                ),
+                port: match port(b.port, "backend port")? {
+                    0 => None,
+                    p => Some(p),
+                },
+                subset: b.subset.clone().into_iter().collect(),
+                weight: b.weight,
+            })
+        })
+        .collect::<R<_>>()?;
+    if backends.iter().all(|b| b.weight == 0) {
+        return Err(format!(
+            "route {:?} has no backend with a weight above 0",
+            r.name
+        ));
+    }
+    Ok(HttpRoute {
+        name: r.name.clone(),
+        matches,
+        backends,
+        timeout_ms: r.timeout_ms,
+        retries: r.retries.min(10),
     })
 }

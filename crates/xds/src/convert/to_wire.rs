@@ -5,9 +5,9 @@ use std::net::IpAddr;
 use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::model::{
-    Action, Cidr, GatewayDestination, GatewayRef, Health, HealthPolicy, LbMode, LocalityScope,
-    NetworkAddress, Policy, PolicyScope, ScopeRule, Service, ServiceScope, StringMatch,
-    TunnelProtocol, WaypointFor, Workload,
+    Action, Cidr, GatewayDestination, GatewayRef, Health, HealthPolicy, HttpRoute, LbMode,
+    LocalityScope, NetworkAddress, PathMatch, Policy, PolicyScope, ScopeRule, Service,
+    ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
 
@@ -252,7 +252,51 @@ fn service(s: &Service) -> wl::Service {
             Some(WaypointFor::Workload) => wl::FerryWaypointFor::Workload,
             Some(WaypointFor::All) => wl::FerryWaypointFor::All,
         }) as i32,
+        ferry_http_routes: s.http_routes.iter().map(http_route).collect(),
         ..Default::default()
+    }
+}
+
+fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
+    use wl::ferry_header_route_match::Value;
+    use wl::ferry_route_match::Path;
+    wl::FerryHttpRoute {
+        name: r.name.clone(),
+        matches: r
+            .matches
+            .iter()
+            .map(|m| wl::FerryRouteMatch {
+                path: m.path.as_ref().map(|p| match p {
+                    PathMatch::Exact(p) => Path::PathExact(p.clone()),
+                    PathMatch::Prefix(p) => Path::PathPrefix(p.clone()),
+                }),
+                headers: m
+                    .headers
+                    .iter()
+                    .map(|(name, v)| wl::FerryHeaderRouteMatch {
+                        name: name.clone(),
+                        value: Some(match v {
+                            StringMatch::Exact(x) => Value::Exact(x.clone()),
+                            StringMatch::Prefix(x) => Value::Prefix(x.clone()),
+                            StringMatch::Suffix(x) => Value::Suffix(x.clone()),
+                            StringMatch::Presence => Value::Present(true),
+                        }),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        backends: r
+            .backends
+            .iter()
+            .map(|b| wl::FerryRouteBackend {
+                service: b.service.to_string(),
+                port: u32::from(b.port.unwrap_or(0)),
+                subset: b.subset.clone().into_iter().collect(),
+                weight: b.weight,
+            })
+            .collect(),
+        timeout_ms: r.timeout_ms,
+        retries: r.retries,
     }
 }
 

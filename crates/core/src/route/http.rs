@@ -1,0 +1,153 @@
+//! Which HTTP route a request takes and which backend it goes to: pure, no I/O. The waypoint
+//! then decides the backend's endpoint with [`super::route_within`], inside both the backend's
+//! and the routed service's scope.
+
+use crate::authz::HttpRequest;
+use crate::model::{HttpRoute, RouteBackend, RouteMatch};
+use crate::random::Random;
+
+/// The first route whose matches admit the request (a route without matches admits all).
+pub fn select<'r>(routes: &'r [HttpRoute], req: &HttpRequest<'_>) -> Option<&'r HttpRoute> {
+    routes
+        .iter()
+        .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| matches(m, req)))
+}
+
+/// Does one match admit the request? Every condition must hold; a header condition holds when
+/// any value of that header satisfies it.
+pub fn matches(m: &RouteMatch, req: &HttpRequest<'_>) -> bool {
+    if let Some(p) = &m.path
+        && !p.matches(req.path)
+    {
+        return false;
+    }
+    m.headers.iter().all(|(name, want)| {
+        req.headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case(name) && want.matches(v))
+    })
+}
+
+/// One backend, with probability weight / total weight. `None` when no backend has weight.
+pub fn pick_backend<'r>(route: &'r HttpRoute, rng: &mut dyn Random) -> Option<&'r RouteBackend> {
+    let total: u64 = route.backends.iter().map(|b| u64::from(b.weight)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut at = rng.below(total);
+    for b in &route.backends {
+        let w = u64::from(b.weight);
+        if at < w {
+            return Some(b);
+        }
+        at -= w;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::model::{PathMatch, ServiceKey, StringMatch};
+    use crate::random::SplitMix64;
+
+    fn backend(name: &str, weight: u32) -> RouteBackend {
+        RouteBackend {
+            service: ServiceKey::new("default", name),
+            port: None,
+            subset: BTreeMap::new(),
+            weight,
+        }
+    }
+
+    fn route(name: &str, matches: Vec<RouteMatch>, backends: Vec<RouteBackend>) -> HttpRoute {
+        HttpRoute {
+            name: name.into(),
+            matches,
+            backends,
+            timeout_ms: 0,
+            retries: 0,
+        }
+    }
+
+    fn req<'a>(path: &'a str, headers: &'a [(&'a str, &'a str)]) -> HttpRequest<'a> {
+        HttpRequest {
+            method: "GET",
+            path,
+            host: "h",
+            headers,
+        }
+    }
+
+    #[test]
+    fn first_matching_route_wins_and_prefix_is_segment_wise() {
+        let routes = vec![
+            route(
+                "v2",
+                vec![RouteMatch {
+                    path: Some(PathMatch::Prefix("/v2/".into())),
+                    headers: vec![],
+                }],
+                vec![backend("b", 1)],
+            ),
+            route(
+                "canary",
+                vec![RouteMatch {
+                    path: None,
+                    headers: vec![("x-canary".into(), StringMatch::Exact("yes".into()))],
+                }],
+                vec![backend("c", 1)],
+            ),
+            route("rest", vec![], vec![backend("a", 1)]),
+        ];
+        let name = |path, h: &[(&str, &str)]| select(&routes, &req(path, h)).map(|r| &r.name[..]);
+        assert_eq!(name("/v2", &[]), Some("v2"));
+        assert_eq!(name("/v2/x", &[("x-canary", "yes")]), Some("v2"));
+        assert_eq!(name("/v20", &[]), Some("rest"));
+        assert_eq!(name("/v20", &[("X-Canary", "yes")]), Some("canary"));
+        assert_eq!(
+            name("/", &[("x-canary", "no"), ("x-canary", "yes")]),
+            Some("canary")
+        );
+        assert_eq!(name("/", &[("x-canary", "no")]), Some("rest"));
+        assert_eq!(select(&routes[..2], &req("/", &[])), None);
+    }
+
+    #[test]
+    fn exact_path_and_every_header_must_hold() {
+        let m = RouteMatch {
+            path: Some(PathMatch::Exact("/a".into())),
+            headers: vec![
+                ("x-a".into(), StringMatch::Presence),
+                ("x-b".into(), StringMatch::Prefix("p".into())),
+            ],
+        };
+        assert!(matches(&m, &req("/a", &[("x-a", "1"), ("x-b", "pq")])));
+        assert!(!matches(&m, &req("/a/", &[("x-a", "1"), ("x-b", "pq")])));
+        assert!(!matches(&m, &req("/a", &[("x-a", "1")])));
+        assert!(!matches(&m, &req("/a", &[("x-b", "pq")])));
+    }
+
+    #[test]
+    fn weights_give_shares_and_zero_weight_is_never_picked() {
+        let r = route(
+            "split",
+            vec![],
+            vec![backend("a", 80), backend("z", 0), backend("b", 20)],
+        );
+        let mut rng = SplitMix64::new(42);
+        let mut a = 0;
+        for _ in 0..10_000 {
+            match &pick_backend(&r, &mut rng).unwrap().service.hostname[..] {
+                "a" => a += 1,
+                "b" => {}
+                other => panic!("picked {other}"),
+            }
+        }
+        assert!((7_700..8_300).contains(&a), "a got {a} of 10000");
+        let none = route("none", vec![], vec![backend("z", 0)]);
+        assert!(pick_backend(&none, &mut rng).is_none());
+    }
+}

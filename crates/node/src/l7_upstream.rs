@@ -1,0 +1,348 @@
+//! Where each request of the waypoint's HTTP filter goes: a [`Router`] decides (route, backend,
+//! endpoint, authorization) per request; [`Upstreams`] keeps one downstream connection's
+//! upstream HTTP/1 connections by backend, so consecutive requests to one endpoint reuse a
+//! connection and requests to different endpoints are balanced one by one. Deadlines and
+//! retries of idempotent requests that failed before any response live here too.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferry_core::authz::HttpRequest;
+use ferry_hbone::upstream::Upstream;
+use http::{Method, Request, Response, StatusCode, Version, header};
+use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+pub type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Upstream connections kept per backend and downstream connection (more only while the ones
+/// there are busy with requests of the same client).
+const MAX_PER_BACKEND: usize = 4;
+
+/// Why a request is not sent on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Authorization denied it: `403`.
+    Denied(String),
+    /// No route, backend or endpoint may take it (scope, health): `503`.
+    Unroutable(String),
+}
+
+/// One request's destination.
+#[derive(Clone, Debug)]
+pub struct Choice<T> {
+    /// Requests with the same key may share an upstream connection.
+    pub key: String,
+    /// The workload it lands on, for logs and metrics.
+    pub backend: String,
+    /// The HTTP route that matched, if any.
+    pub route: Option<String>,
+    /// Deadline for the response head.
+    pub timeout: Option<Duration>,
+    /// Further tries when it failed before a response (idempotent requests without a body).
+    pub retries: u32,
+    /// What [`Router::open`] needs to connect.
+    pub ticket: T,
+}
+
+/// Decides and connects requests.
+pub trait Router: Send + Sync + 'static {
+    type Ticket: Send + Sync + 'static;
+
+    /// Routes and authorizes one request; `avoid` holds keys of backends that failed it.
+    fn decide(
+        &self,
+        req: &HttpRequest<'_>,
+        avoid: &[String],
+    ) -> Result<Choice<Self::Ticket>, Refused>;
+
+    /// Opens a byte stream to a chosen backend.
+    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Upstream, String>> + Send;
+}
+
+/// Decides one request: `Err` carries the reason it was denied.
+pub type RequestCheck = Arc<dyn Fn(&HttpRequest<'_>) -> Result<(), String> + Send + Sync>;
+
+/// One upstream for every request, after a check: the filter without routing (tests, tools).
+pub struct Fixed {
+    upstream: parking_lot::Mutex<Option<Upstream>>,
+    check: RequestCheck,
+}
+
+impl std::fmt::Debug for Fixed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixed").finish_non_exhaustive()
+    }
+}
+
+impl Fixed {
+    pub fn new(upstream: impl Into<Upstream>, check: RequestCheck) -> Self {
+        Self {
+            upstream: parking_lot::Mutex::new(Some(upstream.into())),
+            check,
+        }
+    }
+}
+
+impl Router for Fixed {
+    type Ticket = ();
+
+    fn decide(&self, req: &HttpRequest<'_>, _avoid: &[String]) -> Result<Choice<()>, Refused> {
+        (self.check)(req).map_err(Refused::Denied)?;
+        Ok(Choice {
+            key: "upstream".into(),
+            backend: String::new(),
+            route: None,
+            timeout: None,
+            retries: 0,
+            ticket: (),
+        })
+    }
+
+    fn open(&self, _: &()) -> impl Future<Output = Result<Upstream, String>> + Send {
+        let taken = self.upstream.lock().take();
+        async move { taken.ok_or_else(|| "the one upstream connection has closed".to_string()) }
+    }
+}
+
+type Shared = Arc<tokio::sync::Mutex<SendRequest<Body>>>;
+
+/// One downstream connection's upstream connections, by backend key.
+#[derive(Default)]
+pub struct Upstreams {
+    by_key: parking_lot::Mutex<HashMap<String, Vec<Shared>>>,
+}
+
+/// How sending one request failed.
+enum SendError {
+    /// Nothing came back: the request may be tried again if it is safe to.
+    BeforeResponse(String),
+}
+
+impl std::fmt::Debug for Upstreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let map = self.by_key.lock();
+        f.debug_map()
+            .entries(map.iter().map(|(k, v)| (k, v.len())))
+            .finish()
+    }
+}
+
+impl Upstreams {
+    /// A connection for `choice` that is free now, a new one, or (at the limit) the first one
+    /// once it is free.
+    async fn sender<R: Router>(
+        &self,
+        router: &R,
+        choice: &Choice<R::Ticket>,
+    ) -> Result<tokio::sync::OwnedMutexGuard<SendRequest<Body>>, SendError> {
+        let waiting = {
+            let mut map = self.by_key.lock();
+            let list = map.entry(choice.key.clone()).or_default();
+            list.retain(|s| s.try_lock().map_or(true, |g| !g.is_closed()));
+            if let Some(free) = list
+                .iter()
+                .find_map(|s| s.clone().try_lock_owned().ok().filter(|g| g.is_ready()))
+            {
+                return Ok(free);
+            }
+            (list.len() >= MAX_PER_BACKEND).then(|| list[0].clone())
+        };
+        if let Some(shared) = waiting {
+            return Ok(shared.lock_owned().await);
+        }
+        let io = router
+            .open(&choice.ticket)
+            .await
+            .map_err(SendError::BeforeResponse)?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| SendError::BeforeResponse(format!("upstream handshake: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "waypoint upstream connection ended");
+            }
+        });
+        let shared: Shared = Arc::new(tokio::sync::Mutex::new(sender));
+        let guard = shared
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| SendError::BeforeResponse("a new upstream connection was taken".into()))?;
+        self.by_key
+            .lock()
+            .entry(choice.key.clone())
+            .or_default()
+            .push(shared);
+        Ok(guard)
+    }
+
+    async fn send<R: Router>(
+        &self,
+        router: &R,
+        choice: &Choice<R::Ticket>,
+        req: Request<Body>,
+    ) -> Result<Response<Body>, SendError> {
+        let mut s = self.sender(router, choice).await?;
+        s.ready()
+            .await
+            .map_err(|e| SendError::BeforeResponse(format!("upstream connection: {e}")))?;
+        match s.send_request(req).await {
+            Ok(resp) => Ok(resp.map(BodyExt::boxed)),
+            Err(e) => Err(SendError::BeforeResponse(format!("upstream: {e}"))),
+        }
+    }
+}
+
+/// What became of one request.
+#[derive(Debug)]
+pub struct Sent {
+    pub response: Response<Body>,
+    /// The backend that answered (or the last one tried).
+    pub backend: String,
+    pub route: Option<String>,
+    /// Why it was refused or failed, for the access log.
+    pub reason: Option<String>,
+    /// Refused by authorization (not sent anywhere).
+    pub denied: bool,
+    pub tries: u32,
+}
+
+/// Decides, sends and (when safe) retries one request whose path and host are already in
+/// normal form and judged facts are in `facts`.
+pub async fn forward<R: Router>(
+    router: &R,
+    upstreams: &Upstreams,
+    facts: &HttpRequest<'_>,
+    req: Request<Body>,
+) -> Sent {
+    let (parts, body) = req.into_parts();
+    // Only a request that can be sent again unchanged is retried.
+    let idempotent = matches!(
+        parts.method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    );
+    let replayable = idempotent && hyper::body::Body::is_end_stream(&body);
+    let mut body = Some(body);
+    let mut avoid: Vec<String> = Vec::new();
+    let mut tries = 0;
+    loop {
+        let choice = match router.decide(facts, &avoid) {
+            Ok(c) => c,
+            Err(refused) => {
+                let (status, reason, denied) = match refused {
+                    Refused::Denied(r) => (StatusCode::FORBIDDEN, r, true),
+                    Refused::Unroutable(r) => (StatusCode::SERVICE_UNAVAILABLE, r, false),
+                };
+                let text = if denied {
+                    "RBAC: access denied\n".to_string()
+                } else {
+                    format!("no healthy upstream: {reason}\n")
+                };
+                return Sent {
+                    response: plain(status, &text),
+                    backend: String::new(),
+                    route: None,
+                    reason: Some(reason),
+                    denied,
+                    tries,
+                };
+            }
+        };
+        tries += 1;
+        let mut request = Request::new(
+            body.take()
+                .unwrap_or_else(|| Empty::new().map_err(|never| match never {}).boxed()),
+        );
+        *request.method_mut() = parts.method.clone();
+        *request.uri_mut() = parts.uri.clone();
+        *request.headers_mut() = parts.headers.clone();
+        let request = match origin_form(request) {
+            Ok(r) => r,
+            Err(resp) => {
+                return Sent {
+                    response: resp,
+                    backend: choice.backend,
+                    route: choice.route,
+                    reason: Some("bad request target".into()),
+                    denied: false,
+                    tries,
+                };
+            }
+        };
+        let sending = upstreams.send(router, &choice, request);
+        let outcome = match choice.timeout {
+            Some(t) => tokio::time::timeout(t, sending).await.ok(),
+            None => Some(sending.await),
+        };
+        let done = |response, reason| Sent {
+            response,
+            backend: choice.backend.clone(),
+            route: choice.route.clone(),
+            reason,
+            denied: false,
+            tries,
+        };
+        match outcome {
+            Some(Ok(response)) => return done(response, None),
+            None => {
+                let why = format!(
+                    "no response within {} ms",
+                    choice.timeout.unwrap_or_default().as_millis()
+                );
+                return done(
+                    plain(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout\n"),
+                    Some(why),
+                );
+            }
+            Some(Err(SendError::BeforeResponse(why))) => {
+                if replayable && tries <= choice.retries {
+                    tracing::debug!(backend = %choice.backend, tries, error = %why, "retrying a request on another backend");
+                    avoid.push(choice.key.clone());
+                    continue;
+                }
+                return done(
+                    plain(StatusCode::BAD_GATEWAY, &format!("{why}\n")),
+                    Some(why),
+                );
+            }
+        }
+    }
+}
+
+/// An absolute target (HTTP/2 always, HTTP/1.1 sometimes) goes on in origin form with its
+/// authority as the only `host`: the host that was judged. Everything goes on as HTTP/1.1.
+fn origin_form(mut req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
+    if let Some(authority) = req.uri().authority().cloned() {
+        let v = header::HeaderValue::from_str(authority.as_str())
+            .map_err(|_| plain(StatusCode::BAD_REQUEST, "bad authority\n"))?;
+        req.headers_mut().insert(header::HOST, v);
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        *req.uri_mut() = target
+            .parse()
+            .map_err(|_| plain(StatusCode::BAD_REQUEST, "bad request target\n"))?;
+    }
+    *req.version_mut() = Version::HTTP_11;
+    Ok(req)
+}
+
+pub fn plain(status: StatusCode, body: &str) -> Response<Body> {
+    let mut resp = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain"),
+    );
+    resp
+}

@@ -1,0 +1,153 @@
+//! The waypoint's per-request decisions: the service's HTTP route (match, weighted backend,
+//! subset), then the backend's endpoint, chosen anew for every request on behalf of the original
+//! source's cluster, inside both the backend's and the routed service's scope, then the policy
+//! of the endpoint it lands on.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ferry_core::authz::HttpRequest;
+use ferry_core::identity::Identity;
+use ferry_core::model::{ClusterId, ServiceKey};
+use ferry_core::random::SplitMix64;
+use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
+use ferry_hbone::upstream::Upstream;
+use parking_lot::Mutex;
+
+use crate::l7::{Choice, Refused, Router};
+use crate::waypoint::{Judge, Waypoint};
+
+/// How often a request's endpoint is drawn again to avoid one that already failed it.
+const REDRAWS: usize = 4;
+
+/// Decides the requests of one tunnel.
+pub(crate) struct TunnelRouter {
+    pub(crate) wp: Arc<Waypoint>,
+    /// The tunnel's target, and the service it turned out to be (with its port), if any.
+    pub(crate) target: Destination,
+    pub(crate) service: Option<(ServiceKey, u16)>,
+    pub(crate) origin: ClusterId,
+    /// The tunnel's metadata, carried on to every backend.
+    pub(crate) baggage: Vec<(String, String)>,
+    pub(crate) peer: SocketAddr,
+    /// `None` for plain TCP from outside the mesh.
+    pub(crate) source: Option<Identity>,
+    pub(crate) source_ip: IpAddr,
+    pub(crate) rng: Mutex<SplitMix64>,
+}
+
+/// Requests with the same key can share an upstream connection.
+fn key(plan: &Plan) -> String {
+    let landing = plan.landing.as_ref().map(ToString::to_string);
+    match &plan.transport {
+        Transport::Hbone {
+            connect_to,
+            authority,
+            ..
+        } => format!(
+            "{} via {connect_to} {authority}",
+            landing.unwrap_or_default()
+        ),
+        other => format!("{} {other:?}", landing.unwrap_or_default()),
+    }
+}
+
+impl Router for TunnelRouter {
+    type Ticket = Plan;
+
+    fn decide(&self, req: &HttpRequest<'_>, avoid: &[String]) -> Result<Choice<Plan>, Refused> {
+        let snap = self.wp.store.load();
+        let me = snap
+            .workload(&self.wp.uid)
+            .ok_or_else(|| Refused::Unroutable("this waypoint left the mesh".into()))?;
+        let src = Source::on_behalf_of(me, &self.origin);
+        let parent = self
+            .service
+            .as_ref()
+            .and_then(|(k, port)| Some((snap.service(k)?, *port)));
+        let chosen = parent.and_then(|(svc, port)| {
+            let r = route::http::select(&svc.http_routes, req)?;
+            Some((svc, port, r))
+        });
+        let mut rng = self.rng.lock();
+        let (dst, within, route_name, timeout, retries) = match chosen {
+            Some((svc, port, r)) => {
+                let backend = route::http::pick_backend(r, &mut *rng).ok_or_else(|| {
+                    Refused::Unroutable(format!("route {:?} has no backend with weight", r.name))
+                })?;
+                let dst = Destination::Host {
+                    hostname: backend.service.hostname.clone(),
+                    port: backend.port.unwrap_or(port),
+                };
+                let within = Within {
+                    subset: Some(&backend.subset),
+                    parent: Some(svc),
+                };
+                let timeout =
+                    (r.timeout_ms > 0).then(|| Duration::from_millis(r.timeout_ms.into()));
+                (dst, within, Some(r.name.clone()), timeout, r.retries)
+            }
+            None => (self.target.clone(), Within::default(), None, None, 0),
+        };
+        let mut picked = None;
+        for _ in 0..REDRAWS {
+            let decision = route::route_within(&snap, src, &dst, &within, &mut *rng);
+            let plan = decision.outcome.map_err(|e| {
+                self.wp.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                Refused::Unroutable(e.to_string())
+            })?;
+            let k = key(&plan);
+            let fresh = !avoid.contains(&k);
+            picked = Some((plan, k));
+            if fresh {
+                break;
+            }
+        }
+        let Some((plan, key)) = picked else {
+            return Err(Refused::Unroutable("no decision".into()));
+        };
+        drop(rng);
+        let backend = plan
+            .landing
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| dst.to_string());
+        if let Some(landing) = &plan.landing {
+            let judge = Judge {
+                store: self.wp.store.clone(),
+                landing: landing.clone(),
+                source: self.source.clone(),
+                source_ip: self.source_ip,
+                port: plan.landing_port,
+            };
+            judge.judge(Some(req)).map_err(Refused::Denied)?;
+        }
+        Ok(Choice {
+            key,
+            backend,
+            route: route_name,
+            timeout,
+            retries,
+            ticket: plan,
+        })
+    }
+
+    fn open(
+        &self,
+        plan: &Plan,
+    ) -> impl std::future::Future<Output = Result<Upstream, String>> + Send {
+        let (wp, plan, peer, baggage) = (
+            self.wp.clone(),
+            plan.clone(),
+            self.peer,
+            self.baggage.clone(),
+        );
+        async move {
+            wp.open_upstream(plan, peer, baggage)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! HTTP routes of services: resolved after every service is known, since a route may send
+//! requests to a service declared further down.
+
+use ferry_core::model::{HttpRoute, PathMatch, RouteBackend, RouteMatch, ServiceKey, StringMatch};
+
+use super::{Cx, item, namespace, one_of};
+use crate::schema::{RouteMatchSpec, RouteSpec, ServiceSpec};
+
+impl Cx {
+    pub(super) fn routes(&mut self, specs: &[ServiceSpec]) {
+        for (i, s) in specs.iter().enumerate() {
+            if s.routes.is_empty() {
+                continue;
+            }
+            let path = item("services", i, &s.name);
+            let ns = namespace(s.namespace.as_ref());
+            if s.waypoint.is_none() {
+                self.problem(
+                    format!("{path}.routes"),
+                    "expected a `waypoint` on the service (its waypoint applies the routes), found none",
+                );
+            }
+            let mut routes = Vec::new();
+            let mut names = std::collections::BTreeSet::new();
+            for (j, r) in s.routes.iter().enumerate() {
+                let route_path = format!("{path}.{}", item("routes", j, &r.name));
+                if r.name.is_empty() || !names.insert(r.name.clone()) {
+                    self.problem(
+                        format!("{route_path}.name"),
+                        format!(
+                            "expected a unique, non-empty route name, found {:?}",
+                            r.name
+                        ),
+                    );
+                }
+                if let Some(route) = self.route(&route_path, &ns, r) {
+                    routes.push(route);
+                }
+            }
+            let Some(svc) = self
+                .out
+                .services
+                .iter_mut()
+                .find(|x| x.name == s.name && x.namespace == ns)
+            else {
+                continue;
+            };
+            svc.http_routes = routes;
+        }
+    }
+
+    fn route(&mut self, path: &str, ns: &str, r: &RouteSpec) -> Option<HttpRoute> {
+        let matches = r
+            .matches
+            .iter()
+            .enumerate()
+            .map(|(k, m)| self.route_match(&format!("{path}.match[{k}]"), m))
+            .collect();
+        if r.backends.is_empty() {
+            self.problem(
+                format!("{path}.backends"),
+                "expected at least one backend, found none",
+            );
+        }
+        let mut backends = Vec::new();
+        for (k, b) in r.backends.iter().enumerate() {
+            let bpath = format!("{path}.backends[{k}]");
+            let (bns, name) = match b.service.split_once('/') {
+                Some((n, s)) => (n.to_string(), s),
+                None => (ns.to_string(), b.service.as_str()),
+            };
+            let Some(svc) = self
+                .out
+                .services
+                .iter()
+                .find(|x| x.name == name && x.namespace == bns && x.waypoint_for.is_none())
+            else {
+                let known = self
+                    .out
+                    .services
+                    .iter()
+                    .filter(|x| x.waypoint_for.is_none())
+                    .map(|x| format!("{}/{}", x.namespace, x.name));
+                let expected = one_of("services", known);
+                self.problem(
+                    format!("{bpath}.service"),
+                    format!("expected {expected}, found {:?}", b.service),
+                );
+                continue;
+            };
+            let key = ServiceKey::new(&svc.namespace, &svc.hostname);
+            let ports: Vec<u16> = svc.ports.iter().map(|p| p.port).collect();
+            if let Some(port) = b.port
+                && !ports.contains(&port)
+            {
+                self.problem(
+                    format!("{bpath}.port"),
+                    format!("expected a port of {} ({ports:?}), found {port}", b.service),
+                );
+            }
+            backends.push(RouteBackend {
+                service: key,
+                port: b.port,
+                subset: b.subset.clone(),
+                weight: b.weight,
+            });
+        }
+        if !r.backends.is_empty() && r.backends.iter().all(|b| b.weight == 0) {
+            self.problem(
+                format!("{path}.backends"),
+                "expected at least one backend with a weight above 0, found all 0",
+            );
+        }
+        if r.retries > 10 {
+            self.problem(
+                format!("{path}.retries"),
+                format!("expected at most 10 retries, found {}", r.retries),
+            );
+        }
+        Some(HttpRoute {
+            name: r.name.clone(),
+            matches,
+            backends,
+            timeout_ms: r.timeout_ms.unwrap_or(0),
+            retries: r.retries,
+        })
+    }
+
+    fn route_match(&mut self, path: &str, m: &RouteMatchSpec) -> RouteMatch {
+        let mut check = |field: &str, p: &str| {
+            if !p.starts_with('/') {
+                self.problem(
+                    format!("{path}.{field}"),
+                    format!("expected a path starting with /, found {p:?}"),
+                );
+            }
+        };
+        let path_match = match (&m.path, &m.path_prefix) {
+            (Some(_), Some(_)) => {
+                self.problem(
+                    path.to_string(),
+                    "expected one of `path` and `path_prefix`, found both",
+                );
+                None
+            }
+            (Some(p), None) => {
+                check("path", p);
+                Some(PathMatch::Exact(p.clone()))
+            }
+            (None, Some(p)) => {
+                check("path_prefix", p);
+                Some(PathMatch::Prefix(p.clone()))
+            }
+            (None, None) => None,
+        };
+        let mut headers = Vec::new();
+        for (name, pattern) in &m.headers {
+            if pattern.is_empty() {
+                self.problem(
+                    format!("{path}.headers.{name}"),
+                    "expected a value, `prefix*`, `*suffix` or `*`, found \"\"",
+                );
+                continue;
+            }
+            headers.push((
+                name.to_ascii_lowercase(),
+                StringMatch::from_pattern(pattern),
+            ));
+        }
+        RouteMatch {
+            path: path_match,
+            headers,
+        }
+    }
+}
