@@ -438,6 +438,35 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         "{m}"
     );
 
+    // HTTP routes at the waypoint: 400 requests on ONE connection from sleep (alpha) to shop,
+    // each routed on its own, split 75/25 between the v1 and v2 subsets. Binomial standard
+    // deviation 8.7 requests: v1 must get 260..=340 (about 4.6 deviations either side).
+    let mut data = "GET /split HTTP/1.1\r\nHost: shop\r\n\r\n".repeat(399);
+    data.push_str("GET /split HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n");
+    let r = lab
+        .send("sleep", "198.18.10.6:80", &data)
+        .expect("400 answers on one connection");
+    let v1 = r.matches("shop-v1 http GET /split").count();
+    let v2 = r.matches("shop-v2 http GET /split").count();
+    assert_eq!(v1 + v2, 400, "v1 {v1}, v2 {v2}:\n{r}");
+    assert!((260..=340).contains(&v1), "v1 got {v1} of 400, v2 {v2}");
+    // The canary route: a header sends every request to v2.
+    let data = "GET /canary HTTP/1.1\r\nHost: shop\r\nX-Canary: yes\r\n\r\n".repeat(20)
+        + "GET /canary HTTP/1.1\r\nHost: shop\r\nX-Canary: yes\r\nConnection: close\r\n\r\n";
+    let r = lab
+        .send("sleep", "198.18.10.6:80", &data)
+        .expect("21 answers on one connection");
+    assert_eq!(r.matches("shop-v2 http GET /canary").count(), 21, "{r}");
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "http.route=split",
+            "dst.workload=beta//v1/Pod/default/shop-v1",
+            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
+            "http.status=200",
+        ],
+    );
+
     // Straight to the pod, around the waypoint: nobody judges the HTTP, so the DENY applies on
     // its port alone and the node proxy refuses the connection (fail closed).
     lab.send("echo-beta", "198.18.3.60:8081", "GET / HTTP/1.1\r\n\r\n")

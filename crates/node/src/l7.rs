@@ -155,7 +155,7 @@ where
                         tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, reason = %reason, "waypoint denied the request")
                     }
                     (reason, _) => {
-                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.route = route, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, tries = sent.tries, reason = reason.as_deref().unwrap_or(""), "request")
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.route = %route, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, tries = sent.tries, reason = %reason.as_deref().unwrap_or(""), "request")
                     }
                 }
                 Ok::<_, hyper::Error>(resp)

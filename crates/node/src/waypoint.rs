@@ -85,7 +85,7 @@ pub(crate) struct Waypoint {
     /// Tunnels being served, for re-checks when the policy changes.
     tunnels: Mutex<Vec<OpenTunnel>>,
     /// Itself, for the tasks that serve its tunnels.
-    this: std::sync::Weak<Waypoint>,
+    this: std::sync::Weak<Self>,
 }
 
 /// One tunnel the waypoint is carrying.

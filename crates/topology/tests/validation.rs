@@ -226,6 +226,20 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "HTTP route problems",
+        "waypoints:\n  - {name: wp}\nservices:\n  - name: shop\n    ports: [{port: 80, target_port: 8080}]\n    waypoint: wp\n    routes:\n      - name: r\n        match: [{path: /a, path_prefix: /b}, {path_prefix: v2}]\n        backends: [{service: nowhere}, {service: shop, port: 81, weight: 0}]\n      - name: r\n        backends: []\n        retries: 11\n  - name: plain\n    routes: [{name: x, backends: [{service: shop}]}]\n",
+        &[
+            "services[0] (shop).routes[0] (r).match[0]: expected one of `path` and `path_prefix`, found both",
+            "services[0] (shop).routes[0] (r).match[1].path_prefix: expected a path starting with /, found \"v2\"",
+            "services[0] (shop).routes[0] (r).backends[0].service: expected one of the services [default/shop, default/plain], found \"nowhere\"",
+            "services[0] (shop).routes[0] (r).backends[1].port: expected a port of shop ([80]), found 81",
+            "services[0] (shop).routes[1] (r).name: expected a unique, non-empty route name, found \"r\"",
+            "services[0] (shop).routes[1] (r).backends: expected at least one backend, found none",
+            "services[0] (shop).routes[1] (r).retries: expected at most 10 retries, found 11",
+            "services[1] (plain).routes: expected a `waypoint` on the service (its waypoint applies the routes), found none",
+        ],
+    ),
+    (
         "several errors at once",
         "gateways:\n  - {name: gw, cluster: north, address: 198.18.255.1}\nservices:\n  - name: echo\n    ports: [{port: 80}]\n    scope: {clusters: []}\n    waypoint: nowhere\nworkloads:\n  - {name: sleep, node: east-9}\n",
         &[

@@ -122,7 +122,8 @@ fn every_example_survives_the_wire_unchanged() {
         "single-cluster.yaml",
         "two-clusters.yaml",
         "flat-network.yaml",
-        // HTTP policy matches (methods, paths, headers) ride Ferry's extension fields.
+        // HTTP policy matches (methods, paths, headers) and HTTP routes ride Ferry's extension
+        // fields.
         "lab.yaml",
         "overlap.yaml",
     ] {
@@ -146,14 +147,8 @@ fn every_example_survives_the_wire_unchanged() {
         let back = back.expect("a snapshot");
         assert!(rejected.is_empty(), "{name}: {rejected:?}");
         for w in snap.workloads() {
-            let mut expected = (**w).clone();
-            expected.labels.clear(); // labels do not travel in WDS
-            assert_eq!(
-                **back.workload(&w.uid).unwrap(),
-                expected,
-                "{name}: {}",
-                w.uid
-            );
+            // Labels ride Ferry's `ferry_labels` (route subsets select by them).
+            assert_eq!(**back.workload(&w.uid).unwrap(), **w, "{name}: {}", w.uid);
         }
         for s in snap.services() {
             assert_eq!(

@@ -230,7 +230,7 @@ fn workload(w: &wl::Workload) -> R<Workload> {
                 Ok(PolicyKey::new(ns, n))
             })
             .collect::<R<_>>()?,
-        labels: BTreeMap::new(),
+        labels: w.ferry_labels.clone().into_iter().collect(),
     })
 }
 

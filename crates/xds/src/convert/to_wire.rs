@@ -122,6 +122,7 @@ fn workload(w: &Workload) -> wl::Workload {
             .cloned()
             .unwrap_or_else(|| w.name.clone()),
         workload_name: w.name.clone(),
+        ferry_labels: w.labels.clone().into_iter().collect(),
         workload_type: wl::WorkloadType::Pod as i32,
         services: w
             .services
