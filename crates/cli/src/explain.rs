@@ -83,6 +83,10 @@ pub(crate) struct Hop {
     pub(crate) by: String,
     pub(crate) decision: Decision,
     pub(crate) authorization: Authorization,
+    /// HTTP routes this hop applies to each request, in order (the decision shown is for a
+    /// request no route matches).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) http_routes: Vec<String>,
 }
 
 /// The source as the report shows it.
@@ -199,6 +203,7 @@ pub(crate) fn explain(snap: &Snapshot, from: &str, to: &str, seed: u64) -> anyho
                 authorization: Authorization::NotEnforced {
                     why: "the waypoint is the destination of this hop; it applies the service's policy itself".into(),
                 },
+                http_routes: Vec::new(),
             });
             let wp_identity = wp.identity().context("waypoint identity")?;
             let next_dst = match (&dst, hops[0].decision.outcome.as_ref().map(|p| &p.class)) {
@@ -218,6 +223,13 @@ pub(crate) fn explain(snap: &Snapshot, from: &str, to: &str, seed: u64) -> anyho
                 &mut rng,
             );
             let authorization = authorize(snap, &wp, &wp_identity, &decision);
+            let http_routes = match decision.outcome.as_ref().map(|p| &p.class) {
+                Ok(route::Class::Service { service, .. }) => snap
+                    .service(service)
+                    .map(|svc| svc.http_routes.iter().map(describe_route).collect())
+                    .unwrap_or_default(),
+                _ => Vec::new(),
+            };
             hops.push(Hop {
                 by: format!(
                     "waypoint instance {} (for a source in cluster {})",
@@ -225,6 +237,7 @@ pub(crate) fn explain(snap: &Snapshot, from: &str, to: &str, seed: u64) -> anyho
                 ),
                 decision,
                 authorization,
+                http_routes,
             });
         }
         None => {
@@ -233,6 +246,7 @@ pub(crate) fn explain(snap: &Snapshot, from: &str, to: &str, seed: u64) -> anyho
                 by: format!("the node proxy on node {node}"),
                 decision,
                 authorization,
+                http_routes: Vec::new(),
             });
         }
     }
@@ -386,4 +400,68 @@ pub(crate) fn parse_destination(snap: &Snapshot, to: &str) -> anyhow::Result<Des
         hostname: host.to_string(),
         port,
     })
+}
+
+/// One HTTP route in a line: `split: every request -> 75% default/shop... {version=v1}, ...`.
+fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
+    use ferry_core::model::{PathMatch, StringMatch};
+    let matches = if r.matches.is_empty() {
+        "every request".to_string()
+    } else {
+        r.matches
+            .iter()
+            .map(|m| {
+                let mut parts = Vec::new();
+                match &m.path {
+                    Some(PathMatch::Exact(p)) => parts.push(format!("path {p}")),
+                    Some(PathMatch::Prefix(p)) => parts.push(format!("path {p}/*")),
+                    None => {}
+                }
+                for (name, v) in &m.headers {
+                    parts.push(match v {
+                        StringMatch::Exact(x) => format!("{name}: {x}"),
+                        StringMatch::Prefix(x) => format!("{name}: {x}*"),
+                        StringMatch::Suffix(x) => format!("{name}: *{x}"),
+                        StringMatch::Presence => format!("{name} present"),
+                    });
+                }
+                parts.join(" and ")
+            })
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    let total: u64 = r
+        .backends
+        .iter()
+        .map(|b| u64::from(b.weight))
+        .sum::<u64>()
+        .max(1);
+    let backends = r
+        .backends
+        .iter()
+        .map(|b| {
+            let subset = if b.subset.is_empty() {
+                String::new()
+            } else {
+                let labels: Vec<String> =
+                    b.subset.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!(" {{{}}}", labels.join(","))
+            };
+            let port = b.port.map(|p| format!(":{p}")).unwrap_or_default();
+            format!(
+                "{}% {}{port}{subset}",
+                u64::from(b.weight) * 100 / total,
+                b.service.hostname
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut text = format!("{}: {matches} -> {backends}", r.name);
+    if r.timeout_ms > 0 {
+        text.push_str(&format!(", timeout {} ms", r.timeout_ms));
+    }
+    if r.retries > 0 {
+        text.push_str(&format!(", {} retries", r.retries));
+    }
+    text
 }

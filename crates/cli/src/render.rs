@@ -46,6 +46,16 @@ pub(crate) fn text(r: &Report, topology: &str) -> String {
         if i > 0 {
             let _ = writeln!(out, "     --- at {}: it decides again", hop.by);
         }
+        if !hop.http_routes.is_empty() {
+            line(
+                &mut out,
+                "routes",
+                "HTTP requests take the first route that matches, each request on its own; the pick below is for bytes that are not HTTP:".to_string(),
+            );
+            for r in &hop.http_routes {
+                let _ = writeln!(out, "                 {r}");
+            }
+        }
         for step in &hop.decision.steps {
             match step {
                 Step::Classified { destination, class } => {

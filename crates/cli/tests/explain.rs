@@ -238,3 +238,43 @@ fn a_bad_topology_is_reported_with_its_location() {
     let e = stderr(&o);
     assert!(e.contains("bad.yaml:2:") && e.contains("netwrk"), "{e}");
 }
+
+#[test]
+fn the_waypoint_hop_lists_the_http_routes_it_applies() {
+    let o = ferry(&[
+        "explain",
+        "-t",
+        &example("lab.yaml"),
+        "--from",
+        "sleep",
+        "--to",
+        "198.18.10.6:80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("canary: x-canary: yes -> 100% shop.default.svc.cluster.local {version=v2}"),
+        "{out}"
+    );
+    assert!(
+        out.contains("split: every request -> 75% shop.default.svc.cluster.local {version=v1}, 25% shop.default.svc.cluster.local {version=v2}, timeout 5000 ms, 2 retries"),
+        "{out}"
+    );
+    let o = ferry(&[
+        "explain",
+        "-t",
+        &example("lab.yaml"),
+        "--from",
+        "sleep",
+        "--to",
+        "198.18.10.6:80",
+        "--output",
+        "json",
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(
+        json["hops"][1]["http_routes"].as_array().map(Vec::len),
+        Some(2),
+        "{json}"
+    );
+}
