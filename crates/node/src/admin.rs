@@ -52,6 +52,7 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 "# HELP ferry_capture_repairs_total Capture rules found missing and put back.\n# TYPE ferry_capture_repairs_total counter\nferry_capture_repairs_total {}\n",
                 node.capture_repairs.load(std::sync::atomic::Ordering::Relaxed)
             ));
+            text.push_str(&crate::accept::render(&node.acceptor));
             ("200 OK", "text/plain; version=0.0.4", text)
         }
         "/config_dump" => {

@@ -81,6 +81,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         conns: crate::conns::Conns::default(),
         drain: tokio::sync::watch::channel(false).0,
         capture_repairs: AtomicU64::new(0),
+        acceptor: crate::accept::Acceptor::default(),
         pods: Mutex::new(HashMap::new()),
         by_ip,
         connections: AtomicU64::new(0),

@@ -221,8 +221,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.name, config.listen, g.identity, g.network
     );
     let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
+    let acceptor = crate::accept::Acceptor::default();
     loop {
-        let (tcp, peer) = listener.accept().await?;
+        let (tcp, peer) = acceptor.accept(&listener, "gateway").await;
         let creds = match certs.fetch(&g.identity).await {
             Ok(c) => c,
             Err(e) => {

@@ -219,14 +219,7 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
     });
     let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
     loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(pod = %pod.uid, error = %e, "HBONE accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (tcp, peer) = node.acceptor.accept(&listener, "hbone").await;
         // The newest valid certificate serves each new connection (rotation without restarts).
         let creds = match node.certs.fetch(&pod.identity).await {
             Ok(c) => c,
@@ -264,11 +257,7 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
 /// Serves plain TCP captured on the pod's inbound port (sources outside the mesh).
 pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {
-        let Ok((tcp, peer)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-
+        let (tcp, peer) = node.acceptor.accept(&listener, "inbound plain").await;
         let (node, pod) = (node.clone(), pod.clone());
         tokio::spawn(async move { plain(node, pod, tcp, peer).await });
     }

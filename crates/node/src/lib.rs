@@ -12,6 +12,7 @@
 //! - [`outbound`], [`inbound`]: the two directions; [`telemetry`]: access log and metrics.
 //! - [`admin`]: readiness, config dump, certificates, metrics.
 
+pub mod accept;
 pub mod admin;
 pub mod api;
 pub mod app;

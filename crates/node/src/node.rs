@@ -77,6 +77,8 @@ pub struct Node {
     pub drain: tokio::sync::watch::Sender<bool>,
     /// Capture rules found missing and put back.
     pub capture_repairs: AtomicU64,
+    /// Accepts on every listener; refuses (and counts) when descriptors run out.
+    pub acceptor: crate::accept::Acceptor,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,

@@ -20,16 +20,9 @@ use crate::telemetry::{AccessLog, Labels, Reporter};
 
 pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {
-        match listener.accept().await {
-            Ok((tcp, peer)) => {
-                let (node, pod) = (node.clone(), pod.clone());
-                tokio::spawn(async move { handle(node, pod, tcp, peer).await });
-            }
-            Err(e) => {
-                tracing::warn!(pod = %pod.uid, error = %e, "outbound accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
+        let (tcp, peer) = node.acceptor.accept(&listener, "outbound").await;
+        let (node, pod) = (node.clone(), pod.clone());
+        tokio::spawn(async move { handle(node, pod, tcp, peer).await });
     }
 }
 

@@ -84,6 +84,8 @@ pub(crate) struct Waypoint {
     netns: Option<Arc<crate::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
     tunnels: Mutex<Vec<OpenTunnel>>,
+    /// Accepts HBONE; refuses (and counts) when descriptors run out.
+    acceptor: crate::accept::Acceptor,
     /// Itself, for the tasks that serve its tunnels.
     this: std::sync::Weak<Self>,
 }
@@ -367,7 +369,10 @@ async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
             let req = String::from_utf8_lossy(&buf[..n]);
             let (status, body) = match req.split_whitespace().nth(1).unwrap_or("/") {
                 "/ready" | "/healthz/ready" => ("200 OK", "ready\n".to_string()),
-                "/metrics" | "/stats/prometheus" => ("200 OK", wp.metrics.render()),
+                "/metrics" | "/stats/prometheus" => (
+                    "200 OK",
+                    wp.metrics.render() + &crate::accept::render(&wp.acceptor),
+                ),
                 "/config_dump" => {
                     let snap = wp.store.load();
                     let body = serde_json::json!({
@@ -509,6 +514,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::default(),
         tunnels: Mutex::default(),
         netns: netns.clone(),
+        acceptor: crate::accept::Acceptor::default(),
         this: this.clone(),
     });
     let listener = match &netns {
@@ -548,7 +554,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
     loop {
-        let (tcp, peer) = listener.accept().await?;
+        let (tcp, peer) = wp.acceptor.accept(&listener, "waypoint hbone").await;
         let creds = match wp.certs.fetch(&wp.identity).await {
             Ok(c) => c,
             Err(e) => {

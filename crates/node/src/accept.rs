@@ -1,0 +1,93 @@
+//! Accepting connections when file descriptors run out. A listener whose `accept` fails with
+//! EMFILE/ENFILE would otherwise leave the connection waiting in the backlog (the client hangs)
+//! and spin. The [`Acceptor`] keeps one descriptor in reserve: on exhaustion it gives the
+//! reserve up, accepts the waiting connection, resets it at once (the client sees a refusal,
+//! not a hang), counts it, takes the reserve back, and backs off briefly.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+
+/// How long an accept loop pauses after an error it cannot act on.
+const BACKOFF: Duration = Duration::from_millis(20);
+
+/// Shared by every accept loop of a process.
+#[derive(Debug)]
+pub struct Acceptor {
+    reserve: parking_lot::Mutex<Option<std::fs::File>>,
+    /// Connections refused because the process was out of descriptors.
+    pub refused_fd_limit: AtomicU64,
+    /// Other accept errors.
+    pub errors: AtomicU64,
+}
+
+impl Default for Acceptor {
+    fn default() -> Self {
+        Self {
+            reserve: parking_lot::Mutex::new(std::fs::File::open("/dev/null").ok()),
+            refused_fd_limit: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+}
+
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error()
+        .is_some_and(|n| n == Errno::EMFILE as i32 || n == Errno::ENFILE as i32)
+}
+
+impl Acceptor {
+    /// The next connection. Errors are handled here (refused and counted, or backed off from),
+    /// so the caller just loops.
+    pub async fn accept(&self, listener: &TcpListener, what: &str) -> (TcpStream, SocketAddr) {
+        loop {
+            match listener.accept().await {
+                Ok(c) => return c,
+                Err(e) if out_of_descriptors(&e) => {
+                    // Linux reports this whether or not a connection is waiting.
+                    if self.refuse_one(listener) {
+                        tracing::warn!(listener = what, refused_total = self.refused_fd_limit.load(Ordering::Relaxed), error = %e, "out of file descriptors: refused a new connection");
+                    }
+                    tokio::time::sleep(BACKOFF).await;
+                }
+                Err(e) => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(listener = what, error = %e, "accept failed");
+                    tokio::time::sleep(BACKOFF).await;
+                }
+            }
+        }
+    }
+
+    /// Frees the reserve descriptor, accepts and resets a waiting connection if there is one,
+    /// and takes the reserve back, all without yielding (so no other task of this thread takes
+    /// the freed descriptor). Returns whether a connection was refused.
+    fn refuse_one(&self, listener: &TcpListener) -> bool {
+        let mut reserve = self.reserve.lock();
+        drop(reserve.take());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let refused = match listener.poll_accept(&mut cx) {
+            std::task::Poll::Ready(Ok((s, _))) => {
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                drop(s);
+                self.refused_fd_limit.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        };
+        *reserve = std::fs::File::open("/dev/null").ok();
+        refused
+    }
+}
+
+/// The acceptor's counters in Prometheus text format.
+pub fn render(a: &Acceptor) -> String {
+    format!(
+        "# HELP ferry_accept_refused_total Connections refused at accept because the process was out of file descriptors.\n# TYPE ferry_accept_refused_total counter\nferry_accept_refused_total{{reason=\"fd_limit\"}} {}\n# HELP ferry_accept_errors_total Other accept errors.\n# TYPE ferry_accept_errors_total counter\nferry_accept_errors_total {}\n",
+        a.refused_fd_limit.load(Ordering::Relaxed),
+        a.errors.load(Ordering::Relaxed)
+    )
+}
