@@ -15,6 +15,9 @@ pub(crate) enum LabCommand {
     /// network) in network namespaces, and start the control plane, node proxies and apps.
     Up {
         topology: Option<PathBuf>,
+        /// An extra argument for every node proxy (repeat), e.g. `--node-arg=--idle-bound-seconds=60`.
+        #[arg(long = "node-arg", allow_hyphen_values = true)]
+        node_args: Vec<String>,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -162,6 +165,15 @@ pub(crate) enum LabCommand {
         #[arg(long)]
         until_closed: bool,
     },
+    /// (inside the lab) open connections, then half-close them and wait for the far side.
+    #[command(hide = true)]
+    HalfClose {
+        to: SocketAddr,
+        #[arg(long)]
+        n: usize,
+        #[arg(long, default_value_t = 60)]
+        max_seconds: u64,
+    },
     /// Hand one node's pods over to a new node proxy process without refusing a connection.
     Handover {
         node: String,
@@ -222,11 +234,16 @@ pub(crate) fn run(cmd: LabCommand) -> ExitCode {
 
 fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        LabCommand::Up { topology, lab } => {
+        LabCommand::Up {
+            topology,
+            node_args,
+            lab,
+        } => {
             let opts = Options {
                 id: lab.id,
                 state_dir: lab.state_dir,
                 topology,
+                node_args,
                 ferry: std::env::current_exe()?,
             };
             let state = build::up(&opts)?;
@@ -455,6 +472,10 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             until_closed,
         } => {
             ferry_lab::apps::hold(to, n, until_closed)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::HalfClose { to, n, max_seconds } => {
+            ferry_lab::apps::half_close(to, n, std::time::Duration::from_secs(max_seconds))?;
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Handover { node, lab } => {

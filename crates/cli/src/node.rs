@@ -33,6 +33,10 @@ pub(crate) struct NodeArgs {
     /// Seconds in-flight connections may finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    /// Seconds after which a half-closed connection that moves no bytes is ended, and within
+    /// which an app peer that vanished is noticed (TCP keepalive, user timeout).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    idle_bound_seconds: u64,
     /// LOCAL EXPERIMENTS ONLY: talk to the control plane without TLS.
     #[arg(long)]
     plaintext: bool,
@@ -80,6 +84,7 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
             api_socket: args.api.clone(),
             admin: args.admin,
             drain: Duration::from_secs(args.drain_seconds),
+            idle_bound: Duration::from_secs(args.idle_bound_seconds),
             plaintext: args.plaintext,
         }))
     })

@@ -21,6 +21,15 @@ impl Lab {
     }
 
     fn up_with(topology: Option<&str>, id: &str, tag: &str) -> Option<Self> {
+        Self::up_with_args(topology, id, tag, &[])
+    }
+
+    fn up_with_args(
+        topology: Option<&str>,
+        id: &str,
+        tag: &str,
+        node_args: &[&str],
+    ) -> Option<Self> {
         if !nix_is_root() {
             eprintln!("skipping the lab test: it needs root to create network namespaces");
             return None;
@@ -37,6 +46,9 @@ impl Lab {
                     .join("../../examples")
                     .join(t),
             );
+        }
+        for a in node_args {
+            cmd.arg(format!("--node-arg={a}"));
         }
         let out = cmd
             .arg("--state-dir")
@@ -165,6 +177,38 @@ impl Lab {
         let _ = hold.kill();
         let _ = hold.wait();
         next
+    }
+
+    /// A value from the lab's state file.
+    fn state(&self, path: &[&str]) -> serde_json::Value {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
+                .unwrap();
+        for p in path {
+            v = v[*p].take();
+        }
+        v
+    }
+
+    /// Open file descriptors of a node proxy process.
+    fn node_fds(&self, node: &str) -> usize {
+        let pid = self.state(&["nodes", node, "pid"]).as_u64().unwrap();
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+    }
+
+    /// TCP sockets in CLOSE-WAIT or FIN-WAIT-2 inside a pod's network namespace.
+    fn lingering_sockets(&self, pod: &str) -> Vec<String> {
+        let ns = self.state(&["pods", pod, "netns"]);
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns.as_str().unwrap(), "ss", "-tanH"])
+            .args(["state", "close-wait", "state", "fin-wait-2"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -820,4 +864,110 @@ fn pods_with_the_same_address_on_two_networks_are_never_confused() {
             "connection",
         ],
     );
+}
+
+/// Polls `f` until it holds, for at most `max`; returns whether it did.
+fn eventually(max: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + max;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
+    // Node proxies with a 2 s idle bound; the destination app reads to EOF and then never
+    // answers nor closes.
+    let Some(lab) = Lab::up_with_args(None, "fS", "soak", &["--idle-bound-seconds=2"]) else {
+        return;
+    };
+    const FLOWS: usize = 50;
+    let (src, dst) = ("alpha-1", "alpha-2");
+    let base = (lab.node_fds(src), lab.node_fds(dst));
+    let start = |n: usize| {
+        let mut c = ferry()
+            .args(["lab", "exec", "sleep", "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "lab",
+                "half-close",
+                "198.18.2.20:7171",
+                "--n",
+                &n.to_string(),
+            ])
+            .args(["--max-seconds", "30"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(c.stdout.take().unwrap()));
+        assert_eq!(lines.next().unwrap().unwrap(), format!("open {n}"));
+        (c, lines)
+    };
+
+    // Live flows: descriptors grow by at most two per flow (plus a few pooled tunnels).
+    let (mut client, mut lines) = start(FLOWS);
+    assert!(
+        eventually(Duration::from_secs(10), || lab.node_fds(dst)
+            >= base.1 + FLOWS),
+        "the destination node never held the flows"
+    );
+    let live = (lab.node_fds(src), lab.node_fds(dst));
+    for (node, b, l) in [(src, base.0, live.0), (dst, base.1, live.1)] {
+        assert!(
+            l <= b + 2 * FLOWS + 8,
+            "{node}: {l} descriptors with {FLOWS} flows, {b} idle"
+        );
+    }
+
+    // Half-closed by the client, never finished by the server: every one is ended after the
+    // bound, on both node proxies, with nothing left in CLOSE-WAIT or FIN-WAIT-2.
+    std::io::Write::write_all(client.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let report = lines.next().unwrap().unwrap();
+    assert!(
+        report.starts_with(&format!("closed {FLOWS} of {FLOWS} in")),
+        "{report}"
+    );
+    let _ = client.wait();
+    for (node, b) in [(src, base.0), (dst, base.1)] {
+        assert!(
+            eventually(Duration::from_secs(10), || lab.node_fds(node) <= b + 4),
+            "{node}: {} descriptors after the bound, {b} before the flows",
+            lab.node_fds(node)
+        );
+    }
+    for pod in ["sleep", "echo-alpha-2"] {
+        let mut left = Vec::new();
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                left = lab.lingering_sockets(pod);
+                left.is_empty()
+            }),
+            "{pod}: {left:?}"
+        );
+    }
+
+    // Abandoned: the client process is killed with its connections open (the kernel closes
+    // them); the server never finishes; both proxies let go within the bound.
+    let (mut client, _lines) = start(FLOWS);
+    assert!(eventually(Duration::from_secs(10), || {
+        lab.node_fds(dst) >= base.1 + FLOWS
+    }));
+    let _ = client.kill();
+    let _ = client.wait();
+    for (node, b) in [(src, base.0), (dst, base.1)] {
+        assert!(
+            eventually(Duration::from_secs(15), || lab.node_fds(node) <= b + 4),
+            "{node}: {} descriptors after abandoned flows, {b} before",
+            lab.node_fds(node)
+        );
+    }
 }

@@ -3,12 +3,15 @@
 //! Each direction starts with a small buffer (idle tunnels cost little) and grows it fourfold,
 //! up to [`MAX_BUF`], each time a read fills it (bulk transfers move in large chunks, so TLS
 //! writes few, large records). When one side reaches EOF, the other side's write half is shut
-//! down (a FIN, or END_STREAM) and the opposite direction keeps flowing.
+//! down (a FIN, or END_STREAM) and the opposite direction keeps flowing, for as long as it
+//! moves bytes: [`Bounds::half_closed_idle`] ends a half-closed copy that went quiet, so no
+//! socket waits in CLOSE-WAIT or FIN-WAIT-2 for a peer that will never finish.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -32,6 +35,14 @@ pub struct CopyError {
     pub source: io::Error,
     pub a_to_b: u64,
     pub b_to_a: u64,
+}
+
+impl CopyError {
+    /// Ended by [`Bounds::half_closed_idle`]: the caller resets both sides, so that neither
+    /// lingers in FIN-WAIT-2 or CLOSE-WAIT.
+    pub fn timed_out(&self) -> bool {
+        self.source.kind() == io::ErrorKind::TimedOut
+    }
 }
 
 struct Direction {
@@ -132,8 +143,29 @@ impl Direction {
     }
 }
 
+/// Limits on a copy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bounds {
+    /// Once one direction has ended, the copy ends with a `TimedOut` error (on the side that
+    /// should still be sending) when the other direction moves no byte for this long.
+    pub half_closed_idle: Option<Duration>,
+}
+
 /// Copies A->B and B->A until both directions reach EOF. Returns (bytes A->B, bytes B->A).
 pub async fn bidirectional<A, B>(a: &mut A, b: &mut B) -> Result<(u64, u64), CopyError>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    bidirectional_bounded(a, b, Bounds::default()).await
+}
+
+/// [`bidirectional`], within `bounds`.
+pub async fn bidirectional_bounded<A, B>(
+    a: &mut A,
+    b: &mut B,
+    bounds: Bounds,
+) -> Result<(u64, u64), CopyError>
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -141,6 +173,8 @@ where
     let mut ab = Direction::new();
     let mut ba = Direction::new();
     let (mut ab_done, mut ba_done) = (false, false);
+    // While half-closed: the quiet-time deadline, and the byte count it was last reset at.
+    let mut quiet: Option<(Pin<Box<tokio::time::Sleep>>, u64)> = None;
     poll_fn(|cx| {
         let fail = |failed, source, ab: &Direction, ba: &Direction| {
             Poll::Ready(Err(CopyError {
@@ -167,10 +201,32 @@ where
             }
         }
         if ab_done && ba_done {
-            Poll::Ready(Ok((ab.amount, ba.amount)))
-        } else {
-            Poll::Pending
+            return Poll::Ready(Ok((ab.amount, ba.amount)));
         }
+        if let (Some(idle), true) = (bounds.half_closed_idle, ab_done || ba_done) {
+            let moved = ab.amount + ba.amount;
+            let deadline = tokio::time::Instant::now() + idle;
+            match &mut quiet {
+                Some((sleep, at)) if *at != moved => {
+                    sleep.as_mut().reset(deadline);
+                    *at = moved;
+                }
+                Some(_) => {}
+                None => quiet = Some((Box::pin(tokio::time::sleep_until(deadline)), moved)),
+            }
+            if let Some((sleep, _)) = &mut quiet
+                && sleep.as_mut().poll(cx).is_ready()
+            {
+                // The direction still open is the one whose reader went quiet.
+                let failed = if ab_done { Failed::B } else { Failed::A };
+                let e = io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("half-closed and idle for {} s", idle.as_secs_f64()),
+                );
+                return fail(failed, e, &ab, &ba);
+            }
+        }
+        Poll::Pending
     })
     .await
 }

@@ -159,6 +159,9 @@ impl Server {
             })?;
         let pings = conn.ping_pong();
         let (interval, ping_timeout) = (self.settings.ping_interval, self.settings.ping_timeout);
+        let bounds = copy::Bounds {
+            half_closed_idle: self.settings.half_closed_idle,
+        };
         let keepalive = async {
             match pings {
                 Some(p) => ping_until_dead(p, interval, ping_timeout).await,
@@ -195,9 +198,9 @@ impl Server {
                 source,
             })?;
             let (peer, handler) = (peer.clone(), handler.clone());
-            tokio::spawn(
-                async move { serve_stream(request, respond, peer, peer_addr, handler).await },
-            );
+            tokio::spawn(async move {
+                serve_stream(request, respond, peer, peer_addr, handler, bounds).await
+            });
         }
         Ok(())
     }
@@ -209,6 +212,7 @@ async fn serve_stream<H: Handler>(
     peer: Identity,
     peer_addr: SocketAddr,
     handler: Arc<H>,
+    bounds: copy::Bounds,
 ) {
     let refuse = |respond: &mut h2::server::SendResponse<Bytes>, r: &Refusal| {
         tracing::info!(src.identity = %peer, src.addr = %peer_addr, status = r.status().as_u16(), reason = %r, "CONNECT refused");
@@ -251,7 +255,7 @@ async fn serve_stream<H: Handler>(
         }
     };
     let mut tunnel = H2Stream::new(send, body);
-    match copy::bidirectional(&mut tunnel, &mut upstream).await {
+    match copy::bidirectional_bounded(&mut tunnel, &mut upstream, bounds).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
             handler.finished(&req, sent, received, None);
@@ -259,6 +263,12 @@ async fn serve_stream<H: Handler>(
         Err(e) => {
             // Propagate the reset to the side that did not fail.
             match e.failed {
+                // Ended by the half-closed idle bound: both sides, so neither lingers in
+                // FIN-WAIT-2 or CLOSE-WAIT.
+                _ if e.timed_out() => {
+                    upstream.reset();
+                    tunnel.abort();
+                }
                 Failed::A => upstream.reset(),
                 Failed::B => tunnel.abort(),
             }

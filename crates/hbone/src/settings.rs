@@ -24,6 +24,8 @@ pub struct Settings {
     pub ping_interval: Duration,
     /// A connection whose PING is not answered within this time is closed.
     pub ping_timeout: Duration,
+    /// A tunnel half-closed one way ends once the other way moves no byte for this long.
+    pub half_closed_idle: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -37,6 +39,7 @@ impl Default for Settings {
             keepalive: Duration::from_secs(180),
             ping_interval: Duration::from_secs(10),
             ping_timeout: Duration::from_secs(20),
+            half_closed_idle: Some(Duration::from_secs(300)),
         }
     }
 }

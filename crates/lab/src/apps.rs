@@ -11,6 +11,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
 pub const SINK_PORT: u16 = 7777;
+/// A server that reads to EOF and then never answers nor closes: a peer that never finishes.
+pub const STUBBORN_PORT: u16 = 7171;
 
 /// The HTTP port: HTTP/1.1, every request answered `200` with
 /// `"<name> http <method> <path> saw <peer>\n"` (for the waypoint's per-request policy).
@@ -65,6 +67,31 @@ pub fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
                     let _ = s.write_all(&total.to_le_bytes()).await;
                 });
             }
+        }));
+        // (Unless the topology gave this port to the echo server.)
+        let stubborn = match ports.contains(&STUBBORN_PORT) {
+            true => None,
+            false => Some(TcpListener::bind(("0.0.0.0", STUBBORN_PORT)).await?),
+        };
+        tasks.extend(stubborn.map(|stubborn| {
+            tokio::spawn(async move {
+                loop {
+                    let Ok((mut s, _)) = stubborn.accept().await else {
+                        continue;
+                    };
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 1024];
+                        while let Ok(n) = s.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        // Half-closed by the client; this side never finishes.
+                        std::future::pending::<()>().await;
+                        drop(s);
+                    });
+                }
+            })
         }));
         let http = TcpListener::bind(("0.0.0.0", HTTP_PORT)).await?;
         tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
@@ -233,6 +260,56 @@ pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<
         let mut b = [0u8; 1];
         let _ = stdin.read(&mut b).await;
         drop(held);
+        Ok(())
+    })
+}
+
+/// Opens `n` connections to `target`, prints `open <n>`, and waits for a line on stdin; then
+/// half-closes each (one byte, then FIN) and waits up to `max` for the far side to end them,
+/// printing `closed <k> of <n> in <ms> ms`.
+pub fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            conns.push(TcpStream::connect(target).await?);
+        }
+        println!("open {n}");
+        let mut line = String::new();
+        let _ = BufReader::new(tokio::io::stdin())
+            .read_line(&mut line)
+            .await;
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for mut c in conns {
+            set.spawn(async move {
+                c.write_all(b"x").await?;
+                c.shutdown().await?;
+                let mut b = [0u8; 64];
+                loop {
+                    match c.read(&mut b).await {
+                        Ok(0) | Err(_) => return Ok::<_, std::io::Error>(()),
+                        Ok(_) => {}
+                    }
+                }
+            });
+        }
+        let mut closed = 0;
+        let _ = tokio::time::timeout(max, async {
+            while let Some(r) = set.join_next().await {
+                if matches!(r, Ok(Ok(()))) {
+                    closed += 1;
+                }
+            }
+        })
+        .await;
+        println!(
+            "closed {closed} of {n} in {} ms",
+            started.elapsed().as_millis()
+        );
         Ok(())
     })
 }

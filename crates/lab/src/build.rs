@@ -27,6 +27,8 @@ pub struct Options {
     pub topology: Option<PathBuf>,
     /// The `ferry` binary to run inside the lab.
     pub ferry: PathBuf,
+    /// Extra arguments for every node proxy.
+    pub node_args: Vec<String>,
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
@@ -308,6 +310,7 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
         ]
         .iter()
         .map(ToString::to_string)
+        .chain(opts.node_args.iter().cloned())
         .collect();
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let pid = spawn(state, &ns, &argv, &log)?;

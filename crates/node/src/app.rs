@@ -33,6 +33,8 @@ pub struct Config {
     pub admin: SocketAddr,
     /// How long in-flight connections may finish after SIGTERM.
     pub drain: Duration,
+    /// See [`Node::idle_bound`].
+    pub idle_bound: Duration,
     pub plaintext: bool,
 }
 
@@ -82,6 +84,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         drain: tokio::sync::watch::channel(false).0,
         capture_repairs: AtomicU64::new(0),
         acceptor: crate::accept::Acceptor::default(),
+        idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),
         by_ip,
         connections: AtomicU64::new(0),

@@ -173,6 +173,7 @@ impl Handler for Inbound {
                 node.active.fetch_sub(1, Ordering::Relaxed);
                 Refusal::Unavailable(format!("connect {addr}: {e}"))
             })?;
+            crate::sockets::tune_app_socket(&up, node.idle_bound);
             node.conns
                 .track(id, pod.clone(), Some(peer), src, addr.port(), &up);
             Ok(up.into())
@@ -231,8 +232,15 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
         let leaf = creds.chain()[0].to_vec();
         let server = match &current {
             Some((l, s)) if *l == leaf => s.clone(),
-            _ => match Server::new(&creds, &node.bundle(), Settings::default())
-                .map(|s| s.drain_on(node.drain.subscribe()))
+            _ => match Server::new(
+                &creds,
+                &node.bundle(),
+                Settings {
+                    half_closed_idle: Some(node.idle_bound),
+                    ..Settings::default()
+                },
+            )
+            .map(|s| s.drain_on(node.drain.subscribe()))
             {
                 Ok(s) => {
                     let s = Arc::new(s);
@@ -265,6 +273,7 @@ pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
 
 async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
+    crate::sockets::tune_app_socket(&tcp, node.idle_bound);
     let mut log = AccessLog {
         direction: "inbound",
         src_addr: peer.to_string(),
@@ -318,14 +327,18 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
                 .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
                 .await
                 .map_err(|e| e.to_string())?;
-            let r = copy::bidirectional(&mut tcp, &mut tunnel)
-                .await
-                .map_err(|e| {
-                    if e.failed == Failed::A {
-                        tunnel.abort();
-                    }
-                    e.to_string()
-                });
+            let r = copy::bidirectional_bounded(
+                &mut tcp,
+                &mut tunnel,
+                crate::sockets::bounds(node.idle_bound),
+            )
+            .await
+            .map_err(|e| {
+                if e.failed == Failed::A || e.timed_out() {
+                    tunnel.abort();
+                }
+                e.to_string()
+            });
             let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
             node.metrics.closed(&l, s, rcv);
             return r;
@@ -335,16 +348,20 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
             .connect(None, SocketAddr::new(pod.ip, orig.port()))
             .await
             .map_err(|e| e.to_string())?;
+        crate::sockets::tune_app_socket(&up, node.idle_bound);
         let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
         node.conns
             .track(id, pod.clone(), None, peer, orig.port(), &up);
-        let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
-        node.conns
-            .track(id, pod.clone(), None, peer, orig.port(), &up);
-        let r = match copy::bidirectional(&mut tcp, &mut up).await {
+        let r = match copy::bidirectional_bounded(
+            &mut tcp,
+            &mut up,
+            crate::sockets::bounds(node.idle_bound),
+        )
+        .await
+        {
             Ok(v) => Ok(v),
             Err(e) => {
-                if e.failed == Failed::A {
+                if e.failed == Failed::A || e.timed_out() {
                     reset_tcp(&up);
                 }
                 Err(e.to_string())

@@ -26,6 +26,7 @@ pub mod l7_upstream;
 pub mod netns;
 pub mod node;
 pub mod outbound;
+mod sockets;
 pub mod telemetry;
 pub mod waypoint;
 mod waypoint_router;

@@ -79,6 +79,9 @@ pub struct Node {
     pub capture_repairs: AtomicU64,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
     pub acceptor: crate::accept::Acceptor,
+    /// A half-closed connection quiet this long is ended; a vanished app peer is noticed
+    /// within it (keepalive, user timeout).
+    pub idle_bound: std::time::Duration,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,

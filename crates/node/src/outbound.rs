@@ -28,7 +28,7 @@ pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener)
 
 async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    let _ = tcp.set_nodelay(true);
+    crate::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);
     node.active.fetch_add(1, Ordering::Relaxed);
     let mut log = AccessLog {
@@ -152,10 +152,16 @@ async fn proxy(
                     labels.response_flags = "ConnectionFailure".into();
                     e.to_string()
                 })?;
-            match copy::bidirectional(tcp, &mut tunnel).await {
+            match copy::bidirectional_bounded(
+                tcp,
+                &mut tunnel,
+                crate::sockets::bounds(node.idle_bound),
+            )
+            .await
+            {
                 Ok((sent, recv)) => Ok((sent, recv)),
                 Err(e) => {
-                    if e.failed == Failed::A {
+                    if e.failed == Failed::A || e.timed_out() {
                         tunnel.abort();
                     }
                     Err((e.a_to_b, e.b_to_a, e.to_string()))
@@ -167,10 +173,13 @@ async fn proxy(
                 labels.response_flags = "ConnectionFailure".into();
                 format!("connect {connect_to}: {e}")
             })?;
-            match copy::bidirectional(tcp, &mut up).await {
+            crate::sockets::tune_app_socket(&up, node.idle_bound);
+            match copy::bidirectional_bounded(tcp, &mut up, crate::sockets::bounds(node.idle_bound))
+                .await
+            {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    if e.failed == Failed::A {
+                    if e.failed == Failed::A || e.timed_out() {
                         reset_tcp(&up);
                     }
                     Err((e.a_to_b, e.b_to_a, e.to_string()))
@@ -224,10 +233,16 @@ async fn proxy(
                 labels.response_flags = "ConnectionFailure".into();
                 format!("inner tunnel through the gateway: {e}")
             })?;
-            match copy::bidirectional(tcp, &mut inner).await {
+            match copy::bidirectional_bounded(
+                tcp,
+                &mut inner,
+                crate::sockets::bounds(node.idle_bound),
+            )
+            .await
+            {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    if e.failed == Failed::A {
+                    if e.failed == Failed::A || e.timed_out() {
                         inner.abort();
                     }
                     Err((e.a_to_b, e.b_to_a, e.to_string()))
