@@ -150,9 +150,20 @@ impl Lab {
     }
 
     /// Holds one connection from `pod` to `to`, appends `policy` to the lab's topology (which
-    /// the control plane watches), and returns what the holder printed next (`closed` when the
-    /// connection was closed), waiting at most 20 s.
+    /// the control plane watches), and returns what the holder printed next (`closed...` when
+    /// the connection was closed), waiting at most 20 s.
     fn hold_until_policy(&self, pod: &str, to: &str, policy: &str) -> Option<String> {
+        let topology = self.dir.join("topology.yaml");
+        self.hold_until(pod, to, || {
+            let mut text = std::fs::read_to_string(&topology).unwrap();
+            text.push_str(policy);
+            std::fs::write(&topology, text).unwrap();
+        })
+    }
+
+    /// Holds one connection from `pod` to `to`, runs `act`, and returns what the holder printed
+    /// next: `closed` (a FIN), `closed by reset (...)`, or nothing within 20 s.
+    fn hold_until(&self, pod: &str, to: &str, act: impl FnOnce()) -> Option<String> {
         let mut hold = ferry()
             .args(["lab", "exec", pod, "--state-dir"])
             .arg(&self.dir)
@@ -165,10 +176,7 @@ impl Lab {
         let mut lines =
             std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
         assert_eq!(lines.next().unwrap().unwrap(), "held 1");
-        let topology = self.dir.join("topology.yaml");
-        let mut text = std::fs::read_to_string(&topology).unwrap();
-        text.push_str(policy);
-        std::fs::write(&topology, text).unwrap();
+        act();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(lines.next().and_then(Result::ok));
@@ -682,9 +690,8 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
     );
 
     // A long-lived connection is closed when a policy change stops allowing it.
-    assert_eq!(
-        lab.hold_until_policy("sleep", "198.18.2.20:8080", "  - name: deny-sleep-8080\n    namespace: default\n    selector: {app: echo}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/sleep]}]\n        to: [{ports: [8080]}]\n").as_deref(),
-        Some("closed"),
+    assert!(
+        lab.hold_until_policy("sleep", "198.18.2.20:8080", "  - name: deny-sleep-8080\n    namespace: default\n    selector: {app: echo}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/sleep]}]\n        to: [{ports: [8080]}]\n").is_some_and(|l| l.starts_with("closed")),
         "the held connection was not closed by the policy change"
     );
     lab.log_line(
@@ -699,9 +706,8 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
     // The same through a waypoint: a held connection to audit (the app speaks first, so the
     // waypoint carries it at L4 after a silent second) is closed by the waypoint when a policy
     // stops allowing its original source. The pod's node sees only the waypoint.
-    assert_eq!(
-        lab.hold_until_policy("echo-beta", "198.18.10.5:80", "  - name: deny-echo-audit\n    namespace: default\n    selector: {app: audit}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/echo]}]\n        to: [{ports: [8080]}]\n").as_deref(),
-        Some("closed"),
+    assert!(
+        lab.hold_until_policy("echo-beta", "198.18.10.5:80", "  - name: deny-echo-audit\n    namespace: default\n    selector: {app: audit}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/echo]}]\n        to: [{ports: [8080]}]\n").is_some_and(|l| l.starts_with("closed")),
         "the waypoint did not close the held tunnel on the policy change"
     );
     lab.log_line(
@@ -882,9 +888,14 @@ fn eventually(max: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
-    // Node proxies with a 2 s idle bound; the destination app reads to EOF and then never
-    // answers nor closes.
-    let Some(lab) = Lab::up_with_args(None, "fS", "soak", &["--idle-bound-seconds=2"]) else {
+    // Node proxies with a 2 s idle bound and a 1 s drain deadline; the destination app reads to
+    // EOF and then never answers nor closes.
+    let Some(lab) = Lab::up_with_args(
+        None,
+        "fS",
+        "soak",
+        &["--idle-bound-seconds=2", "--drain-seconds=1"],
+    ) else {
         return;
     };
     const FLOWS: usize = 50;
@@ -968,6 +979,33 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
             eventually(Duration::from_secs(15), || lab.node_fds(node) <= b + 4),
             "{node}: {} descriptors after abandoned flows, {b} before",
             lab.node_fds(node)
+        );
+    }
+
+    // Long-lived connections past a handover's drain deadline end with a FIN, never a reset:
+    // the destination's node proxy handed over, then the source's.
+    for node in [dst, src] {
+        let ended = lab.hold_until("sleep", "198.18.2.20:8080", || {
+            let out = ferry()
+                .args(["lab", "handover", node, "--state-dir"])
+                .arg(&lab.dir)
+                .args(["--id", &lab.id])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "handover of {node}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        });
+        assert_eq!(
+            ended.as_deref(),
+            Some("closed"),
+            "a connection held across the handover of {node}"
+        );
+        lab.log_line(
+            node,
+            &["drain deadline: ending the remaining connections with FIN"],
         );
     }
 }

@@ -23,7 +23,7 @@ pub struct Connection {
     addr: SocketAddr,
     send: h2::client::SendRequest<Bytes>,
     /// Set when the connection's driver task ends (error, GOAWAY, or close).
-    closed: Arc<AtomicBool>,
+    pub(crate) closed: Arc<AtomicBool>,
     /// Streams currently open (or reserved) on this connection.
     pub(crate) active: AtomicUsize,
 }

@@ -50,6 +50,8 @@ struct Direction {
     pos: usize,
     cap: usize,
     read_done: bool,
+    /// Reads only what is already there, then takes the next wait for EOF (a drain deadline).
+    finishing: bool,
     shut_down: bool,
     grow: bool,
     need_flush: bool,
@@ -69,6 +71,7 @@ impl Direction {
             pos: 0,
             cap: 0,
             read_done: false,
+            finishing: false,
             shut_down: false,
             grow: false,
             need_flush: false,
@@ -107,6 +110,7 @@ impl Direction {
                         }
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(DirError::Read(e))),
+                    Poll::Pending if self.finishing => self.read_done = true,
                     Poll::Pending => {
                         if self.need_flush {
                             ready!(w.as_mut().poll_flush(cx)).map_err(DirError::Write)?;
@@ -144,11 +148,15 @@ impl Direction {
 }
 
 /// Limits on a copy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Bounds {
     /// Once one direction has ended, the copy ends with a `TimedOut` error (on the side that
     /// should still be sending) when the other direction moves no byte for this long.
     pub half_closed_idle: Option<Duration>,
+    /// When this turns true (a drain deadline), both directions stop reading once nothing more
+    /// is ready, write out what they hold and shut their write side down: each peer gets a FIN
+    /// (or END_STREAM), never a reset, and the copy ends cleanly.
+    pub finish: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// Copies A->B and B->A until both directions reach EOF. Returns (bytes A->B, bytes B->A).
@@ -175,7 +183,23 @@ where
     let (mut ab_done, mut ba_done) = (false, false);
     // While half-closed: the quiet-time deadline, and the byte count it was last reset at.
     let mut quiet: Option<(Pin<Box<tokio::time::Sleep>>, u64)> = None;
+    let mut finish = Box::pin(async move {
+        match bounds.finish {
+            Some(mut rx) => {
+                if rx.wait_for(|v| *v).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    });
+    let mut finishing = false;
     poll_fn(|cx| {
+        if !finishing && finish.as_mut().poll(cx).is_ready() {
+            finishing = true;
+            ab.finishing = true;
+            ba.finishing = true;
+        }
         let fail = |failed, source, ab: &Direction, ba: &Direction| {
             Poll::Ready(Err(CopyError {
                 failed,

@@ -115,6 +115,24 @@ impl Pool {
         Self { inner }
     }
 
+    /// Lets go of every pooled connection: each closes (GOAWAY, TLS close_notify) once the
+    /// tunnels still on it are done. Waits up to `max` for them all to have closed.
+    pub async fn shutdown(&self, max: Duration) {
+        let entries: Vec<Arc<Entry>> = self
+            .inner
+            .conns
+            .lock()
+            .drain()
+            .flat_map(|(_, list)| list)
+            .collect();
+        let closed: Vec<_> = entries.iter().map(|e| e.conn.closed.clone()).collect();
+        drop(entries);
+        let deadline = Instant::now() + max;
+        while closed.iter().any(|c| !c.load(Ordering::Acquire)) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Handshakes performed so far (a new connection each).
     pub fn handshakes(&self) -> u64 {
         self.inner.handshakes.load(Ordering::Relaxed)

@@ -72,6 +72,7 @@ pub struct Server {
     settings: Settings,
     /// When it turns true, every connection is told to stop opening streams (GOAWAY).
     drain: Option<tokio::sync::watch::Receiver<bool>>,
+    finish: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -93,6 +94,7 @@ impl Server {
             trust_domain: creds.identity().trust_domain().to_string(),
             settings,
             drain: None,
+            finish: None,
         })
     }
 
@@ -100,6 +102,14 @@ impl Server {
     /// open new streams elsewhere.
     pub fn drain_on(mut self, drain: tokio::sync::watch::Receiver<bool>) -> Self {
         self.drain = Some(drain);
+        self
+    }
+
+    /// When `finish` turns true (the drain deadline), every tunnel still open is ended cleanly:
+    /// END_STREAM towards the client, FIN towards the target; the connection, already sent a
+    /// GOAWAY, then closes with a TLS close_notify.
+    pub fn finish_on(mut self, finish: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.finish = Some(finish);
         self
     }
 
@@ -161,6 +171,7 @@ impl Server {
         let (interval, ping_timeout) = (self.settings.ping_interval, self.settings.ping_timeout);
         let bounds = copy::Bounds {
             half_closed_idle: self.settings.half_closed_idle,
+            finish: self.finish.clone(),
         };
         let keepalive = async {
             match pings {
@@ -197,7 +208,7 @@ impl Server {
                 addr: peer_addr,
                 source,
             })?;
-            let (peer, handler) = (peer.clone(), handler.clone());
+            let (peer, handler, bounds) = (peer.clone(), handler.clone(), bounds.clone());
             tokio::spawn(async move {
                 serve_stream(request, respond, peer, peer_addr, handler, bounds).await
             });

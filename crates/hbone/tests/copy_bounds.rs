@@ -28,6 +28,7 @@ async fn a_half_closed_copy_that_goes_quiet_ends_after_the_bound() {
             &mut b,
             Bounds {
                 half_closed_idle: Some(BOUND),
+                finish: None,
             },
         )
         .await
@@ -63,6 +64,7 @@ async fn a_half_closed_direction_that_keeps_moving_is_not_cut() {
             &mut b,
             Bounds {
                 half_closed_idle: Some(BOUND),
+                finish: None,
             },
         )
         .await

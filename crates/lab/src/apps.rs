@@ -227,7 +227,8 @@ pub fn bench(
 }
 
 /// Opens `n` connections through Ferry to `target` and holds them until stdin closes, or, with
-/// `until_closed`, until the first of them is closed by the other side (then prints `closed`).
+/// `until_closed`, until the first of them is closed by the other side (then prints `closed`
+/// for a FIN, `closed by reset (<error>)` otherwise).
 pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -246,14 +247,17 @@ pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<
                     let mut b = [0u8; 1024];
                     loop {
                         match c.read(&mut b).await {
-                            Ok(0) | Err(_) => return,
+                            Ok(0) => return None,
+                            Err(e) => return Some(e),
                             Ok(_) => {}
                         }
                     }
                 });
             }
-            let _ = set.join_next().await;
-            println!("closed");
+            match set.join_next().await {
+                Some(Ok(Some(e))) => println!("closed by reset ({e})"),
+                _ => println!("closed"),
+            }
             return Ok(());
         }
         let mut stdin = tokio::io::stdin();

@@ -82,6 +82,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Metrics::default(),
         conns: crate::conns::Conns::default(),
         drain: tokio::sync::watch::channel(false).0,
+        finish: tokio::sync::watch::channel(false).0,
+        hbone_conns: AtomicU64::new(0),
         capture_repairs: AtomicU64::new(0),
         acceptor: crate::accept::Acceptor::default(),
         idle_bound: config.idle_bound,
@@ -118,12 +120,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     node.stop_accepting();
     let deadline = tokio::time::Instant::now() + config.drain;
-    while node.active() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until(deadline, || node.active() == 0).await;
+    // The deadline: what is still open ends with a FIN (END_STREAM in tunnels), and the peers
+    // get a moment to finish their side; then the HBONE connections close with close_notify.
+    let left = node.active();
+    if left > 0 {
+        tracing::info!(
+            left,
+            "drain deadline: ending the remaining connections with FIN"
+        );
+        node.finish.send_replace(true);
+        wait_until(tokio::time::Instant::now() + FINISH_GRACE, || {
+            node.active() == 0
+        })
+        .await;
     }
+    node.pool.shutdown(Duration::from_secs(2)).await;
+    wait_until(tokio::time::Instant::now() + Duration::from_secs(2), || {
+        node.hbone_conns.load(std::sync::atomic::Ordering::Relaxed) == 0
+    })
+    .await;
     tracing::info!(left = node.active(), "node proxy stopped");
     let _ = std::fs::remove_file(&config.api_socket);
     Ok(())
+}
+
+/// How long, past the drain deadline, peers get to finish their side of connections that were
+/// ended with a FIN (a tunnel waits up to 5 s for its peer's END_STREAM).
+const FINISH_GRACE: Duration = Duration::from_secs(6);
+
+/// Polls `done` every 20 ms until it holds or `deadline` passes.
+async fn wait_until(deadline: tokio::time::Instant, done: impl Fn() -> bool) {
+    while !done() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Keeps certificates of this node's workloads fetched ahead of their first connection, and

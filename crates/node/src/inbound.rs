@@ -240,8 +240,10 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
                     ..Settings::default()
                 },
             )
-            .map(|s| s.drain_on(node.drain.subscribe()))
-            {
+            .map(|s| {
+                s.drain_on(node.drain.subscribe())
+                    .finish_on(node.finish.subscribe())
+            }) {
                 Ok(s) => {
                     let s = Arc::new(s);
                     current = Some((leaf, s.clone()));
@@ -253,11 +255,13 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
                 }
             },
         };
-        let handler = handler.clone();
+        let (handler, node) = (handler.clone(), node.clone());
+        node.hbone_conns.fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
             if let Err(e) = server.serve_connection(tcp, peer, handler).await {
                 tracing::debug!(peer = %peer, error = %e, "HBONE connection ended with an error");
             }
+            node.hbone_conns.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }
@@ -327,18 +331,15 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
                 .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
                 .await
                 .map_err(|e| e.to_string())?;
-            let r = copy::bidirectional_bounded(
-                &mut tcp,
-                &mut tunnel,
-                crate::sockets::bounds(node.idle_bound),
-            )
-            .await
-            .map_err(|e| {
-                if e.failed == Failed::A || e.timed_out() {
-                    tunnel.abort();
-                }
-                e.to_string()
-            });
+            let r =
+                copy::bidirectional_bounded(&mut tcp, &mut tunnel, crate::sockets::bounds(&node))
+                    .await
+                    .map_err(|e| {
+                        if e.failed == Failed::A || e.timed_out() {
+                            tunnel.abort();
+                        }
+                        e.to_string()
+                    });
             let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
             node.metrics.closed(&l, s, rcv);
             return r;
@@ -352,12 +353,8 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
         let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
         node.conns
             .track(id, pod.clone(), None, peer, orig.port(), &up);
-        let r = match copy::bidirectional_bounded(
-            &mut tcp,
-            &mut up,
-            crate::sockets::bounds(node.idle_bound),
-        )
-        .await
+        let r = match copy::bidirectional_bounded(&mut tcp, &mut up, crate::sockets::bounds(&node))
+            .await
         {
             Ok(v) => Ok(v),
             Err(e) => {

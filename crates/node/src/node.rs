@@ -75,6 +75,11 @@ pub struct Node {
     pub conns: crate::conns::Conns,
     /// Turns true when the node proxy drains: HBONE connections get a GOAWAY.
     pub drain: tokio::sync::watch::Sender<bool>,
+    /// Turns true at the drain deadline: every connection still open is ended with a FIN (and
+    /// END_STREAM in its tunnel), never a reset.
+    pub finish: tokio::sync::watch::Sender<bool>,
+    /// HBONE connections being served (closed with a TLS close_notify when they end).
+    pub(crate) hbone_conns: AtomicU64,
     /// Capture rules found missing and put back.
     pub capture_repairs: AtomicU64,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.

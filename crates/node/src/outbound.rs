@@ -152,12 +152,7 @@ async fn proxy(
                     labels.response_flags = "ConnectionFailure".into();
                     e.to_string()
                 })?;
-            match copy::bidirectional_bounded(
-                tcp,
-                &mut tunnel,
-                crate::sockets::bounds(node.idle_bound),
-            )
-            .await
+            match copy::bidirectional_bounded(tcp, &mut tunnel, crate::sockets::bounds(node)).await
             {
                 Ok((sent, recv)) => Ok((sent, recv)),
                 Err(e) => {
@@ -174,9 +169,7 @@ async fn proxy(
                 format!("connect {connect_to}: {e}")
             })?;
             crate::sockets::tune_app_socket(&up, node.idle_bound);
-            match copy::bidirectional_bounded(tcp, &mut up, crate::sockets::bounds(node.idle_bound))
-                .await
-            {
+            match copy::bidirectional_bounded(tcp, &mut up, crate::sockets::bounds(node)).await {
                 Ok(v) => Ok(v),
                 Err(e) => {
                     if e.failed == Failed::A || e.timed_out() {
@@ -233,13 +226,7 @@ async fn proxy(
                 labels.response_flags = "ConnectionFailure".into();
                 format!("inner tunnel through the gateway: {e}")
             })?;
-            match copy::bidirectional_bounded(
-                tcp,
-                &mut inner,
-                crate::sockets::bounds(node.idle_bound),
-            )
-            .await
-            {
+            match copy::bidirectional_bounded(tcp, &mut inner, crate::sockets::bounds(node)).await {
                 Ok(v) => Ok(v),
                 Err(e) => {
                     if e.failed == Failed::A || e.timed_out() {

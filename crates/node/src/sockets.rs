@@ -26,9 +26,10 @@ pub(crate) fn tune_app_socket(tcp: &TcpStream, bound: Duration) {
     }
 }
 
-/// The copy bounds of a connection through this node.
-pub(crate) fn bounds(bound: Duration) -> Bounds {
+/// The copy bounds of a connection through this node: its idle bound, and its drain deadline.
+pub(crate) fn bounds(node: &crate::node::Node) -> Bounds {
     Bounds {
-        half_closed_idle: Some(bound),
+        half_closed_idle: Some(node.idle_bound),
+        finish: Some(node.finish.subscribe()),
     }
 }
