@@ -192,6 +192,25 @@ pub(crate) enum LabCommand {
     /// Restart one node proxy; its pods are enrolled again.
     RestartNode {
         node: String,
+        /// SIGKILL instead of a drain (a crash).
+        #[arg(long)]
+        kill: bool,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Stop one node proxy and leave it stopped (its pods stay captured: their traffic is
+    /// refused, never sent around the proxy); `start-node` brings it back.
+    StopNode {
+        node: String,
+        /// SIGKILL instead of a drain (a crash).
+        #[arg(long)]
+        kill: bool,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Start a stopped node proxy; it serves its enrolled pods again from its own state.
+    StartNode {
+        node: String,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -493,9 +512,19 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             println!("ok={ok} failed={failed}");
             Ok(ExitCode::SUCCESS)
         }
-        LabCommand::RestartNode { node, lab } => {
-            build::restart_node(&lab.state_dir, &node)?;
-            println!("ferry lab: node {node} restarted, its pods enrolled again");
+        LabCommand::RestartNode { node, kill, lab } => {
+            build::restart_node(&lab.state_dir, &node, kill)?;
+            println!("ferry lab: node {node} restarted; it serves its pods again");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::StopNode { node, kill, lab } => {
+            build::stop_node(&lab.state_dir, &node, kill)?;
+            println!("ferry lab: node {node} stopped; its pods stay captured");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::StartNode { node, lab } => {
+            build::start_node(&lab.state_dir, &node)?;
+            println!("ferry lab: node {node} started; it serves its pods again");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Echo { name, ports } => {

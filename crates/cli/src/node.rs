@@ -37,6 +37,10 @@ pub(crate) struct NodeArgs {
     /// which an app peer that vanished is noticed (TCP keepalive, user timeout).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_bound_seconds: u64,
+    /// Where the enrolled pods are kept, so a restarted node proxy serves them again without
+    /// the CNI agent enrolling them anew. Default: beside the API socket (`<api>.pods`).
+    #[arg(long)]
+    state_file: Option<PathBuf>,
     /// LOCAL EXPERIMENTS ONLY: talk to the control plane without TLS.
     #[arg(long)]
     plaintext: bool,
@@ -85,6 +89,11 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
             admin: args.admin,
             drain: Duration::from_secs(args.drain_seconds),
             idle_bound: Duration::from_secs(args.idle_bound_seconds),
+            state_file: Some(args.state_file.clone().unwrap_or_else(|| {
+                let mut p = args.api.clone().into_os_string();
+                p.push(".pods");
+                PathBuf::from(p)
+            })),
             plaintext: args.plaintext,
         }))
     })

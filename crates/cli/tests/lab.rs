@@ -982,6 +982,64 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
         );
     }
 
+    // kill -9 of the source's node proxy: while it is down, the pod's connections are refused
+    // and nothing reaches the destination around the proxy (its node proxy, which captures the
+    // destination pod's inbound traffic, sees nothing from the pod).
+    let lab_cmd = |args: &[&str]| {
+        let out = ferry()
+            .arg("lab")
+            .args(args)
+            .arg("--state-dir")
+            .arg(&lab.dir)
+            .args(["--id", &lab.id])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "lab {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    lab_cmd(&["stop-node", src, "--kill"]);
+    let mark = lab.log(dst).len();
+    for to in ["198.18.2.20:8080", "198.18.10.1:80", "198.18.3.90:8080"] {
+        lab.send("sleep", to, "while down")
+            .expect_err("no connection while the node proxy is down");
+    }
+    assert!(
+        !lab.log(dst)[mark..].contains("198.18.1.10"),
+        "traffic from sleep reached {dst} while its node proxy was down:\n{}",
+        &lab.log(dst)[mark..]
+    );
+    // Restarted, it serves the pod again from its own state, without re-enrollment; a pod in
+    // that state it cannot serve is reported, and does not make it unready.
+    let state_file = lab.dir.join(format!("{src}.pods"));
+    let mut pods = std::fs::read_to_string(&state_file).unwrap();
+    assert!(pods.contains("/Pod/default/sleep "), "{pods}");
+    pods.push_str("alpha//v1/Pod/default/ghost /var/run/netns/ferry-test-no-such-netns\n");
+    std::fs::write(&state_file, pods).unwrap();
+    lab_cmd(&["start-node", src]);
+    let r = lab
+        .send("sleep", "198.18.2.20:8080", "back")
+        .expect("served again");
+    assert!(r.contains("back"), "{r}");
+    let admin = lab.state(&["nodes", src, "admin"]);
+    let admin = admin.as_str().unwrap();
+    // (The restored pod waits a moment for its workload to appear in the mesh first.)
+    let mut ready = String::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            ready = lab.admin_get(src, admin, "/ready");
+            ready.starts_with("HTTP/1.1 200")
+                && ready.contains("not served: alpha//v1/Pod/default/ghost")
+        }),
+        "{ready}"
+    );
+    assert!(
+        lab.metrics(src, admin).contains("ferry_pods_unserved 1"),
+        "the unserved pod is not counted"
+    );
+
     // Long-lived connections past a handover's drain deadline end with a FIN, never a reset:
     // the destination's node proxy handed over, then the source's.
     for node in [dst, src] {

@@ -307,6 +307,12 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
             &api.display().to_string(),
             "--admin",
             &admin,
+            "--state-file",
+            &opts
+                .state_dir
+                .join(format!("{}.pods", n.name))
+                .display()
+                .to_string(),
         ]
         .iter()
         .map(ToString::to_string)
@@ -613,25 +619,57 @@ pub fn down(state_dir: &Path) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Restarts one node proxy and enrolls its pods again (as a CNI agent would replay them).
-pub fn restart_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+/// Restarts one node proxy (SIGTERM and drain, or with `kill`, SIGKILL at once). The new
+/// process serves the node's pods again from its own enrollment state: nothing is re-enrolled.
+pub fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+    stop_node(state_dir, node, kill)?;
+    start_node(state_dir, node)
+}
+
+/// Stops one node proxy: SIGTERM and wait for its drain, or SIGKILL. Its pods stay enrolled
+/// and captured: their traffic is refused until a node proxy serves them again.
+pub fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+    let state = State::load(state_dir).context("no lab is up")?;
+    let n = state
+        .nodes
+        .get(node)
+        .with_context(|| format!("no node {node}"))?;
+    if kill {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(n.pid as i32);
+        let _ = kill(pid, Signal::SIGKILL);
+        wait_for(
+            "the killed node proxy to exit",
+            Duration::from_secs(10),
+            || {
+                let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+                kill(pid, None).is_err()
+            },
+        )
+    } else {
+        stop_and_wait(n.pid, "the old node proxy to exit", Duration::from_secs(40))
+    }
+}
+
+/// Starts a node proxy for `node` (which must not be running) and waits until it serves every
+/// pod enrolled on the node.
+pub fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::load(state_dir).context("no lab is up")?;
     let n = state
         .nodes
         .get(node)
         .with_context(|| format!("no node {node}"))?;
-    let (old, netns, api, log, args) = (
-        n.pid,
+    let (netns, api, log, args) = (
         n.netns.clone(),
         n.api.clone(),
         n.log.clone(),
         n.args.clone(),
     );
-    stop_and_wait(old, "the old node proxy to exit", Duration::from_secs(40))?;
     let _ = std::fs::remove_file(&api);
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
-    writeln!(logfile, "--- restarted by ferry lab ---")?;
+    writeln!(logfile, "--- started again by ferry lab ---")?;
     let pid = spawn_append(&mut state, &netns, &argv, &log)?;
     if let Some(n) = state.nodes.get_mut(node) {
         n.pid = pid;
@@ -640,17 +678,45 @@ pub fn restart_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     wait_for("the restarted node proxy", Duration::from_secs(20), || {
         api.exists()
     })?;
-    for p in state
+    wait_served(&state, node, &api)
+}
+
+/// Waits until the node proxy behind `api` serves every pod enrolled on `node` (restored from
+/// its own state; nothing is enrolled again).
+fn wait_served(state: &State, node: &str, api: &Path) -> anyhow::Result<()> {
+    let expected: Vec<String> = state
         .pods
         .values()
         .filter(|p| p.enrolled && p.node.as_deref() == Some(node))
-    {
-        let answer = api_call(&api, &format!("add {} /var/run/netns/{}", p.uid, p.netns))?;
-        if answer.trim() != "ok" {
-            bail!("re-enrolling {}: {}", p.uid, answer.trim());
+        .map(|p| p.uid.clone())
+        .collect();
+    wait_for(
+        "the node proxy to serve its enrolled pods again",
+        Duration::from_secs(30),
+        || {
+            api_list(api)
+                .is_ok_and(|served| expected.iter().all(|u| served.iter().any(|(s, _)| s == u)))
+        },
+    )
+}
+
+/// The pods a node proxy serves: (uid, netns path).
+pub fn api_list(socket: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"list\n")?;
+    let mut out = Vec::new();
+    for line in BufReader::new(s).lines() {
+        let line = line?;
+        if line == "end" {
+            return Ok(out);
+        }
+        if let Some((u, p)) = line.split_once(' ') {
+            out.push((u.to_string(), p.to_string()));
         }
     }
-    Ok(())
+    anyhow::bail!("the list ended without `end`")
 }
 
 fn spawn_append(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyhow::Result<u32> {
@@ -668,8 +734,9 @@ fn spawn_append(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyho
 }
 
 /// Hands a node's pods over to a new node proxy process without refusing a connection: the new
-/// process opens its listeners beside the old one's (SO_REUSEPORT) and keeps the capture rules
-/// as they are; only then does the old one drain and exit (its queued connections migrate).
+/// process reads the node's enrollment state, opens its listeners beside the old one's
+/// (SO_REUSEPORT) and keeps the capture rules as they are; only then does the old one drain and
+/// exit (its queued connections migrate).
 pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::load(state_dir).context("no lab is up")?;
     let n = state
@@ -699,20 +766,8 @@ pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     wait_for("the new node proxy", Duration::from_secs(20), || {
         api.exists()
     })?;
-    for p in state
-        .pods
-        .values()
-        .filter(|p| p.enrolled && p.node.as_deref() == Some(node))
-    {
-        let answer = api_call(&api, &format!("add {} /var/run/netns/{}", p.uid, p.netns))?;
-        if answer.trim() != "ok" {
-            bail!(
-                "enrolling {} in the new node proxy: {}",
-                p.uid,
-                answer.trim()
-            );
-        }
-    }
+    // It serves the node's pods from the shared enrollment state, beside the old one.
+    wait_served(&state, node, &api)?;
     // Only now does the old one stop accepting and drain.
     stop_and_wait(
         old,

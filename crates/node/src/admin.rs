@@ -37,7 +37,12 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
     match path {
         "/ready" | "/healthz/ready" => {
             if ready {
-                ("200 OK", "text/plain", "ready\n".into())
+                // Pods it cannot serve are named, but never hold the others back.
+                let mut body = String::from("ready\n");
+                for (uid, (netns, why)) in node.unserved.lock().iter() {
+                    body.push_str(&format!("not served: {uid} ({}): {why}\n", netns.display()));
+                }
+                ("200 OK", "text/plain", body)
             } else {
                 (
                     "503 Service Unavailable",
@@ -53,6 +58,11 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 node.capture_repairs.load(std::sync::atomic::Ordering::Relaxed)
             ));
             text.push_str(&crate::accept::render(&node.acceptor));
+            text.push_str(&format!(
+                "# HELP ferry_pods_served Enrolled pods this node proxy serves.\n# TYPE ferry_pods_served gauge\nferry_pods_served {}\n# HELP ferry_pods_unserved Enrolled pods it cannot serve (their traffic stays blocked).\n# TYPE ferry_pods_unserved gauge\nferry_pods_unserved {}\n",
+                node.pods().len(),
+                node.unserved.lock().len()
+            ));
             ("200 OK", "text/plain; version=0.0.4", text)
         }
         "/config_dump" => {

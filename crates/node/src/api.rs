@@ -47,11 +47,23 @@ async fn handle(node: &Arc<Node>, line: &str) -> String {
             .enroll(uid, Path::new(netns), Duration::from_secs(30))
             .await
         {
-            Ok(_) => "ok\n".into(),
+            Ok(_) => {
+                node.unserved
+                    .lock()
+                    .remove(&ferry_core::model::WorkloadUid::new(*uid));
+                crate::enrollment::save(node);
+                "ok\n".into()
+            }
             Err(e) => format!("error: {e}\n"),
         },
         ["del", uid] => {
-            if node.remove(uid).await {
+            let unserved = node
+                .unserved
+                .lock()
+                .remove(&ferry_core::model::WorkloadUid::new(*uid))
+                .is_some();
+            if node.remove(uid).await || unserved {
+                crate::enrollment::save(node);
                 "ok\n".into()
             } else {
                 "error: not enrolled\n".into()

@@ -35,6 +35,8 @@ pub struct Config {
     pub drain: Duration,
     /// See [`Node::idle_bound`].
     pub idle_bound: Duration,
+    /// See [`Node::state_file`].
+    pub state_file: Option<PathBuf>,
     pub plaintext: bool,
 }
 
@@ -84,6 +86,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         drain: tokio::sync::watch::channel(false).0,
         finish: tokio::sync::watch::channel(false).0,
         hbone_conns: AtomicU64::new(0),
+        state_file: config.state_file.clone(),
+        unserved: Mutex::default(),
+        enrolling: Mutex::default(),
         capture_repairs: AtomicU64::new(0),
         acceptor: crate::accept::Acceptor::default(),
         idle_bound: config.idle_bound,
@@ -104,6 +109,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tracing::error!(path = %api_path.display(), error = %e, "the enrollment API stopped");
         }
     });
+    {
+        // Serve again the pods enrolled before a restart, once the mesh is known.
+        let (node, mut ready) = (node.clone(), ready.clone());
+        tokio::spawn(async move {
+            let _ = ready.wait_for(|r| *r).await;
+            crate::enrollment::restore(&node).await;
+        });
+    }
     tokio::spawn(prefetch(node.clone(), ready));
     tokio::spawn(recheck(node.clone()));
     tokio::spawn(reconcile(node.clone()));
@@ -225,6 +238,7 @@ fn raise_fd_limit() {
 async fn reconcile(node: Arc<Node>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
+        crate::enrollment::retry_unserved(&node).await;
         for pod in node.pods() {
             let path = pod.netns.path().to_path_buf();
             if !path.exists() {

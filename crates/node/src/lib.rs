@@ -18,6 +18,7 @@ pub mod api;
 pub mod app;
 pub mod capture;
 pub mod conns;
+pub mod enrollment;
 pub mod gateway;
 pub mod inbound;
 pub mod l7;

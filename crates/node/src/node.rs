@@ -80,6 +80,12 @@ pub struct Node {
     pub finish: tokio::sync::watch::Sender<bool>,
     /// HBONE connections being served (closed with a TLS close_notify when they end).
     pub(crate) hbone_conns: AtomicU64,
+    /// Where the enrolled pods are kept across restarts ([`crate::enrollment`]).
+    pub state_file: Option<PathBuf>,
+    /// One lock per pod being enrolled.
+    pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
+    /// Enrolled pods this process cannot serve, with their namespace and why.
+    pub unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
     /// Capture rules found missing and put back.
     pub capture_repairs: AtomicU64,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
@@ -145,6 +151,14 @@ impl Node {
         wait: Duration,
     ) -> Result<Arc<Pod>, EnrollError> {
         let uid = WorkloadUid::new(uid);
+        // One enrollment of a pod at a time (the API and a restore may race).
+        let lock = self
+            .enrolling
+            .lock()
+            .entry(uid.clone())
+            .or_default()
+            .clone();
+        let _one = lock.lock().await;
         if let Some(p) = self.pods.lock().get(&uid) {
             return Ok(p.clone());
         }

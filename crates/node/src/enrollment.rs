@@ -1,0 +1,119 @@
+//! What this node has been asked to serve, kept on disk so that a node proxy that restarts
+//! (after a crash, kill -9, or upgrade) serves every enrolled pod again without the CNI agent
+//! replaying anything, and reports the pods it cannot serve.
+//!
+//! The file holds one `<pod uid> <netns path>` line per enrolled pod; it is replaced whole
+//! (write to a temporary file, then rename) after every `add` and `del`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::model::WorkloadUid;
+
+use crate::node::Node;
+
+/// How long a restored pod may wait for its workload to appear in the first xDS snapshot.
+const RESTORE_WAIT: Duration = Duration::from_secs(10);
+
+/// Reads the enrolled pods from `path` (none if the file does not exist). Malformed lines are
+/// skipped with a warning naming them.
+pub fn load(path: &Path) -> Vec<(String, PathBuf)> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "cannot read the enrollment state");
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+            [] => {}
+            [uid, netns] => out.push(((*uid).to_string(), PathBuf::from(netns))),
+            _ => {
+                tracing::warn!(path = %path.display(), line = i + 1, "skipping a malformed enrollment line (expected `<uid> <netns path>`)")
+            }
+        }
+    }
+    out
+}
+
+/// Writes what `node` has been asked to serve: its pods, and the enrolled pods it cannot serve.
+pub fn save(node: &Node) {
+    let Some(path) = &node.state_file else { return };
+    let mut pods: BTreeMap<String, PathBuf> = node.enrolled().into_iter().collect();
+    for (uid, (netns, _)) in node.unserved.lock().iter() {
+        pods.insert(uid.to_string(), netns.clone());
+    }
+    let text: String = pods
+        .iter()
+        .map(|(u, p)| format!("{u} {}\n", p.display()))
+        .collect();
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        tracing::error!(path = %path.display(), error = %e, "cannot save the enrollment state");
+    }
+}
+
+/// Serves again every pod in the state file; a pod that cannot be served is recorded (and
+/// reported by `/ready`, `/metrics` and the log) and tried again by [`retry_unserved`].
+pub async fn restore(node: &Arc<Node>) {
+    let Some(path) = node.state_file.clone() else {
+        return;
+    };
+    let pods = load(&path);
+    if pods.is_empty() {
+        return;
+    }
+    tracing::info!(pods = pods.len(), path = %path.display(), "serving the enrolled pods again");
+    let mut all = tokio::task::JoinSet::new();
+    for (uid, netns) in pods {
+        let node = node.clone();
+        all.spawn(async move { serve_one(&node, &uid, &netns, RESTORE_WAIT).await });
+    }
+    while all.join_next().await.is_some() {}
+    save(node);
+}
+
+/// Tries the unserved pods again (their namespace may be back, their workload known now).
+pub async fn retry_unserved(node: &Arc<Node>) {
+    let pending: Vec<(WorkloadUid, PathBuf)> = node
+        .unserved
+        .lock()
+        .iter()
+        .map(|(u, (p, _))| (u.clone(), p.clone()))
+        .collect();
+    for (uid, netns) in pending {
+        serve_one(node, uid.as_str(), &netns, Duration::ZERO).await;
+    }
+}
+
+async fn serve_one(node: &Arc<Node>, uid: &str, netns: &Path, wait: Duration) {
+    match node.enroll(uid, netns, wait).await {
+        Ok(_) => {
+            if node
+                .unserved
+                .lock()
+                .remove(&WorkloadUid::new(uid))
+                .is_some()
+            {
+                tracing::info!(pod = %uid, "an enrolled pod that could not be served is served now");
+            }
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            let mut unserved = node.unserved.lock();
+            let known = unserved
+                .get(&WorkloadUid::new(uid))
+                .is_some_and(|(_, r)| *r == reason);
+            if !known {
+                tracing::error!(pod = %uid, netns = %netns.display(), reason = %reason, "an enrolled pod cannot be served; its traffic stays blocked");
+            }
+            unserved.insert(WorkloadUid::new(uid), (netns.to_path_buf(), reason));
+        }
+    }
+}
