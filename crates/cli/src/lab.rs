@@ -118,6 +118,18 @@ pub(crate) enum LabCommand {
         #[arg(long)]
         round_trips: usize,
     },
+    /// Node proxy memory per idle proxied connection (at each count), and after they are gone
+    /// against the idle footprint, same run.
+    BenchMemory {
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        #[arg(long, default_value = "echo-alpha-2")]
+        to: String,
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+        counts: Vec<usize>,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// HTTP requests through a waypoint against the L4-only Ferry path and the direct path,
     /// same run, same pod; with the waypoints' CPU per 1,000 requests.
     BenchHttp {
@@ -312,6 +324,15 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             lab,
         } => {
             bench(&lab, &from, &to, bulk_mib, round_trips, conns, idle)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::BenchMemory {
+            from,
+            to,
+            counts,
+            lab,
+        } => {
+            crate::lab_memory::run(&lab.state_dir, &from, &to, &counts)?;
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::BenchHttp {
@@ -620,17 +641,6 @@ fn print_status(state: &State) {
     println!("tear down:      ferry lab down");
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[allow(clippy::too_many_arguments)]
 fn bench(
     lab: &LabArgs,
@@ -678,7 +688,10 @@ fn bench(
         .flatten()
         .filter_map(|n| state.nodes.get(n).map(|p| (n, p.pid)))
         .collect();
-    let before: Vec<u64> = nodes.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+    let before: Vec<u64> = nodes
+        .iter()
+        .map(|(_, pid)| crate::lab_memory::rss_kib(*pid))
+        .collect();
     let mut child = Command::new("ip")
         .args(["netns", "exec", &src.netns])
         .arg(&exe)
@@ -699,7 +712,10 @@ fn bench(
         bail!("holding {idle} connections failed");
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let after: Vec<u64> = nodes.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+    let after: Vec<u64> = nodes
+        .iter()
+        .map(|(_, pid)| crate::lab_memory::rss_kib(*pid))
+        .collect();
     drop(child.stdin.take());
     let _ = child.wait();
     for (((name, _), b), a) in nodes.iter().zip(&before).zip(&after) {

@@ -65,7 +65,12 @@ impl PoolKey {
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
     pub max_streams: usize,
+    /// The first idle connection of a key is kept this long (a warm connection for the next
+    /// burst).
     pub idle_timeout: Duration,
+    /// Further idle connections of the same key (left over from a burst) go after this long,
+    /// so the memory a spike took comes back soon.
+    pub surplus_idle_timeout: Duration,
     pub settings: Settings,
     /// Makes the TCP connections (a node proxy dials from inside each pod's namespace).
     pub dialer: std::sync::Arc<dyn crate::client::Dialer>,
@@ -76,6 +81,7 @@ impl Default for PoolConfig {
         Self {
             max_streams: 100,
             idle_timeout: Duration::from_secs(300),
+            surplus_idle_timeout: Duration::from_secs(10),
             settings: Settings::default(),
             dialer: std::sync::Arc::new(crate::client::DirectDialer),
         }
@@ -280,7 +286,8 @@ impl Pool {
 /// Drops idle and broken connections until the pool is gone.
 async fn reap(inner: Weak<Inner>) {
     let period = match inner.upgrade() {
-        Some(i) => (i.config.idle_timeout / 4).max(Duration::from_millis(10)),
+        Some(i) => (i.config.idle_timeout.min(i.config.surplus_idle_timeout) / 4)
+            .max(Duration::from_millis(10)),
         None => return,
     };
     let mut tick = tokio::time::interval(period);
@@ -289,19 +296,25 @@ async fn reap(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else { return };
         let now = Instant::now();
         let timeout = inner.config.idle_timeout;
+        let surplus = inner.config.surplus_idle_timeout.min(timeout);
         let mut conns = inner.conns.lock();
         for list in conns.values_mut() {
+            let mut idle_kept = 0;
             list.retain(|e| {
                 if e.conn.is_closed() {
                     return false;
                 }
                 let idle = e.conn.active.load(Ordering::Acquire) == 0;
                 let mut since = e.idle_since.lock();
+                let limit = if idle_kept == 0 { timeout } else { surplus };
                 match (*since, idle) {
                     (_, false) => *since = None,
                     (None, true) => *since = Some(now),
-                    (Some(t), true) if now.duration_since(t) >= timeout => return false,
+                    (Some(t), true) if now.duration_since(t) >= limit => return false,
                     (Some(_), true) => {}
+                }
+                if idle {
+                    idle_kept += 1;
                 }
                 true
             });

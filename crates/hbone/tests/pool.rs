@@ -318,3 +318,44 @@ async fn a_vanished_peer_is_detected_by_ping_and_the_connection_evicted() {
         "the tunnel on a dead connection fails instead of hanging"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_left_over_from_a_burst_close_soon_and_one_stays_warm() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let hbone = hbone_server(
+        &ca,
+        SERVER,
+        Arc::new(Recorder::default()),
+        Settings::default(),
+    )
+    .await;
+    let client = ClientSide::new(
+        ca.clone(),
+        PoolConfig {
+            max_streams: 1,
+            idle_timeout: Duration::from_secs(600),
+            surplus_idle_timeout: Duration::from_millis(200),
+            ..PoolConfig::default()
+        },
+    );
+    // A burst: three tunnels at once need three connections (one stream each).
+    let (a, b, c) = tokio::join!(
+        client.open(hbone, echo),
+        client.open(hbone, echo),
+        client.open(hbone, echo)
+    );
+    let burst = [a.unwrap(), b.unwrap(), c.unwrap()];
+    assert_eq!(client.pool.connections(), 3);
+    drop(burst);
+    eventually(
+        "the surplus idle connections to close",
+        Duration::from_secs(10),
+        || client.pool.connections() == 1,
+    )
+    .await;
+    // The one kept is warm: the next tunnel needs no handshake.
+    let handshakes = client.pool.handshakes();
+    let _t = client.open(hbone, echo).await.unwrap();
+    assert_eq!(client.pool.handshakes(), handshakes);
+}

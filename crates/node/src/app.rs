@@ -96,6 +96,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         by_ip,
         connections: AtomicU64::new(0),
         active: AtomicU64::new(0),
+        peak_active: AtomicU64::new(0),
     });
     let admin = tokio::net::TcpListener::bind(config.admin)
         .await
@@ -120,6 +121,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(prefetch(node.clone(), ready));
     tokio::spawn(recheck(node.clone()));
     tokio::spawn(reconcile(node.clone()));
+    tokio::spawn(crate::memory::give_back(node.clone()));
     println!(
         "ferry node {}: enrollment API on {}, admin on http://{admin_addr}/ (ready, config_dump, certs, metrics)",
         config.name,

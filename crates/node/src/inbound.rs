@@ -168,7 +168,7 @@ impl Handler for Inbound {
             let addr = resolve(&node, &pod, &target)?;
             node.metrics
                 .opened(&labels(&node, &pod, Some(&peer), "-", Some(&headers)));
-            node.active.fetch_add(1, Ordering::Relaxed);
+            node.opened();
             let up = pod.netns.connect(None, addr).await.map_err(|e| {
                 node.active.fetch_sub(1, Ordering::Relaxed);
                 Refusal::Unavailable(format!("connect {addr}: {e}"))

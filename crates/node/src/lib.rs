@@ -24,6 +24,7 @@ pub mod inbound;
 pub mod l7;
 pub mod l7_metrics;
 pub mod l7_upstream;
+mod memory;
 pub mod netns;
 pub mod node;
 pub mod outbound;

@@ -97,6 +97,8 @@ pub struct Node {
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,
     pub(crate) active: AtomicU64,
+    /// The most connections open at once since memory was last given back.
+    pub(crate) peak_active: AtomicU64,
 }
 
 /// Dials tunnels from inside the source pod's namespace.
@@ -135,6 +137,12 @@ impl Node {
     /// Open proxied connections.
     pub fn active(&self) -> u64 {
         self.active.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more open connection (and the peak since memory was last given back).
+    pub(crate) fn opened(&self) {
+        let now = self.active.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_active.fetch_max(now, Ordering::Relaxed);
     }
 
     pub fn pods(&self) -> Vec<Arc<Pod>> {

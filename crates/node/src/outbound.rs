@@ -30,7 +30,7 @@ async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: Socket
     let started = Instant::now();
     crate::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);
-    node.active.fetch_add(1, Ordering::Relaxed);
+    node.opened();
     let mut log = AccessLog {
         direction: "outbound",
         src_addr: peer.to_string(),
