@@ -438,6 +438,8 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "direction=\"inbound\"",
             "src.identity=spiffe://cluster.local/ns/default/sa/audit-waypoint",
             "dst.addr=198.18.3.60:8081",
+            // The original source rides in the tunnel's metadata, for the log.
+            "path=hbone from waypoint spiffe://cluster.local/ns/default/sa/audit-waypoint for spiffe://cluster.local/ns/default/sa/echo",
             "connection complete",
         ],
     );

@@ -144,7 +144,7 @@ impl Handler for Inbound {
             dst_addr: target.to_string(),
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
-            path: "hbone".into(),
+            path: hbone_path(&self.node, &self.pod, &req.peer, &req.headers),
             error: Some(why.clone()),
             ..AccessLog::default()
         }
@@ -202,13 +202,35 @@ impl Handler for Inbound {
             dst_addr: req.target.to_string(),
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
-            path: "hbone".into(),
+            path: hbone_path(&self.node, &self.pod, &req.peer, &req.headers),
             bytes_sent: sent,
             bytes_recv: received,
             error: error.map(str::to_string),
             ..AccessLog::default()
         }
         .emit();
+    }
+}
+
+/// How a tunnel came: `hbone`, or, from the pod's own waypoint, `hbone from waypoint <id> for
+/// <original source>` (the waypoint's word is taken only from the pod's waypoint).
+fn hbone_path(
+    node: &Node,
+    pod: &Pod,
+    peer: &ferry_core::identity::Identity,
+    headers: &http::HeaderMap,
+) -> String {
+    let original = ConnectHeaders::read(headers)
+        .baggage
+        .into_iter()
+        .find(|(k, _)| k == crate::waypoint::SOURCE_PRINCIPAL_KEY)
+        .map(|(_, v)| v);
+    let snap = node.store.load();
+    match (original, snap.workload(&pod.uid)) {
+        (Some(original), Some(w)) if ferry_core::authz::is_waypoint_of(&snap, w, Some(peer)) => {
+            format!("hbone from waypoint {peer} for {original}")
+        }
+        _ => "hbone".into(),
     }
 }
 

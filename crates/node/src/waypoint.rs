@@ -54,6 +54,10 @@ pub struct Config {
 /// (sent under the destination's identity; honoured only from that identity).
 pub const PLAINTEXT_KEY: &str = "ferry.source.plaintext";
 
+/// Baggage key with which a waypoint tells the destination the original source's identity
+/// (`none` for plain TCP from outside the mesh); read only from the destination's own waypoint.
+pub const SOURCE_PRINCIPAL_KEY: &str = "ferry.source.principal";
+
 /// Dials from inside the waypoint pod's namespace.
 #[derive(Debug)]
 pub struct NetnsDialer(pub Arc<crate::netns::Netns>);
@@ -163,7 +167,19 @@ impl Handler for Waypoint {
         async move {
             let plan =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
-            let filter = self.http_filter(&plan, source, relayed_plaintext, source_ip);
+            let filter = self.http_filter(&plan, source.clone(), relayed_plaintext, source_ip);
+            // The original source travels on in the tunnel's metadata (for the destination's
+            // logs; it authorizes the waypoint), replacing whatever the peer claimed.
+            let original = match &filter {
+                Some((judge, _)) => judge
+                    .source
+                    .as_ref()
+                    .map_or("none".into(), ToString::to_string),
+                None => source.to_string(),
+            };
+            let mut origin = origin;
+            origin.retain(|(k, _)| k != SOURCE_PRINCIPAL_KEY && k != PLAINTEXT_KEY);
+            origin.push((SOURCE_PRINCIPAL_KEY.into(), original));
             let Some((judge, dst)) = filter else {
                 return self.open_upstream(plan, peer, origin).await;
             };
