@@ -118,6 +118,30 @@ pub(crate) enum LabCommand {
         #[arg(long)]
         round_trips: usize,
     },
+    /// A node proxy handed over under load: new connections keep coming and long-lived ones
+    /// stay busy; reports failed new connections and how the long-lived ones ended.
+    BenchHandover {
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        #[arg(long, default_value = "echo-alpha-2")]
+        to: String,
+        /// The node to hand over (default: the source pod's).
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        streams: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) keep connections busy until they end; report how they ended.
+    #[command(hide = true)]
+    Streams {
+        to: SocketAddr,
+        #[arg(long)]
+        n: usize,
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+    },
     /// Node proxy memory per idle proxied connection (at each count), and after they are gone
     /// against the idle footprint, same run.
     BenchMemory {
@@ -324,6 +348,20 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             lab,
         } => {
             bench(&lab, &from, &to, bulk_mib, round_trips, conns, idle)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::BenchHandover {
+            from,
+            to,
+            node,
+            streams,
+            lab,
+        } => {
+            crate::lab_handover::run(&lab.state_dir, &from, &to, node, streams)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Streams { to, n, max_seconds } => {
+            ferry_lab::apps::streams(to, n, Duration::from_secs(max_seconds))?;
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::BenchMemory {

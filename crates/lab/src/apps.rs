@@ -318,6 +318,64 @@ pub fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result
     })
 }
 
+/// Opens `n` connections to the echo port `target`, prints `held <n>`, then keeps each busy
+/// (a line every 100 ms, its echo read back) until every one has ended or `max` passes. Prints
+/// one summary line: `fin=<a> reset=<b> open=<c> first_end_ms=<t> last_end_ms=<t>` (times since
+/// `held`).
+pub fn streams(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            conns.push(greeted(target, false).await?);
+        }
+        println!("held {n}");
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for mut c in conns {
+            set.spawn(async move {
+                let mut line = String::new();
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    line.clear();
+                    let r = async {
+                        c.get_mut().write_all(b"ping\n").await?;
+                        c.read_line(&mut line).await
+                    }
+                    .await;
+                    match r {
+                        Ok(0) => return (true, started.elapsed()),
+                        Ok(_) => {}
+                        Err(_) => return (false, started.elapsed()),
+                    }
+                }
+            });
+        }
+        let (mut fin, mut reset, mut times) = (0, 0, Vec::new());
+        let _ = tokio::time::timeout(max, async {
+            while let Some(Ok((clean, at))) = set.join_next().await {
+                if clean {
+                    fin += 1;
+                } else {
+                    reset += 1;
+                }
+                times.push(at.as_millis());
+            }
+        })
+        .await;
+        println!(
+            "fin={fin} reset={reset} open={} first_end_ms={} last_end_ms={}",
+            n - fin - reset,
+            times.iter().min().copied().unwrap_or(0),
+            times.iter().max().copied().unwrap_or(0)
+        );
+        Ok(())
+    })
+}
+
 /// Opens short connections to `to` one after another (connect, read the greeting, close) until
 /// `stop` exists or `max` passes; returns (succeeded, failed) and prints each failure.
 pub fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64) {

@@ -1,0 +1,97 @@
+//! `ferry lab bench-handover`: a node proxy replaced under load. New connections keep coming
+//! from one pod (as fast as one client makes them) while long-lived connections stay busy; the
+//! node is handed over; the report counts failed new connections and how the long-lived ones
+//! ended (FIN or reset, and when, against the drain deadline).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use ferry_lab::build;
+use ferry_lab::state::State;
+
+pub(crate) fn run(
+    state_dir: &std::path::Path,
+    from: &str,
+    to: &str,
+    node: Option<String>,
+    streams: usize,
+) -> anyhow::Result<()> {
+    let state = State::load(state_dir).context("no lab is up")?;
+    let src = state
+        .pods
+        .get(from)
+        .with_context(|| format!("no pod {from}"))?;
+    let dst = state.pods.get(to).with_context(|| format!("no pod {to}"))?;
+    let node = node
+        .or_else(|| src.node.clone())
+        .context("which node to hand over")?;
+    let drain = state
+        .nodes
+        .get(&node)
+        .and_then(|n| {
+            n.args
+                .iter()
+                .enumerate()
+                .find_map(|(i, a)| match a.strip_prefix("--drain-seconds") {
+                    Some("") => n.args.get(i + 1)?.parse::<u64>().ok(),
+                    Some(v) => v.strip_prefix('=')?.parse::<u64>().ok(),
+                    None => None,
+                })
+        })
+        .unwrap_or(30);
+    let exe = std::env::current_exe()?;
+    let target = format!("{}:8080", dst.ip);
+    let in_pod = |args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &src.netns]).arg(&exe).args(args);
+        c
+    };
+    let mut holder = in_pod(&[
+        "lab",
+        "streams",
+        &target,
+        "--n",
+        &streams.to_string(),
+        "--max-seconds",
+        &(drain + 60).to_string(),
+    ])
+    .stdout(Stdio::piped())
+    .spawn()?;
+    let mut lines = BufReader::new(holder.stdout.take().context("stdout")?).lines();
+    match lines.next() {
+        Some(Ok(l)) if l.starts_with("held") => {}
+        other => {
+            let _ = holder.kill();
+            bail!("holding {streams} streams failed: {other:?}");
+        }
+    }
+    let stop = state_dir.join("stop-bench-churn");
+    let _ = std::fs::remove_file(&stop);
+    let churn = in_pod(&["lab", "churn", &target, "--until-file"])
+        .arg(&stop)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let started = Instant::now();
+    let handed = build::handover(state_dir, &node);
+    let took = started.elapsed();
+    std::fs::write(&stop, "")?;
+    let churned = churn.wait_with_output()?;
+    let ended = lines.next().and_then(Result::ok).unwrap_or_default();
+    let _ = holder.wait();
+    handed?;
+    println!(
+        "handover of {node}: {:.1} s (drain deadline {drain} s after SIGTERM to the old process)",
+        took.as_secs_f64()
+    );
+    println!(
+        "new connections during it ({from} -> {target}, one after another): {}",
+        String::from_utf8_lossy(&churned.stdout).trim()
+    );
+    println!(
+        "long-lived streams ({streams}, busy every 100 ms; times since they were up, just before the handover): {ended}"
+    );
+    Ok(())
+}
