@@ -170,7 +170,9 @@ where
         .half_close(true)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(std::time::Duration::from_secs(30));
-    let served = builder.serve_connection(TokioIo::new(client), svc).await;
+    let served = builder
+        .serve_connection_with_upgrades(TokioIo::new(client), svc)
+        .await;
     let (allowed, denied) = *counts.lock();
     Outcome {
         allowed,

@@ -163,7 +163,7 @@ impl Upstreams {
             .await
             .map_err(|e| SendError::BeforeResponse(format!("upstream handshake: {e}")))?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "waypoint upstream connection ended");
             }
         });
@@ -219,6 +219,10 @@ pub async fn forward<R: Router>(
     facts: &HttpRequest<'_>,
     req: Request<Body>,
 ) -> Sent {
+    let mut req = req;
+    // An HTTP/1.1 upgrade (WebSocket and the like): once the backend agrees (101), the two
+    // connections are joined and carry bytes both ways (the request was judged as it came).
+    let mut upgrade = is_upgrade(&req).then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     // Only a request that can be sent again unchanged is retried.
     let idempotent = matches!(
@@ -287,7 +291,23 @@ pub async fn forward<R: Router>(
             tries,
         };
         match outcome {
-            Some(Ok(response)) => return done(response, None),
+            Some(Ok(mut response)) => {
+                if let (Some(down), StatusCode::SWITCHING_PROTOCOLS) =
+                    (upgrade.take(), response.status())
+                {
+                    let up = hyper::upgrade::on(&mut response);
+                    tokio::spawn(async move {
+                        match tokio::try_join!(down, up) {
+                            Ok((d, u)) => {
+                                let (mut d, mut u) = (TokioIo::new(d), TokioIo::new(u));
+                                let _ = tokio::io::copy_bidirectional(&mut d, &mut u).await;
+                            }
+                            Err(e) => tracing::debug!(error = %e, "an upgrade did not complete"),
+                        }
+                    });
+                }
+                return done(response, None);
+            }
             None => {
                 let why = format!(
                     "no response within {} ms",
@@ -311,6 +331,19 @@ pub async fn forward<R: Router>(
             }
         }
     }
+}
+
+/// An HTTP/1.1 request asking to switch protocols (`Connection: upgrade` and `Upgrade`).
+fn is_upgrade<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
 /// An absolute target (HTTP/2 always, HTTP/1.1 sometimes) goes on in origin form with its

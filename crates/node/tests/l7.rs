@@ -568,3 +568,69 @@ async fn a_backend_that_does_not_answer_in_time_gets_504_and_the_connection_goes
     assert_eq!(request(&mut sender, "GET", "/after").await.0, 200);
     assert_eq!(*seen_a.lock(), ["GET /after"]);
 }
+
+/// An HTTP/1.1 server that agrees to `Upgrade: shout` and then answers every byte in upper case.
+async fn shouting_upstream() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |mut req: http::Request<hyper::body::Incoming>| async move {
+                        let upgraded = hyper::upgrade::on(&mut req);
+                        tokio::spawn(async move {
+                            let Ok(u) = upgraded.await else { return };
+                            let mut u = TokioIo::new(u);
+                            let mut buf = [0u8; 64];
+                            while let Ok(n) = u.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                let _ = u.write_all(&buf[..n].to_ascii_uppercase()).await;
+                            }
+                        });
+                        let resp = http::Response::builder()
+                            .status(101)
+                            .header("connection", "upgrade")
+                            .header("upgrade", "shout")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        Ok::<_, hyper::Error>(resp)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upgraded_connection_carries_bytes_both_ways_after_101() {
+    let up = shouting_upstream().await;
+    let (addr, _outcome) = filter(up).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: echo\r\nConnection: upgrade\r\nUpgrade: shout\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).await.unwrap(), 1, "{head:?}");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s.write_all(b"hello through the waypoint").await.unwrap();
+    let mut got = vec![0u8; 26];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got))
+        .await
+        .expect("the upgraded bytes come back")
+        .unwrap();
+    assert_eq!(got, b"HELLO THROUGH THE WAYPOINT");
+}
