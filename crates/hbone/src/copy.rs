@@ -19,6 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const INITIAL_BUF: usize = 1024;
 /// The largest buffer a direction grows to.
 pub const MAX_BUF: usize = 256 * 1024;
+/// Buffers up to this size are given back while their direction waits for data.
+const IDLE_RELEASE: usize = 16 * 1024;
 
 /// Which stream of a copy failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +56,8 @@ struct Direction {
     finishing: bool,
     shut_down: bool,
     grow: bool,
+    /// The size of the buffer given back while idle: the next one is as large.
+    released: usize,
     need_flush: bool,
     amount: u64,
 }
@@ -74,6 +78,7 @@ impl Direction {
             finishing: false,
             shut_down: false,
             grow: false,
+            released: 0,
             need_flush: false,
             amount: 0,
         }
@@ -94,7 +99,7 @@ impl Direction {
                 self.pos = 0;
                 self.cap = 0;
                 if self.buf.is_empty() {
-                    self.buf = vec![0; INITIAL_BUF];
+                    self.buf = vec![0; self.released.max(INITIAL_BUF)];
                 } else if self.grow && self.buf.len() < MAX_BUF {
                     self.buf = vec![0; (self.buf.len() * 4).min(MAX_BUF)];
                 }
@@ -112,6 +117,12 @@ impl Direction {
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(DirError::Read(e))),
                     Poll::Pending if self.finishing => self.read_done = true,
                     Poll::Pending => {
+                        // Nothing buffered and nothing to read: an idle direction keeps no
+                        // small buffer (a large one means a transfer in full swing: kept).
+                        if !self.buf.is_empty() && self.buf.len() <= IDLE_RELEASE {
+                            self.released = self.buf.len();
+                            self.buf = Vec::new();
+                        }
                         if self.need_flush {
                             ready!(w.as_mut().poll_flush(cx)).map_err(DirError::Write)?;
                             self.need_flush = false;

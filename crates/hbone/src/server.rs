@@ -209,9 +209,9 @@ impl Server {
                 source,
             })?;
             let (peer, handler, bounds) = (peer.clone(), handler.clone(), bounds.clone());
-            tokio::spawn(async move {
-                serve_stream(request, respond, peer, peer_addr, handler, bounds).await
-            });
+            tokio::spawn(serve_stream(
+                request, respond, peer, peer_addr, handler, bounds,
+            ));
         }
         Ok(())
     }
@@ -250,7 +250,8 @@ async fn serve_stream<H: Handler>(
     if let Err(r) = handler.check(&req) {
         return refuse(&mut respond, &r);
     }
-    let mut upstream = match handler.connect(&req).await {
+    // Boxed: the stream's task keeps only what the copy needs while the tunnel lives.
+    let mut upstream = match Box::pin(handler.connect(&req)).await {
         Ok(s) => s,
         Err(r) => return refuse(&mut respond, &r),
     };
