@@ -1042,6 +1042,28 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
         "the unserved pod is not counted"
     );
 
+    // A pod's namespace deleted and created again under the same name: the node proxy notices
+    // (checked every 2 s), and serves the new one, rules first.
+    let ns = lab.state(&["pods", "ledger-alpha", "netns"]);
+    let ns = ns.as_str().unwrap();
+    for args in [["netns", "del", ns], ["netns", "add", ns]] {
+        assert!(Command::new("ip").args(args).status().unwrap().success());
+    }
+    let rules = || {
+        Command::new("ip")
+            .args(["netns", "exec", ns, "iptables", "-w", "-t", "nat"])
+            .args(["-C", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        eventually(Duration::from_secs(15), rules),
+        "no capture rules in the re-created namespace"
+    );
+    lab.log_line(dst, &["namespace was created again: serving the new one"]);
+
     // Long-lived connections past a handover's drain deadline end with a FIN, never a reset:
     // the destination's node proxy handed over, then the source's.
     for node in [dst, src] {

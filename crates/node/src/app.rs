@@ -247,6 +247,16 @@ async fn reconcile(node: Arc<Node>) {
                 tracing::error!(pod = %pod.uid, netns = %path.display(), "the pod's network namespace is gone; remove the pod or enroll it again");
                 continue;
             }
+            if pod.netns.replaced() {
+                tracing::warn!(pod = %pod.uid, netns = %path.display(), "the pod's network namespace was created again: serving the new one");
+                if let Err(e) = node.reenroll(&pod.uid).await {
+                    tracing::error!(pod = %pod.uid, error = %e, "cannot serve the re-created namespace; its traffic stays blocked");
+                    node.unserved
+                        .lock()
+                        .insert(pod.uid.clone(), (path.clone(), e.to_string()));
+                }
+                continue;
+            }
             if !crate::capture::installed(&path).await {
                 node.capture_repairs
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

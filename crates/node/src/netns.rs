@@ -22,6 +22,8 @@ type Job = Box<dyn FnOnce() + Send>;
 #[derive(Debug)]
 pub struct Netns {
     path: PathBuf,
+    /// The namespace's identity (device and inode of its nsfs file) when it was entered.
+    id: (u64, u64),
     jobs: std::sync::mpsc::Sender<Job>,
 }
 
@@ -29,6 +31,11 @@ impl Netns {
     /// Enters the namespace at `path` (e.g. `/var/run/netns/NAME` or `/proc/PID/ns/net`).
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = File::open(path)?;
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            let m = file.metadata()?;
+            (m.dev(), m.ino())
+        };
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -49,12 +56,20 @@ impl Netns {
             .map_err(|_| io::Error::other("the namespace thread died"))??;
         Ok(Self {
             path: path.to_path_buf(),
+            id,
             jobs,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the path now names another namespace than the one entered (the pod's namespace
+    /// was deleted and created again under the same name). `false` if the path is gone.
+    pub fn replaced(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) != self.id)
     }
 
     /// Runs `f` on the namespace's thread.

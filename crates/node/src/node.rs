@@ -276,6 +276,22 @@ impl Node {
         }
     }
 
+    /// Serves pod `uid` in the namespace now at its path, which replaced the one it was
+    /// enrolled in: the old listeners go, the new namespace gets listeners and rules. The rules
+    /// are never removed on the way (the new namespace may already have them).
+    pub async fn reenroll(self: &Arc<Self>, uid: &WorkloadUid) -> Result<Arc<Pod>, EnrollError> {
+        let old = self.pods.lock().remove(uid);
+        let Some(old) = old else {
+            return Err(EnrollError::UnknownWorkload(uid.to_string()));
+        };
+        self.by_ip.lock().remove(&old.ip);
+        for t in old.tasks.lock().drain(..) {
+            t.abort();
+        }
+        let path = old.netns.path().to_path_buf();
+        self.enroll(uid.as_str(), &path, Duration::ZERO).await
+    }
+
     async fn stop(&self, pod: &Pod) {
         for t in pod.tasks.lock().drain(..) {
             t.abort();
