@@ -267,6 +267,11 @@ async fn serve_stream<H: Handler>(
         }
     };
     let mut tunnel = H2Stream::new(send, body);
+    if let Upstream::Serve(serve) = upstream {
+        serve(tunnel).await;
+        handler.finished(&req, 0, 0, None);
+        return;
+    }
     match copy::bidirectional_bounded(&mut tunnel, &mut upstream, bounds).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");

@@ -1,30 +1,43 @@
 //! What a tunnel's server side forwards to: a TCP connection, or another tunnel (a waypoint or
-//! gateway carries one tunnel into the next).
+//! gateway carries one tunnel into the next), or nothing: the handler serves the tunnel itself
+//! (a waypoint's HTTP filter reads the tunnel's bytes directly).
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::DuplexStream;
+use std::future::Future;
+
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::pool::Tunnel;
 
+/// Serves a tunnel in process, given the tunnel's stream.
+pub type Serve =
+    Box<dyn FnOnce(crate::stream::H2Stream) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
 /// The far side of a served tunnel.
-#[derive(Debug)]
 pub enum Upstream {
     Tcp(TcpStream),
     Tunnel(Tunnel),
-    /// An in-process peer: a task that inspects the bytes (a waypoint's HTTP filter) and
-    /// carries them on itself.
-    Local(DuplexStream),
+    /// No far side: the handler serves the tunnel's stream itself (no bytes are copied).
+    Serve(Serve),
 }
 
-impl From<DuplexStream> for Upstream {
-    fn from(d: DuplexStream) -> Self {
-        Self::Local(d)
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(t) => f.debug_tuple("Tcp").field(t).finish(),
+            Self::Tunnel(t) => f.debug_tuple("Tunnel").field(t).finish(),
+            Self::Serve(_) => f.write_str("Serve"),
+        }
     }
+}
+
+/// Served in process: not a byte stream.
+fn not_a_stream() -> io::Error {
+    io::Error::other("this tunnel is served in process, not forwarded")
 }
 
 impl From<TcpStream> for Upstream {
@@ -46,8 +59,7 @@ impl Upstream {
         match self {
             Self::Tcp(t) => crate::server::reset_tcp(t),
             Self::Tunnel(t) => t.abort(),
-            // Dropping our end tells the inspecting task at once.
-            Self::Local(d) => *d = tokio::io::duplex(1).0,
+            Self::Serve(_) => {}
         }
     }
 }
@@ -61,7 +73,7 @@ impl AsyncRead for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_read(cx, buf),
             Self::Tunnel(t) => Pin::new(t).poll_read(cx, buf),
-            Self::Local(d) => Pin::new(d).poll_read(cx, buf),
+            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 }
@@ -75,7 +87,7 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_write(cx, buf),
             Self::Tunnel(t) => Pin::new(t).poll_write(cx, buf),
-            Self::Local(d) => Pin::new(d).poll_write(cx, buf),
+            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 
@@ -83,7 +95,7 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_flush(cx),
             Self::Tunnel(t) => Pin::new(t).poll_flush(cx),
-            Self::Local(d) => Pin::new(d).poll_flush(cx),
+            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 
@@ -91,7 +103,7 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_shutdown(cx),
             Self::Tunnel(t) => Pin::new(t).poll_shutdown(cx),
-            Self::Local(d) => Pin::new(d).poll_shutdown(cx),
+            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 }

@@ -99,7 +99,26 @@ struct OpenTunnel {
     judge: Arc<Judge>,
     /// Carried at L4 (not HTTP), so judged as a whole.
     is_l4: Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::AbortHandle,
+    stop: Arc<Stop>,
+}
+
+/// Ends a tunnel the waypoint serves, from outside it (a policy change).
+#[derive(Default)]
+struct Stop {
+    now: tokio::sync::Notify,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl Stop {
+    /// Ended, or never started (the tunnel failed before it was served: only this handle is
+    /// left).
+    fn is_finished(self: &Arc<Self>) -> bool {
+        self.done.load(Ordering::Relaxed) || Arc::strong_count(self) == 1
+    }
+
+    fn abort(&self) {
+        self.now.notify_one();
+    }
 }
 
 impl Handler for Waypoint {
@@ -224,28 +243,36 @@ impl Handler for Waypoint {
                     verdict
                 }
             };
-            let (near, far) = tokio::io::duplex(64 * 1024);
             let metrics = self.metrics.clone();
-            let task = tokio::spawn(async move {
-                let labels = crate::l7::Labels {
-                    src_identity: peer_identity,
-                    dst_workload: dst.to_string(),
-                    metrics: Some(metrics),
-                };
-                let outcome = crate::l7::serve_detected(far, router, open_l4, l4, labels).await;
-                tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
+            let stop = Arc::new(Stop::default());
+            let stopping = stop.clone();
+            // The filter reads the tunnel itself: no copy between the tunnel and the filter.
+            let serve: ferry_hbone::upstream::Serve = Box::new(move |tunnel| {
+                Box::pin(async move {
+                    let labels = crate::l7::Labels {
+                        src_identity: peer_identity,
+                        dst_workload: dst.to_string(),
+                        metrics: Some(metrics),
+                    };
+                    let serving = crate::l7::serve_detected(tunnel, router, open_l4, l4, labels);
+                    let outcome = tokio::select! {
+                        o = serving => o,
+                        () = stopping.now.notified() => crate::l7::Outcome {
+                            error: Some("closed: no longer allowed by policy".into()),
+                            ..crate::l7::Outcome::default()
+                        },
+                    };
+                    stopping.done.store(true, Ordering::Relaxed);
+                    tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
+                })
             });
             let mut tunnels = self.tunnels.lock();
             // Forget ended tunnels now and then, not only on policy changes.
             if tunnels.len() >= 1024 && tunnels.len().is_power_of_two() {
-                tunnels.retain(|t| !t.task.is_finished());
+                tunnels.retain(|t| !t.stop.is_finished());
             }
-            tunnels.push(OpenTunnel {
-                judge,
-                is_l4,
-                task: task.abort_handle(),
-            });
-            Ok(Upstream::from(near))
+            tunnels.push(OpenTunnel { judge, is_l4, stop });
+            Ok(Upstream::Serve(serve))
         }
     }
 
@@ -302,7 +329,7 @@ impl Waypoint {
     fn recheck(&self) -> usize {
         let mut closed = 0;
         self.tunnels.lock().retain(|t| {
-            if t.task.is_finished() {
+            if t.stop.is_finished() {
                 return false;
             }
             if !t.is_l4.load(Ordering::Relaxed) {
@@ -311,7 +338,7 @@ impl Waypoint {
             match t.judge.judge(None) {
                 Ok(()) => true,
                 Err(reason) => {
-                    t.task.abort();
+                    t.stop.abort();
                     closed += 1;
                     tracing::info!(target: "access", direction = "waypoint", dst.workload = %t.judge.landing, reason = %reason, "policy change closed a tunnel");
                     false
