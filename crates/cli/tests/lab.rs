@@ -984,6 +984,37 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
         );
     }
 
+    // Vanished: the client's packets stop, both ways, without a FIN or a reset (dropped between
+    // the app and its node proxy inside the pod). Keepalive ends the connections within the
+    // bound on the source's proxy, and the tunnels with them on the destination's.
+    let (mut client, _lines) = start(FLOWS);
+    assert!(eventually(Duration::from_secs(10), || {
+        lab.node_fds(dst) >= base.1 + FLOWS
+    }));
+    let sleep_ns = lab.state(&["pods", "sleep", "netns"]);
+    let sleep_ns = sleep_ns.as_str().unwrap();
+    let drop_rule = |op: &str, dir: &str| {
+        Command::new("ip")
+            .args([
+                "netns", "exec", sleep_ns, "iptables", "-w", op, "OUTPUT", "-p", "tcp",
+            ])
+            .args([dir, "15001", "-j", "DROP"])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(drop_rule("-I", "--dport") && drop_rule("-I", "--sport"));
+    for (node, b) in [(src, base.0), (dst, base.1)] {
+        assert!(
+            eventually(Duration::from_secs(20), || lab.node_fds(node) <= b + 4),
+            "{node}: {} descriptors after the peers vanished, {b} before",
+            lab.node_fds(node)
+        );
+    }
+    assert!(drop_rule("-D", "--dport") && drop_rule("-D", "--sport"));
+    let _ = client.kill();
+    let _ = client.wait();
+
     // kill -9 of the source's node proxy: while it is down, the pod's connections are refused
     // and nothing reaches the destination around the proxy (its node proxy, which captures the
     // destination pod's inbound traffic, sees nothing from the pod).
