@@ -689,7 +689,6 @@ fn bench(
     conns: usize,
     idle: usize,
 ) -> anyhow::Result<()> {
-    use std::io::{BufRead, BufReader};
     let state = State::load(&lab.state_dir).context("no lab is up")?;
     let src = state
         .pods
@@ -721,48 +720,6 @@ fn bench(
     if idle == 0 {
         return Ok(());
     }
-    let nodes: Vec<(&String, u32)> = [&src.node, &dst.node]
-        .into_iter()
-        .flatten()
-        .filter_map(|n| state.nodes.get(n).map(|p| (n, p.pid)))
-        .collect();
-    let before: Vec<u64> = nodes
-        .iter()
-        .map(|(_, pid)| crate::lab_memory::rss_kib(*pid))
-        .collect();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &src.netns])
-        .arg(&exe)
-        .args([
-            "lab",
-            "hold",
-            &format!("{}:8080", dst.ip),
-            "--n",
-            &idle.to_string(),
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-    if !line.starts_with("held") {
-        let _ = child.kill();
-        bail!("holding {idle} connections failed");
-    }
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let after: Vec<u64> = nodes
-        .iter()
-        .map(|(_, pid)| crate::lab_memory::rss_kib(*pid))
-        .collect();
-    drop(child.stdin.take());
-    let _ = child.wait();
-    for (((name, _), b), a) in nodes.iter().zip(&before).zip(&after) {
-        println!(
-            "idle          node {name}: RSS {} KiB -> {} KiB with {idle} idle proxied connections ({:.1} KiB per connection)",
-            b,
-            a,
-            a.saturating_sub(*b) as f64 / idle as f64
-        );
-    }
-    Ok(())
+    // Memory with many idle proxied connections, as `bench-memory` measures it.
+    crate::lab_memory::run(&lab.state_dir, from, to, &[idle])
 }
