@@ -75,6 +75,7 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 "services": snap.services().count(),
                 "policies": snap.policies().count(),
                 "pods": pods,
+                "unserved_pods": node.unserved.lock().iter().map(|(uid, (netns, why))| json!({"uid": uid.to_string(), "netns": netns.display().to_string(), "reason": why})).collect::<Vec<_>>(),
                 "active_connections": node.active(),
                 "tracked_connections": node.conns.len(),
                 "certificates": cert_summary(&node.certs),

@@ -117,3 +117,30 @@ async fn serve_one(node: &Arc<Node>, uid: &str, netns: &Path, wait: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::load;
+
+    #[test]
+    fn the_state_file_reads_good_lines_and_skips_bad_ones() {
+        let dir = std::env::temp_dir().join(format!("ferry-enroll-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pods");
+        assert!(load(&path).is_empty(), "no file: no pods");
+        std::fs::write(
+            &path,
+            "a//v1/Pod/default/x /var/run/netns/x\n\njust-one-word\nb//v1/Pod/default/y /proc/7/ns/net extra\nc//v1/Pod/default/z /var/run/netns/z\n",
+        )
+        .unwrap();
+        let pods = load(&path);
+        assert_eq!(
+            pods,
+            vec![
+                ("a//v1/Pod/default/x".to_string(), "/var/run/netns/x".into()),
+                ("c//v1/Pod/default/z".to_string(), "/var/run/netns/z".into()),
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
