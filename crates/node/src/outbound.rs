@@ -92,7 +92,10 @@ async fn proxy(
         destination_network: "unknown".into(),
         response_flags: "-".into(),
     };
-    let plan = match decision.outcome {
+    // The steps serve `ferry explain`; a connection keeps only its plan.
+    let route::Decision { steps, outcome } = decision;
+    drop(steps);
+    let plan = match outcome {
         Ok(p) => p,
         Err(e) => {
             labels.response_flags = "NoRoute".into();
