@@ -19,6 +19,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const INITIAL_BUF: usize = 1024;
 /// The largest buffer a direction grows to.
 pub const MAX_BUF: usize = 256 * 1024;
+/// At a drain deadline, what a direction still reads before it stops regardless.
+const FINISH_BUDGET: usize = 1 << 20;
+/// After both sides were shut down at a deadline, how long what the peers still send is read
+/// and dropped, so their sockets close with a FIN rather than a reset for unread data.
+const FINISH_LINGER: Duration = Duration::from_secs(2);
+
 /// Buffers up to this size are given back while their direction waits for data.
 const IDLE_RELEASE: usize = 16 * 1024;
 
@@ -54,6 +60,8 @@ struct Direction {
     read_done: bool,
     /// Reads only what is already there, then takes the next wait for EOF (a drain deadline).
     finishing: bool,
+    /// How much more a finishing direction reads before it stops regardless.
+    finish_budget: usize,
     shut_down: bool,
     grow: bool,
     /// The size of the buffer given back while idle: the next one is as large.
@@ -76,6 +84,7 @@ impl Direction {
             cap: 0,
             read_done: false,
             finishing: false,
+            finish_budget: FINISH_BUDGET,
             shut_down: false,
             grow: false,
             released: 0,
@@ -112,6 +121,13 @@ impl Direction {
                         } else {
                             self.cap = n;
                             self.grow = n == self.buf.len();
+                            if self.finishing {
+                                // A peer that never pauses does not hold the deadline off.
+                                self.finish_budget = self.finish_budget.saturating_sub(n);
+                                if self.finish_budget == 0 {
+                                    self.read_done = true;
+                                }
+                            }
                         }
                     }
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(DirError::Read(e))),
@@ -205,6 +221,8 @@ where
         }
     });
     let mut finishing = false;
+    let mut lingering: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let (mut a_eof, mut b_eof) = (false, false);
     poll_fn(|cx| {
         if !finishing && finish.as_mut().poll(cx).is_ready() {
             finishing = true;
@@ -236,7 +254,20 @@ where
             }
         }
         if ab_done && ba_done {
-            return Poll::Ready(Ok((ab.amount, ba.amount)));
+            if !finishing {
+                return Poll::Ready(Ok((ab.amount, ba.amount)));
+            }
+            // Ended at a deadline: read and drop what the peers still send until both end, for
+            // a short while, so neither socket is closed with data unread (a reset).
+            let linger =
+                lingering.get_or_insert_with(|| Box::pin(tokio::time::sleep(FINISH_LINGER)));
+            let a_end = a_eof || discard(cx, Pin::new(&mut *a));
+            let b_end = b_eof || discard(cx, Pin::new(&mut *b));
+            (a_eof, b_eof) = (a_end, b_end);
+            if (a_eof && b_eof) || linger.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok((ab.amount, ba.amount)));
+            }
+            return Poll::Pending;
         }
         if let (Some(idle), true) = (bounds.half_closed_idle, ab_done || ba_done) {
             let moved = ab.amount + ba.amount;
@@ -264,4 +295,18 @@ where
         Poll::Pending
     })
     .await
+}
+
+/// Reads and drops what `r` has; `true` once it has ended (EOF or an error).
+fn discard<R: AsyncRead + ?Sized>(cx: &mut Context<'_>, mut r: Pin<&mut R>) -> bool {
+    let mut scratch = [0u8; 4096];
+    loop {
+        let mut rb = ReadBuf::new(&mut scratch);
+        match r.as_mut().poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => return true,
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(_)) => return true,
+            Poll::Pending => return false,
+        }
+    }
 }

@@ -263,6 +263,7 @@ async fn serve_stream<H: Handler>(
         Ok(s) => s,
         Err(e) => {
             tracing::debug!(error = %e, "client went away before the tunnel was up");
+            handler.finished(&req, 0, 0, Some(&format!("client went away: {e}")));
             return;
         }
     };

@@ -88,7 +88,10 @@ pub async fn retry_unserved(node: &Arc<Node>) {
         .map(|(u, (p, _))| (u.clone(), p.clone()))
         .collect();
     for (uid, netns) in pending {
-        serve_one(node, uid.as_str(), &netns, Duration::ZERO).await;
+        // Not if it was deleted meanwhile.
+        if node.unserved.lock().contains_key(&uid) {
+            serve_one(node, uid.as_str(), &netns, Duration::ZERO).await;
+        }
     }
 }
 

@@ -300,6 +300,8 @@ pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
 async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     crate::sockets::tune_app_socket(&tcp, node.idle_bound);
+    // Counted as open, so a drain waits for it (and ends it at the deadline).
+    node.opened();
     let mut log = AccessLog {
         direction: "inbound",
         src_addr: peer.to_string(),
@@ -404,6 +406,7 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
     }
     log.duration = started.elapsed();
     log.emit();
+    node.active.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// The waypoint instance that plain traffic to `dst` must go through, if `dst` has a waypoint:

@@ -346,10 +346,14 @@ where
                     ..Outcome::default()
                 },
                 Ok(mut upstream) => Outcome {
-                    error: tokio::io::copy_bidirectional(&mut client, &mut upstream)
-                        .await
-                        .err()
-                        .map(|e| e.to_string()),
+                    error: ferry_hbone::copy::bidirectional_bounded(
+                        &mut client,
+                        &mut upstream,
+                        crate::l7_upstream::waypoint_bounds(),
+                    )
+                    .await
+                    .err()
+                    .map(|e| e.to_string()),
                     ..Outcome::default()
                 },
             },

@@ -133,14 +133,14 @@ impl std::fmt::Debug for Upstreams {
 }
 
 impl Upstreams {
-    /// A connection for `choice` that is free now, a new one, or (at the limit) the first one
-    /// once it is free.
+    /// A connection for `choice` that is free now, or a new one (kept for later requests below
+    /// the limit, used once above it: a request never waits behind another's response).
     async fn sender<R: Router>(
         &self,
         router: &R,
         choice: &Choice<R::Ticket>,
     ) -> Result<tokio::sync::OwnedMutexGuard<SendRequest<Body>>, SendError> {
-        let waiting = {
+        let keep = {
             let mut map = self.by_key.lock();
             let list = map.entry(choice.key.clone()).or_default();
             list.retain(|s| s.try_lock().map_or(true, |g| !g.is_closed()));
@@ -150,11 +150,8 @@ impl Upstreams {
             {
                 return Ok(free);
             }
-            (list.len() >= MAX_PER_BACKEND).then(|| list[0].clone())
+            list.len() < MAX_PER_BACKEND
         };
-        if let Some(shared) = waiting {
-            return Ok(shared.lock_owned().await);
-        }
         let io = router
             .open(&choice.ticket)
             .await
@@ -172,11 +169,13 @@ impl Upstreams {
             .clone()
             .try_lock_owned()
             .map_err(|_| SendError::BeforeResponse("a new upstream connection was taken".into()))?;
-        self.by_key
-            .lock()
-            .entry(choice.key.clone())
-            .or_default()
-            .push(shared);
+        if keep {
+            self.by_key
+                .lock()
+                .entry(choice.key.clone())
+                .or_default()
+                .push(shared);
+        }
         Ok(guard)
     }
 
@@ -264,6 +263,7 @@ pub async fn forward<R: Router>(
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
         *request.headers_mut() = parts.headers.clone();
+        strip_hop_by_hop(request.headers_mut(), upgrade.is_some());
         let request = match origin_form(request) {
             Ok(r) => r,
             Err(resp) => {
@@ -300,7 +300,12 @@ pub async fn forward<R: Router>(
                         match tokio::try_join!(down, up) {
                             Ok((d, u)) => {
                                 let (mut d, mut u) = (TokioIo::new(d), TokioIo::new(u));
-                                let _ = tokio::io::copy_bidirectional(&mut d, &mut u).await;
+                                let _ = ferry_hbone::copy::bidirectional_bounded(
+                                    &mut d,
+                                    &mut u,
+                                    waypoint_bounds(),
+                                )
+                                .await;
                             }
                             Err(e) => tracing::debug!(error = %e, "an upgrade did not complete"),
                         }
@@ -330,6 +335,51 @@ pub async fn forward<R: Router>(
                 );
             }
         }
+    }
+}
+
+/// The bounds on bytes a waypoint carries as they are (L4 tunnels, upgraded connections): a
+/// half-closed one that goes quiet ends after the default idle bound.
+pub(crate) fn waypoint_bounds() -> ferry_hbone::copy::Bounds {
+    ferry_hbone::copy::Bounds {
+        half_closed_idle: ferry_hbone::settings::Settings::default().half_closed_idle,
+        finish: None,
+    }
+}
+
+/// Removes what belongs to one connection only (RFC 9110 §7.6.1): the headers `Connection`
+/// names, and `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+/// An upgrade keeps `Connection: upgrade` and `Upgrade`, which the backend must see.
+fn strip_hop_by_hop(headers: &mut http::HeaderMap, upgrade: bool) {
+    let named: Vec<header::HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| header::HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(upgrade && name == header::UPGRADE) {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+    ] {
+        headers.remove(name);
+    }
+    headers.remove(header::CONNECTION);
+    if upgrade {
+        headers.insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("upgrade"),
+        );
+    } else {
+        headers.remove(header::UPGRADE);
     }
 }
 

@@ -69,7 +69,10 @@ impl Netns {
     /// was deleted and created again under the same name). `false` if the path is gone.
     pub fn replaced(&self) -> bool {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) != self.id)
+        // A `/proc/<pid>/ns/net` path names another namespace once the pid is reused: that is
+        // not the pod's namespace created again.
+        !self.path.starts_with("/proc")
+            && std::fs::metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) != self.id)
     }
 
     /// Runs `f` on the namespace's thread.

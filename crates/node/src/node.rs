@@ -264,6 +264,13 @@ impl Node {
 
     /// Removes pod `uid`: closes its listeners and deletes its capture rules.
     pub async fn remove(&self, uid: &str) -> bool {
+        // Not while the pod is being enrolled (a restore or retry racing a `del`).
+        let lock = self.enrolling.lock().get(&WorkloadUid::new(uid)).cloned();
+        let _one = match &lock {
+            Some(l) => Some(l.lock().await),
+            None => None,
+        };
+        self.enrolling.lock().remove(&WorkloadUid::new(uid));
         let pod = self.pods.lock().remove(&WorkloadUid::new(uid));
         match pod {
             Some(p) => {

@@ -38,6 +38,25 @@ pub(crate) struct TunnelRouter {
     pub(crate) rng: Mutex<SplitMix64>,
 }
 
+/// A request's plan must land on a workload of the backend it was routed to, directly: never
+/// through another waypoint (which would judge the waypoint, not the source, and leave the
+/// routed service's scope and subset behind), and never on a same-named service elsewhere.
+fn check_plan(plan: &Plan, want: Option<&ServiceKey>) -> Result<(), Refused> {
+    if let Some(wp) = &plan.waypoint {
+        return Err(Refused::Unroutable(format!(
+            "the backend is served by another waypoint ({wp}); a route leads only to endpoints"
+        )));
+    }
+    if let (Some(want), route::Class::Service { service, .. }) = (want, &plan.class)
+        && service != want
+    {
+        return Err(Refused::Unroutable(format!(
+            "the backend {want} resolved to {service}"
+        )));
+    }
+    Ok(())
+}
+
 /// Requests with the same key can share an upstream connection.
 fn key(plan: &Plan) -> String {
     let landing = plan.landing.as_ref().map(ToString::to_string);
@@ -72,7 +91,7 @@ impl Router for TunnelRouter {
             Some((svc, port, r))
         });
         let mut rng = self.rng.lock();
-        let (dst, within, route_name, timeout, retries) = match chosen {
+        let (dst, within, route_name, timeout, retries, want) = match chosen {
             Some((svc, port, r)) => {
                 let backend = route::http::pick_backend(r, &mut *rng).ok_or_else(|| {
                     Refused::Unroutable(format!("route {:?} has no backend with weight", r.name))
@@ -87,9 +106,10 @@ impl Router for TunnelRouter {
                 };
                 let timeout =
                     (r.timeout_ms > 0).then(|| Duration::from_millis(r.timeout_ms.into()));
-                (dst, within, Some(r.name.clone()), timeout, r.retries)
+                let want = Some(backend.service.clone());
+                (dst, within, Some(r.name.clone()), timeout, r.retries, want)
             }
-            None => (self.target.clone(), Within::default(), None, None, 0),
+            None => (self.target.clone(), Within::default(), None, None, 0, None),
         };
         let mut picked = None;
         for _ in 0..REDRAWS {
@@ -98,6 +118,7 @@ impl Router for TunnelRouter {
                 self.wp.metrics.refused.fetch_add(1, Ordering::Relaxed);
                 Refused::Unroutable(e.to_string())
             })?;
+            check_plan(&plan, want.as_ref())?;
             let k = key(&plan);
             let fresh = !avoid.contains(&k);
             picked = Some((plan, k));
@@ -109,12 +130,13 @@ impl Router for TunnelRouter {
             return Err(Refused::Unroutable("no decision".into()));
         };
         drop(rng);
-        let backend = plan
-            .landing
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_else(|| dst.to_string());
-        if let Some(landing) = &plan.landing {
+        let Some(landing) = &plan.landing else {
+            return Err(Refused::Unroutable(format!(
+                "{dst} is no longer a workload or service of the mesh"
+            )));
+        };
+        let backend = landing.to_string();
+        {
             let judge = Judge {
                 store: self.wp.store.clone(),
                 landing: landing.clone(),

@@ -634,3 +634,40 @@ async fn an_upgraded_connection_carries_bytes_both_ways_after_101() {
         .unwrap();
     assert_eq!(got, b"HELLO THROUGH THE WAYPOINT");
 }
+
+#[tokio::test]
+async fn headers_for_one_connection_only_are_not_sent_on() {
+    // An upstream that answers with the names of the headers it got.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let svc =
+            hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                let mut names: Vec<String> = req.headers().keys().map(|k| k.to_string()).collect();
+                names.sort();
+                Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(names.join(",")))))
+            });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(s), svc)
+            .await;
+    });
+    let (addr, _outcome) = filter(up).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: echo\r\nConnection: keep-alive, x-secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nX-Kept: 1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 512];
+    while !String::from_utf8_lossy(&got).contains("x-kept") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&b[..n]);
+    }
+    let body = String::from_utf8_lossy(&got);
+    let names = body.rsplit("\r\n\r\n").next().unwrap();
+    assert_eq!(names, "host,x-kept", "{body}");
+}

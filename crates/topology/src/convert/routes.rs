@@ -33,7 +33,13 @@ impl Cx {
                         ),
                     );
                 }
-                if let Some(route) = self.route(&route_path, &ns, r) {
+                let parent_waypoint = self
+                    .out
+                    .services
+                    .iter()
+                    .find(|x| x.name == s.name && x.namespace == ns)
+                    .and_then(|x| x.waypoint.clone());
+                if let Some(route) = self.route(&route_path, &ns, r, parent_waypoint.as_ref()) {
                     routes.push(route);
                 }
             }
@@ -49,7 +55,13 @@ impl Cx {
         }
     }
 
-    fn route(&mut self, path: &str, ns: &str, r: &RouteSpec) -> Option<HttpRoute> {
+    fn route(
+        &mut self,
+        path: &str,
+        ns: &str,
+        r: &RouteSpec,
+        parent_waypoint: Option<&ferry_core::model::GatewayRef>,
+    ) -> Option<HttpRoute> {
         let matches = r
             .matches
             .iter()
@@ -89,6 +101,8 @@ impl Cx {
                 continue;
             };
             let key = ServiceKey::new(&svc.namespace, &svc.hostname);
+            // The waypoint sends routed requests to endpoints, never through another waypoint.
+            let other_waypoint = svc.waypoint.is_some() && svc.waypoint.as_ref() != parent_waypoint;
             let ports: Vec<u16> = svc.ports.iter().map(|p| p.port).collect();
             if let Some(port) = b.port
                 && !ports.contains(&port)
@@ -96,6 +110,15 @@ impl Cx {
                 self.problem(
                     format!("{bpath}.port"),
                     format!("expected a port of {} ({ports:?}), found {port}", b.service),
+                );
+            }
+            if other_waypoint {
+                self.problem(
+                    format!("{bpath}.service"),
+                    format!(
+                        "expected a service without a waypoint of its own (or with this service's), found {:?}, served by another waypoint",
+                        b.service
+                    ),
                 );
             }
             backends.push(RouteBackend {
