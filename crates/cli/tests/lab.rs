@@ -580,6 +580,38 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
             "no endpoint is eligible for a source in cluster beta",
         ],
     );
+    // Where the waypoint can check the claim, it does: a tunnel from sleep's own address with
+    // sleep's identity that claims a source in beta is refused (401) and counted.
+    let sleep_ns = lab.state(&["pods", "sleep", "netns"]);
+    let forged = lab.craft(
+        "alpha-1",
+        "alpha-1",
+        &[
+            "--identity",
+            "spiffe://cluster.local/ns/default/sa/sleep",
+            "--to",
+            "198.18.3.50:15008",
+            "--peer-identity",
+            "spiffe://cluster.local/ns/default/sa/audit-waypoint",
+            "--authority",
+            "198.18.10.6:80",
+            "--dial-netns",
+            sleep_ns.as_str().unwrap(),
+            "--cluster",
+            "beta",
+        ],
+    );
+    assert!(
+        forged.contains("refused") && forged.contains("401"),
+        "{forged}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "waypoint refused the connection",
+            "the tunnel claims a source in cluster beta, but it comes from alpha//v1/Pod/default/sleep in cluster alpha",
+        ],
+    );
     // The same admin endpoints as a node proxy: its identity and its certificate (no keys).
     let dump = lab.admin_get("audit-waypoint-beta", "198.18.3.50:15020", "/config_dump");
     assert!(

@@ -83,7 +83,9 @@ pub(crate) struct Waypoint {
     identity: Identity,
     ip: IpAddr,
     cluster: ClusterId,
-    plans: Mutex<HashMap<u64, Plan>>,
+    /// Each admitted tunnel's decision and its original source's cluster, from `check` to
+    /// `connect`.
+    plans: Mutex<HashMap<u64, (Plan, ClusterId)>>,
     pub(crate) metrics: Arc<crate::l7_metrics::RequestMetrics>,
     netns: Option<Arc<crate::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
@@ -131,21 +133,24 @@ impl Handler for Waypoint {
             },
         };
         let headers = ConnectHeaders::read(&req.headers);
-        let origin = headers
-            .baggage
-            .iter()
-            .find(|(k, _)| k == "k8s.cluster.name")
-            .map_or_else(|| self.cluster.clone(), |(_, v)| ClusterId::new(v));
         let snap = self.store.load();
         let me = snap
             .workload(&self.uid)
             .cloned()
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
+        let origin = match self.origin_cluster(&snap, &me, req, &headers) {
+            Ok(c) => c,
+            Err(reason) => {
+                self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, "waypoint refused the connection");
+                return Err(Refusal::Denied(reason));
+            }
+        };
         let mut rng = SplitMix64::new(req.id);
         let decision = route::route(&snap, Source::on_behalf_of(&me, &origin), &dst, &mut rng);
         match decision.outcome {
             Ok(plan) => {
-                self.plans.lock().insert(req.id, plan);
+                self.plans.lock().insert(req.id, (plan, origin));
                 Ok(())
             }
             Err(e) => {
@@ -184,7 +189,7 @@ impl Handler for Waypoint {
         };
         let seed = req.id;
         async move {
-            let plan =
+            let (plan, origin_cluster) =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
             let filter = self.http_filter(&plan, source.clone(), relayed_plaintext, source_ip);
             // The original source travels on in the tunnel's metadata (for the destination's
@@ -215,12 +220,7 @@ impl Handler for Waypoint {
                     route::Class::Service { service, port } => Some((service.clone(), *port)),
                     _ => None,
                 },
-                origin: ClusterId::new(
-                    origin
-                        .iter()
-                        .find(|(k, _)| k == "k8s.cluster.name")
-                        .map_or(self.cluster.as_str(), |(_, v)| v.as_str()),
-                ),
+                origin: origin_cluster,
                 baggage: origin.clone(),
                 peer,
                 source: judge.source.clone(),
@@ -294,6 +294,41 @@ impl Handler for Waypoint {
 }
 
 impl Waypoint {
+    /// The cluster of the tunnel's original source: the `k8s.cluster.name` its node proxy
+    /// claims, checked against the mesh wherever it can be. When the tunnel's TCP peer is a
+    /// workload on this waypoint's network presenting its own identity (a node proxy dials from
+    /// inside its pod), that workload's cluster is the answer, and a claim of another cluster
+    /// is refused.
+    fn origin_cluster(
+        &self,
+        snap: &ferry_core::snapshot::Snapshot,
+        me: &ferry_core::model::Workload,
+        req: &ConnectRequest,
+        headers: &ConnectHeaders,
+    ) -> Result<ClusterId, String> {
+        let claim = headers
+            .baggage
+            .iter()
+            .find(|(k, _)| k == "k8s.cluster.name")
+            .map(|(_, v)| ClusterId::new(v));
+        let at = ferry_core::model::NetworkAddress::new(me.network.clone(), req.peer_addr.ip());
+        let known = match snap.owner(&at) {
+            Some(ferry_core::snapshot::AddressOwner::Workload(uid)) => snap
+                .workload(uid)
+                .filter(|w| w.identity().ok().as_ref() == Some(&req.peer)),
+            _ => None,
+        };
+        match (known, claim) {
+            (Some(w), Some(c)) if c != w.cluster => Err(format!(
+                "the tunnel claims a source in cluster {c}, but it comes from {} in cluster {}",
+                w.uid, w.cluster
+            )),
+            (Some(w), _) => Ok(w.cluster.clone()),
+            (None, Some(c)) => Ok(c),
+            (None, None) => Ok(self.cluster.clone()),
+        }
+    }
+
     /// Every tunnel to a workload is inspected: HTTP is judged request by request, anything
     /// else once at L4, both with the original source (`None`: plain TCP from outside the mesh,
     /// relayed by the destination's node proxy).
