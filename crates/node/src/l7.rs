@@ -61,6 +61,7 @@ where
     let counts = Arc::new(parking_lot::Mutex::new((0u64, 0u64)));
     let svc = {
         let counts = counts.clone();
+        let upstreams = upstreams.clone();
         let labels = Arc::new(labels);
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let (router, upstreams, counts, labels) = (
@@ -173,6 +174,9 @@ where
     let served = builder
         .serve_connection_with_upgrades(TokioIo::new(client), svc)
         .await;
+    // An upgraded connection outlives the HTTP exchange that started it: serving ends with it.
+    let mut upgraded = std::mem::take(&mut *upstreams.upgraded.lock());
+    while upgraded.join_next().await.is_some() {}
     let (allowed, denied) = *counts.lock();
     Outcome {
         allowed,

@@ -115,6 +115,9 @@ type Shared = Arc<tokio::sync::Mutex<SendRequest<Body>>>;
 #[derive(Default)]
 pub struct Upstreams {
     by_key: parking_lot::Mutex<HashMap<String, Vec<Shared>>>,
+    /// Upgraded connections being carried: they live as long as the client connection's
+    /// serving does (and end with it, on a policy change or a drain).
+    pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<()>>,
 }
 
 /// How sending one request failed.
@@ -296,7 +299,7 @@ pub async fn forward<R: Router>(
                     (upgrade.take(), response.status())
                 {
                     let up = hyper::upgrade::on(&mut response);
-                    tokio::spawn(async move {
+                    upstreams.upgraded.lock().spawn(async move {
                         match tokio::try_join!(down, up) {
                             Ok((d, u)) => {
                                 let (mut d, mut u) = (TokioIo::new(d), TokioIo::new(u));
