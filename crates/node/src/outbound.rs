@@ -127,7 +127,22 @@ async fn proxy(
         (None, Transport::Tcp { .. }) => "plain tcp (destination not in the mesh)".into(),
         (None, Transport::Passthrough { .. }) => "passthrough".into(),
     };
-    node.metrics.opened(&labels);
+    match &plan.transport {
+        Transport::Hbone {
+            connect_to,
+            identities,
+            ..
+        } => note_destination(log, &mut labels, *connect_to, identities),
+        Transport::GatewayHbone {
+            gateway,
+            identities,
+            ..
+        } => note_destination(log, &mut labels, *gateway, identities),
+        _ => {}
+    }
+    // Opened and closed are counted under one label set, shared with the other connections
+    // that carry it (changed, copy on write, only when the connection fails).
+    let mut labels = node.metrics.opened_shared(labels);
     // Not held while the connection lives: a long connection must not pin an old snapshot.
     drop(landing);
     drop(snap);
@@ -137,7 +152,6 @@ async fn proxy(
             authority,
             identities,
         } => {
-            note_destination(log, &mut labels, *connect_to, identities);
             // The set-up runs boxed, its state freed once done: the connection's task keeps
             // only what the copy needs while it lives (measured: 7.3 KB inline, 2.8 KB boxed).
             let opened = Box::pin(async {
@@ -161,7 +175,7 @@ async fn proxy(
             .await;
             let mut tunnel = opened.map_err(|(connecting, e)| {
                 if connecting {
-                    labels.response_flags = "ConnectionFailure".into();
+                    Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
                 }
                 e
             })?;
@@ -180,7 +194,7 @@ async fn proxy(
             let mut up = Box::pin(pod.netns.connect(None, *connect_to))
                 .await
                 .map_err(|e| {
-                    labels.response_flags = "ConnectionFailure".into();
+                    Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
                     format!("connect {connect_to}: {e}")
                 })?;
             crate::sockets::tune_app_socket(&up, node.idle_bound);
@@ -200,7 +214,6 @@ async fn proxy(
             authority,
             identities,
         } => {
-            note_destination(log, &mut labels, *gateway, identities);
             // Boxed set-up, as above.
             let opened = Box::pin(async {
                 let creds = node
@@ -241,7 +254,7 @@ async fn proxy(
             .await;
             let mut inner = opened.map_err(|(connecting, e)| {
                 if connecting {
-                    labels.response_flags = "ConnectionFailure".into();
+                    Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
                 }
                 e
             })?;

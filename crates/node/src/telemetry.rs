@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -50,20 +51,50 @@ struct Counters {
 /// TCP metrics of one node proxy.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    by_labels: Mutex<BTreeMap<Labels, Counters>>,
+    /// Each label set once, shared by the connections that carry it.
+    by_labels: Mutex<BTreeMap<Arc<Labels>, Counters>>,
 }
 
 impl Metrics {
     pub fn opened(&self, l: &Labels) {
-        self.by_labels.lock().entry(l.clone()).or_default().opened += 1;
+        self.with(l, |c| c.opened += 1);
+    }
+
+    /// Counts one opened connection and returns its labels as the shared copy the metrics
+    /// keep: a long connection holds a pointer, not eleven strings of its own.
+    pub fn opened_shared(&self, l: Labels) -> Arc<Labels> {
+        let mut m = self.by_labels.lock();
+        if let Some(k) = m.get_key_value(&l).map(|(k, _)| k.clone()) {
+            if let Some(c) = m.get_mut(&*k) {
+                c.opened += 1;
+            }
+            return k;
+        }
+        let k = Arc::new(l);
+        m.insert(
+            k.clone(),
+            Counters {
+                opened: 1,
+                ..Counters::default()
+            },
+        );
+        k
     }
 
     pub fn closed(&self, l: &Labels, sent: u64, received: u64) {
+        self.with(l, |c| {
+            c.closed += 1;
+            c.sent += sent;
+            c.received += received;
+        });
+    }
+
+    fn with(&self, l: &Labels, f: impl FnOnce(&mut Counters)) {
         let mut m = self.by_labels.lock();
-        let c = m.entry(l.clone()).or_default();
-        c.closed += 1;
-        c.sent += sent;
-        c.received += received;
+        match m.get_mut(l) {
+            Some(c) => f(c),
+            None => f(m.entry(Arc::new(l.clone())).or_default()),
+        }
     }
 
     /// Connections opened with labels matching `f` (tests and admin).
