@@ -200,6 +200,9 @@ pub(crate) enum LabCommand {
         n: usize,
         #[arg(long)]
         until_closed: bool,
+        /// HTTP/1.1 connections upgraded to echoing bytes instead of plain TCP.
+        #[arg(long)]
+        upgrade: bool,
     },
     /// (inside the lab) open connections, then half-close them and wait for the far side.
     #[command(hide = true)]
@@ -548,8 +551,9 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             to,
             n,
             until_closed,
+            upgrade,
         } => {
-            ferry_lab::apps::hold(to, n, until_closed)?;
+            ferry_lab::apps::hold(to, n, until_closed, upgrade)?;
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::HalfClose { to, n, max_seconds } => {

@@ -164,12 +164,24 @@ impl Lab {
     /// Holds one connection from `pod` to `to`, runs `act`, and returns what the holder printed
     /// next: `closed` (a FIN), `closed by reset (...)`, or nothing within 20 s.
     fn hold_until(&self, pod: &str, to: &str, act: impl FnOnce()) -> Option<String> {
+        self.hold_until_with(pod, to, &[], act)
+    }
+
+    /// [`Lab::hold_until`], with more flags for `ferry lab hold` (e.g. `--upgrade`).
+    fn hold_until_with(
+        &self,
+        pod: &str,
+        to: &str,
+        flags: &[&str],
+        act: impl FnOnce(),
+    ) -> Option<String> {
         let mut hold = ferry()
             .args(["lab", "exec", pod, "--state-dir"])
             .arg(&self.dir)
             .args(["--id", &self.id, "--"])
             .arg(env!("CARGO_BIN_EXE_ferry"))
             .args(["lab", "hold", to, "--n", "1", "--until-closed"])
+            .args(flags)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -749,6 +761,26 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         &[
             "policy change closed a tunnel",
             "reason=denied by policy default/deny-echo-audit rule 0",
+        ],
+    );
+    // An upgraded connection through the waypoint (HTTP port 81, `Upgrade` agreed to by the
+    // app) is judged again, as its upgrade request, when the policy changes: a DENY on its path
+    // closes it.
+    let topology = lab.dir.join("topology.yaml");
+    let upgraded = lab.hold_until_with("echo-beta", "198.18.10.5:81", &["--upgrade"], || {
+        let mut text = std::fs::read_to_string(&topology).unwrap();
+        text.push_str("  - name: deny-echo-ws\n    namespace: default\n    selector: {app: audit}\n    action: deny\n    rules:\n      - from: [{principals: [cluster.local/ns/default/sa/echo]}]\n        to: [{ports: [8081], paths: [\"/ws\"]}]\n");
+        std::fs::write(&topology, text).unwrap();
+    });
+    assert!(
+        upgraded.as_deref().is_some_and(|l| l.starts_with("closed")),
+        "the upgraded connection was not closed by the policy change: {upgraded:?}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            "policy change closed a tunnel",
+            "reason=denied by policy default/deny-echo-ws rule 0",
         ],
     );
 

@@ -111,21 +111,39 @@ async fn serve_http(name: String, l: TcpListener) {
         let name = name.clone();
         tokio::spawn(async move {
             let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                     let text = format!(
                         "{name} http {} {} saw {peer}\n",
                         req.method(),
                         req.uri().path()
                     );
+                    // `Upgrade: <anything>` is agreed to: then every byte is echoed.
+                    let upgrade = req.headers().get(http::header::UPGRADE).cloned();
+                    let upgraded = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
                     async move {
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                            bytes::Bytes::from(text),
-                        )))
+                        let mut resp = http::Response::new(Full::new(bytes::Bytes::from(text)));
+                        if let (Some(proto), Some(upgraded)) = (upgrade, upgraded) {
+                            *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+                            resp.headers_mut().insert(http::header::UPGRADE, proto);
+                            resp.headers_mut().insert(
+                                http::header::CONNECTION,
+                                http::HeaderValue::from_static("upgrade"),
+                            );
+                            tokio::spawn(async move {
+                                if let Ok(u) = upgraded.await {
+                                    let mut u = hyper_util::rt::TokioIo::new(u);
+                                    let (mut r, mut w) = tokio::io::split(&mut u);
+                                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                                }
+                            });
+                        }
+                        Ok::<_, std::convert::Infallible>(resp)
                     }
                 });
             let _ = hyper::server::conn::http1::Builder::new()
                 .half_close(true)
                 .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                .with_upgrades()
                 .await;
         });
     }
@@ -162,6 +180,27 @@ async fn greeted(to: SocketAddr, direct: bool) -> std::io::Result<BufReader<TcpS
     let mut s = BufReader::new(dial(to, direct).await?);
     let mut line = String::new();
     s.read_line(&mut line).await?;
+    Ok(s)
+}
+
+/// An HTTP/1.1 connection switched to echoing bytes (`GET /ws` with `Upgrade: echo`), after
+/// its `101`.
+async fn upgraded(to: SocketAddr) -> std::io::Result<BufReader<TcpStream>> {
+    let mut s = BufReader::new(dial(to, false).await?);
+    s.get_mut()
+        .write_all(b"GET /ws HTTP/1.1\r\nHost: app\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await?;
+    let mut status = String::new();
+    s.read_line(&mut status).await?;
+    if !status.starts_with("HTTP/1.1 101") {
+        return Err(std::io::Error::other(format!("no upgrade: {status:?}")));
+    }
+    loop {
+        let mut line = String::new();
+        if s.read_line(&mut line).await? == 0 || line == "\r\n" {
+            break;
+        }
+    }
     Ok(s)
 }
 
@@ -229,7 +268,7 @@ pub fn bench(
 /// Opens `n` connections through Ferry to `target` and holds them until stdin closes, or, with
 /// `until_closed`, until the first of them is closed by the other side (then prints `closed`
 /// for a FIN, `closed by reset (<error>)` otherwise).
-pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<()> {
+pub fn hold(target: SocketAddr, n: usize, until_closed: bool, upgrade: bool) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -237,7 +276,11 @@ pub fn hold(target: SocketAddr, n: usize, until_closed: bool) -> anyhow::Result<
     rt.block_on(async move {
         let mut held = Vec::with_capacity(n);
         for _ in 0..n {
-            held.push(greeted(target, false).await?);
+            held.push(if upgrade {
+                upgraded(target).await?
+            } else {
+                greeted(target, false).await?
+            });
         }
         println!("held {n}");
         if until_closed {

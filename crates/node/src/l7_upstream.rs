@@ -62,6 +62,10 @@ pub trait Router: Send + Sync + 'static {
 
     /// Opens a byte stream to a chosen backend.
     fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Upstream, String>> + Send;
+
+    /// A request switched protocols: from now on its connection carries the upgraded stream,
+    /// allowed as `req` was (and to be judged again as `req` when the policy changes).
+    fn upgraded(&self, _ticket: &Self::Ticket, _req: &HttpRequest<'_>) {}
 }
 
 /// Decides one request: `Err` carries the reason it was denied.
@@ -298,6 +302,7 @@ pub async fn forward<R: Router>(
                 if let (Some(down), StatusCode::SWITCHING_PROTOCOLS) =
                     (upgrade.take(), response.status())
                 {
+                    router.upgraded(&choice.ticket, facts);
                     let up = hyper::upgrade::on(&mut response);
                     upstreams.upgraded.lock().spawn(async move {
                         match tokio::try_join!(down, up) {

@@ -102,6 +102,8 @@ struct OpenTunnel {
     /// Carried at L4 (not HTTP), so judged as a whole.
     is_l4: Arc<std::sync::atomic::AtomicBool>,
     stop: Arc<Stop>,
+    /// Its HTTP decisions, and the upgraded requests to judge again.
+    router: Arc<crate::waypoint_router::TunnelRouter>,
 }
 
 /// Ends a tunnel the waypoint serves, from outside it (a policy change).
@@ -226,7 +228,9 @@ impl Handler for Waypoint {
                 source: judge.source.clone(),
                 source_ip,
                 rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
+                upgrades: Mutex::default(),
             });
+            let router_for_recheck = router.clone();
             let open_l4 = async move {
                 wp.open_upstream(plan, peer, origin)
                     .await
@@ -271,7 +275,12 @@ impl Handler for Waypoint {
             if tunnels.len() >= 1024 && tunnels.len().is_power_of_two() {
                 tunnels.retain(|t| !t.stop.is_finished());
             }
-            tunnels.push(OpenTunnel { judge, is_l4, stop });
+            tunnels.push(OpenTunnel {
+                judge,
+                is_l4,
+                stop,
+                router: router_for_recheck,
+            });
             Ok(Upstream::Serve(serve))
         }
     }
@@ -367,10 +376,15 @@ impl Waypoint {
             if t.stop.is_finished() {
                 return false;
             }
-            if !t.is_l4.load(Ordering::Relaxed) {
+            // Bytes carried as they are: at L4, or as an upgraded request allowed them.
+            let verdict = if t.is_l4.load(Ordering::Relaxed) {
+                t.judge.judge(None)
+            } else if t.router.has_upgrades() {
+                t.router.recheck_upgrades()
+            } else {
                 return true;
-            }
-            match t.judge.judge(None) {
+            };
+            match verdict {
                 Ok(()) => true,
                 Err(reason) => {
                     t.stop.abort();

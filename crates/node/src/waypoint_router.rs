@@ -36,6 +36,51 @@ pub(crate) struct TunnelRouter {
     pub(crate) source: Option<Identity>,
     pub(crate) source_ip: IpAddr,
     pub(crate) rng: Mutex<SplitMix64>,
+    /// Requests of this tunnel that switched protocols: judged again on policy changes.
+    pub(crate) upgrades: Mutex<Vec<Upgraded>>,
+}
+
+/// An upgrade request as it was allowed, kept to be judged again.
+pub(crate) struct Upgraded {
+    landing: ferry_core::model::WorkloadUid,
+    port: u16,
+    method: String,
+    path: String,
+    host: String,
+    headers: Vec<(String, String)>,
+}
+
+impl TunnelRouter {
+    /// Judges the tunnel's upgraded requests again (the policy changed); `Err` says why one is
+    /// no longer allowed. `Ok` too when there is none.
+    pub(crate) fn recheck_upgrades(&self) -> Result<(), String> {
+        for u in self.upgrades.lock().iter() {
+            let headers: Vec<(&str, &str)> = u
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let req = HttpRequest {
+                method: &u.method,
+                path: &u.path,
+                host: &u.host,
+                headers: &headers,
+            };
+            Judge {
+                store: self.wp.store.clone(),
+                landing: u.landing.clone(),
+                source: self.source.clone(),
+                source_ip: self.source_ip,
+                port: u.port,
+            }
+            .judge(Some(&req))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn has_upgrades(&self) -> bool {
+        !self.upgrades.lock().is_empty()
+    }
 }
 
 /// A request's plan must land on a workload of the backend it was routed to, directly: never
@@ -154,6 +199,23 @@ impl Router for TunnelRouter {
             retries,
             ticket: plan,
         })
+    }
+
+    fn upgraded(&self, plan: &Plan, req: &HttpRequest<'_>) {
+        if let Some(landing) = &plan.landing {
+            self.upgrades.lock().push(Upgraded {
+                landing: landing.clone(),
+                port: plan.landing_port,
+                method: req.method.to_string(),
+                path: req.path.to_string(),
+                host: req.host.to_string(),
+                headers: req
+                    .headers
+                    .iter()
+                    .map(|(n, v)| ((*n).to_string(), (*v).to_string()))
+                    .collect(),
+            });
+        }
     }
 
     fn open(
