@@ -65,6 +65,23 @@ impl Lab {
         Some(lab)
     }
 
+    /// Runs `ferry lab <args>` against this lab and requires it to succeed.
+    fn run(&self, args: &[&str]) {
+        let out = ferry()
+            .arg("lab")
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .args(["--id", &self.id])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "lab {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     fn send(&self, pod: &str, to: &str, data: &str) -> Result<String, String> {
         let out = ferry()
             .args(["lab", "send", pod, to, "--data", data, "--state-dir"])
@@ -683,17 +700,7 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
         .spawn()
         .unwrap();
     for node in ["alpha-1", "alpha-2"] {
-        let out = ferry()
-            .args(["lab", "handover", node, "--state-dir"])
-            .arg(&lab.dir)
-            .args(["--id", &lab.id])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "handover of {node}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        lab.run(&["handover", node]);
     }
     std::fs::write(&stop, "").unwrap();
     let out = churn.wait_with_output().unwrap();
@@ -716,17 +723,7 @@ fn the_lab_carries_checks_and_refuses_traffic_end_to_end() {
     assert!(r.contains("after handover"), "{r}");
 
     // A node proxy restart: new connections work once it is back.
-    let out = ferry()
-        .args(["lab", "restart-node", "alpha-2", "--state-dir"])
-        .arg(&lab.dir)
-        .args(["--id", &lab.id])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    lab.run(&["restart-node", "alpha-2"]);
     let r = lab
         .send("sleep", "198.18.10.2:80", "after restart")
         .expect("served after the restart");
@@ -1082,22 +1079,7 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
     // kill -9 of the source's node proxy: while it is down, the pod's connections are refused
     // and nothing reaches the destination around the proxy (its node proxy, which captures the
     // destination pod's inbound traffic, sees nothing from the pod).
-    let lab_cmd = |args: &[&str]| {
-        let out = ferry()
-            .arg("lab")
-            .args(args)
-            .arg("--state-dir")
-            .arg(&lab.dir)
-            .args(["--id", &lab.id])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "lab {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    lab_cmd(&["stop-node", src, "--kill"]);
+    lab.run(&["stop-node", src, "--kill"]);
     let mark = lab.log(dst).len();
     for to in ["198.18.2.20:8080", "198.18.10.1:80", "198.18.3.90:8080"] {
         lab.send("sleep", to, "while down")
@@ -1115,7 +1097,7 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
     assert!(pods.contains("/Pod/default/sleep "), "{pods}");
     pods.push_str("alpha//v1/Pod/default/ghost /var/run/netns/ferry-test-no-such-netns\n");
     std::fs::write(&state_file, pods).unwrap();
-    lab_cmd(&["start-node", src]);
+    lab.run(&["start-node", src]);
     let r = lab
         .send("sleep", "198.18.2.20:8080", "back")
         .expect("served again");
@@ -1163,17 +1145,7 @@ fn half_closed_and_abandoned_connections_do_not_outlive_the_idle_bound() {
     // the destination's node proxy handed over, then the source's.
     for node in [dst, src] {
         let ended = lab.hold_until("sleep", "198.18.2.20:8080", || {
-            let out = ferry()
-                .args(["lab", "handover", node, "--state-dir"])
-                .arg(&lab.dir)
-                .args(["--id", &lab.id])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "handover of {node}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            lab.run(&["handover", node]);
         });
         assert_eq!(
             ended.as_deref(),

@@ -204,6 +204,14 @@ async fn upgraded(to: SocketAddr) -> std::io::Result<BufReader<TcpStream>> {
     Ok(s)
 }
 
+/// The two-thread runtime every lab client runs on.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
 fn pct(v: &mut [Duration], p: f64) -> f64 {
     v.sort();
     v[((v.len() as f64 * p) as usize).min(v.len() - 1)].as_secs_f64() * 1e6
@@ -216,11 +224,7 @@ pub fn bench(
     round_trips: usize,
     conns: usize,
 ) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    runtime()?.block_on(async move {
         let sink = SocketAddr::new(target, SINK_PORT);
         let echo = SocketAddr::new(target, 8080);
         let chunk = vec![0x5au8; 256 * 1024];
@@ -269,11 +273,7 @@ pub fn bench(
 /// `until_closed`, until the first of them is closed by the other side (then prints `closed`
 /// for a FIN, `closed by reset (<error>)` otherwise).
 pub fn hold(target: SocketAddr, n: usize, until_closed: bool, upgrade: bool) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    runtime()?.block_on(async move {
         let mut held = Vec::with_capacity(n);
         for _ in 0..n {
             held.push(if upgrade {
@@ -315,11 +315,7 @@ pub fn hold(target: SocketAddr, n: usize, until_closed: bool, upgrade: bool) -> 
 /// half-closes each (one byte, then FIN) and waits up to `max` for the far side to end them,
 /// printing `closed <k> of <n> in <ms> ms`.
 pub fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    runtime()?.block_on(async move {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
             conns.push(TcpStream::connect(target).await?);
@@ -366,11 +362,7 @@ pub fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result
 /// one summary line: `fin=<a> reset=<b> open=<c> first_end_ms=<t> last_end_ms=<t>` (times since
 /// `held`).
 pub fn streams(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    runtime()?.block_on(async move {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
             conns.push(greeted(target, false).await?);
@@ -458,11 +450,7 @@ pub fn paths(
     mib: usize,
     round_trips: usize,
 ) -> anyhow::Result<[(f64, f64, f64); 2]> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    runtime()?.block_on(async move {
         let mut out = [(0.0, 0.0, 0.0); 2];
         for (i, to) in [near, far].into_iter().enumerate() {
             let s = greeted(to, false).await?;

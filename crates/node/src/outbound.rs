@@ -173,12 +173,7 @@ async fn proxy(
                     .map_err(|e| (true, e.to_string()))
             })
             .await;
-            let mut tunnel = opened.map_err(|(connecting, e)| {
-                if connecting {
-                    Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
-                }
-                e
-            })?;
+            let mut tunnel = opened.map_err(|e| setup_failed(&mut labels, e))?;
             match copy::bidirectional_bounded(tcp, &mut tunnel, crate::sockets::bounds(node)).await
             {
                 Ok((sent, recv)) => Ok((sent, recv)),
@@ -252,12 +247,7 @@ async fn proxy(
                 .map_err(|e| (true, format!("inner tunnel through the gateway: {e}")))
             })
             .await;
-            let mut inner = opened.map_err(|(connecting, e)| {
-                if connecting {
-                    Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
-                }
-                e
-            })?;
+            let mut inner = opened.map_err(|e| setup_failed(&mut labels, e))?;
             match copy::bidirectional_bounded(tcp, &mut inner, crate::sockets::bounds(node)).await {
                 Ok(v) => Ok(v),
                 Err(e) => {
@@ -308,6 +298,15 @@ fn note_destination(
 }
 
 /// The CONNECT metadata of a tunnel opened for `src`'s connection from `peer`.
+/// A failed set-up's reason; one that failed reaching the next hop (`true`) is flagged
+/// `ConnectionFailure` in the metrics.
+fn setup_failed(labels: &mut Arc<Labels>, (connecting, reason): (bool, String)) -> String {
+    if connecting {
+        Arc::make_mut(labels).response_flags = "ConnectionFailure".into();
+    }
+    reason
+}
+
 fn tunnel_headers(
     src: &ferry_core::model::Workload,
     peer: SocketAddr,

@@ -54,6 +54,17 @@ pub struct Config {
 /// (sent under the destination's identity; honoured only from that identity).
 pub const PLAINTEXT_KEY: &str = "ferry.source.plaintext";
 
+/// What a tunnel's CONNECT target names, as the routing decision takes it.
+fn destination(target: &Target) -> Destination {
+    match target {
+        Target::Addr(a) => Destination::Addr(*a),
+        Target::Host { hostname, port } => Destination::Host {
+            hostname: hostname.clone(),
+            port: *port,
+        },
+    }
+}
+
 /// Baggage key with which a waypoint tells the destination the original source's identity
 /// (`none` for plain TCP from outside the mesh); read only from the destination's own waypoint.
 pub const SOURCE_PRINCIPAL_KEY: &str = "ferry.source.principal";
@@ -127,13 +138,7 @@ impl Stop {
 
 impl Handler for Waypoint {
     fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
-        let dst = match &req.target {
-            Target::Addr(a) => Destination::Addr(*a),
-            Target::Host { hostname, port } => Destination::Host {
-                hostname: hostname.clone(),
-                port: *port,
-            },
-        };
+        let dst = destination(&req.target);
         let headers = ConnectHeaders::read(&req.headers);
         let snap = self.store.load();
         let me = snap
@@ -182,13 +187,7 @@ impl Handler for Waypoint {
         } else {
             req.peer.to_string()
         };
-        let target = match &req.target {
-            Target::Addr(a) => Destination::Addr(*a),
-            Target::Host { hostname, port } => Destination::Host {
-                hostname: hostname.clone(),
-                port: *port,
-            },
-        };
+        let target = destination(&req.target);
         let seed = req.id;
         async move {
             let (plan, origin_cluster) =
