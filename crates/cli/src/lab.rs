@@ -494,8 +494,8 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let trust = ferry_hbone::tls::TrustBundle::from_pem(&bundle)?;
                 let dialer: Box<dyn ferry_hbone::client::Dialer> = match dial_netns {
-                    Some(name) => Box::new(ferry_node::waypoint::NetnsDialer(std::sync::Arc::new(
-                        ferry_node::netns::Netns::open(&PathBuf::from("/run/netns").join(name))?,
+                    Some(name) => Box::new(ferry_runtime::netns::NetnsDialer(std::sync::Arc::new(
+                        ferry_runtime::netns::Netns::open(&PathBuf::from("/run/netns").join(name))?,
                     ))),
                     None => Box::new(ferry_hbone::client::DirectDialer),
                 };

@@ -79,7 +79,7 @@ where
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     run_process("node", || {
         let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
-        Ok(ferry_node::app::run(ferry_node::app::Config {
+        Ok(ferry_node::run(ferry_node::Config {
             name: args.name.clone(),
             cluster: args.cluster.clone(),
             control: args.control.clone(),
@@ -127,7 +127,7 @@ pub(crate) struct WaypointArgs {
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
     run_process("waypoint", || {
         let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
-        Ok(ferry_node::waypoint::run(ferry_node::waypoint::Config {
+        Ok(ferry_waypoint::run(ferry_waypoint::Config {
             uid: args.uid.clone(),
             cluster: args.cluster.clone(),
             control: args.control.clone(),
@@ -159,7 +159,7 @@ pub(crate) struct GatewayArgs {
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
     run_process("gateway", || {
         let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
-        Ok(ferry_node::gateway::run(ferry_node::gateway::Config {
+        Ok(ferry_gateway::run(ferry_gateway::Config {
             name: args.name.clone(),
             control: args.control.clone(),
             token,

@@ -110,6 +110,23 @@ pub struct Verdict {
     pub dry_run: Vec<(Action, RuleRef)>,
 }
 
+/// A verdict in words, for access logs and refusals.
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.reason {
+            Reason::DeniedBy(r) => write!(f, "denied by policy {} rule {}", r.policy, r.rule),
+            Reason::AllowedBy(r) => write!(f, "allowed by policy {} rule {}", r.policy, r.rule),
+            Reason::NoAllowMatched { allow_policies } => {
+                write!(
+                    f,
+                    "denied: {allow_policies} ALLOW policies apply, none matches"
+                )
+            }
+            Reason::NoAllowPolicies => f.write_str("allowed: no policy applies"),
+        }
+    }
+}
+
 impl Verdict {
     pub fn is_allowed(&self) -> bool {
         self.effect == Effect::Allow

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use ferry_identity::manager::CertState;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -11,7 +10,11 @@ use tokio::sync::watch;
 
 use crate::node::Node;
 
-pub async fn serve(node: Arc<Node>, listener: TcpListener, xds_ready: watch::Receiver<bool>) {
+pub(crate) async fn serve(
+    node: Arc<Node>,
+    listener: TcpListener,
+    xds_ready: watch::Receiver<bool>,
+) {
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
             continue;
@@ -57,7 +60,7 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 "# HELP ferry_capture_repairs_total Capture rules found missing and put back.\n# TYPE ferry_capture_repairs_total counter\nferry_capture_repairs_total {}\n",
                 node.capture_repairs.load(std::sync::atomic::Ordering::Relaxed)
             ));
-            text.push_str(&crate::accept::render(&node.acceptor));
+            text.push_str(&ferry_runtime::accept::render(&node.acceptor));
             text.push_str(&format!(
                 "# HELP ferry_pods_served Enrolled pods this node proxy serves.\n# TYPE ferry_pods_served gauge\nferry_pods_served {}\n# HELP ferry_pods_unserved Enrolled pods it cannot serve (their traffic stays blocked).\n# TYPE ferry_pods_unserved gauge\nferry_pods_unserved {}\n",
                 node.pods().len(),
@@ -78,14 +81,14 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
                 "unserved_pods": node.unserved.lock().iter().map(|(uid, (netns, why))| json!({"uid": uid.to_string(), "netns": netns.display().to_string(), "reason": why})).collect::<Vec<_>>(),
                 "active_connections": node.active(),
                 "tracked_connections": node.conns.len(),
-                "certificates": cert_summary(&node.certs),
+                "certificates": ferry_runtime::admin::cert_summary(&node.certs),
             });
             ("200 OK", "application/json", body.to_string())
         }
         "/certs" => (
             "200 OK",
             "application/json",
-            cert_summary(&node.certs).to_string(),
+            ferry_runtime::admin::cert_summary(&node.certs).to_string(),
         ),
         _ => (
             "404 Not Found",
@@ -93,21 +96,4 @@ fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, S
             "paths: /ready /config_dump /certs /metrics\n".into(),
         ),
     }
-}
-
-/// A summary of every certificate: identity, state, expiry. Never key material.
-pub(crate) fn cert_summary(certs: &ferry_identity::manager::CertManager) -> serde_json::Value {
-    let now = std::time::SystemTime::now();
-    certs
-        .states()
-        .into_iter()
-        .map(|(id, st)| match st {
-            CertState::Ready(i) => json!({"identity": id.to_string(), "state": "ready",
-                "expires_in_s": i.not_after.duration_since(now).map(|d| d.as_secs()).unwrap_or(0)}),
-            CertState::Pending => json!({"identity": id.to_string(), "state": "pending"}),
-            CertState::Failed(e) => {
-                json!({"identity": id.to_string(), "state": "failed", "error": e})
-            }
-        })
-        .collect()
 }

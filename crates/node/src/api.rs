@@ -18,7 +18,7 @@ use tokio::net::UnixListener;
 use crate::node::Node;
 
 /// Serves the API on `path` (replacing a stale socket file).
-pub async fn serve(node: Arc<Node>, path: PathBuf) -> std::io::Result<()> {
+pub(crate) async fn serve(node: Arc<Node>, path: PathBuf) -> std::io::Result<()> {
     let _ = std::fs::remove_file(&path);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;

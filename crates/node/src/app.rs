@@ -18,7 +18,7 @@ use ferry_xds::client::{ClientConfig, XdsClient};
 use parking_lot::Mutex;
 
 use crate::node::{Node, PodDialer};
-use crate::telemetry::Metrics;
+use ferry_runtime::telemetry::Metrics;
 
 /// How a node proxy is run.
 #[derive(Clone, Debug)]
@@ -90,7 +90,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         unserved: Mutex::default(),
         enrolling: Mutex::default(),
         capture_repairs: AtomicU64::new(0),
-        acceptor: crate::accept::Acceptor::default(),
+        acceptor: ferry_runtime::accept::Acceptor::default(),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),
         by_ip,

@@ -14,16 +14,16 @@ use std::path::Path;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::netns::MARK;
+use ferry_runtime::netns::MARK;
 
-pub const OUTBOUND_PORT: u16 = 15001;
-pub const INBOUND_PORT: u16 = 15006;
-pub const HBONE_PORT: u16 = 15008;
+pub(crate) const OUTBOUND_PORT: u16 = 15001;
+pub(crate) const INBOUND_PORT: u16 = 15006;
+pub(crate) const HBONE_PORT: u16 = 15008;
 
 /// Why rules could not be changed.
 #[derive(Debug, thiserror::Error)]
 #[error("iptables in {netns}: {detail}")]
-pub struct CaptureError {
+pub(crate) struct CaptureError {
     pub netns: String,
     pub detail: String,
 }
@@ -47,7 +47,7 @@ fn rules() -> String {
 /// Installs the capture rules. Rules already in place (a previous node proxy's, during a
 /// handover) are kept as they are: removing and adding them again would open a window in which
 /// the pod's traffic bypasses the proxy.
-pub async fn install(netns: &Path) -> Result<(), CaptureError> {
+pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
     // Queued connections of a closing listener move to the other listeners of its port group
     // (the next node proxy's) instead of being reset.
     let _ = Command::new("nsenter")
@@ -90,7 +90,7 @@ pub async fn install(netns: &Path) -> Result<(), CaptureError> {
 }
 
 /// Removes the capture rules; missing rules are not an error.
-pub async fn remove(netns: &Path) {
+pub(crate) async fn remove(netns: &Path) {
     let ipt = |args: &[&str]| {
         let mut c = Command::new("nsenter");
         c.arg(format!("--net={}", netns.display()))
@@ -115,7 +115,7 @@ pub async fn remove(netns: &Path) {
 }
 
 /// Whether both jumps into Ferry's chains are in place.
-pub async fn installed(netns: &Path) -> bool {
+pub(crate) async fn installed(netns: &Path) -> bool {
     let mut ok = true;
     for (chain, hook) in [("FERRY_OUT", "OUTPUT"), ("FERRY_IN", "PREROUTING")] {
         let status = Command::new("nsenter")

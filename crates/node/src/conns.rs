@@ -24,7 +24,7 @@ struct Tracked {
 
 /// The registry.
 #[derive(Default)]
-pub struct Conns {
+pub(crate) struct Conns {
     map: Mutex<HashMap<u64, Tracked>>,
 }
 
@@ -67,17 +67,13 @@ impl Conns {
         self.map.lock().remove(&id);
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Re-authorizes every open connection against `snap`; closes and returns the count of those
     /// no longer allowed.
-    pub fn recheck(&self, snap: &ferry_core::snapshot::Snapshot) -> usize {
+    pub(crate) fn recheck(&self, snap: &ferry_core::snapshot::Snapshot) -> usize {
         let mut closed = 0;
         self.map.lock().retain(|id, t| {
             let Some(dst) = snap.workload(&t.pod.uid) else { return true };

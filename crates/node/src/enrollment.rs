@@ -19,7 +19,7 @@ const RESTORE_WAIT: Duration = Duration::from_secs(10);
 
 /// Reads the enrolled pods from `path` (none if the file does not exist). Malformed lines are
 /// skipped with a warning naming them.
-pub fn load(path: &Path) -> Vec<(String, PathBuf)> {
+pub(crate) fn load(path: &Path) -> Vec<(String, PathBuf)> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -42,7 +42,7 @@ pub fn load(path: &Path) -> Vec<(String, PathBuf)> {
 }
 
 /// Writes what `node` has been asked to serve: its pods, and the enrolled pods it cannot serve.
-pub fn save(node: &Node) {
+pub(crate) fn save(node: &Node) {
     let Some(path) = &node.state_file else { return };
     let mut pods: BTreeMap<String, PathBuf> = node.enrolled().into_iter().collect();
     for (uid, (netns, _)) in node.unserved.lock().iter() {
@@ -61,7 +61,7 @@ pub fn save(node: &Node) {
 
 /// Serves again every pod in the state file; a pod that cannot be served is recorded (and
 /// reported by `/ready`, `/metrics` and the log) and tried again by [`retry_unserved`].
-pub async fn restore(node: &Arc<Node>) {
+pub(crate) async fn restore(node: &Arc<Node>) {
     let Some(path) = node.state_file.clone() else {
         return;
     };
@@ -80,7 +80,7 @@ pub async fn restore(node: &Arc<Node>) {
 }
 
 /// Tries the unserved pods again (their namespace may be back, their workload known now).
-pub async fn retry_unserved(node: &Arc<Node>) {
+pub(crate) async fn retry_unserved(node: &Arc<Node>) {
     let pending: Vec<(WorkloadUid, PathBuf)> = node
         .unserved
         .lock()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ferry_core::authz::{self, ConnInfo, Reason, Verdict};
+use ferry_core::authz::{self, ConnInfo, Verdict};
 use ferry_hbone::copy::{self, Failed};
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::PoolKey;
@@ -17,20 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::capture;
 use crate::node::{Node, Pod};
-use crate::telemetry::{AccessLog, Labels, Reporter};
-
-/// Describes a verdict for logs.
-/// A verdict in words, for access logs and refusals.
-pub(crate) fn describe(v: &Verdict) -> String {
-    match &v.reason {
-        Reason::DeniedBy(r) => format!("denied by policy {} rule {}", r.policy, r.rule),
-        Reason::AllowedBy(r) => format!("allowed by policy {} rule {}", r.policy, r.rule),
-        Reason::NoAllowMatched { allow_policies } => {
-            format!("denied: {allow_policies} ALLOW policies apply, none matches")
-        }
-        Reason::NoAllowPolicies => "allowed: no policy applies".into(),
-    }
-}
+use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 /// Authorizes a connection to `pod` on `port`.
 fn authorize(
@@ -126,7 +113,7 @@ impl Handler for Inbound {
         if verdict.is_allowed() {
             return Ok(());
         }
-        let why = describe(&verdict);
+        let why = verdict.to_string();
         let l = labels(
             &self.node,
             &self.pod,
@@ -173,7 +160,7 @@ impl Handler for Inbound {
                 node.active.fetch_sub(1, Ordering::Relaxed);
                 Refusal::Unavailable(format!("connect {addr}: {e}"))
             })?;
-            crate::sockets::tune_app_socket(&up, node.idle_bound);
+            ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
             node.conns
                 .track(id, pod.clone(), Some(peer), src, addr.port(), &up);
             Ok(up.into())
@@ -223,7 +210,7 @@ fn hbone_path(
     let original = ConnectHeaders::read(headers)
         .baggage
         .into_iter()
-        .find(|(k, _)| k == crate::waypoint::SOURCE_PRINCIPAL_KEY)
+        .find(|(k, _)| k == ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY)
         .map(|(_, v)| v);
     let snap = node.store.load();
     match (original, snap.workload(&pod.uid)) {
@@ -299,7 +286,7 @@ pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
 
 async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    crate::sockets::tune_app_socket(&tcp, node.idle_bound);
+    ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     // Counted as open, so a drain waits for it (and ends it at the deadline).
     node.opened();
     let mut log = AccessLog {
@@ -328,7 +315,7 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
             let l = labels(&node, &pod, None, "DENY", None);
             node.metrics.opened(&l);
             node.metrics.closed(&l, 0, 0);
-            return Err(describe(&verdict));
+            return Err(verdict.to_string());
         }
         let l = labels(&node, &pod, None, "-", None);
         node.metrics.opened(&l);
@@ -345,7 +332,7 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
             let headers = ConnectHeaders {
                 baggage: vec![
                     ("k8s.cluster.name".into(), cluster),
-                    (crate::waypoint::PLAINTEXT_KEY.into(), "true".into()),
+                    (ferry_runtime::baggage::PLAINTEXT_KEY.into(), "true".into()),
                 ],
                 forwarded_for: Some(peer),
                 ..ConnectHeaders::default()
@@ -355,15 +342,14 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
                 .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
                 .await
                 .map_err(|e| e.to_string())?;
-            let r =
-                copy::bidirectional_bounded(&mut tcp, &mut tunnel, crate::sockets::bounds(&node))
-                    .await
-                    .map_err(|e| {
-                        if e.failed == Failed::A || e.timed_out() {
-                            tunnel.abort();
-                        }
-                        e.to_string()
-                    });
+            let r = copy::bidirectional_bounded(&mut tcp, &mut tunnel, node.bounds())
+                .await
+                .map_err(|e| {
+                    if e.failed == Failed::A || e.timed_out() {
+                        tunnel.abort();
+                    }
+                    e.to_string()
+                });
             let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
             node.metrics.closed(&l, s, rcv);
             return r;
@@ -373,13 +359,11 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
             .connect(None, SocketAddr::new(pod.ip, orig.port()))
             .await
             .map_err(|e| e.to_string())?;
-        crate::sockets::tune_app_socket(&up, node.idle_bound);
+        ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
         let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
         node.conns
             .track(id, pod.clone(), None, peer, orig.port(), &up);
-        let r = match copy::bidirectional_bounded(&mut tcp, &mut up, crate::sockets::bounds(&node))
-            .await
-        {
+        let r = match copy::bidirectional_bounded(&mut tcp, &mut up, node.bounds()).await {
             Ok(v) => Ok(v),
             Err(e) => {
                 if e.failed == Failed::A || e.timed_out() {

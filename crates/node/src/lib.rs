@@ -6,29 +6,27 @@
 //! with `ferry_hbone`, and authorizes at the destination with `ferry_core::authz`.
 //!
 //! # Layout
-//! - [`app`]: configuration and the composition root (xDS, certificates, pool, API, admin, drain).
-//! - [`node`]: state and pod enrollment; [`api`]: the node-local enrollment API.
-//! - [`netns`]: sockets inside pods' namespaces; [`capture`]: the iptables rules.
-//! - [`outbound`], [`inbound`]: the two directions; [`telemetry`]: access log and metrics.
-//! - [`admin`]: readiness, config dump, certificates, metrics.
+//! - `app`: configuration and the composition root (xDS, certificates, pool, API, admin, drain).
+//! - `node`: state and pod enrollment; `api`: the node-local enrollment API;
+//!   `enrollment`: enrolled pods kept across restarts.
+//! - `capture`: the iptables rules in each pod's namespace.
+//! - `outbound`, `inbound`: the two directions; `conns`: open inbound connections re-checked on
+//!   policy changes.
+//! - `admin`: readiness, config dump, certificates, metrics; `memory`: memory given back after
+//!   load spikes.
+//!
+//! What it shares with the waypoint and the gateway (accept, network namespaces, telemetry) is
+//! in `ferry_runtime`.
 
-pub mod accept;
-pub mod admin;
-pub mod api;
-pub mod app;
-pub mod capture;
-pub mod conns;
-pub mod enrollment;
-pub mod gateway;
-pub mod inbound;
-pub mod l7;
-pub mod l7_metrics;
-pub mod l7_upstream;
+mod admin;
+mod api;
+mod app;
+mod capture;
+mod conns;
+mod enrollment;
+mod inbound;
 mod memory;
-pub mod netns;
-pub mod node;
-pub mod outbound;
-mod sockets;
-pub mod telemetry;
-pub mod waypoint;
-mod waypoint_router;
+mod node;
+mod outbound;
+
+pub use app::{Config, run};

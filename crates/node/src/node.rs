@@ -18,12 +18,12 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::capture;
-use crate::netns::Netns;
-use crate::telemetry::Metrics;
+use ferry_runtime::netns::Netns;
+use ferry_runtime::telemetry::Metrics;
 
 /// One enrolled pod.
 #[derive(Debug)]
-pub struct Pod {
+pub(crate) struct Pod {
     pub uid: WorkloadUid,
     pub name: String,
     pub ip: IpAddr,
@@ -37,7 +37,7 @@ pub(crate) type PodsByIp = Arc<Mutex<HashMap<IpAddr, Arc<Pod>>>>;
 
 /// Why a pod could not be enrolled.
 #[derive(Debug, thiserror::Error)]
-pub enum EnrollError {
+pub(crate) enum EnrollError {
     #[error("no workload {0} in the mesh (is this node's control plane in sync?)")]
     UnknownWorkload(String),
     #[error("workload {uid} runs on node {other}, not on {this}")]
@@ -63,7 +63,7 @@ pub enum EnrollError {
 
 /// The node proxy.
 #[derive(Debug)]
-pub struct Node {
+pub(crate) struct Node {
     pub name: NodeName,
     pub store: Arc<Store>,
     pub certs: CertManager,
@@ -89,7 +89,7 @@ pub struct Node {
     /// Capture rules found missing and put back.
     pub capture_repairs: AtomicU64,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
-    pub acceptor: crate::accept::Acceptor,
+    pub acceptor: ferry_runtime::accept::Acceptor,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed
     /// within it (keepalive, user timeout).
     pub idle_bound: std::time::Duration,
@@ -127,15 +127,20 @@ impl Dialer for PodDialer {
 
 impl Node {
     /// The trust bundle to verify peers with.
-    pub fn bundle(&self) -> TrustBundle {
+    pub(crate) fn bundle(&self) -> TrustBundle {
         if let Some(b) = self.certs.trust_bundle() {
             *self.bundle.lock() = b;
         }
         self.bundle.lock().clone()
     }
 
+    /// The copy bounds of a connection through this node: its idle bound and drain deadline.
+    pub(crate) fn bounds(&self) -> ferry_hbone::copy::Bounds {
+        ferry_runtime::sockets::bounds(self.idle_bound, self.finish.subscribe())
+    }
+
     /// Open proxied connections.
-    pub fn active(&self) -> u64 {
+    pub(crate) fn active(&self) -> u64 {
         self.active.load(Ordering::Relaxed)
     }
 
@@ -145,14 +150,14 @@ impl Node {
         self.peak_active.fetch_max(now, Ordering::Relaxed);
     }
 
-    pub fn pods(&self) -> Vec<Arc<Pod>> {
+    pub(crate) fn pods(&self) -> Vec<Arc<Pod>> {
         self.pods.lock().values().cloned().collect()
     }
 
     /// Enrolls pod `uid` whose network namespace is at `netns`: waits (up to `wait`) for it to
     /// appear in the mesh, gets its certificate, opens its listeners inside its namespace and
     /// installs the capture rules.
-    pub async fn enroll(
+    pub(crate) async fn enroll(
         self: &Arc<Self>,
         uid: &str,
         netns: &Path,
@@ -263,7 +268,7 @@ impl Node {
     }
 
     /// Removes pod `uid`: closes its listeners and deletes its capture rules.
-    pub async fn remove(&self, uid: &str) -> bool {
+    pub(crate) async fn remove(&self, uid: &str) -> bool {
         // Not while the pod is being enrolled (a restore or retry racing a `del`).
         let lock = self.enrolling.lock().get(&WorkloadUid::new(uid)).cloned();
         let _one = match &lock {
@@ -286,7 +291,10 @@ impl Node {
     /// Serves pod `uid` in the namespace now at its path, which replaced the one it was
     /// enrolled in: the old listeners go, the new namespace gets listeners and rules. The rules
     /// are never removed on the way (the new namespace may already have them).
-    pub async fn reenroll(self: &Arc<Self>, uid: &WorkloadUid) -> Result<Arc<Pod>, EnrollError> {
+    pub(crate) async fn reenroll(
+        self: &Arc<Self>,
+        uid: &WorkloadUid,
+    ) -> Result<Arc<Pod>, EnrollError> {
         let old = self.pods.lock().remove(uid);
         let Some(old) = old else {
             return Err(EnrollError::UnknownWorkload(uid.to_string()));
@@ -308,7 +316,7 @@ impl Node {
 
     /// Stops accepting on every pod and tells HBONE peers to go elsewhere (the drain's first
     /// step).
-    pub fn stop_accepting(&self) {
+    pub(crate) fn stop_accepting(&self) {
         self.drain.send_replace(true);
         for p in self.pods.lock().values() {
             for t in p.tasks.lock().drain(..) {
@@ -318,7 +326,7 @@ impl Node {
     }
 
     /// The namespace paths of enrolled pods (for the API's `list`).
-    pub fn enrolled(&self) -> Vec<(String, PathBuf)> {
+    pub(crate) fn enrolled(&self) -> Vec<(String, PathBuf)> {
         let mut v: Vec<_> = self
             .pods
             .lock()

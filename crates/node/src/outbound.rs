@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::capture;
 use crate::node::{Node, Pod};
-use crate::telemetry::{AccessLog, Labels, Reporter};
+use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {
@@ -28,7 +28,7 @@ pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener)
 
 async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    crate::sockets::tune_app_socket(&tcp, node.idle_bound);
+    ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);
     node.opened();
     let mut log = AccessLog {
@@ -174,8 +174,7 @@ async fn proxy(
             })
             .await;
             let mut tunnel = opened.map_err(|e| setup_failed(&mut labels, e))?;
-            match copy::bidirectional_bounded(tcp, &mut tunnel, crate::sockets::bounds(node)).await
-            {
+            match copy::bidirectional_bounded(tcp, &mut tunnel, node.bounds()).await {
                 Ok((sent, recv)) => Ok((sent, recv)),
                 Err(e) => {
                     if e.failed == Failed::A || e.timed_out() {
@@ -192,8 +191,8 @@ async fn proxy(
                     Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
                     format!("connect {connect_to}: {e}")
                 })?;
-            crate::sockets::tune_app_socket(&up, node.idle_bound);
-            match copy::bidirectional_bounded(tcp, &mut up, crate::sockets::bounds(node)).await {
+            ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
+            match copy::bidirectional_bounded(tcp, &mut up, node.bounds()).await {
                 Ok(v) => Ok(v),
                 Err(e) => {
                     if e.failed == Failed::A || e.timed_out() {
@@ -248,7 +247,7 @@ async fn proxy(
             })
             .await;
             let mut inner = opened.map_err(|e| setup_failed(&mut labels, e))?;
-            match copy::bidirectional_bounded(tcp, &mut inner, crate::sockets::bounds(node)).await {
+            match copy::bidirectional_bounded(tcp, &mut inner, node.bounds()).await {
                 Ok(v) => Ok(v),
                 Err(e) => {
                     if e.failed == Failed::A || e.timed_out() {

@@ -126,3 +126,19 @@ impl Netns {
         Ok(stream)
     }
 }
+
+/// Dials tunnels from inside one network namespace (a waypoint's or a gateway's pod).
+#[derive(Debug)]
+pub struct NetnsDialer(pub std::sync::Arc<Netns>);
+
+impl ferry_hbone::client::Dialer for NetnsDialer {
+    fn dial(
+        &self,
+        _src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<tokio::net::TcpStream>> + Send + '_>,
+    > {
+        Box::pin(self.0.connect(None, dst))
+    }
+}

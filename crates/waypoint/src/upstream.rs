@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
-pub type Body = BoxBody<Bytes, hyper::Error>;
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Upstream connections kept per backend and downstream connection (more only while the ones
 /// there are busy with requests of the same client).
@@ -117,7 +117,7 @@ type Shared = Arc<tokio::sync::Mutex<SendRequest<Body>>>;
 
 /// One downstream connection's upstream connections, by backend key.
 #[derive(Default)]
-pub struct Upstreams {
+pub(crate) struct Upstreams {
     by_key: parking_lot::Mutex<HashMap<String, Vec<Shared>>>,
     /// Upgraded connections being carried: they live as long as the client connection's
     /// serving does (and end with it, on a policy change or a drain).
@@ -205,7 +205,7 @@ impl Upstreams {
 
 /// What became of one request.
 #[derive(Debug)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub response: Response<Body>,
     /// The backend that answered (or the last one tried).
     pub backend: String,
@@ -219,7 +219,7 @@ pub struct Sent {
 
 /// Decides, sends and (when safe) retries one request whose path and host are already in
 /// normal form and judged facts are in `facts`.
-pub async fn forward<R: Router>(
+pub(crate) async fn forward<R: Router>(
     router: &R,
     upstreams: &Upstreams,
     facts: &HttpRequest<'_>,
@@ -424,7 +424,7 @@ fn origin_form(mut req: Request<Body>) -> Result<Request<Body>, Response<Body>> 
     Ok(req)
 }
 
-pub fn plain(status: StatusCode, body: &str) -> Response<Body> {
+pub(crate) fn plain(status: StatusCode, body: &str) -> Response<Body> {
     let mut resp = Response::new(
         Full::new(Bytes::from(body.to_string()))
             .map_err(|never| match never {})

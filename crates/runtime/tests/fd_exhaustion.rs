@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferry_node::accept::Acceptor;
+use ferry_runtime::accept::Acceptor;
 use parking_lot::Mutex;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};

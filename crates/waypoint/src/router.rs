@@ -16,8 +16,8 @@ use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
 use ferry_hbone::upstream::Upstream;
 use parking_lot::Mutex;
 
+use crate::hop::{Judge, Waypoint};
 use crate::l7::{Choice, Refused, Router};
-use crate::waypoint::{Judge, Waypoint};
 
 /// How often a request's endpoint is drawn again to avoid one that already failed it.
 const REDRAWS: usize = 4;

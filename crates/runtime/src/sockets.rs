@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 /// Keepalive probes start after half the bound and, three unanswered probes later, end the
 /// connection; unacknowledged data gives up after the bound too. Failures only cost hygiene,
 /// so they are logged and ignored.
-pub(crate) fn tune_app_socket(tcp: &TcpStream, bound: Duration) {
+pub fn tune_app_socket(tcp: &TcpStream, bound: Duration) {
     let _ = tcp.set_nodelay(true);
     let ka = TcpKeepalive::new()
         .with_time((bound / 2).max(Duration::from_secs(1)))
@@ -26,10 +26,10 @@ pub(crate) fn tune_app_socket(tcp: &TcpStream, bound: Duration) {
     }
 }
 
-/// The copy bounds of a connection through this node: its idle bound, and its drain deadline.
-pub(crate) fn bounds(node: &crate::node::Node) -> Bounds {
+/// The copy bounds of a connection: its idle bound, and its drain deadline (`finish` turns true).
+pub fn bounds(idle: Duration, finish: tokio::sync::watch::Receiver<bool>) -> Bounds {
     Bounds {
-        half_closed_idle: Some(node.idle_bound),
-        finish: Some(node.finish.subscribe()),
+        half_closed_idle: Some(idle),
+        finish: Some(finish),
     }
 }

@@ -30,7 +30,7 @@ use ferry_identity::manager::{CertManager, ManagerConfig};
 use ferry_xds::client::{ClientConfig, XdsClient};
 use parking_lot::Mutex;
 
-use crate::telemetry::AccessLog;
+use ferry_runtime::telemetry::AccessLog;
 
 /// How a waypoint instance is run.
 #[derive(Clone, Debug)]
@@ -50,10 +50,6 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
 }
 
-/// Baggage key with which a node proxy says a tunnel carries plain TCP from outside the mesh
-/// (sent under the destination's identity; honoured only from that identity).
-pub const PLAINTEXT_KEY: &str = "ferry.source.plaintext";
-
 /// What a tunnel's CONNECT target names, as the routing decision takes it.
 fn destination(target: &Target) -> Destination {
     match target {
@@ -62,26 +58,6 @@ fn destination(target: &Target) -> Destination {
             hostname: hostname.clone(),
             port: *port,
         },
-    }
-}
-
-/// Baggage key with which a waypoint tells the destination the original source's identity
-/// (`none` for plain TCP from outside the mesh); read only from the destination's own waypoint.
-pub const SOURCE_PRINCIPAL_KEY: &str = "ferry.source.principal";
-
-/// Dials from inside the waypoint pod's namespace.
-#[derive(Debug)]
-pub struct NetnsDialer(pub Arc<crate::netns::Netns>);
-
-impl ferry_hbone::client::Dialer for NetnsDialer {
-    fn dial(
-        &self,
-        _src: Option<IpAddr>,
-        dst: SocketAddr,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = std::io::Result<tokio::net::TcpStream>> + Send + '_>,
-    > {
-        Box::pin(self.0.connect(None, dst))
     }
 }
 
@@ -97,12 +73,12 @@ pub(crate) struct Waypoint {
     /// Each admitted tunnel's decision and its original source's cluster, from `check` to
     /// `connect`.
     plans: Mutex<HashMap<u64, (Plan, ClusterId)>>,
-    pub(crate) metrics: Arc<crate::l7_metrics::RequestMetrics>,
-    netns: Option<Arc<crate::netns::Netns>>,
+    pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,
+    netns: Option<Arc<ferry_runtime::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
     tunnels: Mutex<Vec<OpenTunnel>>,
     /// Accepts HBONE; refuses (and counts) when descriptors run out.
-    acceptor: crate::accept::Acceptor,
+    acceptor: ferry_runtime::accept::Acceptor,
     /// Itself, for the tasks that serve its tunnels.
     this: std::sync::Weak<Self>,
 }
@@ -114,7 +90,7 @@ struct OpenTunnel {
     is_l4: Arc<std::sync::atomic::AtomicBool>,
     stop: Arc<Stop>,
     /// Its HTTP decisions, and the upgraded requests to judge again.
-    router: Arc<crate::waypoint_router::TunnelRouter>,
+    router: Arc<crate::router::TunnelRouter>,
 }
 
 /// Ends a tunnel the waypoint serves, from outside it (a policy change).
@@ -181,7 +157,7 @@ impl Handler for Waypoint {
         let source = req.peer.clone();
         let relayed_plaintext = origin
             .iter()
-            .any(|(k, v)| k == PLAINTEXT_KEY && v == "true");
+            .any(|(k, v)| k == ferry_runtime::baggage::PLAINTEXT_KEY && v == "true");
         let peer_identity = if relayed_plaintext {
             format!("(none: plain TCP relayed by {})", req.peer)
         } else {
@@ -203,8 +179,14 @@ impl Handler for Waypoint {
                 None => source.to_string(),
             };
             let mut origin = origin;
-            origin.retain(|(k, _)| k != SOURCE_PRINCIPAL_KEY && k != PLAINTEXT_KEY);
-            origin.push((SOURCE_PRINCIPAL_KEY.into(), original));
+            origin.retain(|(k, _)| {
+                k != ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY
+                    && k != ferry_runtime::baggage::PLAINTEXT_KEY
+            });
+            origin.push((
+                ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY.into(),
+                original,
+            ));
             let Some((judge, dst)) = filter else {
                 return self.open_upstream(plan, peer, origin).await;
             };
@@ -214,7 +196,7 @@ impl Handler for Waypoint {
                 .ok_or_else(|| Refusal::Unavailable("the waypoint is stopping".into()))?;
             // HTTP: every request is routed and judged on its own. Anything else goes where
             // this tunnel's decision says, opened only then.
-            let router = Arc::new(crate::waypoint_router::TunnelRouter {
+            let router = Arc::new(crate::router::TunnelRouter {
                 wp: wp.clone(),
                 target,
                 service: match &plan.class {
@@ -462,7 +444,7 @@ async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
                 "/ready" | "/healthz/ready" => ("200 OK", "ready\n".to_string()),
                 "/metrics" | "/stats/prometheus" => (
                     "200 OK",
-                    wp.metrics.render() + &crate::accept::render(&wp.acceptor),
+                    wp.metrics.render() + &ferry_runtime::accept::render(&wp.acceptor),
                 ),
                 "/config_dump" => {
                     let snap = wp.store.load();
@@ -474,11 +456,14 @@ async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
                         "workloads": snap.workloads().count(),
                         "services": snap.services().count(),
                         "policies": snap.policies().count(),
-                        "certificates": crate::admin::cert_summary(&wp.certs),
+                        "certificates": ferry_runtime::admin::cert_summary(&wp.certs),
                     });
                     ("200 OK", body.to_string())
                 }
-                "/certs" => ("200 OK", crate::admin::cert_summary(&wp.certs).to_string()),
+                "/certs" => (
+                    "200 OK",
+                    ferry_runtime::admin::cert_summary(&wp.certs).to_string(),
+                ),
                 _ => (
                     "404 Not Found",
                     "paths: /ready /config_dump /certs /metrics\n".to_string(),
@@ -528,7 +513,7 @@ impl Judge {
         if verdict.is_allowed() {
             Ok(())
         } else {
-            Err(crate::inbound::describe(&verdict))
+            Err(verdict.to_string())
         }
     }
 }
@@ -580,14 +565,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let netns = match &config.netns {
         Some(p) => Some(Arc::new(
-            crate::netns::Netns::open(p)
+            ferry_runtime::netns::Netns::open(p)
                 .with_context(|| format!("network namespace {}", p.display()))?,
         )),
         None => None,
     };
     let pool_config = match &netns {
         Some(ns) => PoolConfig {
-            dialer: Arc::new(NetnsDialer(ns.clone())),
+            dialer: Arc::new(ferry_runtime::netns::NetnsDialer(ns.clone())),
             ..PoolConfig::default()
         },
         None => PoolConfig::default(),
@@ -605,7 +590,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::default(),
         tunnels: Mutex::default(),
         netns: netns.clone(),
-        acceptor: crate::accept::Acceptor::default(),
+        acceptor: ferry_runtime::accept::Acceptor::default(),
         this: this.clone(),
     });
     let listener = match &netns {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_node::l7::{self, Outcome, RequestCheck};
+use ferry_waypoint::l7::{self, Outcome, RequestCheck};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;

@@ -15,8 +15,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-pub use crate::l7_upstream::{Choice, Fixed, Refused, RequestCheck, Router};
-use crate::l7_upstream::{Upstreams, plain};
+pub use crate::upstream::{Choice, Fixed, Refused, RequestCheck, Router};
+use crate::upstream::{Upstreams, plain};
 
 /// What each request's access-log line names.
 #[derive(Clone, Debug, Default)]
@@ -25,7 +25,7 @@ pub struct Labels {
     pub src_identity: String,
     pub dst_workload: String,
     /// Where each request is counted, if anywhere.
-    pub metrics: Option<Arc<crate::l7_metrics::RequestMetrics>>,
+    pub metrics: Option<Arc<crate::metrics::RequestMetrics>>,
 }
 
 /// What happened on one connection, for the access log.
@@ -129,7 +129,7 @@ where
                     headers: &headers,
                 };
                 let req = req.map(BodyExt::boxed);
-                let sent = crate::l7_upstream::forward(&*router, &upstreams, &facts, req).await;
+                let sent = crate::upstream::forward(&*router, &upstreams, &facts, req).await;
                 if sent.denied {
                     counts.lock().1 += 1;
                 } else {
@@ -353,7 +353,7 @@ where
                     error: ferry_hbone::copy::bidirectional_bounded(
                         &mut client,
                         &mut upstream,
-                        crate::l7_upstream::waypoint_bounds(),
+                        crate::upstream::waypoint_bounds(),
                     )
                     .await
                     .err()

@@ -27,7 +27,7 @@ use ferry_identity::manager::{CertManager, ManagerConfig};
 use ferry_xds::client::{ClientConfig, XdsClient};
 use parking_lot::Mutex;
 
-use crate::telemetry::AccessLog;
+use ferry_runtime::telemetry::AccessLog;
 
 /// How a gateway is run.
 #[derive(Clone, Debug)]
@@ -221,7 +221,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.name, config.listen, g.identity, g.network
     );
     let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
-    let acceptor = crate::accept::Acceptor::default();
+    let acceptor = ferry_runtime::accept::Acceptor::default();
     loop {
         let (tcp, peer) = acceptor.accept(&listener, "gateway").await;
         let creds = match certs.fetch(&g.identity).await {

@@ -1,0 +1,9 @@
+//! `ferry gateway`: the east-west gateway. It terminates the outer HBONE tunnel of double
+//! HBONE and carries the inner one to the destination on its own network.
+//!
+//! # Layout
+//! - [`hop`]: the HBONE handler and `run`.
+
+pub mod hop;
+
+pub use hop::{Config, run};
