@@ -122,6 +122,9 @@ pub(crate) struct WaypointArgs {
     /// namespace as `--listen`.
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// Seconds open tunnels may finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    drain_seconds: u64,
 }
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
@@ -136,6 +139,7 @@ pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
             listen: args.listen,
             netns: args.netns.clone(),
             admin: args.admin,
+            drain: Duration::from_secs(args.drain_seconds),
         }))
     })
 }
@@ -154,6 +158,9 @@ pub(crate) struct GatewayArgs {
     bundle_file: PathBuf,
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
+    /// Seconds open tunnels may finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    drain_seconds: u64,
 }
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
@@ -165,6 +172,7 @@ pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
             token,
             bundle_pem,
             listen: args.listen,
+            drain: Duration::from_secs(args.drain_seconds),
         }))
     })
 }

@@ -18,13 +18,10 @@ use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::store::Store;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
-use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::server::{ConnectRequest, Handler};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::tls::TrustBundle;
 use ferry_hbone::upstream::Upstream;
-use ferry_identity::client::GrpcCa;
-use ferry_identity::manager::{CertManager, ManagerConfig};
-use ferry_xds::client::{ClientConfig, XdsClient};
+use ferry_runtime::bootstrap::ControlPlane;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
@@ -39,6 +36,8 @@ pub struct Config {
     pub token: String,
     pub bundle_pem: String,
     pub listen: SocketAddr,
+    /// How long open tunnels may finish after SIGTERM.
+    pub drain: Duration,
 }
 
 struct Gateway {
@@ -167,48 +166,28 @@ impl Handler for Gateway {
     }
 }
 
-/// Runs the gateway until SIGTERM.
+/// Runs the gateway until SIGTERM, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
-    let store = Arc::new(Store::default());
-    let xds = XdsClient::new(
-        ClientConfig {
-            endpoint: config.control.clone(),
-            bundle_pem: config.bundle_pem.clone(),
-            server_name: "ferry-control".into(),
-            token: config.token.clone(),
-            cluster: String::new(),
-            node_id: format!("ferry-gateway~{}", config.name),
-            plaintext: false,
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(15),
-        },
-        store.clone(),
-    );
-    let mut ready = xds.ready();
-    tokio::spawn(xds.run());
-    ready.wait_for(|r| *r).await.context("xDS")?;
-    let g = store
+    let control = ControlPlane {
+        endpoint: config.control.clone(),
+        token: config.token.clone(),
+        bundle_pem: config.bundle_pem.clone(),
+        plaintext: false,
+    };
+    let bundle = control.bundle()?;
+    let mesh = control.subscribe(format!("ferry-gateway~{}", config.name), "");
+    mesh.wait_ready(&config.control).await?;
+    let g = mesh
+        .store
         .load()
         .gateways()
         .find(|g| g.name == config.name)
         .cloned()
         .with_context(|| format!("no gateway {} in the mesh", config.name))?;
-    let ca = GrpcCa::new(
-        &config.control,
-        &config.bundle_pem,
-        "ferry-control",
-        config.token.clone(),
-        g.cluster.to_string(),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let certs = CertManager::new(Arc::new(ca), ManagerConfig::default());
-    certs
-        .fetch(&g.identity)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let certs = control.certificates(g.cluster.as_str())?;
+    certs.fetch(&g.identity).await?;
     let gw = Arc::new(Gateway {
-        store,
+        store: mesh.store.clone(),
         name: config.name.clone(),
         plans: Mutex::new(HashMap::new()),
         refused: AtomicU64::new(0),
@@ -216,36 +195,41 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
-    println!(
+    let (trigger, drain) = ferry_runtime::drain::new();
+    let hbone = ferry_runtime::serve::Hbone {
+        what: "gateway",
+        identity: g.identity.clone(),
+        certs,
+        bundle,
+        settings: Settings::default(),
+        acceptor: Arc::default(),
+        drain,
+        open: Arc::default(),
+    };
+    let serving = tokio::spawn(ferry_runtime::serve::serve_hbone(listener, hbone, gw));
+    tracing::info!(
+        gateway = %config.name,
+        listen = %config.listen,
+        identity = %g.identity,
+        network = %g.network,
         "ferry gateway {}: serving HBONE on {} as {} for network {}",
-        config.name, config.listen, g.identity, g.network
+        config.name,
+        config.listen,
+        g.identity,
+        g.network
     );
-    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
-    let acceptor = ferry_runtime::accept::Acceptor::default();
-    loop {
-        let (tcp, peer) = acceptor.accept(&listener, "gateway").await;
-        let creds = match certs.fetch(&g.identity).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "no certificate: refusing a connection");
-                continue;
-            }
-        };
-        let leaf = creds.chain()[0].to_vec();
-        let server = match &current {
-            Some((l, s)) if *l == leaf => s.clone(),
-            _ => {
-                let b = certs.trust_bundle().unwrap_or_else(|| bundle.clone());
-                let s = Arc::new(Server::new(&creds, &b, Settings::default())?);
-                current = Some((leaf, s.clone()));
-                s
-            }
-        };
-        let gw = gw.clone();
-        tokio::spawn(async move {
-            if let Err(e) = server.serve_connection(tcp, peer, gw).await {
-                tracing::debug!(peer = %peer, error = %e, "gateway connection ended with an error");
-            }
-        });
-    }
+    ferry_runtime::shutdown_signal().await;
+    tracing::info!(drain_s = config.drain.as_secs(), "draining");
+    let drained = trigger.drain(config.drain, FINISH_GRACE).await;
+    let _ = serving.await;
+    tracing::info!(
+        left_at_deadline = drained.left_at_deadline,
+        left_after_grace = drained.left_after_grace,
+        "gateway stopped"
+    );
+    Ok(())
 }
+
+/// How long, past the drain deadline, peers get to finish their side of tunnels that were ended
+/// cleanly.
+const FINISH_GRACE: Duration = Duration::from_secs(6);

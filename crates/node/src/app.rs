@@ -9,16 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_core::model::NodeName;
-use ferry_core::store::Store;
 use ferry_hbone::pool::{Pool, PoolConfig};
-use ferry_hbone::tls::TrustBundle;
-use ferry_identity::client::GrpcCa;
-use ferry_identity::manager::{CertManager, ManagerConfig};
-use ferry_xds::client::{ClientConfig, XdsClient};
+use ferry_runtime::bootstrap::ControlPlane;
+use ferry_runtime::telemetry::Metrics;
 use parking_lot::Mutex;
 
 use crate::node::{Node, PodDialer};
-use ferry_runtime::telemetry::Metrics;
 
 /// How a node proxy is run.
 #[derive(Clone, Debug)]
@@ -42,55 +38,38 @@ pub struct Config {
 
 /// Runs the node proxy until SIGTERM or SIGINT, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    raise_fd_limit();
-    let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
-    let store = Arc::new(Store::default());
-    let xds = XdsClient::new(
-        ClientConfig {
-            endpoint: config.control.clone(),
-            bundle_pem: config.bundle_pem.clone(),
-            server_name: "ferry-control".into(),
-            token: config.token.clone(),
-            cluster: config.cluster.clone(),
-            node_id: format!("ferry~{}", config.name),
-            plaintext: config.plaintext,
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(15),
-        },
-        store.clone(),
-    );
-    let ready = xds.ready();
-    tokio::spawn(xds.run());
-    let ca = GrpcCa::new(
-        &config.control,
-        &config.bundle_pem,
-        "ferry-control",
-        config.token.clone(),
-        config.cluster.clone(),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let certs = CertManager::new(Arc::new(ca), ManagerConfig::default());
+    ferry_runtime::raise_fd_limit();
+    let control = ControlPlane {
+        endpoint: config.control.clone(),
+        token: config.token.clone(),
+        bundle_pem: config.bundle_pem.clone(),
+        plaintext: config.plaintext,
+    };
+    let bundle = control.bundle()?;
+    let mesh = control.subscribe(format!("ferry~{}", config.name), &config.cluster);
+    let certs = control.certificates(&config.cluster)?;
     let by_ip = Arc::new(Mutex::new(HashMap::new()));
     let pool = Pool::new(PoolConfig {
         dialer: Arc::new(PodDialer(by_ip.clone())),
         ..PoolConfig::default()
     });
+    let (trigger, drain) = ferry_runtime::drain::new();
     let node = Arc::new(Node {
         name: NodeName::new(&config.name),
-        store: store.clone(),
+        store: mesh.store.clone(),
+        changes: mesh.changes(),
         certs,
         bundle: Mutex::new(bundle),
         pool,
         metrics: Metrics::default(),
         conns: crate::conns::Conns::default(),
-        drain: tokio::sync::watch::channel(false).0,
-        finish: tokio::sync::watch::channel(false).0,
-        hbone_conns: AtomicU64::new(0),
+        drain,
+        hbone_conns: Arc::default(),
         state_file: config.state_file.clone(),
         unserved: Mutex::default(),
         enrolling: Mutex::default(),
         capture_repairs: AtomicU64::new(0),
-        acceptor: ferry_runtime::accept::Acceptor::default(),
+        acceptor: Arc::default(),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),
         by_ip,
@@ -98,6 +77,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         active: AtomicU64::new(0),
         peak_active: AtomicU64::new(0),
     });
+    let ready = mesh.ready();
     let admin = tokio::net::TcpListener::bind(config.admin)
         .await
         .with_context(|| format!("admin address {}", config.admin))?;
@@ -122,40 +102,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(recheck(node.clone()));
     tokio::spawn(reconcile(node.clone()));
     tokio::spawn(crate::memory::give_back(node.clone()));
-    println!(
-        "ferry node {}: enrollment API on {}, admin on http://{admin_addr}/ (ready, config_dump, certs, metrics)",
-        config.name,
-        config.api_socket.display()
+    tracing::info!(
+        node = %config.name,
+        api = %config.api_socket.display(),
+        admin = %admin_addr,
+        "node proxy serving (admin: /ready /config_dump /certs /metrics)"
     );
-    shutdown_signal().await;
+    ferry_runtime::shutdown_signal().await;
     tracing::info!(
         drain_s = config.drain.as_secs(),
         active = node.active(),
         "draining"
     );
-    node.stop_accepting();
-    let deadline = tokio::time::Instant::now() + config.drain;
-    wait_until(deadline, || node.active() == 0).await;
-    // The deadline: what is still open ends with a FIN (END_STREAM in tunnels), and the peers
-    // get a moment to finish their side; then the HBONE connections close with close_notify.
-    let left = node.active();
-    if left > 0 {
-        tracing::info!(
-            left,
-            "drain deadline: ending the remaining connections with FIN"
-        );
-        node.finish.send_replace(true);
-        wait_until(tokio::time::Instant::now() + FINISH_GRACE, || {
-            node.active() == 0
-        })
-        .await;
-    }
+    // Listeners stop and HBONE peers get a GOAWAY; at the deadline what is still open ends with
+    // a FIN (END_STREAM in tunnels) and the peers get a moment to finish their side.
+    let drained = trigger.drain(config.drain, FINISH_GRACE).await;
+    // Then the pooled HBONE connections close with close_notify.
     node.pool.shutdown(Duration::from_secs(2)).await;
-    wait_until(tokio::time::Instant::now() + Duration::from_secs(2), || {
-        node.hbone_conns.load(std::sync::atomic::Ordering::Relaxed) == 0
-    })
-    .await;
-    tracing::info!(left = node.active(), "node proxy stopped");
+    tracing::info!(
+        left = node.active(),
+        left_at_deadline = drained.left_at_deadline,
+        left_after_grace = drained.left_after_grace,
+        "node proxy stopped"
+    );
     let _ = std::fs::remove_file(&config.api_socket);
     Ok(())
 }
@@ -164,17 +133,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// ended with a FIN (a tunnel waits up to 5 s for its peer's END_STREAM).
 const FINISH_GRACE: Duration = Duration::from_secs(6);
 
-/// Polls `done` every 20 ms until it holds or `deadline` passes.
-async fn wait_until(deadline: tokio::time::Instant, done: impl Fn() -> bool) {
-    while !done() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Keeps certificates of this node's workloads fetched ahead of their first connection, and
-/// drops those of workloads that left.
+/// drops those of workloads that left: on every new snapshot.
 async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>) {
     let _ = ready.wait_for(|r| *r).await;
+    let mut changes = node.changes.clone();
     loop {
         let snap = node.store.load();
         let ids: HashSet<_> = snap
@@ -183,54 +146,30 @@ async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>
             .filter_map(|u| snap.workload(u))
             .filter_map(|w| w.identity().ok())
             .collect();
+        drop(snap);
         node.certs.prefetch(ids.iter());
         node.certs.retain(&ids);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-async fn shutdown_signal() {
-    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        if changes.changed().await.is_err() {
+            return;
+        }
     }
 }
 
 /// Re-authorizes open connections whenever a new snapshot is applied.
 async fn recheck(node: Arc<Node>) {
-    let mut last = node.store.load().version();
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut changes = node.changes.clone();
+    while changes.changed().await.is_ok() {
         let snap = node.store.load();
-        if snap.version() != last {
-            last = snap.version();
-            tracing::debug!(
-                version = last,
-                tracked = node.conns.len(),
-                "re-checking open connections"
-            );
-            let closed = node.conns.recheck(&snap);
-            if closed > 0 {
-                tracing::info!(closed, version = last, "policy change closed connections");
-            }
+        let version = snap.version();
+        tracing::debug!(
+            version,
+            tracked = node.conns.len(),
+            "re-checking open connections"
+        );
+        let closed = node.conns.recheck(&snap);
+        if closed > 0 {
+            tracing::info!(closed, version, "policy change closed connections");
         }
-    }
-}
-
-/// Raises the soft file-descriptor limit to the hard one: every proxied connection holds two.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::info!(from = soft, to = hard, "raised the file-descriptor limit"),
-            Err(e) => tracing::warn!(error = %e, "cannot raise the file-descriptor limit"),
-        },
-        _ => {}
     }
 }
 

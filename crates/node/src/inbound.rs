@@ -10,7 +10,7 @@ use ferry_core::authz::{self, ConnInfo, Verdict};
 use ferry_hbone::copy::{self, Failed};
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::PoolKey;
-use ferry_hbone::server::{ConnectRequest, Handler, Server, reset_tcp};
+use ferry_hbone::server::{ConnectRequest, Handler, reset_tcp};
 use ferry_hbone::settings::Settings;
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
@@ -223,64 +223,32 @@ fn hbone_path(
 
 /// Serves HBONE on the pod's port 15008 with the pod's current certificate.
 pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    let handler = Arc::new(Inbound {
-        node: node.clone(),
-        pod: pod.clone(),
-    });
-    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
-    loop {
-        let (tcp, peer) = node.acceptor.accept(&listener, "hbone").await;
-        // The newest valid certificate serves each new connection (rotation without restarts).
-        let creds = match node.certs.fetch(&pod.identity).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(pod = %pod.uid, error = %e, "no certificate: refusing an HBONE connection");
-                continue;
-            }
-        };
-        let leaf = creds.chain()[0].to_vec();
-        let server = match &current {
-            Some((l, s)) if *l == leaf => s.clone(),
-            _ => match Server::new(
-                &creds,
-                &node.bundle(),
-                Settings {
-                    half_closed_idle: Some(node.idle_bound),
-                    ..Settings::default()
-                },
-            )
-            .map(|s| {
-                s.drain_on(node.drain.subscribe())
-                    .finish_on(node.finish.subscribe())
-            }) {
-                Ok(s) => {
-                    let s = Arc::new(s);
-                    current = Some((leaf, s.clone()));
-                    s
-                }
-                Err(e) => {
-                    tracing::error!(pod = %pod.uid, error = %e, "cannot build the HBONE server");
-                    continue;
-                }
-            },
-        };
-        let (handler, node) = (handler.clone(), node.clone());
-        node.hbone_conns.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(async move {
-            if let Err(e) = server.serve_connection(tcp, peer, handler).await {
-                tracing::debug!(peer = %peer, error = %e, "HBONE connection ended with an error");
-            }
-            node.hbone_conns.fetch_sub(1, Ordering::Relaxed);
-        });
-    }
+    let hbone = ferry_runtime::serve::Hbone {
+        what: "hbone",
+        identity: pod.identity.clone(),
+        certs: node.certs.clone(),
+        bundle: node.bundle(),
+        settings: Settings {
+            half_closed_idle: Some(node.idle_bound),
+            ..Settings::default()
+        },
+        acceptor: node.acceptor.clone(),
+        drain: node.drain.clone(),
+        open: node.hbone_conns.clone(),
+    };
+    let handler = Arc::new(Inbound { node, pod });
+    ferry_runtime::serve::serve_hbone(listener, hbone, handler).await;
 }
 
 /// Serves plain TCP captured on the pod's inbound port (sources outside the mesh).
 pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {
-        let (tcp, peer) = node.acceptor.accept(&listener, "inbound plain").await;
-        let (node, pod) = (node.clone(), pod.clone());
-        tokio::spawn(async move { plain(node, pod, tcp, peer).await });
+        let (tcp, peer) = tokio::select! {
+            c = node.acceptor.accept(&listener, "inbound plain") => c,
+            () = node.drain.draining() => return,
+        };
+        let (n, pod) = (node.clone(), pod.clone());
+        node.drain.spawn(plain(n, pod, tcp, peer));
     }
 }
 

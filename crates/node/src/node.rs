@@ -14,6 +14,7 @@ use ferry_hbone::client::Dialer;
 use ferry_hbone::pool::Pool;
 use ferry_hbone::tls::TrustBundle;
 use ferry_identity::manager::CertManager;
+use ferry_runtime::drain::DrainWatcher;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
@@ -73,13 +74,14 @@ pub(crate) struct Node {
     pub metrics: Metrics,
     /// Open inbound connections, re-checked on every configuration change.
     pub conns: crate::conns::Conns,
-    /// Turns true when the node proxy drains: HBONE connections get a GOAWAY.
-    pub drain: tokio::sync::watch::Sender<bool>,
-    /// Turns true at the drain deadline: every connection still open is ended with a FIN (and
-    /// END_STREAM in its tunnel), never a reset.
-    pub finish: tokio::sync::watch::Sender<bool>,
+    /// Changes whenever a new snapshot is applied.
+    pub(crate) changes: tokio::sync::watch::Receiver<u64>,
+    /// The drain: listeners stop when it starts (HBONE connections get a GOAWAY); at its
+    /// deadline every connection still open is ended with a FIN (and END_STREAM in its tunnel),
+    /// never a reset. Every connection's task is spawned through it.
+    pub(crate) drain: DrainWatcher,
     /// HBONE connections being served (closed with a TLS close_notify when they end).
-    pub(crate) hbone_conns: AtomicU64,
+    pub(crate) hbone_conns: Arc<AtomicU64>,
     /// Where the enrolled pods are kept across restarts ([`crate::enrollment`]).
     pub state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.
@@ -89,7 +91,7 @@ pub(crate) struct Node {
     /// Capture rules found missing and put back.
     pub capture_repairs: AtomicU64,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
-    pub acceptor: ferry_runtime::accept::Acceptor,
+    pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed
     /// within it (keepalive, user timeout).
     pub idle_bound: std::time::Duration,
@@ -136,7 +138,7 @@ impl Node {
 
     /// The copy bounds of a connection through this node: its idle bound and drain deadline.
     pub(crate) fn bounds(&self) -> ferry_hbone::copy::Bounds {
-        ferry_runtime::sockets::bounds(self.idle_bound, self.finish.subscribe())
+        ferry_runtime::sockets::bounds(self.idle_bound, self.drain.finish_signal())
     }
 
     /// Open proxied connections.
@@ -175,15 +177,27 @@ impl Node {
         if let Some(p) = self.pods.lock().get(&uid) {
             return Ok(p.clone());
         }
-        let deadline = tokio::time::Instant::now() + wait;
-        let w = loop {
-            if let Some(w) = self.store.load().workload(&uid).cloned() {
-                break w;
+        // Waits for the workload to appear in the mesh: on each new snapshot, up to `wait`.
+        let mut changes = self.changes.clone();
+        let appeared = tokio::time::timeout(wait, async {
+            loop {
+                if let Some(w) = self.store.load().workload(&uid).cloned() {
+                    return Some(w);
+                }
+                if changes.changed().await.is_err() {
+                    return None;
+                }
             }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(EnrollError::UnknownWorkload(uid.to_string()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+        let w = match appeared.await {
+            Ok(Some(w)) => w,
+            // Looked at once more: `wait` may be zero.
+            _ => self
+                .store
+                .load()
+                .workload(&uid)
+                .cloned()
+                .ok_or_else(|| EnrollError::UnknownWorkload(uid.to_string()))?,
         };
         if w.node.as_ref() != Some(&self.name) {
             return Err(EnrollError::OtherNode {
@@ -312,17 +326,6 @@ impl Node {
             t.abort();
         }
         capture::remove(pod.netns.path()).await;
-    }
-
-    /// Stops accepting on every pod and tells HBONE peers to go elsewhere (the drain's first
-    /// step).
-    pub(crate) fn stop_accepting(&self) {
-        self.drain.send_replace(true);
-        for p in self.pods.lock().values() {
-            for t in p.tasks.lock().drain(..) {
-                t.abort();
-            }
-        }
     }
 
     /// The namespace paths of enrolled pods (for the API's `list`).

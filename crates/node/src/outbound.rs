@@ -20,9 +20,12 @@ use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {
-        let (tcp, peer) = node.acceptor.accept(&listener, "outbound").await;
-        let (node, pod) = (node.clone(), pod.clone());
-        tokio::spawn(handle(node, pod, tcp, peer));
+        let (tcp, peer) = tokio::select! {
+            c = node.acceptor.accept(&listener, "outbound") => c,
+            () = node.drain.draining() => return,
+        };
+        let (n, pod) = (node.clone(), pod.clone());
+        node.drain.spawn(handle(n, pod, tcp, peer));
     }
 }
 

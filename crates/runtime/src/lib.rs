@@ -3,6 +3,9 @@
 //! # Layout
 //! - [`accept`]: accepting when file descriptors run out (refuse and count, never hang).
 //! - [`admin`]: what every admin endpoint shows the same way (certificates).
+//! - [`bootstrap`]: subscribe to the mesh (xDS) and get certificates (CA), once for all.
+//! - [`drain`]: one drain primitive, graceful then forced at a deadline.
+//! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.
 //! - [`baggage`]: Ferry's baggage keys on CONNECT requests.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.
@@ -13,6 +16,34 @@
 pub mod accept;
 pub mod admin;
 pub mod baggage;
+pub mod bootstrap;
+pub mod drain;
 pub mod netns;
+pub mod serve;
 pub mod sockets;
 pub mod telemetry;
+
+/// Waits for SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Raises the soft file-descriptor limit to the hard one: every proxied connection holds two.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the file-descriptor limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the file-descriptor limit"),
+        },
+        _ => {}
+    }
+}

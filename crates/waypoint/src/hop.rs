@@ -21,13 +21,12 @@ use ferry_core::route::{self, Destination, Plan, Source, Transport};
 use ferry_core::store::Store;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
-use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::server::{ConnectRequest, Handler};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::tls::TrustBundle;
 use ferry_hbone::upstream::Upstream;
-use ferry_identity::client::GrpcCa;
-use ferry_identity::manager::{CertManager, ManagerConfig};
-use ferry_xds::client::{ClientConfig, XdsClient};
+use ferry_identity::manager::CertManager;
+use ferry_runtime::bootstrap::ControlPlane;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
@@ -48,6 +47,8 @@ pub struct Config {
     pub netns: Option<std::path::PathBuf>,
     /// Admin endpoint (`/ready`, `/metrics`), in the same namespace as `listen`.
     pub admin: Option<SocketAddr>,
+    /// How long open tunnels may finish after SIGTERM.
+    pub drain: Duration,
 }
 
 /// What a tunnel's CONNECT target names, as the routing decision takes it.
@@ -78,7 +79,7 @@ pub(crate) struct Waypoint {
     /// Tunnels being served, for re-checks when the policy changes.
     tunnels: Mutex<Vec<OpenTunnel>>,
     /// Accepts HBONE; refuses (and counts) when descriptors run out.
-    acceptor: ferry_runtime::accept::Acceptor,
+    acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// Itself, for the tasks that serve its tunnels.
     this: std::sync::Weak<Self>,
 }
@@ -518,51 +519,31 @@ impl Judge {
     }
 }
 
-/// Runs a waypoint instance until SIGTERM.
+/// Runs a waypoint instance until SIGTERM, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
-    let store = Arc::new(Store::default());
-    let xds = XdsClient::new(
-        ClientConfig {
-            endpoint: config.control.clone(),
-            bundle_pem: config.bundle_pem.clone(),
-            server_name: "ferry-control".into(),
-            token: config.token.clone(),
-            cluster: config.cluster.clone(),
-            node_id: format!("ferry-waypoint~{}", config.uid),
-            plaintext: false,
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(15),
-        },
-        store.clone(),
-    );
-    let mut ready = xds.ready();
-    tokio::spawn(xds.run());
-    ready.wait_for(|r| *r).await.context("xDS")?;
+    let control = ControlPlane {
+        endpoint: config.control.clone(),
+        token: config.token.clone(),
+        bundle_pem: config.bundle_pem.clone(),
+        plaintext: false,
+    };
+    let bundle = control.bundle()?;
+    let mesh = control.subscribe(format!("ferry-waypoint~{}", config.uid), &config.cluster);
+    mesh.wait_ready(&config.control).await?;
     let uid = WorkloadUid::new(&config.uid);
-    let me = store
+    let me = mesh
+        .store
         .load()
         .workload(&uid)
         .cloned()
         .with_context(|| format!("no workload {} in the mesh", config.uid))?;
-    let identity = me.identity().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let identity = me.identity()?;
     let ip = *me
         .addresses
         .first()
         .context("the waypoint has no address")?;
-    let ca = GrpcCa::new(
-        &config.control,
-        &config.bundle_pem,
-        "ferry-control",
-        config.token.clone(),
-        config.cluster.clone(),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let certs = CertManager::new(Arc::new(ca), ManagerConfig::default());
-    certs
-        .fetch(&identity)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let certs = control.certificates(&config.cluster)?;
+    certs.fetch(&identity).await?;
     let netns = match &config.netns {
         Some(p) => Some(Arc::new(
             ferry_runtime::netns::Netns::open(p)
@@ -577,11 +558,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         None => PoolConfig::default(),
     };
+    let (trigger, drain) = ferry_runtime::drain::new();
     let wp = Arc::new_cyclic(|this| Waypoint {
-        store,
-        certs,
+        store: mesh.store.clone(),
+        certs: certs.clone(),
         pool: Pool::new(pool_config),
-        bundle,
+        bundle: bundle.clone(),
         uid,
         identity: identity.clone(),
         ip,
@@ -590,7 +572,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::default(),
         tunnels: Mutex::default(),
         netns: netns.clone(),
-        acceptor: ferry_runtime::accept::Acceptor::default(),
+        acceptor: Arc::default(),
         this: this.clone(),
     });
     let listener = match &netns {
@@ -600,18 +582,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     .with_context(|| format!("binding {}", config.listen))?;
     // Re-judge open L4 tunnels whenever a new snapshot is applied (HTTP is judged per request).
     {
-        let wp = wp.clone();
+        let (wp, mut changes) = (wp.clone(), mesh.changes());
         tokio::spawn(async move {
-            let mut last = wp.store.load().version();
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                let version = wp.store.load().version();
-                if version != last {
-                    last = version;
-                    let closed = wp.recheck();
-                    if closed > 0 {
-                        tracing::info!(closed, version, "policy change closed waypoint tunnels");
-                    }
+            while changes.changed().await.is_ok() {
+                let version = *changes.borrow_and_update();
+                let closed = wp.recheck();
+                if closed > 0 {
+                    tracing::info!(closed, version, "policy change closed waypoint tunnels");
                 }
             }
         });
@@ -624,35 +601,42 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding the admin endpoint {addr}"))?;
         tokio::spawn(serve_admin(admin, wp.clone()));
     }
-    println!(
+    let hbone = ferry_runtime::serve::Hbone {
+        what: "waypoint hbone",
+        identity: identity.clone(),
+        certs,
+        bundle,
+        settings: Settings::default(),
+        acceptor: wp.acceptor.clone(),
+        drain,
+        open: Arc::default(),
+    };
+    let serving = tokio::spawn(ferry_runtime::serve::serve_hbone(
+        listener,
+        hbone,
+        wp.clone(),
+    ));
+    tracing::info!(
+        waypoint = %config.uid,
+        listen = %config.listen,
+        identity = %identity,
         "ferry waypoint {}: serving HBONE on {} as {identity}",
-        config.uid, config.listen
+        config.uid,
+        config.listen
     );
-    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
-    loop {
-        let (tcp, peer) = wp.acceptor.accept(&listener, "waypoint hbone").await;
-        let creds = match wp.certs.fetch(&wp.identity).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "no certificate: refusing a connection");
-                continue;
-            }
-        };
-        let leaf = creds.chain()[0].to_vec();
-        let server = match &current {
-            Some((l, s)) if *l == leaf => s.clone(),
-            _ => {
-                let bundle = wp.certs.trust_bundle().unwrap_or_else(|| wp.bundle.clone());
-                let s = Arc::new(Server::new(&creds, &bundle, Settings::default())?);
-                current = Some((leaf, s.clone()));
-                s
-            }
-        };
-        let wp = wp.clone();
-        tokio::spawn(async move {
-            if let Err(e) = server.serve_connection(tcp, peer, wp).await {
-                tracing::debug!(peer = %peer, error = %e, "waypoint connection ended with an error");
-            }
-        });
-    }
+    ferry_runtime::shutdown_signal().await;
+    tracing::info!(drain_s = config.drain.as_secs(), "draining");
+    let drained = trigger.drain(config.drain, FINISH_GRACE).await;
+    let _ = serving.await;
+    wp.pool.shutdown(Duration::from_secs(2)).await;
+    tracing::info!(
+        left_at_deadline = drained.left_at_deadline,
+        left_after_grace = drained.left_after_grace,
+        "waypoint stopped"
+    );
+    Ok(())
 }
+
+/// How long, past the drain deadline, peers get to finish their side of tunnels that were ended
+/// cleanly.
+const FINISH_GRACE: Duration = Duration::from_secs(6);

@@ -65,6 +65,8 @@ pub struct XdsClient {
     store: Arc<Store>,
     state: Arc<Mutex<ClientState>>,
     ready: watch::Sender<bool>,
+    /// The version of the newest snapshot applied.
+    changes: watch::Sender<u64>,
 }
 
 impl XdsClient {
@@ -77,12 +79,19 @@ impl XdsClient {
             store,
             state: Arc::new(Mutex::new(ClientState::default())),
             ready: watch::channel(false).0,
+            changes: watch::channel(0).0,
         }
     }
 
     /// True once both types have been fully received.
     pub fn ready(&self) -> watch::Receiver<bool> {
         self.ready.subscribe()
+    }
+
+    /// Changes whenever a new snapshot is applied; its value is that snapshot's version. Open
+    /// connections wait on it to be judged again (events, not polling).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     pub fn state(&self) -> Arc<Mutex<ClientState>> {
@@ -281,7 +290,9 @@ impl XdsClient {
         rejected.extend(set_aside);
         match snap {
             Some(snap) => {
+                let version = snap.version();
                 self.store.publish(snap);
+                self.changes.send_replace(version);
             }
             None => {
                 tracing::error!("no consistent snapshot from this push; keeping the last good one")

@@ -1,0 +1,92 @@
+//! The HBONE accept loop every program runs: each new connection is served with the newest
+//! valid certificate of its identity (rotation without restarts), under the drain.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferry_core::identity::Identity;
+use ferry_hbone::server::{Handler, Server};
+use ferry_hbone::settings::Settings;
+use ferry_hbone::tls::TrustBundle;
+use ferry_identity::manager::CertManager;
+use tokio::net::TcpListener;
+
+use crate::accept::Acceptor;
+use crate::drain::DrainWatcher;
+
+/// One HBONE listener: who it serves as, and with what.
+#[derive(Debug)]
+pub struct Hbone {
+    /// For logs: which listener this is.
+    pub what: &'static str,
+    pub identity: Identity,
+    pub certs: CertManager,
+    /// The configured roots, used until certificates bring the CA's own.
+    pub bundle: TrustBundle,
+    pub settings: Settings,
+    pub acceptor: Arc<Acceptor>,
+    pub drain: DrainWatcher,
+    /// HBONE connections being served (a gauge for memory and admin).
+    pub open: Arc<AtomicU64>,
+}
+
+/// Counts one served connection for as long as it lives.
+struct Open(Arc<AtomicU64>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Accepts HBONE connections on `listener` until the drain starts; each connection is served on
+/// its own tracked task (the drain waits for it, and its GOAWAY and clean finish come from the
+/// drain too).
+pub async fn serve_hbone<H: Handler>(listener: TcpListener, hbone: Hbone, handler: Arc<H>) {
+    let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
+    loop {
+        let (tcp, peer) = tokio::select! {
+            c = hbone.acceptor.accept(&listener, hbone.what) => c,
+            () = hbone.drain.draining() => return,
+        };
+        let creds = match hbone.certs.fetch(&hbone.identity).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(listener = hbone.what, identity = %hbone.identity, error = %e, "no certificate: refusing an HBONE connection");
+                continue;
+            }
+        };
+        let leaf = creds.chain()[0].to_vec();
+        let server = match &current {
+            Some((l, s)) if *l == leaf => s.clone(),
+            _ => {
+                let bundle = hbone
+                    .certs
+                    .trust_bundle()
+                    .unwrap_or_else(|| hbone.bundle.clone());
+                match Server::new(&creds, &bundle, hbone.settings.clone()) {
+                    Ok(s) => {
+                        let s = Arc::new(
+                            s.drain_on(hbone.drain.drain_signal())
+                                .finish_on(hbone.drain.finish_signal()),
+                        );
+                        current = Some((leaf, s.clone()));
+                        s
+                    }
+                    Err(e) => {
+                        tracing::error!(listener = hbone.what, identity = %hbone.identity, error = %e, "cannot build the HBONE server");
+                        continue;
+                    }
+                }
+            }
+        };
+        hbone.open.fetch_add(1, Ordering::Relaxed);
+        let (open, handler, what) = (Open(hbone.open.clone()), handler.clone(), hbone.what);
+        hbone.drain.spawn(async move {
+            let _open = open;
+            if let Err(e) = server.serve_connection(tcp, peer, handler).await {
+                tracing::debug!(listener = what, peer.addr = %peer, error = %e, "HBONE connection ended with an error");
+            }
+        });
+    }
+}
