@@ -21,6 +21,9 @@ use crate::stream::H2Stream;
 use crate::tls::{self, Credentials, TrustBundle};
 use crate::upstream::Upstream;
 
+// Kept at its old path while other crates move; new code names `crate::socket::reset_tcp`.
+pub use crate::socket::reset_tcp;
+
 /// What the server knows about one CONNECT when it asks the handler.
 #[derive(Clone, Debug)]
 pub struct ConnectRequest {
@@ -294,9 +297,4 @@ async fn serve_stream<H: Handler>(
             handler.finished(&req, e.a_to_b, e.b_to_a, Some(&e.to_string()));
         }
     }
-}
-
-/// Closes a TCP connection with RST instead of FIN (SO_LINGER 0 on close).
-pub fn reset_tcp(tcp: &TcpStream) {
-    let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
 }
