@@ -38,6 +38,12 @@ impl Inner {
     }
 }
 
+impl crate::copy::Reset for Inner {
+    fn reset(&mut self) {
+        self.abort();
+    }
+}
+
 #[allow(clippy::too_many_arguments)] // each argument is a distinct part of the inner handshake
 /// Opens the inner tunnel over `outer` (a tunnel to the gateway, opened with the same
 /// `authority`). `accepted` are the destination identities the inner handshake must see.

@@ -12,7 +12,7 @@ use http::{HeaderMap, Response};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::copy::{self, Failed};
+use crate::copy;
 use crate::error::Error;
 use crate::headers::{self, Refusal, Target};
 use crate::readahead::ReadAhead;
@@ -276,25 +276,15 @@ async fn serve_stream<H: Handler>(
         handler.finished(&req, 0, 0, None);
         return;
     }
-    match copy::bidirectional_bounded(&mut tunnel, &mut upstream, bounds).await {
+    // On an error, the side that did not fail is reset (both after the half-closed idle bound).
+    match copy::relay(&mut tunnel, &mut upstream, bounds).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
             handler.finished(&req, sent, received, None);
         }
         Err(e) => {
-            // Propagate the reset to the side that did not fail.
-            match e.failed {
-                // Ended by the half-closed idle bound: both sides, so neither lingers in
-                // FIN-WAIT-2 or CLOSE-WAIT.
-                _ if e.timed_out() => {
-                    upstream.reset();
-                    tunnel.abort();
-                }
-                Failed::A => upstream.reset(),
-                Failed::B => tunnel.abort(),
-            }
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");
-            handler.finished(&req, e.a_to_b, e.b_to_a, Some(&e.to_string()));
+            handler.finished(&req, e.copy.a_to_b, e.copy.b_to_a, Some(&e.to_string()));
         }
     }
 }

@@ -64,6 +64,12 @@ impl Upstream {
     }
 }
 
+impl crate::copy::Reset for Upstream {
+    fn reset(&mut self) {
+        Self::reset(self);
+    }
+}
+
 impl AsyncRead for Upstream {
     fn poll_read(
         self: Pin<&mut Self>,
