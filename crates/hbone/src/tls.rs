@@ -106,8 +106,15 @@ impl Credentials {
         &self.identity
     }
 
+    /// The chain, leaf first; never empty.
     pub fn chain(&self) -> &[CertificateDer<'static>] {
         &self.certified.cert
+    }
+
+    /// The leaf (end-entity) certificate, the one naming [`Credentials::identity`]. There always
+    /// is one: [`Credentials::from_der`] refuses an empty chain, and the chain never changes.
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified.cert[0]
     }
 }
 
