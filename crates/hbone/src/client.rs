@@ -1,5 +1,6 @@
 //! The HBONE client: one mutual-TLS HTTP/2 connection, and CONNECT streams over it.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -7,10 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use bytes::Bytes;
 use ferry_core::identity::Identity;
 use http::{Method, Request, Version};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
-use crate::error::Error;
+use crate::error::{Error, IdentityMismatch};
 use crate::headers::ConnectHeaders;
 use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
@@ -43,7 +46,8 @@ impl Connection {
     }
 
     /// As [`Connection::connect`], with the TCP socket made by `dialer` (for example inside a
-    /// pod's network namespace).
+    /// pod's network namespace). The dial and the [`handshake`] together take at most
+    /// `settings.connect_timeout`.
     pub async fn connect_with(
         dialer: &dyn Dialer,
         src: Option<IpAddr>,
@@ -54,73 +58,16 @@ impl Connection {
         settings: &Settings,
     ) -> Result<Self, Error> {
         let config = tls::client_config(creds, bundle, accepted)?;
-        let timeout = settings.connect_timeout;
-        let handshake = async {
-            let tcp = dialer
+        let deadline = Instant::now() + settings.connect_timeout;
+        let tcp = within(deadline, settings, async {
+            dialer
                 .dial(src, addr)
                 .await
-                .map_err(|source| Error::Connect { addr, source })?;
-            tune_socket(&tcp, settings);
-            let tls = TlsConnector::from(config)
-                .connect(tls::server_name(addr), ReadAhead::new(tcp))
-                .await
-                .map_err(|source| match tls::IdentityMismatch::find(&source) {
-                    Some(m) => Error::PeerIdentity {
-                        addr,
-                        mismatch: m.clone(),
-                    },
-                    None => Error::Handshake { addr, source },
-                })?;
-            let alpn = tls.get_ref().1.alpn_protocol();
-            if alpn != Some(tls::ALPN_H2) {
-                let found = alpn.map(|a| String::from_utf8_lossy(a).into_owned());
-                return Err(Error::Alpn { addr, found });
-            }
-            h2::client::Builder::new()
-                .initial_window_size(settings.stream_window)
-                .initial_connection_window_size(settings.connection_window)
-                .max_frame_size(settings.max_frame_size)
-                .max_header_list_size(16 << 10)
-                .max_send_buffer_size(settings.stream_window as usize)
-                .enable_push(false)
-                .handshake::<_, Bytes>(tls)
-                .await
-                .map_err(|source| Error::H2 { addr, source })
-        };
-        let (send, mut driver) =
-            tokio::time::timeout(timeout, handshake)
-                .await
-                .map_err(|_| Error::Timeout {
-                    doing: "connecting to an HBONE peer",
-                    after_ms: timeout.as_millis() as u64,
-                })??;
-        let closed = Arc::new(AtomicBool::new(false));
-        let flag = closed.clone();
-        let pings = driver.ping_pong();
-        let (interval, ping_timeout) = (settings.ping_interval, settings.ping_timeout);
-        tokio::spawn(async move {
-            let keepalive = async {
-                match pings {
-                    Some(p) => ping_until_dead(p, interval, ping_timeout).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                r = &mut driver => if let Err(e) = r {
-                    tracing::debug!(peer.addr = %addr, error = %e, "HBONE connection ended");
-                },
-                why = keepalive => {
-                    tracing::info!(peer.addr = %addr, reason = why, "closing HBONE connection");
-                }
-            }
-            flag.store(true, Ordering::Release);
-        });
-        Ok(Self {
-            addr,
-            send,
-            closed,
-            active: AtomicUsize::new(0),
+                .map_err(|source| Error::Connect { addr, source })
         })
+        .await?;
+        tune_socket(&tcp, settings);
+        establish(ReadAhead::new(tcp), addr, config, settings, deadline).await
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -142,7 +89,8 @@ impl Connection {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Opens a CONNECT stream to `authority` (`ip:port` or `hostname:port`).
+    /// Opens a CONNECT stream to `authority` (`ip:port` or `hostname:port`): the one CONNECT
+    /// path, for pooled connections and for the inner connection of double HBONE alike.
     pub async fn open(&self, authority: &str, headers: &ConnectHeaders) -> Result<H2Stream, Error> {
         let addr = self.addr;
         let h2err = |source| Error::H2 { addr, source };
@@ -168,6 +116,126 @@ impl Connection {
         }
         Ok(H2Stream::new(stream, response.into_body()))
     }
+}
+
+/// The client side of an HBONE connection over any byte stream: a TCP socket, or, for double
+/// HBONE, an outer tunnel. The one TLS + HTTP/2 client handshake, so every connection gets the
+/// same:
+/// - mutual TLS 1.3, the server verified to be one of `accepted`, and ALPN `h2`;
+/// - HTTP/2 with the [`Settings`] windows and frame size, a 16 KiB header-list limit (Istio's
+///   client value), a send buffer of one stream window, and no push;
+/// - a driver task that PINGs the peer every `ping_interval` and closes the connection when a
+///   PING is not answered within `ping_timeout`;
+/// - all within `settings.connect_timeout`.
+///
+/// `addr` names the peer in errors and logs (for double HBONE: the gateway).
+pub async fn handshake<IO>(
+    io: IO,
+    addr: SocketAddr,
+    creds: &Credentials,
+    bundle: &TrustBundle,
+    accepted: Vec<Identity>,
+    settings: &Settings,
+) -> Result<Connection, Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let config = tls::client_config(creds, bundle, accepted)?;
+    let deadline = Instant::now() + settings.connect_timeout;
+    establish(io, addr, config, settings, deadline).await
+}
+
+/// The client's header-list limit (Istio's ztunnel: 16 KiB).
+pub(crate) const MAX_HEADER_LIST: u32 = 16 << 10;
+
+/// [`handshake`], by `deadline`.
+async fn establish<IO>(
+    io: IO,
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    settings: &Settings,
+    deadline: Instant,
+) -> Result<Connection, Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, driver) = within(deadline, settings, async {
+        let tls = TlsConnector::from(config)
+            .connect(tls::server_name(addr), io)
+            .await
+            .map_err(|source| match IdentityMismatch::find(&source) {
+                Some(m) => Error::PeerIdentity {
+                    addr,
+                    mismatch: m.clone(),
+                },
+                None => Error::Handshake { addr, source },
+            })?;
+        let alpn = tls.get_ref().1.alpn_protocol();
+        if alpn != Some(tls::ALPN_H2) {
+            let found = alpn.map(|a| String::from_utf8_lossy(a).into_owned());
+            return Err(Error::Alpn { addr, found });
+        }
+        h2::client::Builder::new()
+            .initial_window_size(settings.stream_window)
+            .initial_connection_window_size(settings.connection_window)
+            .max_frame_size(settings.max_frame_size)
+            .max_header_list_size(MAX_HEADER_LIST)
+            .max_send_buffer_size(settings.stream_window as usize)
+            .enable_push(false)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|source| Error::H2 { addr, source })
+    })
+    .await?;
+    let closed = Arc::new(AtomicBool::new(false));
+    tokio::spawn(drive(driver, addr, settings.clone(), closed.clone()));
+    Ok(Connection {
+        addr,
+        send,
+        closed,
+        active: AtomicUsize::new(0),
+    })
+}
+
+/// Runs a client connection, with PING keepalive, until it ends; then sets `closed`.
+async fn drive<IO>(
+    mut driver: h2::client::Connection<IO, Bytes>,
+    addr: SocketAddr,
+    settings: Settings,
+    closed: Arc<AtomicBool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let pings = driver.ping_pong();
+    let keepalive = async {
+        match pings {
+            Some(p) => ping_until_dead(p, settings.ping_interval, settings.ping_timeout).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = &mut driver => if let Err(e) = r {
+            tracing::debug!(peer.addr = %addr, error = %e, "HBONE connection ended");
+        },
+        why = keepalive => {
+            tracing::info!(peer.addr = %addr, reason = why, "closing HBONE connection");
+        }
+    }
+    closed.store(true, Ordering::Release);
+}
+
+/// `work`, or [`Error::Timeout`] once `deadline` passes.
+async fn within<T>(
+    deadline: Instant,
+    settings: &Settings,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .map_err(|_| Error::Timeout {
+            doing: "connecting to an HBONE peer",
+            after_ms: settings.connect_timeout.as_millis() as u64,
+        })?
 }
 
 /// Makes the TCP connections tunnels ride on.

@@ -6,6 +6,40 @@
 //! down (a FIN, or END_STREAM) and the opposite direction keeps flowing, for as long as it
 //! moves bytes: [`Bounds::half_closed_idle`] ends a half-closed copy that went quiet, so no
 //! socket waits in CLOSE-WAIT or FIN-WAIT-2 for a peer that will never finish.
+//!
+//! [`relay`] is the copy a proxy runs: it copies, then resets the side that did not fail.
+//!
+//! # The tunnel, as a state table
+//!
+//! A tunnel is two independent directions. A TCP FIN and an HTTP/2 END_STREAM mean the same
+//! (this direction is finished); a TCP RST and an RST_STREAM mean the same (the connection
+//! broke: RFC 9113 §8.5 signals a TCP reset as a stream error CONNECT_ERROR).
+//!
+//! ```text
+//!  direction X->Y   event                          what the copy does              next
+//!  ---------------  -----------------------------  ------------------------------  -----------
+//!  open             bytes from X                   write them to Y (the buffer     open
+//!                                                  grows 4x when a read fills it)
+//!  open             EOF from X (FIN / END_STREAM)  flush Y, shut down Y's write    done
+//!                                                  half (FIN / END_STREAM to Y);
+//!                                                  Y->X keeps flowing
+//!  open             error reading X or writing Y   the copy ends: CopyError        ended:
+//!                   (RST, RST_STREAM, broken       {failed}; relay() resets the    reset
+//!                   pipe)                          other side (RST / RST_STREAM)
+//!  open, Y->X done  no byte either way for         the copy ends: TimedOut,        ended:
+//!  (half-closed)    Bounds::half_closed_idle       failed = X; relay() resets      reset
+//!                                                  both sides
+//!  open             Bounds::finish turns true      read what is ready (at most     done
+//!                   (the drain deadline)           1 MiB more), then as EOF
+//!  done, Y->X done  -                              Ok((a_to_b, b_to_a)); after a   ended:
+//!                                                  finish, first read and drop     clean
+//!                                                  what peers still send (<= 2 s)
+//! ```
+//!
+//! The drain, on the server: when its drain signal turns true, every connection gets a GOAWAY
+//! (streams already open go on, new ones go elsewhere); at the deadline, `finish` turns true
+//! and every tunnel still open ends cleanly as above, END_STREAM towards the client and FIN
+//! towards the target; the connection then closes with a TLS close_notify.
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -14,6 +48,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
 /// The first buffer of each direction.
 pub const INITIAL_BUF: usize = 1024;
@@ -195,7 +230,7 @@ where
     bidirectional_bounded(a, b, Bounds::default()).await
 }
 
-/// [`bidirectional`], within `bounds`.
+/// [`bidirectional`], within `bounds`: the state table in the [module docs](self).
 pub async fn bidirectional_bounded<A, B>(
     a: &mut A,
     b: &mut B,
@@ -308,5 +343,115 @@ fn discard<R: AsyncRead + ?Sized>(cx: &mut Context<'_>, mut r: Pin<&mut R>) -> b
             Poll::Ready(Err(_)) => return true,
             Poll::Pending => return false,
         }
+    }
+}
+
+// === relay ===
+
+/// Ends a stream with a reset rather than a clean close, so its peer learns that the other end
+/// broke rather than finished.
+pub trait Reset {
+    /// A TCP socket sends its RST when it is closed (dropped); a tunnel sends RST_STREAM now.
+    fn reset(&mut self);
+}
+
+impl Reset for TcpStream {
+    fn reset(&mut self) {
+        crate::socket::reset_tcp(self);
+    }
+}
+
+impl<T: Reset + ?Sized> Reset for &mut T {
+    fn reset(&mut self) {
+        (**self).reset();
+    }
+}
+
+impl<T: Reset + ?Sized> Reset for Box<T> {
+    fn reset(&mut self) {
+        (**self).reset();
+    }
+}
+
+/// The sides a failed copy resets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resets {
+    pub a: bool,
+    pub b: bool,
+}
+
+impl Resets {
+    /// After a copy failed: the side that did not fail (its peer must see a reset, not a clean
+    /// end), or, when the half-closed idle bound ended it, both, so that neither lingers in
+    /// FIN-WAIT-2 or CLOSE-WAIT.
+    pub fn after(e: &CopyError) -> Self {
+        match e.failed {
+            _ if e.timed_out() => Self { a: true, b: true },
+            Failed::A => Self { a: false, b: true },
+            Failed::B => Self { a: true, b: false },
+        }
+    }
+}
+
+/// A [`relay`] that ended with an error, after resetting [`RelayError::reset`].
+#[derive(Debug, thiserror::Error)]
+#[error("{copy}")]
+pub struct RelayError {
+    /// What ended the copy, and the bytes moved until then.
+    pub copy: CopyError,
+    /// The sides that were reset.
+    pub reset: Resets,
+}
+
+/// Copies A<->B within `bounds` ([`bidirectional_bounded`]); when that fails, resets the side
+/// that did not fail (both after the half-closed idle bound): [`Resets::after`]. A TCP side's
+/// RST goes out when the caller drops it. Returns (bytes A->B, bytes B->A).
+pub async fn relay<A, B>(a: &mut A, b: &mut B, bounds: Bounds) -> Result<(u64, u64), RelayError>
+where
+    A: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
+{
+    match bidirectional_bounded(a, b, bounds).await {
+        Ok(moved) => Ok(moved),
+        Err(copy) => {
+            let reset = Resets::after(&copy);
+            if reset.a {
+                a.reset();
+            }
+            if reset.b {
+                b.reset();
+            }
+            Err(RelayError { copy, reset })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(failed: Failed, kind: io::ErrorKind) -> CopyError {
+        CopyError {
+            failed,
+            source: io::Error::new(kind, "test"),
+            a_to_b: 0,
+            b_to_a: 0,
+        }
+    }
+
+    #[test]
+    fn the_side_that_did_not_fail_is_reset_and_both_after_the_idle_bound() {
+        use io::ErrorKind::{ConnectionReset, TimedOut};
+        let r = |a, b| Resets { a, b };
+        assert_eq!(
+            Resets::after(&failure(Failed::A, ConnectionReset)),
+            r(false, true)
+        );
+        assert_eq!(
+            Resets::after(&failure(Failed::B, ConnectionReset)),
+            r(true, false)
+        );
+        assert_eq!(Resets::after(&failure(Failed::A, TimedOut)), r(true, true));
+        assert_eq!(Resets::after(&failure(Failed::B, TimedOut)), r(true, true));
     }
 }

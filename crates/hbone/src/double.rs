@@ -7,25 +7,24 @@
 //! ```
 //! The outer tunnel (pooled) asks the gateway for `hostname:port`; the gateway picks an endpoint
 //! on its network and forwards the inner bytes without terminating them. Inside, a new TLS
-//! session and HTTP/2 connection (never pooled) carry a CONNECT to the same `hostname:port`
-//! with `x-forwarded-network`, so the destination sees the original identity.
+//! session and HTTP/2 connection (never pooled; made by the same [`client::handshake`] as any
+//! other, so with the same timeout, PING keepalive and limits) carry a CONNECT to the same
+//! `hostname:port` with `x-forwarded-network`, so the destination sees the original identity.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use ferry_core::identity::Identity;
-use http::{Method, Request, Version};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_rustls::TlsConnector;
 
+use crate::client;
 use crate::error::Error;
 use crate::headers::ConnectHeaders;
 use crate::pool::Tunnel;
 use crate::settings::Settings;
 use crate::stream::H2Stream;
-use crate::tls::{self, Credentials, TrustBundle};
+use crate::tls::{Credentials, TrustBundle};
 
 /// The inner tunnel. Dropping it ends the inner connection and frees the outer stream.
 #[derive(Debug)]
@@ -36,6 +35,12 @@ pub struct Inner {
 impl Inner {
     pub fn abort(&mut self) {
         self.stream.abort();
+    }
+}
+
+impl crate::copy::Reset for Inner {
+    fn reset(&mut self) {
+        self.abort();
     }
 }
 
@@ -52,55 +57,12 @@ pub async fn open_inner(
     headers: &ConnectHeaders,
     settings: &Settings,
 ) -> Result<Inner, Error> {
-    let addr = gateway;
-    let config = tls::client_config(creds, bundle, accepted)?;
-    let tls = TlsConnector::from(config)
-        .connect(tls::server_name(addr), outer)
-        .await
-        .map_err(|source| match tls::IdentityMismatch::find(&source) {
-            Some(m) => Error::PeerIdentity {
-                addr,
-                mismatch: m.clone(),
-            },
-            None => Error::Handshake { addr, source },
-        })?;
-    if tls.get_ref().1.alpn_protocol() != Some(tls::ALPN_H2) {
-        return Err(Error::Alpn { addr, found: None });
-    }
-    let (send, driver) = h2::client::Builder::new()
-        .initial_window_size(settings.stream_window)
-        .initial_connection_window_size(settings.connection_window)
-        .max_frame_size(settings.max_frame_size)
-        .enable_push(false)
-        .handshake::<_, Bytes>(tls)
-        .await
-        .map_err(|source| Error::H2 { addr, source })?;
-    tokio::spawn(async move {
-        if let Err(e) = driver.await {
-            tracing::debug!(gateway = %addr, error = %e, "inner HBONE connection ended");
-        }
-    });
-    let h2err = |source| Error::H2 { addr, source };
-    let mut request = Request::builder()
-        .method(Method::CONNECT)
-        .version(Version::HTTP_2)
-        .uri(authority)
-        .body(())
-        .map_err(|_| Error::BadAuthority(authority.to_string()))?;
-    headers.write(request.headers_mut());
-    let mut send = send.ready().await.map_err(h2err)?;
-    let (response, stream) = send.send_request(request, false).map_err(h2err)?;
-    let response = response.await.map_err(h2err)?;
-    if response.status() != http::StatusCode::OK {
-        return Err(Error::Refused {
-            addr,
-            authority: authority.to_string(),
-            status: response.status().as_u16(),
-        });
-    }
-    Ok(Inner {
-        stream: H2Stream::new(stream, response.into_body()),
-    })
+    // The same handshake as every other HBONE connection: timeouts, PING keepalive, limits.
+    let conn = client::handshake(outer, gateway, creds, bundle, accepted, settings).await?;
+    let stream = conn.open(authority, headers).await?;
+    // Dropping `conn` lets go of the right to open more streams; the connection lives as long
+    // as this one.
+    Ok(Inner { stream })
 }
 
 impl AsyncRead for Inner {

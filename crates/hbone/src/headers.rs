@@ -8,6 +8,10 @@ use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
+pub mod baggage;
+
+pub use baggage::{Baggage, WorkloadKind, WorkloadName};
+
 /// Where a CONNECT asks to go.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -114,7 +118,8 @@ fn valid_hostname(h: &str) -> bool {
 /// Headers the client adds to a CONNECT (all optional).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ConnectHeaders {
-    /// Source peer metadata, `k=v` pairs (Istio's `baggage`).
+    /// Source peer metadata, `k=v` pairs (Istio's `baggage`); typed as [`Baggage`] by
+    /// [`ConnectHeaders::typed_baggage`] and [`Baggage::to_pairs`].
     pub baggage: Vec<(String, String)>,
     /// The original client address: `forwarded: for="ip:port"`.
     pub forwarded_for: Option<SocketAddr>,
@@ -135,15 +140,7 @@ impl ConnectHeaders {
     /// Writes these headers into `map`. Values that cannot be header values are skipped.
     pub fn write(&self, map: &mut HeaderMap) {
         if !self.baggage.is_empty() {
-            let v = self
-                .baggage
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",");
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                map.insert(BAGGAGE, v);
-            }
+            baggage::write_pairs(&self.baggage, map);
         }
         if let Some(addr) = self.forwarded_for {
             let mut v = format!("for=\"{addr}\"");
@@ -171,6 +168,11 @@ impl ConnectHeaders {
         }
     }
 
+    /// The baggage, typed.
+    pub fn typed_baggage(&self) -> Baggage {
+        Baggage::from_pairs(self.baggage.iter().map(|(k, v)| (k, v)))
+    }
+
     /// Reads what a peer sent. Malformed headers are ignored, never fatal: they are metadata.
     pub fn read(map: &HeaderMap) -> Self {
         let text = |name: &str| map.get(name).and_then(|v| v.to_str().ok());
@@ -190,20 +192,10 @@ impl ConnectHeaders {
     }
 }
 
-/// At most this many baggage members are read; the rest is ignored.
-const MAX_BAGGAGE_MEMBERS: usize = 64;
-
-/// W3C baggage: `k=v` members separated by commas; properties after `;` are dropped.
+/// W3C baggage: the valid `k=v` members (at most [`baggage::MAX_MEMBERS`]); properties after
+/// `;` are dropped. [`Baggage::parse`] types them.
 pub fn parse_baggage(s: &str) -> Vec<(String, String)> {
-    s.split(',')
-        .take(MAX_BAGGAGE_MEMBERS)
-        .filter_map(|member| {
-            let kv = member.split(';').next()?;
-            let (k, v) = kv.split_once('=')?;
-            let (k, v) = (k.trim(), v.trim());
-            (!k.is_empty() && !v.is_empty()).then(|| (k.to_string(), v.to_string()))
-        })
-        .collect()
+    baggage::members(s)
 }
 
 /// RFC 7239 `forwarded`: the first element's `for` (an `ip:port` or bare IP) and `host`.

@@ -4,13 +4,20 @@
 //! format, with references to the public specifications, is in `docs/hbone.md`.
 //!
 //! # Layout
-//! - [`tls`]: rustls configurations; SPIFFE identity verification on both sides.
-//! - [`san`]: reading SPIFFE identities out of certificates.
-//! - [`headers`]: the CONNECT target and the headers Istio sends (`baggage`, `forwarded`,
-//!   `traceparent`, `x-forwarded-network`); pure and property-tested.
-//! - [`client`]: one connection and CONNECT streams over it; [`pool`]: connections shared by key.
-//! - [`server`]: accept, verify, check, forward.
-//! - [`stream`]: an HTTP/2 stream as `AsyncRead + AsyncWrite`; [`copy`]: bidirectional copy.
+//! - [`tls`]: rustls configurations; SPIFFE identity verification on both sides. `san`
+//!   (private) reads SPIFFE identities out of certificates.
+//! - [`headers`]: the CONNECT target and the headers Istio sends (`baggage`, typed as
+//!   [`headers::Baggage`], `forwarded`, `traceparent`, `x-forwarded-network`); pure and
+//!   property-tested.
+//! - [`client`]: the one TLS + HTTP/2 client handshake ([`client::handshake`]) and CONNECT
+//!   streams over it; [`pool`]: connections shared by key; [`double`]: a tunnel inside a
+//!   tunnel, through an east-west gateway.
+//! - [`server`]: accept, verify, check, forward; [`upstream`]: what a served tunnel forwards to.
+//! - [`stream`]: an HTTP/2 stream as `AsyncRead + AsyncWrite`; [`copy`]: bidirectional copy,
+//!   and [`copy::relay`], which resets the side that did not fail.
+//! - [`settings`]: HTTP/2 windows, limits, timeouts and keepalive; [`socket`]: socket helpers
+//!   (`reset_tcp`). `readahead` (private): a read-ahead buffer under TLS.
+//! - [`error`]: [`Error`] with the [`Side`] that failed, and the TLS set-up errors.
 //! - [`testkit`] (feature `testkit`): a throwaway CA for tests.
 
 pub mod client;
@@ -19,10 +26,11 @@ pub mod double;
 pub mod error;
 pub mod headers;
 pub mod pool;
-pub mod readahead;
-pub mod san;
+mod readahead;
+mod san;
 pub mod server;
 pub mod settings;
+pub mod socket;
 pub mod stream;
 pub mod tls;
 pub mod upstream;

@@ -352,6 +352,12 @@ impl Tunnel {
     }
 }
 
+impl crate::copy::Reset for Tunnel {
+    fn reset(&mut self) {
+        self.abort();
+    }
+}
+
 impl AsyncRead for Tunnel {
     fn poll_read(
         mut self: Pin<&mut Self>,

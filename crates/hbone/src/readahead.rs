@@ -12,11 +12,11 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The most read ahead in one system call.
-pub const MAX_AHEAD: usize = 64 * 1024;
+pub(crate) const MAX_AHEAD: usize = 64 * 1024;
 
 /// Wraps a socket with an on-demand read-ahead buffer; writes pass straight through.
 #[derive(Debug)]
-pub struct ReadAhead<T> {
+pub(crate) struct ReadAhead<T> {
     inner: T,
     buf: Vec<u8>,
     pos: usize,
@@ -24,17 +24,13 @@ pub struct ReadAhead<T> {
 }
 
 impl<T> ReadAhead<T> {
-    pub fn new(inner: T) -> Self {
+    pub(crate) fn new(inner: T) -> Self {
         Self {
             inner,
             buf: Vec::new(),
             pos: 0,
             len: 0,
         }
-    }
-
-    pub fn get_ref(&self) -> &T {
-        &self.inner
     }
 }
 

@@ -5,11 +5,11 @@ use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::tls::TlsError;
+use crate::error::TlsError;
 
 /// Every SPIFFE workload identity in the certificate's URI SANs. Other URIs are ignored; a
 /// `spiffe://` URI that is not a well-formed workload identity is an error, not skipped.
-pub fn spiffe_identities(cert: &CertificateDer<'_>) -> Result<Vec<Identity>, TlsError> {
+pub(crate) fn spiffe_identities(cert: &CertificateDer<'_>) -> Result<Vec<Identity>, TlsError> {
     let (_, x509) = X509Certificate::from_der(cert.as_ref())
         .map_err(|e| TlsError::Certificate(format!("cannot parse certificate: {e}")))?;
     let mut out = Vec::new();
@@ -33,7 +33,7 @@ pub fn spiffe_identities(cert: &CertificateDer<'_>) -> Result<Vec<Identity>, Tls
 }
 
 /// The one SPIFFE identity a workload certificate must carry.
-pub fn single_identity(cert: &CertificateDer<'_>) -> Result<Identity, TlsError> {
+pub(crate) fn single_identity(cert: &CertificateDer<'_>) -> Result<Identity, TlsError> {
     let ids = spiffe_identities(cert)?;
     match ids.as_slice() {
         [one] => Ok(one.clone()),

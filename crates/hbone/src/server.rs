@@ -12,7 +12,7 @@ use http::{HeaderMap, Response};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::copy::{self, Failed};
+use crate::copy;
 use crate::error::Error;
 use crate::headers::{self, Refusal, Target};
 use crate::readahead::ReadAhead;
@@ -20,6 +20,9 @@ use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 use crate::tls::{self, Credentials, TrustBundle};
 use crate::upstream::Upstream;
+
+// Kept at its old path while other crates move; new code names `crate::socket::reset_tcp`.
+pub use crate::socket::reset_tcp;
 
 /// What the server knows about one CONNECT when it asks the handler.
 #[derive(Clone, Debug)]
@@ -273,30 +276,15 @@ async fn serve_stream<H: Handler>(
         handler.finished(&req, 0, 0, None);
         return;
     }
-    match copy::bidirectional_bounded(&mut tunnel, &mut upstream, bounds).await {
+    // On an error, the side that did not fail is reset (both after the half-closed idle bound).
+    match copy::relay(&mut tunnel, &mut upstream, bounds).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
             handler.finished(&req, sent, received, None);
         }
         Err(e) => {
-            // Propagate the reset to the side that did not fail.
-            match e.failed {
-                // Ended by the half-closed idle bound: both sides, so neither lingers in
-                // FIN-WAIT-2 or CLOSE-WAIT.
-                _ if e.timed_out() => {
-                    upstream.reset();
-                    tunnel.abort();
-                }
-                Failed::A => upstream.reset(),
-                Failed::B => tunnel.abort(),
-            }
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");
-            handler.finished(&req, e.a_to_b, e.b_to_a, Some(&e.to_string()));
+            handler.finished(&req, e.copy.a_to_b, e.copy.b_to_a, Some(&e.to_string()));
         }
     }
-}
-
-/// Closes a TCP connection with RST instead of FIN (SO_LINGER 0 on close).
-pub fn reset_tcp(tcp: &TcpStream) {
-    let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
 }

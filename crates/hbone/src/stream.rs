@@ -59,6 +59,12 @@ impl H2Stream {
     }
 }
 
+impl crate::copy::Reset for H2Stream {
+    fn reset(&mut self) {
+        self.abort();
+    }
+}
+
 /// Maps an h2 error to the I/O error a byte stream would report.
 pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {

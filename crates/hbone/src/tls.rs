@@ -30,66 +30,11 @@ use rustls::{
 
 use crate::san;
 
+// Kept at their old paths while other crates move; new code names `crate::error`.
+pub use crate::error::{IdentityMismatch, TlsError};
+
 /// The ALPN protocol HBONE negotiates.
 pub const ALPN_H2: &[u8] = b"h2";
-
-/// A TLS set-up problem.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum TlsError {
-    #[error("bad certificate: {0}")]
-    Certificate(String),
-    #[error("bad private key: {0}")]
-    Key(String),
-    #[error("bad trust bundle: {0}")]
-    Bundle(String),
-    #[error("rustls rejected the configuration: {0}")]
-    Rustls(String),
-}
-
-/// The peer presented a valid chain, but not an identity the decision expects.
-#[derive(Clone)]
-pub struct IdentityMismatch {
-    pub expected: Vec<Identity>,
-    pub found: Vec<Identity>,
-}
-
-impl fmt::Display for IdentityMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = |ids: &[Identity]| {
-            ids.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        write!(
-            f,
-            "peer identity mismatch: expected one of [{}], found [{}]",
-            list(&self.expected),
-            list(&self.found)
-        )
-    }
-}
-
-impl fmt::Debug for IdentityMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl std::error::Error for IdentityMismatch {}
-
-impl IdentityMismatch {
-    /// Finds the mismatch inside a failed handshake's I/O error, if that is why it failed.
-    pub fn find(e: &std::io::Error) -> Option<&Self> {
-        let inner = e.get_ref()?.downcast_ref::<rustls::Error>()?;
-        match inner {
-            rustls::Error::InvalidCertificate(CertificateError::Other(other)) => {
-                other.0.downcast_ref::<Self>()
-            }
-            _ => None,
-        }
-    }
-}
 
 /// The crypto provider: aws-lc-rs restricted to the TLS 1.3 AES-GCM suites.
 pub fn provider() -> Arc<CryptoProvider> {
@@ -161,8 +106,15 @@ impl Credentials {
         &self.identity
     }
 
+    /// The chain, leaf first; never empty.
     pub fn chain(&self) -> &[CertificateDer<'static>] {
         &self.certified.cert
+    }
+
+    /// The leaf (end-entity) certificate, the one naming [`Credentials::identity`]. There always
+    /// is one: [`Credentials::from_der`] refuses an empty chain, and the chain never changes.
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified.cert[0]
     }
 }
 

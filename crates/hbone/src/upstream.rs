@@ -57,10 +57,16 @@ impl Upstream {
     /// Ends it with a reset (TCP RST, or RST_STREAM), not a clean close.
     pub fn reset(&mut self) {
         match self {
-            Self::Tcp(t) => crate::server::reset_tcp(t),
+            Self::Tcp(t) => crate::socket::reset_tcp(t),
             Self::Tunnel(t) => t.abort(),
             Self::Serve(_) => {}
         }
+    }
+}
+
+impl crate::copy::Reset for Upstream {
+    fn reset(&mut self) {
+        Self::reset(self);
     }
 }
 

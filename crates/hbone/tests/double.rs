@@ -200,3 +200,69 @@ async fn the_inner_handshake_checks_the_destination_identity() {
     assert!(err.to_string().contains(wanted), "{err}");
     assert!(dest.seen.lock().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inner_connection_detects_a_vanished_destination_by_ping() {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let dest = Arc::new(Destination {
+        echo,
+        seen: Mutex::new(Vec::new()),
+    });
+    let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
+    // Between the gateway and the destination: a path that can go silent without a FIN or RST.
+    let (relay, frozen) = freezable_relay(dest_addr).await;
+    let gw = Arc::new(Gateway {
+        next_hop: relay,
+        seen: Mutex::new(Vec::new()),
+    });
+    let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
+    let pool = Pool::new(PoolConfig::default());
+    let creds = ca.issue_str(CLIENT);
+    let authority = "echo.default.svc.cluster.local:80";
+    let key = PoolKey::new(
+        id(CLIENT),
+        "127.0.0.1".parse().unwrap(),
+        gw_addr,
+        vec![id(GATEWAY)],
+    );
+    let outer = pool
+        .open(
+            &key,
+            &creds,
+            &ca.bundle(),
+            authority,
+            &ConnectHeaders::default(),
+        )
+        .await
+        .expect("outer tunnel");
+    let settings = Settings {
+        ping_interval: Duration::from_millis(100),
+        ping_timeout: Duration::from_millis(300),
+        ..Settings::default()
+    };
+    let mut inner = open_inner(
+        outer,
+        gw_addr,
+        &creds,
+        &ca.bundle(),
+        vec![id(SERVER)],
+        authority,
+        &ConnectHeaders::default(),
+        &settings,
+    )
+    .await
+    .expect("inner tunnel");
+    inner.write_all(b"hi").await.unwrap();
+    let mut b = [0u8; 2];
+    inner.read_exact(&mut b).await.unwrap();
+    frozen.store(true, Ordering::SeqCst);
+    // The outer connection (to the gateway) is healthy; only the inner one's PINGs can tell.
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(10), inner.read_to_end(&mut rest))
+        .await
+        .expect("the inner connection notices the silent destination by PING, not hang");
+    assert!(r.is_err(), "the inner tunnel fails: {r:?}");
+}

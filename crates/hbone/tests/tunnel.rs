@@ -344,7 +344,7 @@ async fn target_reset_mid_stream_surfaces_as_an_error_at_the_client() {
         let mut b = [0u8; 4];
         s.read_exact(&mut b).await.unwrap();
         s.write_all(b"partial").await.unwrap();
-        ferry_hbone::server::reset_tcp(&s);
+        ferry_hbone::socket::reset_tcp(&s);
         drop(s);
     });
     let hbone = hbone_server(

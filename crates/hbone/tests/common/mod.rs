@@ -152,3 +152,46 @@ impl ClientSide {
             .await
     }
 }
+
+/// A TCP relay that can freeze: it stops forwarding but keeps both sockets open, as a peer
+/// that vanished without a FIN or RST looks from outside.
+pub async fn freezable_relay(
+    to: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = frozen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (a, _) = l.accept().await.unwrap();
+            let b = tokio::net::TcpStream::connect(to).await.unwrap();
+            let (ar, aw) = a.into_split();
+            let (br, bw) = b.into_split();
+            tokio::spawn(pump(ar, bw, f.clone()));
+            tokio::spawn(pump(br, aw, f.clone()));
+        }
+    });
+    (addr, frozen)
+}
+
+async fn pump(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            // Hold both halves open, forwarding nothing, until the test ends.
+            std::future::pending::<()>().await;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
