@@ -1,10 +1,11 @@
 //! The routing algorithm. See the module docs of [`crate::route`] for the invariants.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use super::{
-    CandidateRole, Class, Decision, Destination, DropReason, Plan, RouteError, Source, Step,
-    Transport, describe_ip,
+    CandidateRole, Class, Decision, Destination, DropReason, NoTrace, Plan, RouteError, Source,
+    Step, Trace, Transport, describe_ip,
 };
 use crate::identity::Identity;
 use crate::lb::{self, Candidate, Placement};
@@ -24,7 +25,7 @@ static NO_LOCALITY: Locality = Locality {
     subzone: String::new(),
 };
 
-/// Decides where a connection from `src` to `dst` goes.
+/// Decides where a connection from `src` to `dst` goes, with every step taken (`ferry explain`).
 pub fn route(
     snap: &Snapshot,
     src: Source<'_>,
@@ -38,7 +39,7 @@ pub fn route(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Within<'a> {
     /// Endpoints of the destination service must carry all of these labels (a route's subset).
-    pub subset: Option<&'a std::collections::BTreeMap<String, String>>,
+    pub subset: Option<&'a BTreeMap<String, String>>,
     /// The service whose route this is: its scope must admit every endpoint too, so a route
     /// never leads a request outside the scope of the service it was sent to.
     pub parent: Option<&'a Service>,
@@ -52,26 +53,134 @@ pub fn route_within(
     within: &Within<'_>,
     rng: &mut dyn Random,
 ) -> Decision {
+    let mut steps = Vec::new();
+    let outcome = route_traced(snap, src, dst, within, rng, &mut steps);
+    Decision { steps, outcome }
+}
+
+/// The data path's decision: the same plan as [`route`], with no trace built at all.
+pub fn plan(
+    snap: &Snapshot,
+    src: Source<'_>,
+    dst: &Destination,
+    rng: &mut dyn Random,
+) -> Result<Plan, RouteError> {
+    plan_within(snap, src, dst, &Within::default(), rng)
+}
+
+/// [`plan`], with an HTTP route's limits.
+pub fn plan_within(
+    snap: &Snapshot,
+    src: Source<'_>,
+    dst: &Destination,
+    within: &Within<'_>,
+    rng: &mut dyn Random,
+) -> Result<Plan, RouteError> {
+    route_traced(snap, src, dst, within, rng, &mut NoTrace)
+}
+
+/// The decision, with its steps sent to `trace`. [`route_within`] and [`plan_within`] are this
+/// with a `Vec<Step>` and with [`NoTrace`].
+pub fn route_traced<T: Trace + ?Sized>(
+    snap: &Snapshot,
+    src: Source<'_>,
+    dst: &Destination,
+    within: &Within<'_>,
+    rng: &mut dyn Random,
+    trace: &mut T,
+) -> Result<Plan, RouteError> {
+    let (class, vip) = match dst {
+        Destination::Addr(addr) => (classify(snap, src.workload, *addr), Some(*addr)),
+        Destination::Host { hostname, port } => {
+            let service = resolve_host(snap, src.workload, hostname)?;
+            let class = Class::Service {
+                service,
+                port: *port,
+            };
+            (class, None)
+        }
+    };
+    if trace.enabled() {
+        trace.record(Step::Classified {
+            destination: dst.to_string(),
+            class: class.clone(),
+        });
+    }
     let mut cx = Cx {
         snap,
         src,
         within: *within,
         rng,
-        steps: Vec::new(),
+        trace,
+        class: &class,
     };
-    let outcome = cx.route(dst);
-    Decision {
-        steps: cx.steps,
-        outcome,
+    match (&class, vip) {
+        (Class::Service { service, port }, vip) => cx.service(service, *port, vip, &mut Vec::new()),
+        (Class::Workload { workload, port }, _) => {
+            let w = snap
+                .workload(workload)
+                .ok_or_else(|| RouteError::NoAddress {
+                    workload: workload.clone(),
+                    network: src.workload.network.clone(),
+                })?;
+            cx.workload(w, *port)
+        }
+        (Class::OutsideMesh | Class::Gateway { .. }, Some(addr)) => Ok(cx.passthrough(addr)),
+        // Only a dialled address classifies as outside the mesh or a gateway.
+        (Class::OutsideMesh | Class::Gateway { .. }, None) => Err(RouteError::UnknownHost {
+            hostname: dst.to_string(),
+        }),
     }
 }
 
-struct Cx<'a, 'r> {
+/// What the address `addr`, dialled from `src`, belongs to.
+fn classify(snap: &Snapshot, src: &Workload, addr: SocketAddr) -> Class {
+    let na = NetworkAddress::new(src.network.clone(), addr.ip());
+    match snap.owner(&na) {
+        Some(AddressOwner::Service(key)) => Class::Service {
+            service: key.clone(),
+            port: addr.port(),
+        },
+        Some(AddressOwner::Workload(uid)) => Class::Workload {
+            workload: uid.clone(),
+            port: addr.port(),
+        },
+        Some(AddressOwner::Gateway(name)) => Class::Gateway { name: name.clone() },
+        None => Class::OutsideMesh,
+    }
+}
+
+/// The service `hostname` names for `src`: the only one, or the one in `src`'s namespace.
+fn resolve_host(snap: &Snapshot, src: &Workload, hostname: &str) -> Result<ServiceKey, RouteError> {
+    match snap.services_by_hostname(hostname) {
+        [] => Err(RouteError::UnknownHost {
+            hostname: hostname.to_string(),
+        }),
+        [one] => Ok(one.clone()),
+        many => many
+            .iter()
+            .find(|k| k.namespace == src.namespace)
+            .cloned()
+            .ok_or_else(|| RouteError::AmbiguousHost {
+                hostname: hostname.to_string(),
+                candidates: many
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+    }
+}
+
+/// One decision in progress.
+struct Cx<'a, 'r, T: ?Sized> {
     snap: &'a Snapshot,
     src: Source<'a>,
     within: Within<'r>,
     rng: &'r mut dyn Random,
-    steps: Vec<Step>,
+    trace: &'r mut T,
+    /// What the destination was classified as: every plan of this decision carries it.
+    class: &'r Class,
 }
 
 /// What a waypoint is attached to.
@@ -99,7 +208,6 @@ enum Target<'a> {
 
 /// A candidate endpoint that passed scope and reachability filters.
 struct Cand<'a> {
-    label: String,
     target: Target<'a>,
     cluster: &'a ClusterId,
     network: &'a NetworkId,
@@ -113,7 +221,6 @@ struct Cand<'a> {
 impl<'a> Cand<'a> {
     fn workload(w: &'a Workload, target_port: u16) -> Self {
         Self {
-            label: w.uid.to_string(),
             target: Target::Workload(w),
             cluster: &w.cluster,
             network: &w.network,
@@ -127,7 +234,6 @@ impl<'a> Cand<'a> {
 
     fn address(a: &'a AddressEndpoint, target_port: u16) -> Self {
         Self {
-            label: format!("address {}", a.address),
             target: Target::Address(a),
             cluster: &a.cluster,
             network: &a.address.network,
@@ -136,6 +242,14 @@ impl<'a> Cand<'a> {
             health: Health::Healthy,
             capacity: 1,
             target_port,
+        }
+    }
+
+    /// How traces name this candidate.
+    fn label(&self) -> String {
+        match self.target {
+            Target::Workload(w) => w.uid.to_string(),
+            Target::Address(a) => format!("address {}", a.address),
         }
     }
 
@@ -153,99 +267,64 @@ impl<'a> Cand<'a> {
     }
 }
 
+/// Why a candidate was set aside, borrowed from the snapshot: made into a [`DropReason`] only
+/// when the decision is traced.
+#[derive(Clone, Copy)]
+enum SetAside<'s> {
+    /// The scope of this service does not admit the source's cluster for the candidate's.
+    OutOfScope(&'s Service),
+    WaypointOnOtherNetwork,
+    Unreachable(&'static str),
+    PortNotMapped(u16),
+    NotInSubset(&'s BTreeMap<String, String>),
+}
+
+// === impl SetAside ===
+
+impl SetAside<'_> {
+    fn reason(self, cand: &Cand<'_>, source_cluster: &ClusterId) -> DropReason {
+        match self {
+            Self::OutOfScope(s) => DropReason::OutOfScope {
+                service: s.key(),
+                rule: s.scope.rule_for(cand.cluster).clone(),
+                source_cluster: source_cluster.clone(),
+            },
+            Self::WaypointOnOtherNetwork => DropReason::WaypointOnOtherNetwork {
+                network: cand.network.clone(),
+            },
+            Self::Unreachable(why) => DropReason::Unreachable {
+                network: cand.network.clone(),
+                why,
+            },
+            Self::PortNotMapped(port) => DropReason::PortNotMapped { port },
+            Self::NotInSubset(labels) => DropReason::NotInSubset {
+                subset: labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            },
+        }
+    }
+}
+
 // === impl Cx ===
 
-impl<'a> Cx<'a, '_> {
-    fn route(&mut self, dst: &Destination) -> Result<Plan, RouteError> {
-        let src = self.src.workload;
-        match dst {
-            Destination::Addr(addr) => {
-                let na = NetworkAddress::new(src.network.clone(), addr.ip());
-                let class = match self.snap.owner(&na) {
-                    Some(AddressOwner::Service(key)) => Class::Service {
-                        service: key.clone(),
-                        port: addr.port(),
-                    },
-                    Some(AddressOwner::Workload(uid)) => Class::Workload {
-                        workload: uid.clone(),
-                        port: addr.port(),
-                    },
-                    Some(AddressOwner::Gateway(name)) => Class::Gateway { name: name.clone() },
-                    None => Class::OutsideMesh,
-                };
-                self.steps.push(Step::Classified {
-                    destination: addr.to_string(),
-                    class: class.clone(),
-                });
-                let mut plan = match &class {
-                    Class::Service { service, port } => {
-                        let mut chain = Vec::new();
-                        self.service(service, *port, Some(*addr), &mut chain)?
-                    }
-                    Class::Workload { workload, port } => {
-                        let w =
-                            self.snap
-                                .workload(workload)
-                                .ok_or_else(|| RouteError::NoAddress {
-                                    workload: workload.clone(),
-                                    network: src.network.clone(),
-                                })?;
-                        self.workload(w, *port)?
-                    }
-                    Class::OutsideMesh | Class::Gateway { .. } => {
-                        self.passthrough(*addr, class.clone())
-                    }
-                };
-                plan.class = class;
-                Ok(plan)
-            }
-            Destination::Host { hostname, port } => {
-                let key = self.resolve_host(hostname)?;
-                let class = Class::Service {
-                    service: key.clone(),
-                    port: *port,
-                };
-                self.steps.push(Step::Classified {
-                    destination: dst.to_string(),
-                    class: class.clone(),
-                });
-                let mut chain = Vec::new();
-                let mut plan = self.service(&key, *port, None, &mut chain)?;
-                plan.class = class;
-                Ok(plan)
-            }
+impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
+    /// Records the step `f` builds, if the decision is traced; otherwise `f` never runs.
+    fn step(&mut self, f: impl FnOnce() -> Step) {
+        if self.trace.enabled() {
+            self.trace.record(f());
         }
     }
 
-    fn resolve_host(&self, hostname: &str) -> Result<ServiceKey, RouteError> {
-        let keys = self.snap.services_by_hostname(hostname);
-        match keys {
-            [] => Err(RouteError::UnknownHost {
-                hostname: hostname.to_string(),
-            }),
-            [one] => Ok(one.clone()),
-            many => many
-                .iter()
-                .find(|k| k.namespace == self.src.workload.namespace)
-                .cloned()
-                .ok_or_else(|| RouteError::AmbiguousHost {
-                    hostname: hostname.to_string(),
-                    candidates: many
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                }),
-        }
-    }
-
-    fn passthrough(&mut self, addr: SocketAddr, class: Class) -> Plan {
+    fn passthrough(&mut self, addr: SocketAddr) -> Plan {
         let transport = Transport::Passthrough { connect_to: addr };
-        self.steps.push(Step::Transport {
+        self.step(|| Step::Transport {
             transport: transport.clone(),
         });
         Plan {
-            class,
+            class: self.class.clone(),
             service: None,
             waypoint: None,
             landing: None,
@@ -274,7 +353,7 @@ impl<'a> Cx<'a, '_> {
 
         if let Some(wp) = &svc.waypoint {
             if self.src_is_waypoint(wp) {
-                self.steps.push(Step::WaypointSkipped {
+                self.step(|| Step::WaypointSkipped {
                     waypoint: describe_ref(wp),
                     why: "the source is an instance of this waypoint",
                 });
@@ -323,32 +402,20 @@ impl<'a> Cx<'a, '_> {
                     }
             });
             let reason = if !svc.scope.admits(cand.cluster, origin) {
-                Some(DropReason::OutOfScope {
-                    service: key.clone(),
-                    rule: svc.scope.rule_for(cand.cluster).clone(),
-                    source_cluster: origin.clone(),
-                })
+                Some(SetAside::OutOfScope(svc))
             } else if let Some(p) = parent {
-                Some(DropReason::OutOfScope {
-                    service: p.key(),
-                    rule: p.scope.rule_for(cand.cluster).clone(),
-                    source_cluster: origin.clone(),
-                })
+                Some(SetAside::OutOfScope(p))
             } else if let Some(labels) = subset {
-                Some(DropReason::NotInSubset {
-                    subset: labels
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(","),
-                })
+                Some(SetAside::NotInSubset(labels))
             } else if cand.target_port == 0 {
-                Some(DropReason::PortNotMapped { port })
+                Some(SetAside::PortNotMapped(port))
             } else {
                 self.unreachable(&cand)
             };
             if let Some(reason) = reason {
-                self.drop_step(CandidateRole::Endpoint, &cand, reason);
+                self.drop_step(CandidateRole::Endpoint, &cand, || {
+                    reason.reason(&cand, origin)
+                });
             } else {
                 cands.push(cand);
             }
@@ -401,7 +468,7 @@ impl<'a> Cx<'a, '_> {
                         limit: MAX_NESTING,
                     });
                 }
-                self.steps.push(Step::Nested {
+                self.step(|| Step::Nested {
                     outer: outer.key(),
                     address: describe_ip(a.address.ip, port),
                     inner: inner.clone(),
@@ -422,8 +489,7 @@ impl<'a> Cx<'a, '_> {
                 self.deliver(outer, port, w, port, &cands)
             }
             Some(AddressOwner::Gateway(_)) | None => {
-                let mut plan =
-                    self.passthrough(SocketAddr::new(a.address.ip, port), Class::OutsideMesh);
+                let mut plan = self.passthrough(SocketAddr::new(a.address.ip, port));
                 plan.service = Some(outer.key());
                 Ok(plan)
             }
@@ -434,7 +500,7 @@ impl<'a> Cx<'a, '_> {
     fn workload(&mut self, w: &'a Workload, port: u16) -> Result<Plan, RouteError> {
         if let Some(wp) = &w.waypoint {
             if self.src_is_waypoint(wp) {
-                self.steps.push(Step::WaypointSkipped {
+                self.step(|| Step::WaypointSkipped {
                     waypoint: describe_ref(wp),
                     why: "the source is an instance of this waypoint",
                 });
@@ -444,14 +510,11 @@ impl<'a> Cx<'a, '_> {
         }
         let ip = self.address_on_source_network(w)?;
         let transport = self.direct_transport(w, ip, port, &[]);
-        self.steps.push(Step::Transport {
+        self.step(|| Step::Transport {
             transport: transport.clone(),
         });
         Ok(Plan {
-            class: Class::Workload {
-                workload: w.uid.clone(),
-                port,
-            },
+            class: self.class.clone(),
             service: None,
             waypoint: None,
             landing: Some(w.uid.clone()),
@@ -469,7 +532,7 @@ impl<'a> Cx<'a, '_> {
     ) -> Result<Plan, RouteError> {
         let snap = self.snap;
         let name = describe_ref(wp);
-        self.steps.push(Step::WaypointRequired {
+        self.step(|| Step::WaypointRequired {
             waypoint: name.clone(),
             attached_to: attached.describe(),
         });
@@ -514,30 +577,22 @@ impl<'a> Cx<'a, '_> {
             let cand = Cand::workload(inst, wp.hbone_port);
             let reason =
                 if let Some(ws) = wp_svc.filter(|ws| !ws.scope.admits(cand.cluster, origin)) {
-                    Some(DropReason::OutOfScope {
-                        service: ws.key(),
-                        rule: ws.scope.rule_for(cand.cluster).clone(),
-                        source_cluster: origin.clone(),
-                    })
+                    Some(SetAside::OutOfScope(ws))
                 } else {
                     match attached {
                         Attached::Service(s, _) if !s.scope.admits(cand.cluster, origin) => {
-                            Some(DropReason::OutOfScope {
-                                service: s.key(),
-                                rule: s.scope.rule_for(cand.cluster).clone(),
-                                source_cluster: origin.clone(),
-                            })
+                            Some(SetAside::OutOfScope(s))
                         }
                         Attached::Workload(..) if cand.network != src_network => {
-                            Some(DropReason::WaypointOnOtherNetwork {
-                                network: cand.network.clone(),
-                            })
+                            Some(SetAside::WaypointOnOtherNetwork)
                         }
                         _ => self.unreachable(&cand),
                     }
                 };
             if let Some(reason) = reason {
-                self.drop_step(CandidateRole::WaypointEndpoint, &cand, reason);
+                self.drop_step(CandidateRole::WaypointEndpoint, &cand, || {
+                    reason.reason(&cand, origin)
+                });
             } else {
                 cands.push(cand);
             }
@@ -593,11 +648,11 @@ impl<'a> Cx<'a, '_> {
                 (port, transport, None)
             }
         };
-        self.steps.push(Step::Transport {
+        self.step(|| Step::Transport {
             transport: transport.clone(),
         });
         Ok(Plan {
-            class: Class::OutsideMesh,
+            class: self.class.clone(),
             service,
             waypoint: Some(name),
             landing: Some(inst.uid.clone()),
@@ -624,11 +679,11 @@ impl<'a> Cx<'a, '_> {
             let ids = identities(same_net.filter_map(workload_of), &svc.subject_alt_names);
             self.gateway_transport(w, format!("{}:{service_port}", svc.hostname), ids)?
         };
-        self.steps.push(Step::Transport {
+        self.step(|| Step::Transport {
             transport: transport.clone(),
         });
         Ok(Plan {
-            class: Class::OutsideMesh,
+            class: self.class.clone(),
             service: Some(svc.key()),
             waypoint: None,
             landing: Some(w.uid.clone()),
@@ -685,11 +740,10 @@ impl<'a> Cx<'a, '_> {
     }
 
     /// Why `cand` cannot be reached from the source's network, if it cannot.
-    fn unreachable(&self, cand: &Cand<'_>) -> Option<DropReason> {
+    fn unreachable(&self, cand: &Cand<'_>) -> Option<SetAside<'static>> {
         if cand.network == &self.src.workload.network {
             return None;
         }
-        let network = cand.network.clone();
         let why = match cand.target {
             Target::Address(_) => "an address endpoint on another network",
             Target::Workload(w) if w.tunnel == TunnelProtocol::Tcp => {
@@ -706,7 +760,7 @@ impl<'a> Cx<'a, '_> {
                 Some(_) => "its east-west gateway is unknown",
             },
         };
-        Some(DropReason::Unreachable { network, why })
+        Some(SetAside::Unreachable(why))
     }
 
     fn choose(
@@ -725,13 +779,13 @@ impl<'a> Cx<'a, '_> {
         let lb_cands: Vec<Candidate<'_>> = cands.iter().map(Cand::lb).collect();
         let choice = lb::choose(lb_cfg, &src, &lb_cands, self.rng);
         for (i, drop) in choice.dropped {
-            self.drop_step(role, &cands[i], DropReason::Balancer(drop));
+            self.drop_step(role, &cands[i], || DropReason::Balancer(drop));
         }
         let picked = choice.picked?;
         let c = &cands[picked];
-        self.steps.push(Step::Picked {
+        self.step(|| Step::Picked {
             role,
-            candidate: c.label.clone(),
+            candidate: c.label(),
             cluster: c.cluster.clone(),
             network: c.network.clone(),
             rank: choice.rank,
@@ -740,12 +794,17 @@ impl<'a> Cx<'a, '_> {
         Some(picked)
     }
 
-    fn drop_step(&mut self, role: CandidateRole, cand: &Cand<'_>, reason: DropReason) {
-        self.steps.push(Step::Dropped {
+    fn drop_step(
+        &mut self,
+        role: CandidateRole,
+        cand: &Cand<'_>,
+        reason: impl FnOnce() -> DropReason,
+    ) {
+        self.step(|| Step::Dropped {
             role,
-            candidate: cand.label.clone(),
+            candidate: cand.label(),
             cluster: cand.cluster.clone(),
-            reason,
+            reason: reason(),
         });
     }
 

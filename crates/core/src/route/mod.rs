@@ -19,17 +19,18 @@ mod decide;
 pub mod http;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-pub use decide::{MAX_NESTING, Within, route, route_within};
+pub use decide::{MAX_NESTING, Within, plan, plan_within, route, route_traced, route_within};
+pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
 
 use crate::identity::Identity;
-use crate::lb::LbDrop;
-use crate::model::{ClusterId, NetworkId, ScopeRule, ServiceKey, Workload, WorkloadUid};
+use crate::model::{ClusterId, NetworkId, ServiceKey, Workload, WorkloadUid};
 
 /// Where the connection was headed, as captured.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -93,87 +94,6 @@ pub enum Class {
     /// An east-west gateway's address: infrastructure, passed through untouched.
     Gateway {
         name: String,
-    },
-}
-
-/// The role of a candidate that was set aside.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CandidateRole {
-    Endpoint,
-    WaypointEndpoint,
-}
-
-/// Why a candidate was set aside.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum DropReason {
-    /// The scope of `service` does not admit the source's cluster for the candidate's cluster.
-    OutOfScope {
-        service: ServiceKey,
-        rule: ScopeRule,
-        source_cluster: ClusterId,
-    },
-    /// A workload-attached waypoint on another network.
-    WaypointOnOtherNetwork {
-        network: NetworkId,
-    },
-    /// On another network, and nothing carries traffic there.
-    Unreachable {
-        network: NetworkId,
-        why: &'static str,
-    },
-    /// The workload does not back the requested service port.
-    PortNotMapped {
-        port: u16,
-    },
-    /// Not in the subset an HTTP route asked for.
-    NotInSubset {
-        subset: String,
-    },
-    Balancer(LbDrop),
-}
-
-/// One step of a decision, in the order it was taken.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "step")]
-pub enum Step {
-    Classified {
-        destination: String,
-        class: Class,
-    },
-    WaypointRequired {
-        waypoint: String,
-        attached_to: String,
-    },
-    WaypointSkipped {
-        waypoint: String,
-        why: &'static str,
-    },
-    Dropped {
-        role: CandidateRole,
-        candidate: String,
-        cluster: ClusterId,
-        reason: DropReason,
-    },
-    Picked {
-        role: CandidateRole,
-        candidate: String,
-        cluster: ClusterId,
-        network: NetworkId,
-        /// How many routing preferences the pick shares with the source.
-        rank: usize,
-        among: usize,
-    },
-    /// An endpoint that is itself a service address, resolved in this decision.
-    Nested {
-        outer: ServiceKey,
-        address: String,
-        inner: ServiceKey,
-        port: u16,
-    },
-    Transport {
-        transport: Transport,
     },
 }
 
