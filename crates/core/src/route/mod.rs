@@ -16,40 +16,26 @@
 //! - **Reachability**: the next hop is on the source's network, or is an east-west gateway.
 
 mod decide;
+mod destination;
 pub mod http;
+mod service;
 #[cfg(test)]
 mod tests;
 mod trace;
+mod transport;
+mod waypoint;
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
 pub use decide::{MAX_NESTING, Within, plan, plan_within, route, route_traced, route_within};
+pub use destination::{BadAuthority, Destination};
 pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
+pub use waypoint::WaypointInstances;
 
 use crate::identity::Identity;
 use crate::model::{ClusterId, NetworkId, ServiceKey, Workload, WorkloadUid};
-
-/// Where the connection was headed, as captured.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Destination {
-    /// The original destination address of a captured connection.
-    Addr(SocketAddr),
-    /// A service hostname and port (from `ferry explain`, or a hostname-addressed tunnel).
-    Host { hostname: String, port: u16 },
-}
-
-impl fmt::Display for Destination {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Addr(a) => write!(f, "{a}"),
-            Self::Host { hostname, port } => write!(f, "{hostname}:{port}"),
-        }
-    }
-}
 
 /// Who is connecting.
 #[derive(Clone, Copy, Debug)]
