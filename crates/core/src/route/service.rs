@@ -1,6 +1,7 @@
 //! Routing to a service: its endpoints as candidates (or why each is set aside), the pick, and
 //! endpoints that are themselves service addresses, resolved in the same decision.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use super::decide::{Attached, Cand, Cx, MAX_NESTING, SetAside, Target, describe_ref};
@@ -12,13 +13,18 @@ use crate::snapshot::{AddressOwner, Endpoint};
 
 impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
     /// Routes to `port` of service `key`. `vip` is the address the source dialled, if any.
-    pub(super) fn service(
+    ///
+    /// `chain` holds the services resolved so far in this decision, outermost first.
+    pub(super) fn service<'k>(
         &mut self,
-        key: &ServiceKey,
+        key: &'k ServiceKey,
         port: u16,
         vip: Option<SocketAddr>,
-        chain: &mut Vec<ServiceKey>,
-    ) -> Result<Plan, RouteError> {
+        chain: &mut Vec<&'k ServiceKey>,
+    ) -> Result<Plan, RouteError>
+    where
+        'a: 'k,
+    {
         let snap = self.snap;
         let svc = snap.service(key).ok_or_else(|| RouteError::UnknownHost {
             hostname: key.hostname.clone(),
@@ -27,7 +33,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
             service: key.clone(),
             port,
         })?;
-        chain.push(key.clone());
+        chain.push(key);
 
         if let Some(wp) = &svc.waypoint {
             if self.src_is_waypoint(wp) {
@@ -98,8 +104,8 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
 
         let lb_cfg = svc
             .load_balancing
-            .clone()
-            .unwrap_or_else(LoadBalancing::standard);
+            .as_ref()
+            .map_or_else(|| Cow::Owned(LoadBalancing::standard()), Cow::Borrowed);
         let Some(picked) = self.choose(CandidateRole::Endpoint, &lb_cfg, &cands) else {
             return Err(RouteError::NoEndpoint {
                 service: key.clone(),
@@ -115,16 +121,20 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
     }
 
     /// An address endpoint was picked: resolve it within this decision.
-    pub(super) fn nested(
+    pub(super) fn nested<'k>(
         &mut self,
         outer: &Service,
         a: &AddressEndpoint,
         port: u16,
-        chain: &mut Vec<ServiceKey>,
-    ) -> Result<Plan, RouteError> {
-        let chain_text = |chain: &[ServiceKey], next: &ServiceKey| {
+        chain: &mut Vec<&'k ServiceKey>,
+    ) -> Result<Plan, RouteError>
+    where
+        'a: 'k,
+    {
+        let chain_text = |chain: &[&ServiceKey], next: &ServiceKey| {
             chain
                 .iter()
+                .copied()
                 .chain(std::iter::once(next))
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
@@ -132,7 +142,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         };
         match self.snap.owner(&a.address) {
             Some(AddressOwner::Service(inner)) => {
-                if chain.contains(inner) {
+                if chain.contains(&inner) {
                     return Err(RouteError::NestingCycle {
                         chain: chain_text(chain, inner),
                     });

@@ -1,6 +1,7 @@
 //! Routing through a waypoint: the instances that serve it, those the source may use, and the
 //! tunnel to the one load balancing picks.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use super::decide::{Attached, Cand, Cx, SetAside, Target, describe_ref, workload_of};
@@ -120,8 +121,8 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
             }
         }
         let lb_cfg = wp_svc
-            .and_then(|s| s.load_balancing.clone())
-            .unwrap_or_else(LoadBalancing::prefer_close);
+            .and_then(|s| s.load_balancing.as_ref())
+            .map_or_else(|| Cow::Owned(LoadBalancing::prefer_close()), Cow::Borrowed);
         let Some(picked) = self.choose(CandidateRole::WaypointEndpoint, &lb_cfg, &cands) else {
             return Err(RouteError::NoWaypointEndpoint {
                 waypoint: name,
