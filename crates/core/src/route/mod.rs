@@ -2,8 +2,9 @@
 //!
 //! [`route`] is a pure function of (source, destination, snapshot, random source). It returns a
 //! [`Decision`]: the [`Plan`] the node proxy executes (or the [`RouteError`] it fails the
-//! connection with), and every [`Step`] taken on the way, which `ferry explain` prints and access
-//! logs summarise. Invariants it keeps, whatever the snapshot:
+//! connection with), and every [`Step`] taken on the way, which `ferry explain` prints. The data
+//! path calls [`plan`] instead: the same decision, its steps sent to [`NoTrace`], so none is
+//! built ([`route_traced`] takes any [`Trace`] sink). Invariants it keeps, whatever the snapshot:
 //!
 //! - **Scope**: an endpoint or waypoint endpoint is a candidate only if the scope of the service
 //!   being reached admits the source's cluster for that endpoint's cluster. No candidate, no
