@@ -12,7 +12,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -27,15 +27,18 @@ use ferry_core::route::{Destination, Source, Step, plan, route};
 use ferry_core::snapshot::Snapshot;
 use ferry_core::testing::{MeshBuilder, waypoint_ref};
 
-/// Counts live heap bytes so the snapshot's size can be reported.
+/// Counts live heap bytes so the snapshot's size can be reported, and allocations so a
+/// decision's can.
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: forwards to the system allocator unchanged; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
     }
@@ -221,16 +224,20 @@ fn trace_ratio(snap: &Snapshot, conns: &[(&Workload, Destination)]) {
     let rounds = 10;
     let per_round = n.div_ceil(rounds).max(1);
     let (mut untraced, mut traced) = (Duration::ZERO, Duration::ZERO);
+    let (mut untraced_allocs, mut traced_allocs) = (0, 0);
     let mut steps = 0usize;
     for round in 0..rounds {
         let mut rng = SplitMix64::new(round as u64);
+        let a = ALLOCS.load(Ordering::Relaxed);
         let t = Instant::now();
         for i in 0..per_round {
             let (src, dst) = &conns[i % conns.len()];
             black_box(plan(snap, Source::new(src), dst, &mut rng).is_ok());
         }
         untraced += t.elapsed();
+        untraced_allocs += ALLOCS.load(Ordering::Relaxed) - a;
         let mut rng = SplitMix64::new(round as u64);
+        let a = ALLOCS.load(Ordering::Relaxed);
         let t = Instant::now();
         for i in 0..per_round {
             let (src, dst) = &conns[i % conns.len()];
@@ -239,14 +246,17 @@ fn trace_ratio(snap: &Snapshot, conns: &[(&Workload, Destination)]) {
             black_box((d.outcome.is_ok(), &d.steps as &[Step]));
         }
         traced += t.elapsed();
+        traced_allocs += ALLOCS.load(Ordering::Relaxed) - a;
     }
     let total = (per_round * rounds) as f64;
     let rate = |d: Duration| total / d.as_secs_f64();
     eprintln!(
-        "route, {} decisions each: no-op sink {:.0} decisions/s, recording sink {:.0} decisions/s ({:.1} steps each), ratio {:.2}x",
+        "route, {} decisions each: no-op sink {:.0} decisions/s ({:.1} allocations each), recording sink {:.0} decisions/s ({:.1} allocations, {:.1} steps each), ratio {:.2}x",
         per_round * rounds,
         rate(untraced),
+        untraced_allocs as f64 / total,
         rate(traced),
+        traced_allocs as f64 / total,
         steps as f64 / total,
         traced.as_secs_f64() / untraced.as_secs_f64()
     );
