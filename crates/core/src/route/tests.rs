@@ -745,3 +745,31 @@ fn route_within_keeps_subset_and_parent_scope() {
     );
     assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })));
 }
+
+#[test]
+fn any_trace_sink_sees_the_steps_explain_prints() {
+    let mut m = two_networks();
+    m.pod("b", "east-2", "198.18.1.20");
+    m.service("b", &[("net-east", "198.18.200.1")], 80, 8080);
+    m.backs("b", "b");
+    let snap = m.build();
+    let d = decide(&snap, "sleep", "198.18.200.1:80");
+    assert!(d.outcome.is_ok() && d.steps.len() >= 3, "{:?}", d.steps);
+    let src = snap
+        .workloads()
+        .find(|w| w.name == "sleep")
+        .unwrap()
+        .clone();
+    let mut steps: Vec<Step> = Vec::new();
+    let sink: &mut dyn Trace = &mut steps;
+    let outcome = route_traced(
+        &snap,
+        Source::new(&src),
+        &Destination::Addr("198.18.200.1:80".parse().unwrap()),
+        &Within::default(),
+        &mut SplitMix64::new(1),
+        sink,
+    );
+    assert_eq!(outcome, d.outcome);
+    assert_eq!(steps, d.steps);
+}
