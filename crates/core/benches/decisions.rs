@@ -1,8 +1,10 @@
 //! Decision throughput on a large generated mesh: 10,000 workloads, 1,000 services, 1,000
-//! policies, 2 clusters on 2 networks. Reports routing decisions/s, authorization checks/s and the
-//! snapshot's heap size.
+//! policies, 2 clusters on 2 networks. Reports routing decisions/s (with the data path's
+//! `NoTrace` sink and with `ferry explain`'s recording one, and their ratio, measured in the same
+//! run over the same connections), authorization checks/s and the snapshot's heap size.
 //!
-//! Run: `cargo bench -p ferry-core --bench decisions`
+//! Run: `cargo bench -p ferry-core --bench decisions`. `FERRY_BENCH_DECISIONS` sets how many
+//! decisions each side of the ratio times (default 200,000).
 
 // A counting global allocator needs unsafe; nothing else here does.
 #![allow(unsafe_code)]
@@ -10,7 +12,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ferry_core::authz::{ConnInfo, authorize};
@@ -20,19 +23,22 @@ use ferry_core::model::{
     Workload,
 };
 use ferry_core::random::{Random, SplitMix64};
-use ferry_core::route::{Destination, Source, route};
+use ferry_core::route::{Destination, Source, Step, plan, route};
 use ferry_core::snapshot::Snapshot;
 use ferry_core::testing::{MeshBuilder, waypoint_ref};
 
-/// Counts live heap bytes so the snapshot's size can be reported.
+/// Counts live heap bytes so the snapshot's size can be reported, and allocations so a
+/// decision's can.
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: forwards to the system allocator unchanged; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
     }
@@ -156,9 +162,28 @@ fn bench(c: &mut Criterion) {
         .filter_map(|s| s.vips.first().map(|v| SocketAddr::new(v.ip, 80)))
         .collect();
 
+    let conns: Vec<(&Workload, Destination)> = {
+        let mut rng = SplitMix64::new(11);
+        (0..4096)
+            .map(|_| {
+                let src = sources[rng.below(sources.len() as u64) as usize];
+                let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
+                (src, dst)
+            })
+            .collect()
+    };
+    trace_ratio(&snap, &conns);
+
     let mut g = c.benchmark_group("decisions");
     g.throughput(Throughput::Elements(1));
     let mut rng = SplitMix64::new(7);
+    g.bench_function("plan_service_vip_no_trace", |b| {
+        b.iter(|| {
+            let src = sources[rng.below(sources.len() as u64) as usize];
+            let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
+            black_box(plan(&snap, Source::new(src), &dst, &mut rng).is_ok())
+        })
+    });
     g.bench_function("route_service_vip", |b| {
         b.iter(|| {
             let src = sources[rng.below(sources.len() as u64) as usize];
@@ -187,6 +212,54 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// Times the same decisions with the no-op sink and with the recording one, interleaved in
+/// rounds so both see the same machine, and prints decisions/s for each and their ratio.
+fn trace_ratio(snap: &Snapshot, conns: &[(&Workload, Destination)]) {
+    let n: usize = std::env::var("FERRY_BENCH_DECISIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let rounds = 10;
+    let per_round = n.div_ceil(rounds).max(1);
+    let (mut untraced, mut traced) = (Duration::ZERO, Duration::ZERO);
+    let (mut untraced_allocs, mut traced_allocs) = (0, 0);
+    let mut steps = 0usize;
+    for round in 0..rounds {
+        let mut rng = SplitMix64::new(round as u64);
+        let a = ALLOCS.load(Ordering::Relaxed);
+        let t = Instant::now();
+        for i in 0..per_round {
+            let (src, dst) = &conns[i % conns.len()];
+            black_box(plan(snap, Source::new(src), dst, &mut rng).is_ok());
+        }
+        untraced += t.elapsed();
+        untraced_allocs += ALLOCS.load(Ordering::Relaxed) - a;
+        let mut rng = SplitMix64::new(round as u64);
+        let a = ALLOCS.load(Ordering::Relaxed);
+        let t = Instant::now();
+        for i in 0..per_round {
+            let (src, dst) = &conns[i % conns.len()];
+            let d = route(snap, Source::new(src), dst, &mut rng);
+            steps += d.steps.len();
+            black_box((d.outcome.is_ok(), &d.steps as &[Step]));
+        }
+        traced += t.elapsed();
+        traced_allocs += ALLOCS.load(Ordering::Relaxed) - a;
+    }
+    let total = (per_round * rounds) as f64;
+    let rate = |d: Duration| total / d.as_secs_f64();
+    eprintln!(
+        "route, {} decisions each: no-op sink {:.0} decisions/s ({:.1} allocations each), recording sink {:.0} decisions/s ({:.1} allocations, {:.1} steps each), ratio {:.2}x",
+        per_round * rounds,
+        rate(untraced),
+        untraced_allocs as f64 / total,
+        rate(traced),
+        traced_allocs as f64 / total,
+        steps as f64 / total,
+        traced.as_secs_f64() / untraced.as_secs_f64()
+    );
 }
 
 criterion_group!(benches, bench);

@@ -8,6 +8,10 @@
 //! - [`model`]: clusters, nodes, workloads, services (with scope), waypoints, gateways, policies.
 //! - [`snapshot`]: one immutable, validated, indexed view of the mesh; [`store`] swaps it.
 //! - [`route`]: the routing decision (scope, waypoints, nesting, load balancing, transport).
+//! - [`inbound`]: a destination node proxy's decisions: a tunnel's target in the pod, and plain
+//!   TCP through the pod's waypoint.
+//! - [`hop`]: what a waypoint or gateway trusts of the origin a tunnel claims.
+//! - [`ports`]: the proxy's own ports in a pod, and the guard against calling them.
 //! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
 //! - [`random`]: the seeded random source decisions take.
@@ -15,9 +19,12 @@
 #![forbid(unsafe_code)]
 
 pub mod authz;
+pub mod hop;
 pub mod identity;
+pub mod inbound;
 pub mod lb;
 pub mod model;
+pub mod ports;
 pub mod random;
 pub mod route;
 pub mod snapshot;

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     ClusterId, GatewayRef, Locality, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey,
-    WorkloadUid,
+    ServicePort, WorkloadUid,
 };
 use crate::identity::{Identity, InvalidIdentity};
 
@@ -88,5 +88,13 @@ impl Workload {
             .iter()
             .find(|p| p.service_port == service_port)
             .map(|p| p.target_port)
+    }
+
+    /// The port this workload serves port `sp` of `service` on: its own mapping, unless it has
+    /// none or maps to 0, else the service's target port. 0 means the port is not served.
+    pub fn serving_port(&self, service: &ServiceKey, sp: &ServicePort) -> u16 {
+        self.target_port(service, sp.port)
+            .filter(|p| *p != 0)
+            .unwrap_or(sp.target_port)
     }
 }

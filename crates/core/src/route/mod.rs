@@ -2,8 +2,9 @@
 //!
 //! [`route`] is a pure function of (source, destination, snapshot, random source). It returns a
 //! [`Decision`]: the [`Plan`] the node proxy executes (or the [`RouteError`] it fails the
-//! connection with), and every [`Step`] taken on the way, which `ferry explain` prints and access
-//! logs summarise. Invariants it keeps, whatever the snapshot:
+//! connection with), and every [`Step`] taken on the way, which `ferry explain` prints. The data
+//! path calls [`plan`] instead: the same decision, its steps sent to [`NoTrace`], so none is
+//! built ([`route_traced`] takes any [`Trace`] sink). Invariants it keeps, whatever the snapshot:
 //!
 //! - **Scope**: an endpoint or waypoint endpoint is a candidate only if the scope of the service
 //!   being reached admits the source's cluster for that endpoint's cluster. No candidate, no
@@ -16,39 +17,26 @@
 //! - **Reachability**: the next hop is on the source's network, or is an east-west gateway.
 
 mod decide;
+mod destination;
 pub mod http;
+mod service;
 #[cfg(test)]
 mod tests;
+mod trace;
+mod transport;
+mod waypoint;
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-pub use decide::{MAX_NESTING, Within, route, route_within};
+pub use decide::{MAX_NESTING, Within, plan, plan_within, route, route_traced, route_within};
+pub use destination::{BadAuthority, Destination};
+pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
+pub use waypoint::WaypointInstances;
 
 use crate::identity::Identity;
-use crate::lb::LbDrop;
-use crate::model::{ClusterId, NetworkId, ScopeRule, ServiceKey, Workload, WorkloadUid};
-
-/// Where the connection was headed, as captured.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Destination {
-    /// The original destination address of a captured connection.
-    Addr(SocketAddr),
-    /// A service hostname and port (from `ferry explain`, or a hostname-addressed tunnel).
-    Host { hostname: String, port: u16 },
-}
-
-impl fmt::Display for Destination {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Addr(a) => write!(f, "{a}"),
-            Self::Host { hostname, port } => write!(f, "{hostname}:{port}"),
-        }
-    }
-}
+use crate::model::{ClusterId, NetworkId, ServiceKey, Workload, WorkloadUid};
 
 /// Who is connecting.
 #[derive(Clone, Copy, Debug)]
@@ -93,87 +81,6 @@ pub enum Class {
     /// An east-west gateway's address: infrastructure, passed through untouched.
     Gateway {
         name: String,
-    },
-}
-
-/// The role of a candidate that was set aside.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CandidateRole {
-    Endpoint,
-    WaypointEndpoint,
-}
-
-/// Why a candidate was set aside.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum DropReason {
-    /// The scope of `service` does not admit the source's cluster for the candidate's cluster.
-    OutOfScope {
-        service: ServiceKey,
-        rule: ScopeRule,
-        source_cluster: ClusterId,
-    },
-    /// A workload-attached waypoint on another network.
-    WaypointOnOtherNetwork {
-        network: NetworkId,
-    },
-    /// On another network, and nothing carries traffic there.
-    Unreachable {
-        network: NetworkId,
-        why: &'static str,
-    },
-    /// The workload does not back the requested service port.
-    PortNotMapped {
-        port: u16,
-    },
-    /// Not in the subset an HTTP route asked for.
-    NotInSubset {
-        subset: String,
-    },
-    Balancer(LbDrop),
-}
-
-/// One step of a decision, in the order it was taken.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "step")]
-pub enum Step {
-    Classified {
-        destination: String,
-        class: Class,
-    },
-    WaypointRequired {
-        waypoint: String,
-        attached_to: String,
-    },
-    WaypointSkipped {
-        waypoint: String,
-        why: &'static str,
-    },
-    Dropped {
-        role: CandidateRole,
-        candidate: String,
-        cluster: ClusterId,
-        reason: DropReason,
-    },
-    Picked {
-        role: CandidateRole,
-        candidate: String,
-        cluster: ClusterId,
-        network: NetworkId,
-        /// How many routing preferences the pick shares with the source.
-        rank: usize,
-        among: usize,
-    },
-    /// An endpoint that is itself a service address, resolved in this decision.
-    Nested {
-        outer: ServiceKey,
-        address: String,
-        inner: ServiceKey,
-        port: u16,
-    },
-    Transport {
-        transport: Transport,
     },
 }
 

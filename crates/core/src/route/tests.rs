@@ -57,7 +57,38 @@ fn decide_seeded(snap: &Snapshot, from: &str, to: &str, seed: u64) -> Decision {
             }
         }
     };
-    route(snap, Source::new(&src), &dst, &mut SplitMix64::new(seed))
+    let decision = route(snap, Source::new(&src), &dst, &mut SplitMix64::new(seed));
+    // Every scenario also checks the data path: the same plan, with no step ever built.
+    let planned = plan(snap, Source::new(&src), &dst, &mut SplitMix64::new(seed));
+    assert_eq!(planned, decision.outcome, "plan() and route() disagree");
+    let mut off = Disabled::default();
+    let traced = route_traced(
+        snap,
+        Source::new(&src),
+        &dst,
+        &Within::default(),
+        &mut SplitMix64::new(seed),
+        &mut off,
+    );
+    assert_eq!(traced, decision.outcome);
+    assert_eq!(off.recorded, 0, "a disabled trace was handed steps");
+    decision
+}
+
+/// A sink that is off, and counts the steps it is handed anyway.
+#[derive(Default)]
+struct Disabled {
+    recorded: usize,
+}
+
+impl Trace for Disabled {
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn record(&mut self, _: Step) {
+        self.recorded += 1;
+    }
 }
 
 fn landing(d: &Decision) -> String {
@@ -665,6 +696,14 @@ fn route_within_keeps_subset_and_parent_scope() {
             &within,
             &mut SplitMix64::new(seed),
         );
+        let planned = plan_within(
+            &snap,
+            Source::new(&src),
+            &dst,
+            &within,
+            &mut SplitMix64::new(seed),
+        );
+        assert_eq!(planned, d.outcome);
         seen.insert(landing(&d));
     }
     // v1 is not in the subset; v2-west is, but the local parent does not admit it from east.
@@ -705,4 +744,32 @@ fn route_within_keeps_subset_and_parent_scope() {
         &mut SplitMix64::new(1),
     );
     assert!(matches!(d.outcome, Err(RouteError::NoEndpoint { .. })));
+}
+
+#[test]
+fn any_trace_sink_sees_the_steps_explain_prints() {
+    let mut m = two_networks();
+    m.pod("b", "east-2", "198.18.1.20");
+    m.service("b", &[("net-east", "198.18.200.1")], 80, 8080);
+    m.backs("b", "b");
+    let snap = m.build();
+    let d = decide(&snap, "sleep", "198.18.200.1:80");
+    assert!(d.outcome.is_ok() && d.steps.len() >= 3, "{:?}", d.steps);
+    let src = snap
+        .workloads()
+        .find(|w| w.name == "sleep")
+        .unwrap()
+        .clone();
+    let mut steps: Vec<Step> = Vec::new();
+    let sink: &mut dyn Trace = &mut steps;
+    let outcome = route_traced(
+        &snap,
+        Source::new(&src),
+        &Destination::Addr("198.18.200.1:80".parse().unwrap()),
+        &Within::default(),
+        &mut SplitMix64::new(1),
+        sink,
+    );
+    assert_eq!(outcome, d.outcome);
+    assert_eq!(steps, d.steps);
 }
