@@ -6,7 +6,7 @@
 //! its own network*, and forwards the inner tunnel's bytes to that endpoint's HBONE port without
 //! terminating them: the destination sees the original identity end to end.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,11 +18,10 @@ use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::store::Store;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
-use ferry_hbone::server::{ConnectRequest, Handler};
+use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::upstream::Upstream;
+use ferry_hbone::upstream::Forward;
 use ferry_runtime::bootstrap::ControlPlane;
-use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
 
@@ -43,7 +42,6 @@ pub struct Config {
 struct Gateway {
     store: Arc<Store>,
     name: String,
-    plans: Mutex<HashMap<u64, SocketAddr>>,
     refused: AtomicU64,
 }
 
@@ -83,7 +81,10 @@ impl Gateway {
 }
 
 impl Handler for Gateway {
-    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+    /// The endpoint's HBONE address the inner tunnel goes to.
+    type Admit = SocketAddr;
+
+    fn admit(&self, req: &ConnectRequest) -> Result<SocketAddr, Refusal> {
         let Target::Host { hostname, port } = &req.target else {
             return Err(self.refuse(
                 req,
@@ -110,18 +111,14 @@ impl Handler for Gateway {
             hostname: hostname.clone(),
             port: *port,
         };
-        let decision = route::route(
+        match route::plan(
             &snap,
             Source::on_behalf_of(&me, &origin),
             &dst,
             &mut SplitMix64::new(req.id),
-        );
-        match decision.outcome {
+        ) {
             Ok(plan) => match plan.transport {
-                Transport::Hbone { connect_to, .. } => {
-                    self.plans.lock().insert(req.id, connect_to);
-                    Ok(())
-                }
+                Transport::Hbone { connect_to, .. } => Ok(connect_to),
                 _ => Err(self.refuse(
                     req,
                     format!(
@@ -135,21 +132,20 @@ impl Handler for Gateway {
 
     fn connect(
         &self,
-        req: &ConnectRequest,
-    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
-        let to = self.plans.lock().remove(&req.id);
+        _req: &ConnectRequest,
+        to: &mut SocketAddr,
+    ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
+        let to = *to;
         async move {
-            let to =
-                to.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
             // The inner tunnel's bytes go to the endpoint's HBONE port untouched.
             tokio::net::TcpStream::connect(to)
                 .await
-                .map(Upstream::from)
+                .map(Forward::from)
                 .map_err(|e| Refusal::Unavailable(format!("connect {to}: {e}")))
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+    fn finished(&self, req: &ConnectRequest, _: SocketAddr, outcome: &Outcome<'_>) {
         AccessLog {
             direction: "gateway",
             src_addr: req.peer_addr.to_string(),
@@ -157,9 +153,9 @@ impl Handler for Gateway {
             src_identity: req.peer.to_string(),
             dst_addr: req.target.to_string(),
             path: "forwarded to its network, inner tunnel untouched".into(),
-            bytes_sent: sent,
-            bytes_recv: received,
-            error: error.map(str::to_string),
+            bytes_sent: outcome.sent,
+            bytes_recv: outcome.received,
+            error: outcome.error(),
             ..AccessLog::default()
         }
         .emit();
@@ -189,7 +185,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let gw = Arc::new(Gateway {
         store: mesh.store.clone(),
         name: config.name.clone(),
-        plans: Mutex::new(HashMap::new()),
         refused: AtomicU64::new(0),
     });
     let listener = tokio::net::TcpListener::bind(config.listen)

@@ -57,7 +57,9 @@ const HOLD_TARGET: &str = "FERRY_BENCH_HOLD_TARGET";
 
 struct AllowAll;
 impl Handler for AllowAll {
-    fn check(&self, _: &ConnectRequest) -> Result<(), Refusal> {
+    type Admit = ();
+
+    fn admit(&self, _: &ConnectRequest) -> Result<(), Refusal> {
         Ok(())
     }
 }

@@ -3,7 +3,6 @@
 //! Pure functions, fuzzed by property tests: every byte here can come from an attacker.
 //! See `docs/hbone.md` for the wire format.
 
-use std::fmt;
 use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
@@ -12,23 +11,10 @@ pub mod baggage;
 
 pub use baggage::{Baggage, WorkloadKind, WorkloadName};
 
-/// Where a CONNECT asks to go.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// `ip:port`: a workload address (or a service VIP at a waypoint).
-    Addr(SocketAddr),
-    /// `hostname:port`: a service, resolved by the receiver (double HBONE through a gateway).
-    Host { hostname: String, port: u16 },
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Addr(a) => write!(f, "{a}"),
-            Self::Host { hostname, port } => write!(f, "{hostname}:{port}"),
-        }
-    }
-}
+/// Where a CONNECT asks to go: `ip:port` (a workload address, or a service VIP at a waypoint)
+/// or `hostname:port` (a service, resolved by the receiver: double HBONE through a gateway). The
+/// same type the routing decision takes.
+pub use ferry_core::route::Destination as Target;
 
 /// Why a request is refused, and the HTTP status it gets.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

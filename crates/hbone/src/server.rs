@@ -14,12 +14,13 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::copy;
 use crate::error::Error;
+use crate::error::Side;
 use crate::headers::{self, Refusal, Target};
 use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 use crate::tls::{self, Credentials, TrustBundle};
-use crate::upstream::Upstream;
+use crate::upstream::Forward;
 
 // Kept at its old path while other crates move; new code names `crate::socket::reset_tcp`.
 pub use crate::socket::reset_tcp;
@@ -27,7 +28,7 @@ pub use crate::socket::reset_tcp;
 /// What the server knows about one CONNECT when it asks the handler.
 #[derive(Clone, Debug)]
 pub struct ConnectRequest {
-    /// Unique in this process: names the tunnel between `check`, `connect` and `finished`.
+    /// Unique in this process: names the tunnel in logs and load-balancing seeds.
     pub id: u64,
     /// The mutual-TLS peer's SPIFFE identity (verified, same trust domain as ours).
     pub peer: Identity,
@@ -38,33 +39,100 @@ pub struct ConnectRequest {
 }
 
 /// Decides about and serves CONNECT requests. Supplied by the node proxy, waypoint or gateway.
+///
+/// For each CONNECT the server calls [`Handler::admit`] before any byte reaches the target; if
+/// it admits the request, [`Handler::connect`] with what `admit` decided, then, whatever happens
+/// next (the target unreachable, the client gone, the copy done or reset),
+/// [`Handler::finished`] exactly once with that same value and how the tunnel ended. What a
+/// handler learns about a tunnel is therefore derived once and carried, never looked up again.
 pub trait Handler: Send + Sync + 'static {
+    /// What `admit` decided about one tunnel (its plan, labels, log fields): carried to
+    /// `connect` and `finished`.
+    type Admit: Send + 'static;
+
     /// Runs before any byte reaches the target; an error refuses the request with its status.
-    fn check(&self, request: &ConnectRequest) -> Result<(), Refusal>;
+    fn admit(&self, request: &ConnectRequest) -> Result<Self::Admit, Refusal>;
 
-    /// Called once the tunnel ends: bytes sent to the target, bytes received from it, and the
-    /// error if it ended with one. For access logs and metrics; by default nothing.
-    fn finished(&self, request: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
-        let _ = (request, sent, received, error);
-    }
-
-    /// Opens the connection to the target. By default: TCP to an `ip:port` target.
+    /// Opens the connection to the target, or hands the tunnel to the handler to serve. By
+    /// default: TCP to an `ip:port` target.
     fn connect(
         &self,
         request: &ConnectRequest,
-    ) -> impl Future<Output = Result<Upstream, Refusal>> + Send {
+        admitted: &mut Self::Admit,
+    ) -> impl Future<Output = Result<Forward, Refusal>> + Send {
+        let _ = admitted;
         let target = request.target.clone();
-        async move {
-            match target {
-                Target::Addr(addr) => TcpStream::connect(addr)
-                    .await
-                    .map(Upstream::from)
-                    .map_err(|e| Refusal::Unavailable(format!("connect to {addr}: {e}"))),
-                Target::Host { hostname, port } => Err(Refusal::Unavailable(format!(
-                    "no resolver for hostname target {hostname}:{port}"
-                ))),
-            }
+        async move { connect_tcp(&target).await }
+    }
+
+    /// Called once per admitted tunnel when it ends. For access logs and metrics; by default
+    /// nothing.
+    fn finished(&self, request: &ConnectRequest, admitted: Self::Admit, outcome: &Outcome<'_>) {
+        let _ = (request, admitted, outcome);
+    }
+}
+
+/// How an admitted tunnel ended.
+#[derive(Debug)]
+pub enum Ended<'a> {
+    /// Both directions finished cleanly (or the handler served the tunnel in process).
+    Complete,
+    /// `connect` refused: the target could not be reached; the client got this refusal.
+    Refused(&'a Refusal),
+    /// The client went away before the tunnel was up.
+    ClientGone(&'a h2::Error),
+    /// A direction failed or stayed quiet past the bound; the other side was reset.
+    Reset(&'a copy::RelayError),
+}
+
+/// What a tunnel moved, and how it ended.
+#[derive(Debug)]
+pub struct Outcome<'a> {
+    /// Bytes from the client to the target.
+    pub sent: u64,
+    /// Bytes from the target to the client.
+    pub received: u64,
+    pub ended: Ended<'a>,
+}
+
+// === impl Outcome ===
+
+impl Outcome<'_> {
+    /// Which side failed, if the tunnel did not complete.
+    pub fn failed(&self) -> Option<Side> {
+        match &self.ended {
+            Ended::Complete => None,
+            Ended::Refused(_) => Some(Side::Upstream),
+            Ended::ClientGone(_) => Some(Side::Downstream),
+            Ended::Reset(e) => Some(match e.copy.failed {
+                _ if e.copy.timed_out() => Side::Local,
+                copy::Failed::A => Side::Downstream,
+                copy::Failed::B => Side::Upstream,
+            }),
         }
+    }
+
+    /// The failure in words, if the tunnel did not complete.
+    pub fn error(&self) -> Option<String> {
+        match &self.ended {
+            Ended::Complete => None,
+            Ended::Refused(r) => Some(r.to_string()),
+            Ended::ClientGone(e) => Some(format!("client went away: {e}")),
+            Ended::Reset(e) => Some(e.to_string()),
+        }
+    }
+}
+
+/// The default connect: TCP to an `ip:port` target.
+pub async fn connect_tcp(target: &Target) -> Result<Forward, Refusal> {
+    match target {
+        Target::Addr(addr) => TcpStream::connect(addr)
+            .await
+            .map(Forward::from)
+            .map_err(|e| Refusal::Unavailable(format!("connect to {addr}: {e}"))),
+        Target::Host { hostname, port } => Err(Refusal::Unavailable(format!(
+            "no resolver for hostname target {hostname}:{port}"
+        ))),
     }
 }
 
@@ -250,13 +318,22 @@ async fn serve_stream<H: Handler>(
         target,
         headers: parts.headers,
     };
-    if let Err(r) = handler.check(&req) {
-        return refuse(&mut respond, &r);
-    }
-    // Boxed: the stream's task keeps only what the copy needs while the tunnel lives.
-    let mut upstream = match Box::pin(handler.connect(&req)).await {
-        Ok(s) => s,
+    let mut admitted = match handler.admit(&req) {
+        Ok(a) => a,
         Err(r) => return refuse(&mut respond, &r),
+    };
+    // Boxed: the stream's task keeps only what the copy needs while the tunnel lives.
+    let forward = match Box::pin(handler.connect(&req, &mut admitted)).await {
+        Ok(f) => f,
+        Err(r) => {
+            refuse(&mut respond, &r);
+            let outcome = Outcome {
+                sent: 0,
+                received: 0,
+                ended: Ended::Refused(&r),
+            };
+            return handler.finished(&req, admitted, &outcome);
+        }
     };
     let ok = Response::builder()
         .status(http::StatusCode::OK)
@@ -266,25 +343,46 @@ async fn serve_stream<H: Handler>(
         Ok(s) => s,
         Err(e) => {
             tracing::debug!(error = %e, "client went away before the tunnel was up");
-            handler.finished(&req, 0, 0, Some(&format!("client went away: {e}")));
-            return;
+            let outcome = Outcome {
+                sent: 0,
+                received: 0,
+                ended: Ended::ClientGone(&e),
+            };
+            return handler.finished(&req, admitted, &outcome);
         }
     };
     let mut tunnel = H2Stream::new(send, body);
-    if let Upstream::Serve(serve) = upstream {
-        serve(tunnel).await;
-        handler.finished(&req, 0, 0, None);
-        return;
-    }
+    let mut upstream = match forward {
+        Forward::Stream(u) => u,
+        Forward::Serve(serve) => {
+            serve(tunnel).await;
+            let outcome = Outcome {
+                sent: 0,
+                received: 0,
+                ended: Ended::Complete,
+            };
+            return handler.finished(&req, admitted, &outcome);
+        }
+    };
     // On an error, the side that did not fail is reset (both after the half-closed idle bound).
     match copy::relay(&mut tunnel, &mut upstream, bounds).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
-            handler.finished(&req, sent, received, None);
+            let outcome = Outcome {
+                sent,
+                received,
+                ended: Ended::Complete,
+            };
+            handler.finished(&req, admitted, &outcome);
         }
         Err(e) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");
-            handler.finished(&req, e.copy.a_to_b, e.copy.b_to_a, Some(&e.to_string()));
+            let outcome = Outcome {
+                sent: e.copy.a_to_b,
+                received: e.copy.b_to_a,
+                ended: Ended::Reset(&e),
+            };
+            handler.finished(&req, admitted, &outcome);
         }
     }
 }

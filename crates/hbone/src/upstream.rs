@@ -1,6 +1,7 @@
-//! What a tunnel's server side forwards to: a TCP connection, or another tunnel (a waypoint or
-//! gateway carries one tunnel into the next), or nothing: the handler serves the tunnel itself
-//! (a waypoint's HTTP filter reads the tunnel's bytes directly).
+//! What a tunnel's server side does with an admitted tunnel ([`Forward`]): copy it to a byte
+//! stream ([`Upstream`]: a TCP connection, or another tunnel when a waypoint or gateway carries
+//! one tunnel into the next), or hand the tunnel's stream to the handler, which serves it in
+//! process (a waypoint's HTTP filter reads the tunnel's bytes directly).
 
 use std::io;
 use std::pin::Pin;
@@ -17,12 +18,33 @@ use crate::pool::Tunnel;
 pub type Serve =
     Box<dyn FnOnce(crate::stream::H2Stream) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
-/// The far side of a served tunnel.
+/// What to do with an admitted tunnel.
+pub enum Forward {
+    /// Copy it to and from this byte stream.
+    Stream(Upstream),
+    /// No far side: the handler serves the tunnel's stream itself (no bytes are copied).
+    Serve(Serve),
+}
+
+/// The far side of a forwarded tunnel.
 pub enum Upstream {
     Tcp(TcpStream),
     Tunnel(Tunnel),
-    /// No far side: the handler serves the tunnel's stream itself (no bytes are copied).
-    Serve(Serve),
+}
+
+impl std::fmt::Debug for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stream(u) => f.debug_tuple("Stream").field(u).finish(),
+            Self::Serve(_) => f.write_str("Serve"),
+        }
+    }
+}
+
+impl<T: Into<Upstream>> From<T> for Forward {
+    fn from(t: T) -> Self {
+        Self::Stream(t.into())
+    }
 }
 
 impl std::fmt::Debug for Upstream {
@@ -30,14 +52,8 @@ impl std::fmt::Debug for Upstream {
         match self {
             Self::Tcp(t) => f.debug_tuple("Tcp").field(t).finish(),
             Self::Tunnel(t) => f.debug_tuple("Tunnel").field(t).finish(),
-            Self::Serve(_) => f.write_str("Serve"),
         }
     }
-}
-
-/// Served in process: not a byte stream.
-fn not_a_stream() -> io::Error {
-    io::Error::other("this tunnel is served in process, not forwarded")
 }
 
 impl From<TcpStream> for Upstream {
@@ -59,7 +75,6 @@ impl Upstream {
         match self {
             Self::Tcp(t) => crate::socket::reset_tcp(t),
             Self::Tunnel(t) => t.abort(),
-            Self::Serve(_) => {}
         }
     }
 }
@@ -79,7 +94,6 @@ impl AsyncRead for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_read(cx, buf),
             Self::Tunnel(t) => Pin::new(t).poll_read(cx, buf),
-            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 }
@@ -93,7 +107,6 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_write(cx, buf),
             Self::Tunnel(t) => Pin::new(t).poll_write(cx, buf),
-            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 
@@ -101,7 +114,6 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_flush(cx),
             Self::Tunnel(t) => Pin::new(t).poll_flush(cx),
-            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 
@@ -109,7 +121,6 @@ impl AsyncWrite for Upstream {
         match self.get_mut() {
             Self::Tcp(t) => Pin::new(t).poll_shutdown(cx),
             Self::Tunnel(t) => Pin::new(t).poll_shutdown(cx),
-            Self::Serve(_) => Poll::Ready(Err(not_a_stream())),
         }
     }
 }

@@ -11,7 +11,7 @@ use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::testkit::TestCa;
-use ferry_hbone::upstream::Upstream;
+use ferry_hbone::upstream::Forward;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -24,7 +24,9 @@ struct Gateway {
 }
 
 impl Handler for Gateway {
-    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+    type Admit = ();
+
+    fn admit(&self, req: &ConnectRequest) -> Result<(), Refusal> {
         match &req.target {
             Target::Host { .. } => {
                 self.seen
@@ -41,12 +43,13 @@ impl Handler for Gateway {
     fn connect(
         &self,
         _req: &ConnectRequest,
-    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
+        _admitted: &mut (),
+    ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
         let to = self.next_hop;
         async move {
             tokio::net::TcpStream::connect(to)
                 .await
-                .map(Upstream::from)
+                .map(Forward::from)
                 .map_err(|e| Refusal::Unavailable(e.to_string()))
         }
     }
@@ -59,7 +62,9 @@ struct Destination {
 }
 
 impl Handler for Destination {
-    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
+    type Admit = ();
+
+    fn admit(&self, req: &ConnectRequest) -> Result<(), Refusal> {
         let h = ConnectHeaders::read(&req.headers);
         self.seen.lock().push((
             req.peer.to_string(),
@@ -72,12 +77,13 @@ impl Handler for Destination {
     fn connect(
         &self,
         _req: &ConnectRequest,
-    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
+        _admitted: &mut (),
+    ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
         let to = self.echo;
         async move {
             tokio::net::TcpStream::connect(to)
                 .await
-                .map(Upstream::from)
+                .map(Forward::from)
                 .map_err(|e| Refusal::Unavailable(e.to_string()))
         }
     }

@@ -280,7 +280,9 @@ async fn echo_over_hbone(client: &Credentials, server: &Credentials, bundle: &Tr
     use ferry_hbone::server::{ConnectRequest, Handler};
     struct Allow;
     impl Handler for Allow {
-        fn check(&self, _: &ConnectRequest) -> Result<(), ferry_hbone::headers::Refusal> {
+        type Admit = ();
+
+        fn admit(&self, _: &ConnectRequest) -> Result<(), ferry_hbone::headers::Refusal> {
             Ok(())
         }
     }

@@ -16,9 +16,7 @@ use tokio::process::Command;
 
 use ferry_runtime::netns::MARK;
 
-pub(crate) const OUTBOUND_PORT: u16 = 15001;
-pub(crate) const INBOUND_PORT: u16 = 15006;
-pub(crate) const HBONE_PORT: u16 = 15008;
+pub(crate) use ferry_core::ports::{HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT};
 
 /// Why rules could not be changed.
 #[derive(Debug, thiserror::Error)]

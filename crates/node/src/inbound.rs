@@ -7,31 +7,36 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_core::authz::{self, ConnInfo, Verdict};
-use ferry_hbone::copy::{self, Failed};
-use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
+use ferry_core::identity::Identity;
+use ferry_core::inbound::{self, InboundPlan};
+use ferry_core::model::Workload;
+use ferry_core::ports;
+use ferry_core::snapshot::Snapshot;
+use ferry_hbone::copy;
+use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
-use ferry_hbone::server::{ConnectRequest, Handler, reset_tcp};
+use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
+use ferry_hbone::socket::reset_tcp;
+use ferry_hbone::upstream::Forward;
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::capture;
 use crate::node::{Node, Pod};
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
-/// Authorizes a connection to `pod` on `port`.
+/// Authorizes a connection to `pod` (workload `dst` in `snap`) on `port`.
 fn authorize(
-    node: &Node,
+    snap: &Snapshot,
+    dst: &Workload,
     pod: &Pod,
-    peer: Option<&ferry_core::identity::Identity>,
+    peer: Option<&Identity>,
     src: SocketAddr,
     port: u16,
     to_waypoint: bool,
-) -> Result<Verdict, String> {
-    let snap = node.store.load();
-    let dst = snap.workload(&pod.uid).ok_or("the pod left the mesh")?;
-    Ok(authz::authorize(
-        &snap,
+) -> Verdict {
+    authz::authorize(
+        snap,
         dst,
         &ConnInfo {
             source_identity: peer,
@@ -40,43 +45,37 @@ fn authorize(
             destination_port: port,
             // HTTP facts are judged by the waypoint: the one this connection is about to be
             // sent through, or the one it came from.
-            via_waypoint: to_waypoint || authz::is_waypoint_of(&snap, dst, peer),
+            via_waypoint: to_waypoint || authz::is_waypoint_of(snap, dst, peer),
         },
-    ))
+    )
 }
 
+/// The metric labels of a connection to `pod`, from what its tunnel says about its source
+/// (`headers`: baggage names the cluster; the inner request of double HBONE names the network).
 fn labels(
-    node: &Node,
+    dst: Option<&Workload>,
     pod: &Pod,
-    peer: Option<&ferry_core::identity::Identity>,
+    peer: Option<&Identity>,
     flags: &str,
-    headers: Option<&http::HeaderMap>,
+    headers: Option<&ConnectHeaders>,
 ) -> Labels {
-    // What the tunnel says about its source: baggage names the cluster; the inner request of
-    // double HBONE names the network it came from.
-    let h = headers.map(ConnectHeaders::read).unwrap_or_default();
-    let src_cluster = h
-        .baggage
-        .iter()
-        .find(|(k, _)| k == "k8s.cluster.name")
-        .map_or_else(|| "unknown".to_string(), |(_, v)| v.clone());
-    let src_network = h.forwarded_network;
-    let snap = node.store.load();
-    let (cluster, network) = snap.workload(&pod.uid).map_or_else(
-        || ("unknown".into(), "unknown".into()),
-        |w| (w.cluster.to_string(), w.network.to_string()),
-    );
+    let unknown = || "unknown".to_string();
+    let baggage = headers
+        .map(ConnectHeaders::typed_baggage)
+        .unwrap_or_default();
     Labels {
         reporter: Reporter::Destination,
-        source_workload: "unknown".into(),
-        source_principal: peer.map_or_else(|| "unknown".into(), ToString::to_string),
-        source_cluster: src_cluster,
-        source_network: src_network.unwrap_or_else(|| "unknown".into()),
+        source_workload: unknown(),
+        source_principal: peer.map_or_else(unknown, ToString::to_string),
+        source_cluster: baggage.cluster.unwrap_or_else(unknown),
+        source_network: headers
+            .and_then(|h| h.forwarded_network.clone())
+            .unwrap_or_else(unknown),
         destination_workload: pod.name.clone(),
-        destination_service: "unknown".into(),
+        destination_service: unknown(),
         destination_principal: pod.identity.to_string(),
-        destination_cluster: cluster,
-        destination_network: network,
+        destination_cluster: dst.map_or_else(unknown, |w| w.cluster.to_string()),
+        destination_network: dst.map_or_else(unknown, |w| w.network.to_string()),
         response_flags: flags.into(),
     }
 }
@@ -87,134 +86,159 @@ struct Inbound {
     pod: Arc<Pod>,
 }
 
-impl Handler for Inbound {
-    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
-        let target = resolve(&self.node, &self.pod, &req.target)?;
-        if [
-            capture::OUTBOUND_PORT,
-            capture::INBOUND_PORT,
-            capture::HBONE_PORT,
-        ]
-        .contains(&target.port())
-        {
-            return Err(Refusal::BadRequest(
-                "attempted recursive call to the proxy's own ports".into(),
-            ));
-        }
-        let verdict = authorize(
-            &self.node,
-            &self.pod,
-            Some(&req.peer),
-            req.peer_addr,
-            target.port(),
-            false,
-        )
-        .map_err(Refusal::Unavailable)?;
-        if verdict.is_allowed() {
-            return Ok(());
-        }
-        let why = verdict.to_string();
-        let l = labels(
-            &self.node,
-            &self.pod,
-            Some(&req.peer),
-            "DENY",
-            Some(&req.headers),
-        );
-        self.node.metrics.opened(&l);
-        self.node.metrics.closed(&l, 0, 0);
+/// One admitted tunnel: what `admit` derived, from one snapshot and one read of the CONNECT
+/// headers, carried to `connect` and `finished`.
+struct Admitted {
+    /// The pod's address and port the tunnel goes to.
+    to: SocketAddr,
+    /// Counted as opened under these; closed under the same.
+    labels: Arc<Labels>,
+    /// How the tunnel came, for the access log.
+    path: String,
+    /// The connection counted as open (for the drain and memory) until it is dropped.
+    _open: Open,
+}
+
+/// One open proxied connection of the node, counted until dropped.
+pub(crate) struct Open(Arc<Node>);
+
+impl Open {
+    pub(crate) fn new(node: &Arc<Node>) -> Self {
+        node.opened();
+        Self(node.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Inbound {
+    fn access_log(&self, req: &ConnectRequest, dst_addr: String, path: String) -> AccessLog<'_> {
         AccessLog {
             direction: "inbound",
             src_addr: req.peer_addr.to_string(),
             src_workload: "",
             src_identity: req.peer.to_string(),
-            dst_addr: target.to_string(),
+            dst_addr,
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
-            path: hbone_path(&self.node, &self.pod, &req.peer, &req.headers),
-            error: Some(why.clone()),
+            path,
             ..AccessLog::default()
         }
-        .emit();
-        Err(Refusal::Denied(why))
+    }
+}
+
+impl Handler for Inbound {
+    type Admit = Admitted;
+
+    fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        let snap = self.node.store.load();
+        let to = inbound::resolve_target(&snap, &self.pod.uid, self.pod.ip, &req.target).map_err(
+            |e| {
+                if e.is_bad_request() {
+                    Refusal::BadRequest(e.to_string())
+                } else {
+                    Refusal::Unavailable(e.to_string())
+                }
+            },
+        )?;
+        ports::refuse_recursion(self.pod.ip, to).map_err(|e| Refusal::BadRequest(e.to_string()))?;
+        let dst = snap
+            .workload(&self.pod.uid)
+            .ok_or_else(|| Refusal::Unavailable("the pod left the mesh".into()))?;
+        let headers = ConnectHeaders::read(&req.headers);
+        let path = hbone_path(&snap, dst, &req.peer, &headers);
+        let verdict = authorize(
+            &snap,
+            dst,
+            &self.pod,
+            Some(&req.peer),
+            req.peer_addr,
+            to.port(),
+            false,
+        );
+        if !verdict.is_allowed() {
+            let why = verdict.to_string();
+            let l = labels(
+                Some(dst),
+                &self.pod,
+                Some(&req.peer),
+                "DENY",
+                Some(&headers),
+            );
+            self.node.metrics.opened(&l);
+            self.node.metrics.closed(&l, 0, 0);
+            let mut log = self.access_log(req, to.to_string(), path);
+            log.error = Some(why.clone());
+            log.emit();
+            return Err(Refusal::Denied(why));
+        }
+        let labels = self.node.metrics.opened_shared(labels(
+            Some(dst),
+            &self.pod,
+            Some(&req.peer),
+            "-",
+            Some(&headers),
+        ));
+        Ok(Admitted {
+            to,
+            labels,
+            path,
+            _open: Open::new(&self.node),
+        })
     }
 
     fn connect(
         &self,
         req: &ConnectRequest,
-    ) -> impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, Refusal>> + Send
-    {
-        let (pod, node, target, peer) = (
+        admitted: &mut Admitted,
+    ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
+        let (pod, node, peer, to) = (
             self.pod.clone(),
             self.node.clone(),
-            req.target.clone(),
             req.peer.clone(),
+            admitted.to,
         );
-        let (id, src, headers) = (req.id, req.peer_addr, req.headers.clone());
+        let (id, src) = (req.id, req.peer_addr);
         async move {
-            let addr = resolve(&node, &pod, &target)?;
-            node.metrics
-                .opened(&labels(&node, &pod, Some(&peer), "-", Some(&headers)));
-            node.opened();
-            let up = pod.netns.connect(None, addr).await.map_err(|e| {
-                node.active.fetch_sub(1, Ordering::Relaxed);
-                Refusal::Unavailable(format!("connect {addr}: {e}"))
-            })?;
+            let up = pod
+                .netns
+                .connect(None, to)
+                .await
+                .map_err(|e| Refusal::Unavailable(format!("connect {to}: {e}")))?;
             ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
             node.conns
-                .track(id, pod.clone(), Some(peer), src, addr.port(), &up);
+                .track(id, pod.clone(), Some(peer), src, to.port(), &up);
             Ok(up.into())
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+    fn finished(&self, req: &ConnectRequest, admitted: Admitted, outcome: &Outcome<'_>) {
         self.node.conns.forget(req.id);
-        self.node.active.fetch_sub(1, Ordering::Relaxed);
-        self.node.metrics.closed(
-            &labels(
-                &self.node,
-                &self.pod,
-                Some(&req.peer),
-                "-",
-                Some(&req.headers),
-            ),
-            sent,
-            received,
-        );
-        AccessLog {
-            direction: "inbound",
-            src_addr: req.peer_addr.to_string(),
-            src_workload: "",
-            src_identity: req.peer.to_string(),
-            dst_addr: req.target.to_string(),
-            dst_workload: self.pod.uid.to_string(),
-            dst_identity: self.pod.identity.to_string(),
-            path: hbone_path(&self.node, &self.pod, &req.peer, &req.headers),
-            bytes_sent: sent,
-            bytes_recv: received,
-            error: error.map(str::to_string),
-            ..AccessLog::default()
-        }
-        .emit();
+        self.node
+            .metrics
+            .closed(&admitted.labels, outcome.sent, outcome.received);
+        let mut log = self.access_log(req, admitted.to.to_string(), admitted.path);
+        log.bytes_sent = outcome.sent;
+        log.bytes_recv = outcome.received;
+        log.error = outcome.error();
+        log.emit();
     }
 }
 
 /// How a tunnel came: `hbone`, or, from the pod's own waypoint, `hbone from waypoint <id> for
 /// <original source>` (the waypoint's word is taken only from the pod's waypoint).
 fn hbone_path(
-    node: &Node,
-    pod: &Pod,
-    peer: &ferry_core::identity::Identity,
-    headers: &http::HeaderMap,
+    snap: &Snapshot,
+    dst: &Workload,
+    peer: &Identity,
+    headers: &ConnectHeaders,
 ) -> String {
-    let original = ConnectHeaders::read(headers)
-        .baggage
-        .into_iter()
-        .find(|(k, _)| k == ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY)
-        .map(|(_, v)| v);
-    let snap = node.store.load();
-    match (original, snap.workload(&pod.uid)) {
-        (Some(original), Some(w)) if ferry_core::authz::is_waypoint_of(&snap, w, Some(peer)) => {
+    match headers.typed_baggage().source_principal {
+        Some(original) if authz::is_waypoint_of(snap, dst, Some(peer)) => {
             format!("hbone from waypoint {peer} for {original}")
         }
         _ => "hbone".into(),
@@ -252,11 +276,11 @@ pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
     }
 }
 
-async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
+async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     // Counted as open, so a drain waits for it (and ends it at the deadline).
-    node.opened();
+    let _open = Open::new(&node);
     let mut log = AccessLog {
         direction: "inbound",
         src_addr: peer.to_string(),
@@ -266,179 +290,146 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketA
         path: "plain tcp".into(),
         ..AccessLog::default()
     };
-    let result: Result<(u64, u64), String> = async {
-        let orig = SockRef::from(&tcp)
-            .original_dst_v4()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .ok_or("no original destination")?;
-        log.dst_addr = orig.to_string();
-        let via = {
-            let snap = node.store.load();
-            snap.workload(&pod.uid)
-                .and_then(|w| waypoint_instance(&snap, w))
-        };
-        let verdict = authorize(&node, &pod, None, peer, orig.port(), via.is_some())?;
-        if !verdict.is_allowed() {
-            let l = labels(&node, &pod, None, "DENY", None);
-            node.metrics.opened(&l);
-            node.metrics.closed(&l, 0, 0);
-            return Err(verdict.to_string());
-        }
-        let l = labels(&node, &pod, None, "-", None);
-        node.metrics.opened(&l);
-        // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
-        if let Some((wp_addr, wp_id, wp_name, cluster)) = via {
-            log.path = format!("plain tcp via waypoint {wp_name}");
-            log.dst_hbone_addr = wp_addr.to_string();
-            let creds = node
-                .certs
-                .fetch(&pod.identity)
-                .await
-                .map_err(|e| e.to_string())?;
-            let key = PoolKey::new(pod.identity.clone(), pod.ip, wp_addr, vec![wp_id]);
-            let headers = ConnectHeaders {
-                baggage: vec![
-                    ("k8s.cluster.name".into(), cluster),
-                    (ferry_runtime::baggage::PLAINTEXT_KEY.into(), "true".into()),
-                ],
-                forwarded_for: Some(peer),
-                ..ConnectHeaders::default()
-            };
-            let mut tunnel = node
-                .pool
-                .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
-                .await
-                .map_err(|e| e.to_string())?;
-            let r = copy::bidirectional_bounded(&mut tcp, &mut tunnel, node.bounds())
-                .await
-                .map_err(|e| {
-                    if e.failed == Failed::A || e.timed_out() {
-                        tunnel.abort();
-                    }
-                    e.to_string()
-                });
-            let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
-            node.metrics.closed(&l, s, rcv);
-            return r;
-        }
-        let mut up = pod
-            .netns
-            .connect(None, SocketAddr::new(pod.ip, orig.port()))
-            .await
-            .map_err(|e| e.to_string())?;
-        ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
-        let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
-        node.conns
-            .track(id, pod.clone(), None, peer, orig.port(), &up);
-        let r = match copy::bidirectional_bounded(&mut tcp, &mut up, node.bounds()).await {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if e.failed == Failed::A || e.timed_out() {
-                    reset_tcp(&up);
-                }
-                Err(e.to_string())
-            }
-        };
-        node.conns.forget(id);
-        let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
-        node.metrics.closed(&l, s, rcv);
-        r
-    }
-    .await;
+    let result = plain_relay(&node, &pod, tcp, peer, &mut log).await;
     match result {
         Ok((s, r)) => {
             log.bytes_sent = s;
             log.bytes_recv = r;
         }
-        Err(e) => {
-            reset_tcp(&tcp);
-            log.error = Some(e);
-        }
+        Err(e) => log.error = Some(e),
     }
     log.duration = started.elapsed();
     log.emit();
-    node.active.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// The waypoint instance that plain traffic to `dst` must go through, if `dst` has a waypoint:
-/// a healthy instance on `dst`'s network that the waypoint's scope admits for `dst`'s cluster,
-/// `dst`'s own cluster first. Returns (HBONE address, identity, waypoint name, `dst`'s cluster).
-fn waypoint_instance(
-    snap: &ferry_core::snapshot::Snapshot,
-    dst: &ferry_core::model::Workload,
-) -> Option<(SocketAddr, ferry_core::identity::Identity, String, String)> {
-    use ferry_core::model::{GatewayDestination, Health};
-    use ferry_core::snapshot::{AddressOwner, Endpoint};
-    let wp = dst.waypoint.clone().or_else(|| {
-        dst.services
-            .keys()
-            .filter_map(|k| snap.service(k))
-            .find_map(|s| s.waypoint.clone())
-    })?;
-    let key = match &wp.destination {
-        GatewayDestination::Service(k) => k.clone(),
-        GatewayDestination::Address(a) => match snap.owner(a) {
-            Some(AddressOwner::Service(k)) => k.clone(),
-            _ => return None,
-        },
+/// Decides about one plain connection from outside the mesh (one snapshot), then carries it:
+/// to the pod, or through the pod's waypoint. The app side is reset on any failure.
+async fn plain_relay(
+    node: &Arc<Node>,
+    pod: &Arc<Pod>,
+    mut tcp: TcpStream,
+    peer: SocketAddr,
+    log: &mut AccessLog<'_>,
+) -> Result<(u64, u64), String> {
+    let Some(orig) = SockRef::from(&tcp)
+        .original_dst_v4()
+        .ok()
+        .and_then(|a| a.as_socket())
+    else {
+        reset_tcp(&tcp);
+        return Err("no original destination".into());
     };
-    let ws = snap.service(&key)?;
-    let mut instances: Vec<_> = snap
-        .endpoints(&key)
-        .iter()
-        .filter_map(|e| match e {
-            Endpoint::Workload(u) => snap.workload(u),
-            Endpoint::Address(_) => None,
-        })
-        .filter(|i| {
-            i.health == Health::Healthy
-                && i.network == dst.network
-                && ws.scope.admits(&i.cluster, &dst.cluster)
-        })
-        .collect();
-    instances.sort_by_key(|i| (i.cluster != dst.cluster, i.uid.clone()));
-    let i = instances.first()?;
-    Some((
-        SocketAddr::new(*i.addresses.first()?, wp.hbone_port),
-        i.identity().ok()?,
-        key.to_string(),
-        dst.cluster.to_string(),
-    ))
+    log.dst_addr = orig.to_string();
+    let (plan, l) = {
+        let snap = node.store.load();
+        let plan = inbound::plan_inbound(&snap, &pod.uid, pod.ip, inbound::Arrival::Plain(orig));
+        let dst = snap.workload(&pod.uid).map(|w| &**w);
+        let verdict = match (&plan, dst) {
+            (InboundPlan::Refuse(e), _) => Err(e.to_string()),
+            (_, None) => Err("the pod left the mesh".to_string()),
+            (plan, Some(dst)) => Ok(authorize(
+                &snap,
+                dst,
+                pod,
+                None,
+                peer,
+                orig.port(),
+                matches!(plan, InboundPlan::ViaWaypoint(_)),
+            )),
+        };
+        match verdict {
+            Ok(v) if v.is_allowed() => {}
+            Ok(v) => {
+                let l = labels(dst, pod, None, "DENY", None);
+                node.metrics.opened(&l);
+                node.metrics.closed(&l, 0, 0);
+                reset_tcp(&tcp);
+                return Err(v.to_string());
+            }
+            Err(e) => {
+                reset_tcp(&tcp);
+                return Err(e);
+            }
+        }
+        (
+            plan,
+            node.metrics
+                .opened_shared(labels(dst, pod, None, "-", None)),
+        )
+    };
+    let r = match plan {
+        // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
+        InboundPlan::ViaWaypoint(wp) => {
+            log.path = format!("plain tcp via waypoint {}", wp.waypoint);
+            log.dst_hbone_addr = wp.hbone.to_string();
+            via_waypoint(node, pod, &mut tcp, peer, orig, wp).await
+        }
+        InboundPlan::Deliver(to) => to_pod(node, pod, &mut tcp, peer, to).await,
+        InboundPlan::Refuse(e) => Err(e.to_string()),
+    };
+    if r.is_err() {
+        reset_tcp(&tcp);
+    }
+    let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
+    node.metrics.closed(&l, s, rcv);
+    r
 }
 
-/// Where a tunnel to `pod` goes: its own `ip:port`, or, for a `hostname:port` target (the inner
-/// tunnel of double HBONE), the port of that service which this pod serves.
-fn resolve(node: &Node, pod: &Pod, target: &Target) -> Result<SocketAddr, Refusal> {
-    match target {
-        Target::Addr(a) if a.ip() == pod.ip => Ok(*a),
-        Target::Addr(a) => Err(Refusal::BadRequest(format!(
-            "{a} is not this pod ({})",
-            pod.ip
-        ))),
-        Target::Host { hostname, port } => {
-            let snap = node.store.load();
-            let w = snap
-                .workload(&pod.uid)
-                .ok_or_else(|| Refusal::Unavailable("the pod left the mesh".into()))?;
-            let key = snap
-                .services_by_hostname(hostname)
-                .iter()
-                .find(|k| w.services.contains_key(*k))
-                .ok_or_else(|| {
-                    Refusal::Unavailable(format!("this pod serves no service {hostname}"))
-                })?;
-            let svc = snap
-                .service(key)
-                .ok_or_else(|| Refusal::Unavailable(format!("no service {key}")))?;
-            let sp = svc
-                .port(*port)
-                .ok_or_else(|| Refusal::BadRequest(format!("service {key} has no port {port}")))?;
-            let target = w
-                .target_port(key, *port)
-                .filter(|p| *p != 0)
-                .unwrap_or(sp.target_port);
-            Ok(SocketAddr::new(pod.ip, target))
-        }
-    }
+/// Carries a plain connection through the pod's waypoint, in a tunnel under the pod's identity.
+async fn via_waypoint(
+    node: &Node,
+    pod: &Pod,
+    tcp: &mut TcpStream,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    wp: inbound::WaypointInstance,
+) -> Result<(u64, u64), String> {
+    let creds = node
+        .certs
+        .fetch(&pod.identity)
+        .await
+        .map_err(|e| e.to_string())?;
+    let key = PoolKey::new(pod.identity.clone(), pod.ip, wp.hbone, vec![wp.identity]);
+    let baggage = Baggage {
+        cluster: Some(wp.cluster.to_string()),
+        plaintext: true,
+        ..Baggage::default()
+    };
+    let headers = ConnectHeaders {
+        baggage: baggage.to_pairs(),
+        forwarded_for: Some(peer),
+        ..ConnectHeaders::default()
+    };
+    let mut tunnel = node
+        .pool
+        .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
+        .await
+        .map_err(|e| e.to_string())?;
+    copy::relay(tcp, &mut tunnel, node.bounds())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Carries a plain connection to the pod itself.
+async fn to_pod(
+    node: &Node,
+    pod: &Arc<Pod>,
+    tcp: &mut TcpStream,
+    peer: SocketAddr,
+    to: SocketAddr,
+) -> Result<(u64, u64), String> {
+    let mut up = pod
+        .netns
+        .connect(None, to)
+        .await
+        .map_err(|e| e.to_string())?;
+    ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
+    let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
+    node.conns
+        .track(id, pod.clone(), None, peer, to.port(), &up);
+    let r = copy::relay(tcp, &mut up, node.bounds())
+        .await
+        .map_err(|e| e.to_string());
+    node.conns.forget(id);
+    r
 }

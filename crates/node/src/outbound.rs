@@ -14,7 +14,6 @@ use ferry_hbone::server::reset_tcp;
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::capture;
 use crate::node::{Node, Pod};
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
@@ -65,23 +64,15 @@ async fn proxy(
         .and_then(|a| a.as_socket())
         .ok_or("no original destination")?;
     log.dst_addr = orig.to_string();
-    if orig.ip() == pod.ip
-        && [
-            capture::OUTBOUND_PORT,
-            capture::INBOUND_PORT,
-            capture::HBONE_PORT,
-        ]
-        .contains(&orig.port())
-    {
-        return Err("attempted recursive call to the proxy's own ports".into());
-    }
+    ferry_core::ports::refuse_recursion(pod.ip, orig).map_err(|e| e.to_string())?;
     let snap = node.store.load();
     let src = snap
         .workload(&pod.uid)
         .cloned()
         .ok_or("the pod left the mesh")?;
     let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
-    let decision = route::route(&snap, Source::new(&src), &Destination::Addr(orig), &mut rng);
+    // The data path asks for the plan alone: no trace is built.
+    let outcome = route::plan(&snap, Source::new(&src), &Destination::Addr(orig), &mut rng);
     let mut labels = Labels {
         reporter: Reporter::Source,
         source_workload: pod.name.clone(),
@@ -95,9 +86,6 @@ async fn proxy(
         destination_network: "unknown".into(),
         response_flags: "-".into(),
     };
-    // The steps serve `ferry explain`; a connection keeps only its plan.
-    let route::Decision { steps, outcome } = decision;
-    drop(steps);
     let plan = match outcome {
         Ok(p) => p,
         Err(e) => {

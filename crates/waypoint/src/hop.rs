@@ -7,7 +7,6 @@
 //! hosts), the bytes go through [`crate::l7`] instead, which judges each HTTP/1 request on its
 //! own with the original source's identity, and routed on its own ([`crate::waypoint_router`]).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,14 +16,14 @@ use anyhow::Context;
 use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, WorkloadUid};
 use ferry_core::random::SplitMix64;
-use ferry_core::route::{self, Destination, Plan, Source, Transport};
+use ferry_core::route::{self, Plan, Source, Transport};
 use ferry_core::store::Store;
-use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
+use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
-use ferry_hbone::server::{ConnectRequest, Handler};
+use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::tls::TrustBundle;
-use ferry_hbone::upstream::Upstream;
+use ferry_hbone::upstream::{Forward, Upstream};
 use ferry_identity::manager::CertManager;
 use ferry_runtime::bootstrap::ControlPlane;
 use parking_lot::Mutex;
@@ -51,17 +50,6 @@ pub struct Config {
     pub drain: Duration,
 }
 
-/// What a tunnel's CONNECT target names, as the routing decision takes it.
-fn destination(target: &Target) -> Destination {
-    match target {
-        Target::Addr(a) => Destination::Addr(*a),
-        Target::Host { hostname, port } => Destination::Host {
-            hostname: hostname.clone(),
-            port: *port,
-        },
-    }
-}
-
 pub(crate) struct Waypoint {
     pub(crate) store: Arc<Store>,
     certs: CertManager,
@@ -71,9 +59,6 @@ pub(crate) struct Waypoint {
     identity: Identity,
     ip: IpAddr,
     cluster: ClusterId,
-    /// Each admitted tunnel's decision and its original source's cluster, from `check` to
-    /// `connect`.
-    plans: Mutex<HashMap<u64, (Plan, ClusterId)>>,
     pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,
     netns: Option<Arc<ferry_runtime::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
@@ -113,9 +98,17 @@ impl Stop {
     }
 }
 
+/// One admitted tunnel: the decision taken for it and its original source's cluster.
+pub(crate) struct Admitted {
+    plan: Option<Plan>,
+    origin: ClusterId,
+}
+
 impl Handler for Waypoint {
-    fn check(&self, req: &ConnectRequest) -> Result<(), Refusal> {
-        let dst = destination(&req.target);
+    type Admit = Admitted;
+
+    fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        let dst = &req.target;
         let headers = ConnectHeaders::read(&req.headers);
         let snap = self.store.load();
         let me = snap
@@ -131,12 +124,11 @@ impl Handler for Waypoint {
             }
         };
         let mut rng = SplitMix64::new(req.id);
-        let decision = route::route(&snap, Source::on_behalf_of(&me, &origin), &dst, &mut rng);
-        match decision.outcome {
-            Ok(plan) => {
-                self.plans.lock().insert(req.id, (plan, origin));
-                Ok(())
-            }
+        match route::plan(&snap, Source::on_behalf_of(&me, &origin), dst, &mut rng) {
+            Ok(plan) => Ok(Admitted {
+                plan: Some(plan),
+                origin,
+            }),
             Err(e) => {
                 self.metrics.refused.fetch_add(1, Ordering::Relaxed);
                 let (peer, reason) = (req.peer.to_string(), e.to_string());
@@ -149,8 +141,9 @@ impl Handler for Waypoint {
     fn connect(
         &self,
         req: &ConnectRequest,
-    ) -> impl std::future::Future<Output = Result<Upstream, Refusal>> + Send {
-        let plan = self.plans.lock().remove(&req.id);
+        admitted: &mut Admitted,
+    ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
+        let (plan, origin_cluster) = (admitted.plan.take(), admitted.origin.clone());
         let peer = req.peer_addr;
         let headers = ConnectHeaders::read(&req.headers);
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
@@ -164,10 +157,10 @@ impl Handler for Waypoint {
         } else {
             req.peer.to_string()
         };
-        let target = destination(&req.target);
+        let target = req.target.clone();
         let seed = req.id;
         async move {
-            let (plan, origin_cluster) =
+            let plan =
                 plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
             let filter = self.http_filter(&plan, source.clone(), relayed_plaintext, source_ip);
             // The original source travels on in the tunnel's metadata (for the destination's
@@ -189,7 +182,10 @@ impl Handler for Waypoint {
                 original,
             ));
             let Some((judge, dst)) = filter else {
-                return self.open_upstream(plan, peer, origin).await;
+                return self
+                    .open_upstream(plan, peer, origin)
+                    .await
+                    .map(Forward::Stream);
             };
             let wp = self
                 .this
@@ -263,11 +259,11 @@ impl Handler for Waypoint {
                 stop,
                 router: router_for_recheck,
             });
-            Ok(Upstream::Serve(serve))
+            Ok(Forward::Serve(serve))
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, sent: u64, received: u64, error: Option<&str>) {
+    fn finished(&self, req: &ConnectRequest, _: Admitted, outcome: &Outcome<'_>) {
         AccessLog {
             direction: "waypoint",
             src_addr: req.peer_addr.to_string(),
@@ -275,9 +271,9 @@ impl Handler for Waypoint {
             src_identity: req.peer.to_string(),
             dst_addr: req.target.to_string(),
             path: "hbone via this waypoint".into(),
-            bytes_sent: sent,
-            bytes_recv: received,
-            error: error.map(str::to_string),
+            bytes_sent: outcome.sent,
+            bytes_recv: outcome.received,
+            error: outcome.error(),
             ..AccessLog::default()
         }
         .emit();
@@ -568,7 +564,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         identity: identity.clone(),
         ip,
         cluster: ClusterId::new(&config.cluster),
-        plans: Mutex::new(HashMap::new()),
         metrics: Arc::default(),
         tunnels: Mutex::default(),
         netns: netns.clone(),

@@ -45,7 +45,9 @@ pub struct Recorder {
 }
 
 impl Handler for Recorder {
-    fn check(&self, request: &ConnectRequest) -> Result<(), Refusal> {
+    type Admit = ();
+
+    fn admit(&self, request: &ConnectRequest) -> Result<(), Refusal> {
         self.seen.lock().push(request.clone());
         if self.deny {
             Err(Refusal::Denied(format!("{} may not connect", request.peer)))
