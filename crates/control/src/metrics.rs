@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::server::Metrics;
+use crate::xds_server::Metrics;
 
 /// The exposition text.
 pub fn render(m: &Metrics) -> String {

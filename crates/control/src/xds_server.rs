@@ -15,13 +15,13 @@ use ferry_api::discovery::aggregated_discovery_service_server::{
 };
 use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-use ferry_ca::token::NodeTokens;
+use ferry_xds::resources::{ResourceSet, diff};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::resources::{ResourceSet, diff};
+use crate::ca::token::NodeTokens;
 
 /// Counters the control plane exports.
 #[derive(Debug, Default)]

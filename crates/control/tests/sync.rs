@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_ca::signer::Ca;
-use ferry_ca::token::NodeTokens;
+use ferry_control::ca::signer::Ca;
+use ferry_control::ca::token::NodeTokens;
+use ferry_control::source::{Reloads, watch_file};
+use ferry_control::xds_server::XdsServer;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
 use ferry_xds::client::{ClientConfig, XdsClient};
 use ferry_xds::resources::{ResourceSet, Versioned};
-use ferry_xds::server::XdsServer;
-use ferry_xds::source::{Reloads, watch_file};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -72,7 +72,9 @@ impl ControlPlane {
     async fn start(file: &TopologyFile, ca: Arc<Ca>, addr: Option<SocketAddr>) -> Self {
         let topo = ferry_topology::load_file(&file.0).unwrap();
         let store = Arc::new(Store::new(topo.snapshot));
-        let (res_tx, res_rx) = watch::channel(Arc::new(ResourceSet::from_snapshot(&store.load())));
+        let (res_tx, res_rx) = watch::channel(Arc::new(ferry_control::flatten::resource_set(
+            &store.load(),
+        )));
         let tokens = Arc::new(NodeTokens::from_secret(&[5; 32]));
         let l = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
             .await
