@@ -107,7 +107,10 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the metrics address {}", config.metrics_listen))?;
     let metrics_addr = metrics_listener.local_addr()?;
-    tokio::spawn(crate::metrics::serve(metrics_listener, xds.metrics()));
+    tokio::spawn(crate::metrics::serve(
+        metrics_listener,
+        Arc::new(xds.metrics().registry()),
+    ));
     let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes).into_server();
     let mut builder = tonic::transport::Server::builder();
     if !config.plaintext {
