@@ -47,8 +47,12 @@ impl TopologyFile {
         std::fs::write(&p, text).unwrap();
         Self(p)
     }
+    /// Replaces the file in one step (write aside, rename), so the watcher never reads half an
+    /// edit.
     fn write(&self, text: &str) {
-        std::fs::write(&self.0, text).unwrap();
+        let aside = self.0.with_extension("yaml.tmp");
+        std::fs::write(&aside, text).unwrap();
+        std::fs::rename(&aside, &self.0).unwrap();
     }
 }
 
@@ -231,9 +235,18 @@ async fn initial_sync_edits_and_deletions_converge() {
     );
 
     // A bad edit is rejected with a located error; the last good state keeps being served.
-    let applied = cp.reloads.borrow().applied;
-    file.write("clusters:\n  - {name: east, netwrk: x}\n");
+    // The watcher counts an edit just after publishing it, so the node can see the deletion
+    // before it is counted: wait for both good edits first.
     let mut reloads = cp.reloads.clone();
+    let applied = tokio::time::timeout(
+        Duration::from_secs(10),
+        reloads.wait_for(|r| r.applied >= 2),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .applied;
+    file.write("clusters:\n  - {name: east, netwrk: x}\n");
     tokio::time::timeout(
         Duration::from_secs(10),
         reloads.wait_for(|r| r.rejected > 0),
