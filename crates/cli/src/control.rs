@@ -10,7 +10,7 @@ use ferry_control::app::{Config, Listening};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ControlCommand {
-    /// Serve the CA (gRPC over TLS) for the mesh a topology file describes.
+    /// Serve the CA and xDS (gRPC over TLS) for the mesh a topology file describes.
     Serve(ServeArgs),
     /// Print the bootstrap credential of a node (give it to that node's proxy only).
     Token {
