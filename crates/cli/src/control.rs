@@ -1,23 +1,16 @@
-//! `ferry control`: serve the mesh CA from a topology file; issue node credentials.
+//! `ferry control`: the arguments; the control plane itself is `ferry_control::app`.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use ferry_ca::service::{CaService, Lifetimes};
-use ferry_ca::signer::Ca;
-use ferry_ca::token::NodeTokens;
-use ferry_core::store::Store;
-
-/// The name node proxies expect in the control plane's certificate.
-pub(crate) const SERVER_NAME: &str = "ferry-control";
+use ferry_control::app::{Config, Listening};
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ControlCommand {
-    /// Serve the CA (gRPC over TLS) for the mesh a topology file describes.
+    /// Serve the CA and xDS (gRPC over TLS) for the mesh a topology file describes.
     Serve(ServeArgs),
     /// Print the bootstrap credential of a node (give it to that node's proxy only).
     Token {
@@ -67,14 +60,14 @@ pub(crate) struct ServeArgs {
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
     let result = match cmd {
-        ControlCommand::Serve(args) => serve(&args),
-        ControlCommand::Token { state_dir, node } => token(&state_dir, &node),
+        ControlCommand::Serve(args) => serve(args),
+        ControlCommand::Token { state_dir, node } => {
+            ferry_control::app::node_token(&state_dir, &node).map(|t| println!("{t}"))
+        }
         ControlCommand::Bundle {
             state_dir,
             trust_domain,
-        } => Ca::load_or_create(&state_dir, &trust_domain)
-            .map(|ca| print!("{}", ca.bundle().concat()))
-            .map_err(Into::into),
+        } => ferry_control::app::bundle(&state_dir, &trust_domain).map(|pem| print!("{pem}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -85,129 +78,47 @@ pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
     }
 }
 
-fn token(state_dir: &Path, node: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(state_dir)
-        .with_context(|| format!("creating {}", state_dir.display()))?;
-    let tokens = NodeTokens::load_or_create(&state_dir.join("node-token.key"))
-        .context("node-token secret")?;
-    println!("{}", tokens.issue(&node.into()));
-    Ok(())
+// === impl ServeArgs ===
+
+impl ServeArgs {
+    fn into_config(self) -> Config {
+        Config {
+            topology: self.topology,
+            state_dir: self.state_dir,
+            listen: self.listen,
+            ca: self.ca_cert.zip(self.ca_key),
+            extra_roots: self.extra_roots,
+            max_lifetime: Duration::from_secs(self.max_lifetime),
+            metrics_listen: self.metrics_listen,
+            plaintext: self.plaintext,
+        }
+    }
 }
 
-fn load_ca(args: &ServeArgs, trust_domain: &str) -> anyhow::Result<Ca> {
-    let ca = match (&args.ca_cert, &args.ca_key) {
-        (Some(c), Some(k)) => {
-            let cert =
-                std::fs::read_to_string(c).with_context(|| format!("reading {}", c.display()))?;
-            let key =
-                std::fs::read_to_string(k).with_context(|| format!("reading {}", k.display()))?;
-            Ca::from_pem(&cert, &key).map_err(|e| anyhow::anyhow!("{}: {e}", c.display()))?
-        }
-        _ => Ca::load_or_create(&args.state_dir, trust_domain)?,
-    };
-    Ok(match &args.extra_roots {
-        Some(p) => {
-            let pem =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            ca.with_extra_roots([pem])
-        }
-        None => ca,
-    })
-}
-
-fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let topology = ferry_topology::load_file(&args.topology)?;
-    let ca = Arc::new(load_ca(args, &topology.trust_domain)?);
-    std::fs::create_dir_all(&args.state_dir)?;
-    let tokens = Arc::new(
-        NodeTokens::load_or_create(&args.state_dir.join("node-token.key"))
-            .context("node-token secret")?,
-    );
-    let store = Arc::new(Store::new(topology.snapshot));
-    let lifetimes = Lifetimes {
-        default: Duration::from_secs(args.max_lifetime),
-        max: Duration::from_secs(args.max_lifetime),
-    };
-    let resources = Arc::new(ferry_xds::resources::ResourceSet::from_snapshot(
-        &store.load(),
-    ));
-    let (res_tx, res_rx) = tokio::sync::watch::channel(resources);
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.into_config();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
-        let addr = listener.local_addr()?;
-        let (reload_tx, _reloads) =
-            tokio::sync::watch::channel(ferry_xds::source::Reloads::default());
-        tokio::spawn(ferry_xds::source::watch_file(
-            args.topology.clone(),
-            store.clone(),
-            res_tx,
-            Duration::from_millis(250),
-            reload_tx,
-        ));
-        let xds =
-            ferry_xds::server::XdsServer::new(res_rx, (!args.plaintext).then(|| tokens.clone()));
-        let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
-            .await
-            .with_context(|| format!("binding the metrics address {}", args.metrics_listen))?;
-        let metrics_addr = metrics_listener.local_addr()?;
-        tokio::spawn(ferry_xds::metrics_http::serve(
-            metrics_listener,
-            xds.metrics(),
-        ));
-        let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes).into_server();
-        let mut builder = tonic::transport::Server::builder();
-        if args.plaintext {
-            tracing_warn_plaintext();
-        } else {
-            let ips = if addr.ip().is_unspecified() {
-                vec![]
-            } else {
-                vec![addr.ip()]
-            };
-            let (chain, key) = ca
-                .issue_server_cert(
-                    &[SERVER_NAME.to_string()],
-                    &ips,
-                    Duration::from_secs(365 * 24 * 3600),
-                )
-                .map_err(|e| anyhow::anyhow!("control-plane certificate: {e}"))?;
-            let tls = tonic::transport::ServerTlsConfig::new()
-                .identity(tonic::transport::Identity::from_pem(chain, key));
-            builder = builder.tls_config(tls)?;
-        }
-        if addr.port() == 0 {
-            bail!("the kernel gave port 0");
-        }
-        let mode = if args.plaintext { "PLAINTEXT" } else { "TLS" };
-        println!(
-            "ferry control: serving the CA and xDS on {addr} ({mode}, server name {SERVER_NAME}); metrics on http://{metrics_addr}/metrics"
-        );
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        builder
-            .add_service(ca_service)
-            .add_service(xds.into_server())
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown_signal(),
-            )
-            .await?;
-        Ok(())
-    })
+    rt.block_on(ferry_control::app::serve(
+        &config,
+        announce,
+        shutdown_signal(),
+    ))
 }
 
-fn tracing_warn_plaintext() {
-    eprintln!(
-        "ferry control: WARNING: --plaintext: no TLS; xDS is served without node authentication. \
-         Anyone who can reach this port can read the mesh's configuration, and node credentials \
-         travel in clear. Use only for local experiments."
-    );
+/// What a user (and the tests and the lab, which read the address from it) sees on start.
+fn announce(listening: &Listening) {
+    if listening.plaintext {
+        eprintln!(
+            "ferry control: WARNING: --plaintext: no TLS; xDS is served without node authentication. \
+             Anyone who can reach this port can read the mesh's configuration, and node credentials \
+             travel in clear. Use only for local experiments."
+        );
+    }
+    println!("ferry control: {listening}");
+    let _ = std::io::stdout().flush();
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -29,7 +29,7 @@ enum Command {
     ///
     /// Without --from/--to, walks through a tour of the example topology's interesting paths.
     Explain(ExplainArgs),
-    /// The control plane: the mesh CA (and, with later work, xDS) over TLS.
+    /// The control plane: the mesh CA and delta xDS on one gRPC port over TLS.
     #[command(subcommand)]
     Control(control::ControlCommand),
     /// The node proxy: one per node, serving every enrolled pod on it.

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_ca::service::{CaService, Lifetimes};
-use ferry_ca::signer::Ca;
-use ferry_ca::token::NodeTokens;
+use ferry_control::ca::service::{CaService, Lifetimes};
+use ferry_control::ca::signer::Ca;
+use ferry_control::ca::token::NodeTokens;
 use ferry_core::identity::Identity;
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;

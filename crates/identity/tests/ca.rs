@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use ferry_api::citadel::IstioCertificateRequest;
 use ferry_api::citadel::istio_certificate_service_client::IstioCertificateServiceClient;
-use ferry_ca::service::{CaService, Lifetimes};
-use ferry_ca::signer::Ca;
-use ferry_ca::token::NodeTokens;
+use ferry_control::ca::service::{CaService, Lifetimes};
+use ferry_control::ca::signer::Ca;
+use ferry_control::ca::token::NodeTokens;
 use ferry_core::identity::Identity;
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;

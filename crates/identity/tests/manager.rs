@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use ferry_ca::signer::Ca;
+use ferry_control::ca::signer::Ca;
 use ferry_core::identity::Identity;
 use ferry_hbone::tls::Credentials;
 use ferry_identity::client::{CertificateSource, FetchError, credentials, new_csr};

@@ -4,14 +4,12 @@
 //! - [`convert`]: model <-> `istio.workload.Address` / `istio.security.Authorization`.
 //! - [`resources`]: versioned resource sets and their differences.
 //! - [`assemble`]: a data-plane snapshot from decoded resources.
-//! - [`server`]: `DeltaAggregatedResources` in `ferry control`.
 //! - [`client`]: the subscriber in `ferry node`.
+//!
+//! The server side (`DeltaAggregatedResources`, flattening, the watched topology file) is in
+//! `ferry-control`; this crate depends on neither the CA nor the topology file format.
 
 pub mod assemble;
 pub mod client;
 pub mod convert;
-pub mod flatten;
-pub mod metrics_http;
 pub mod resources;
-pub mod server;
-pub mod source;

@@ -41,10 +41,9 @@ pub struct ResourceSet {
 }
 
 impl ResourceSet {
-    /// Encodes a snapshot, with nested service addresses flattened where that is safe.
-    pub fn from_snapshot(snap: &Snapshot) -> Self {
-        let flat = crate::flatten::flatten(snap);
-        let snap = &flat;
+    /// Encodes a snapshot as it is. The control plane flattens nested service addresses first
+    /// (`ferry_control::flatten::resource_set`).
+    pub fn encode(snap: &Snapshot) -> Self {
         let mut by_type = BTreeMap::new();
         by_type.insert(
             ADDRESS_TYPE,

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::store::Store;
+use ferry_xds::resources::ResourceSet;
 use tokio::sync::watch;
 
-use crate::resources::ResourceSet;
+use crate::flatten::resource_set;
 
 /// What the watcher has done, for tests and admin output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,7 +41,7 @@ pub async fn watch_file(
         last = now;
         match ferry_topology::load_file(&path) {
             Ok(t) => {
-                let set = Arc::new(ResourceSet::from_snapshot(&t.snapshot));
+                let set = Arc::new(resource_set(&t.snapshot));
                 store.publish(t.snapshot);
                 resources.send_replace(set);
                 reloads.send_modify(|r| r.applied += 1);

@@ -9,9 +9,9 @@ use ferry_core::identity::Identity;
 use ferry_core::store::Store;
 use tonic::{Request, Response, Status};
 
-use crate::authz;
-use crate::signer::Ca;
-use crate::token::NodeTokens;
+use crate::ca::authz;
+use crate::ca::signer::Ca;
+use crate::ca::token::NodeTokens;
 
 /// The metadata key a node proxy sets to the workload identity it asks for.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
@@ -83,7 +83,8 @@ impl CaService {
             .map_err(|e| deny(e.to_string()))?;
         let body = request.get_ref();
         // 2. For whom: the impersonated identity, or else the CSR's own.
-        let parsed = crate::csr::parse(&body.csr).map_err(|e| deny(format!("node {node}: {e}")))?;
+        let parsed =
+            crate::ca::csr::parse(&body.csr).map_err(|e| deny(format!("node {node}: {e}")))?;
         let requested = match impersonated(body) {
             Some(Ok(id)) => id,
             Some(Err(e)) => {

@@ -8,31 +8,20 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_api::discovery::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-use ferry_ca::token::NodeTokens;
+use ferry_xds::resources::{ResourceSet, diff};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::resources::{ResourceSet, diff};
-
-/// Counters the control plane exports.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    pub streams: AtomicU64,
-    pub pushes: AtomicU64,
-    pub resources_sent: AtomicU64,
-    pub acks: AtomicU64,
-    pub nacks: AtomicU64,
-    pub refused: AtomicU64,
-}
+use crate::ca::token::NodeTokens;
+use crate::metrics::Metrics;
 
 /// The ADS service.
 #[derive(Debug, Clone)]
@@ -90,7 +79,7 @@ impl AggregatedDiscoveryService for XdsServer {
                 match NodeTokens::from_metadata(auth).and_then(|t| tokens.verify(t)) {
                     Ok(n) => n.to_string(),
                     Err(e) => {
-                        self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.refused.inc();
                         tracing::warn!(reason = %e, "xDS stream refused");
                         return Err(Status::unauthenticated(e.to_string()));
                     }
@@ -104,7 +93,7 @@ impl AggregatedDiscoveryService for XdsServer {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        self.metrics.streams.fetch_add(1, Ordering::Relaxed);
+        self.metrics.streams.inc();
         tracing::info!(node = %node, cluster = %cluster, "xDS stream opened");
         let (tx, rx) = mpsc::channel(16);
         let stream = Stream_ {
@@ -156,11 +145,11 @@ impl Stream_ {
                     if !req.response_nonce.is_empty() {
                         match &req.error_detail {
                             Some(e) => {
-                                self.metrics.nacks.fetch_add(1, Ordering::Relaxed);
+                                self.metrics.nacks.inc();
                                 tracing::warn!(node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce, detail = %e.message, "xDS NACK");
                             }
                             None => {
-                                self.metrics.acks.fetch_add(1, Ordering::Relaxed);
+                                self.metrics.acks.inc();
                             }
                         }
                         if types.contains_key(&req.type_url) {
@@ -236,10 +225,8 @@ impl Stream_ {
         for name in &d.removed {
             st.known.remove(name);
         }
-        self.metrics.pushes.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .resources_sent
-            .fetch_add(resources.len() as u64, Ordering::Relaxed);
+        self.metrics.pushes.inc();
+        self.metrics.resources_sent.inc_by(resources.len() as u64);
         tracing::debug!(node = %self.node, type_url, upserts = resources.len(), removed = d.removed.len(), "xDS push");
         let response = DeltaDiscoveryResponse {
             system_version_info: String::new(),

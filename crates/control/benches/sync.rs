@@ -1,6 +1,6 @@
 //! xDS at scale: initial sync time and bytes, one-workload edit latency, memory.
 //!
-//! Run: `cargo bench -p ferry-xds --bench sync` (add `-- quick` to skip the 100,000 case).
+//! Run: `cargo bench -p ferry-control --bench sync` (add `-- quick` to skip the 100,000 case).
 
 #![allow(unsafe_code)] // the counting allocator only
 
@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_ca::signer::Ca;
-use ferry_ca::token::NodeTokens;
+use ferry_control::ca::signer::Ca;
+use ferry_control::ca::token::NodeTokens;
+use ferry_control::xds_server::XdsServer;
 use ferry_core::model::{PortMapping, ServiceScope};
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;
 use ferry_xds::client::{ClientConfig, XdsClient};
-use ferry_xds::resources::{ResourceSet, Versioned};
-use ferry_xds::server::XdsServer;
+use ferry_xds::resources::Versioned;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -106,7 +106,7 @@ fn main() {
 async fn run(workloads: usize, services: usize) {
     let snap = mesh(workloads, services);
     let heap0 = LIVE.load(Ordering::Relaxed);
-    let set = ResourceSet::from_snapshot(&snap);
+    let set = ferry_control::flatten::resource_set(&snap);
     let server_heap = LIVE.load(Ordering::Relaxed) - heap0;
     let bytes: usize = set
         .by_type

@@ -58,7 +58,7 @@ impl NodeTokens {
                 SystemRandom::new()
                     .fill(&mut secret)
                     .map_err(|_| std::io::Error::other("no randomness"))?;
-                crate::write_private(path, &secret)?;
+                crate::ca::write_private(path, &secret)?;
                 Ok(Self::from_secret(&secret))
             }
             Err(e) => Err(e),

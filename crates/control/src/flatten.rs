@@ -15,6 +15,13 @@ use ferry_core::model::{
     AddressEndpoint, PortMapping, ScopeRule, Service, ServiceKey, Workload, WorkloadUid,
 };
 use ferry_core::snapshot::{AddressOwner, Endpoint, Snapshot, SnapshotBuilder};
+use ferry_xds::resources::ResourceSet;
+
+/// What the control plane serves for `snap`: its resources, with nested service addresses
+/// flattened where that is safe.
+pub fn resource_set(snap: &Snapshot) -> ResourceSet {
+    ResourceSet::encode(&flatten(snap))
+}
 
 /// The snapshot with every safely flattenable address endpoint resolved. Objects that do not
 /// change are shared with the input, not copied.

@@ -11,7 +11,7 @@ use rcgen::{
 use rustls_pki_types::CertificateSigningRequestDer;
 use time::OffsetDateTime;
 
-use crate::csr::{self, CsrError};
+use crate::ca::csr::{self, CsrError};
 
 /// Why signing failed.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +104,7 @@ impl Ca {
             path: dir.display().to_string(),
             reason: e.to_string(),
         })?;
-        crate::write_private(&key_path, ca.issuer.key().serialize_pem().as_bytes())
+        crate::ca::write_private(&key_path, ca.issuer.key().serialize_pem().as_bytes())
             .map_err(io(&key_path))?;
         std::fs::write(&cert_path, &ca.cert_pem).map_err(io(&cert_path))?;
         tracing::info!(path = %cert_path.display(), "created a new mesh root");

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_ca::signer::Ca;
-use ferry_ca::token::NodeTokens;
+use ferry_control::ca::signer::Ca;
+use ferry_control::ca::token::NodeTokens;
+use ferry_control::source::{Reloads, watch_file};
+use ferry_control::xds_server::XdsServer;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
 use ferry_xds::client::{ClientConfig, XdsClient};
 use ferry_xds::resources::{ResourceSet, Versioned};
-use ferry_xds::server::XdsServer;
-use ferry_xds::source::{Reloads, watch_file};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -47,8 +47,12 @@ impl TopologyFile {
         std::fs::write(&p, text).unwrap();
         Self(p)
     }
+    /// Replaces the file in one step (write aside, rename), so the watcher never reads half an
+    /// edit.
     fn write(&self, text: &str) {
-        std::fs::write(&self.0, text).unwrap();
+        let aside = self.0.with_extension("yaml.tmp");
+        std::fs::write(&aside, text).unwrap();
+        std::fs::rename(&aside, &self.0).unwrap();
     }
 }
 
@@ -72,7 +76,9 @@ impl ControlPlane {
     async fn start(file: &TopologyFile, ca: Arc<Ca>, addr: Option<SocketAddr>) -> Self {
         let topo = ferry_topology::load_file(&file.0).unwrap();
         let store = Arc::new(Store::new(topo.snapshot));
-        let (res_tx, res_rx) = watch::channel(Arc::new(ResourceSet::from_snapshot(&store.load())));
+        let (res_tx, res_rx) = watch::channel(Arc::new(ferry_control::flatten::resource_set(
+            &store.load(),
+        )));
         let tokens = Arc::new(NodeTokens::from_secret(&[5; 32]));
         let l = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
             .await
@@ -229,9 +235,18 @@ async fn initial_sync_edits_and_deletions_converge() {
     );
 
     // A bad edit is rejected with a located error; the last good state keeps being served.
-    let applied = cp.reloads.borrow().applied;
-    file.write("clusters:\n  - {name: east, netwrk: x}\n");
+    // The watcher counts an edit just after publishing it, so the node can see the deletion
+    // before it is counted: wait for both good edits first.
     let mut reloads = cp.reloads.clone();
+    let applied = tokio::time::timeout(
+        Duration::from_secs(10),
+        reloads.wait_for(|r| r.applied >= 2),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .applied;
+    file.write("clusters:\n  - {name: east, netwrk: x}\n");
     tokio::time::timeout(
         Duration::from_secs(10),
         reloads.wait_for(|r| r.rejected > 0),
@@ -347,7 +362,7 @@ async fn a_malformed_resource_is_nacked_by_name_and_the_rest_applies() {
     );
     let metrics = cp.server.metrics();
     eventually("the control plane counts the NACK", || {
-        metrics.nacks.load(std::sync::atomic::Ordering::Relaxed) == 1
+        metrics.nacks.get() == 1
     })
     .await;
 }
@@ -379,11 +394,5 @@ async fn no_configuration_without_a_valid_credential_or_a_trusted_server() {
         assert!(!*client.ready().borrow());
         task.abort();
     }
-    assert!(
-        cp.server
-            .metrics()
-            .refused
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 1
-    );
+    assert!(cp.server.metrics().refused.get() >= 1);
 }

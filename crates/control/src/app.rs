@@ -1,0 +1,183 @@
+//! The composition root of `ferry control serve`, and the one-shot `token` and `bundle`
+//! commands. The binary parses arguments, prints, and handles signals; everything else is here.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ferry_core::store::Store;
+use tokio::net::TcpListener;
+
+use crate::ca::service::{CaService, Lifetimes};
+use crate::ca::signer::Ca;
+use crate::ca::token::NodeTokens;
+use crate::source::Reloads;
+use crate::xds_server::XdsServer;
+
+/// The name node proxies expect in the control plane's certificate.
+pub const SERVER_NAME: &str = "ferry-control";
+
+/// How often the topology file is checked for edits.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Lifetime of the control plane's own serving certificate.
+const SERVER_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// What `ferry control serve` runs with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Topology file: the mesh's source of truth.
+    pub topology: PathBuf,
+    /// Where the CA root, its key and the node-token secret live (created on first start).
+    pub state_dir: PathBuf,
+    /// Address to serve the CA and xDS on (port 0 picks one).
+    pub listen: SocketAddr,
+    /// A CA certificate and key (PEM files) to use instead of the state directory's own root.
+    pub ca: Option<(PathBuf, PathBuf)>,
+    /// Extra roots (PEM) to keep trusting, e.g. the previous root during a rotation.
+    pub extra_roots: Option<PathBuf>,
+    /// Longest certificate lifetime granted (also the default).
+    pub max_lifetime: Duration,
+    /// Where to serve Prometheus metrics.
+    pub metrics_listen: SocketAddr,
+    /// LOCAL EXPERIMENTS ONLY: no TLS, and xDS without node authentication.
+    pub plaintext: bool,
+}
+
+/// Where the control plane listens, once both ports are bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listening {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub plaintext: bool,
+}
+
+// === impl Listening ===
+
+impl fmt::Display for Listening {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = if self.plaintext { "PLAINTEXT" } else { "TLS" };
+        write!(
+            f,
+            "serving the CA and xDS on {} ({mode}, server name {SERVER_NAME}); metrics on http://{}/metrics",
+            self.addr, self.metrics_addr
+        )
+    }
+}
+
+/// Serves the CA and xDS until `shutdown` resolves. `ready` is called once both ports are bound,
+/// before the first connection is accepted.
+pub async fn serve(
+    config: &Config,
+    ready: impl FnOnce(&Listening),
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let topology = ferry_topology::load_file(&config.topology)?;
+    let ca = Arc::new(load_ca(config, &topology.trust_domain)?);
+    std::fs::create_dir_all(&config.state_dir)?;
+    let tokens = Arc::new(
+        NodeTokens::load_or_create(&config.state_dir.join("node-token.key"))
+            .context("node-token secret")?,
+    );
+    let store = Arc::new(Store::new(topology.snapshot));
+    let lifetimes = Lifetimes {
+        default: config.max_lifetime,
+        max: config.max_lifetime,
+    };
+    let resources = Arc::new(crate::flatten::resource_set(&store.load()));
+    let (res_tx, res_rx) = tokio::sync::watch::channel(resources);
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let (reload_tx, _reloads) = tokio::sync::watch::channel(Reloads::default());
+    tokio::spawn(crate::source::watch_file(
+        config.topology.clone(),
+        store.clone(),
+        res_tx,
+        WATCH_EVERY,
+        reload_tx,
+    ));
+    let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()));
+    let metrics_listener = TcpListener::bind(config.metrics_listen)
+        .await
+        .with_context(|| format!("binding the metrics address {}", config.metrics_listen))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    tokio::spawn(crate::metrics::serve(
+        metrics_listener,
+        Arc::new(xds.metrics().registry()),
+    ));
+    let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes).into_server();
+    let mut builder = tonic::transport::Server::builder();
+    if !config.plaintext {
+        let ips = if addr.ip().is_unspecified() {
+            vec![]
+        } else {
+            vec![addr.ip()]
+        };
+        let (chain, key) = ca
+            .issue_server_cert(&[SERVER_NAME.to_string()], &ips, SERVER_CERT_LIFETIME)
+            .map_err(|e| anyhow::anyhow!("control-plane certificate: {e}"))?;
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(chain, key));
+        builder = builder.tls_config(tls)?;
+    }
+    if addr.port() == 0 {
+        bail!("the kernel gave port 0");
+    }
+    ready(&Listening {
+        addr,
+        metrics_addr,
+        plaintext: config.plaintext,
+    });
+    builder
+        .add_service(ca_service)
+        .add_service(xds.into_server())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
+        .await?;
+    Ok(())
+}
+
+/// The bootstrap credential of `node` (created with the state directory's secret on first use).
+pub fn node_token(state_dir: &Path, node: &str) -> anyhow::Result<String> {
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let tokens = NodeTokens::load_or_create(&state_dir.join("node-token.key"))
+        .context("node-token secret")?;
+    Ok(tokens.issue(&node.into()))
+}
+
+/// The trust bundle (PEM) of the state directory's CA (created on first use).
+pub fn bundle(state_dir: &Path, trust_domain: &str) -> anyhow::Result<String> {
+    Ok(Ca::load_or_create(state_dir, trust_domain)?
+        .bundle()
+        .concat())
+}
+
+fn load_ca(config: &Config, trust_domain: &str) -> anyhow::Result<Ca> {
+    let ca = match &config.ca {
+        Some((c, k)) => {
+            let cert =
+                std::fs::read_to_string(c).with_context(|| format!("reading {}", c.display()))?;
+            let key =
+                std::fs::read_to_string(k).with_context(|| format!("reading {}", k.display()))?;
+            Ca::from_pem(&cert, &key).map_err(|e| anyhow::anyhow!("{}: {e}", c.display()))?
+        }
+        None => Ca::load_or_create(&config.state_dir, trust_domain)?,
+    };
+    Ok(match &config.extra_roots {
+        Some(p) => {
+            let pem =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            ca.with_extra_roots([pem])
+        }
+        None => ca,
+    })
+}

@@ -1,0 +1,19 @@
+//! The control plane, `ferry control`: the mesh CA and the delta-ADS server on one gRPC port,
+//! fed by a watched topology file.
+//!
+//! # Layout
+//! - [`ca`]: the mesh CA (root, CSRs, node tokens, the co-location rule, the gRPC service).
+//! - [`xds_server`]: `DeltaAggregatedResources`: initial state on subscribe, then differences.
+//! - [`flatten`]: nested service addresses resolved once, before they go on the wire.
+//! - [`source`]: the topology file, watched for edits.
+//! - [`metrics`]: the Prometheus endpoint for the xDS counters.
+//! - [`app`]: the composition root `ferry control serve` runs.
+//!
+//! The wire conversion, resource sets and the client are in `ferry-xds`.
+
+pub mod app;
+pub mod ca;
+pub mod flatten;
+pub mod metrics;
+pub mod source;
+pub mod xds_server;

@@ -1,0 +1,109 @@
+//! The control plane's Prometheus endpoint for its xDS counters.
+//!
+//! Answers every HTTP/1.1 request on its port, whatever the path, with the counters in the
+//! OpenMetrics text format (prometheus-client) and closes the connection. Bind it to loopback or
+//! a management network.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// The exposition's content type.
+const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Counters the control plane exports. Clones of a counter share its value, so the registry
+/// [`Metrics::registry`] builds sees every later increment.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub streams: Counter,
+    pub pushes: Counter,
+    pub resources_sent: Counter,
+    pub acks: Counter,
+    pub nacks: Counter,
+    pub refused: Counter,
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// A registry of these counters (prometheus-client adds `_total` to each name).
+    pub fn registry(&self) -> Registry {
+        let mut r = Registry::default();
+        for (name, help, c) in [
+            ("ferry_xds_streams", "xDS streams opened", &self.streams),
+            ("ferry_xds_pushes", "xDS responses sent", &self.pushes),
+            (
+                "ferry_xds_resources_sent",
+                "resources sent in xDS responses",
+                &self.resources_sent,
+            ),
+            ("ferry_xds_acks", "xDS responses acknowledged", &self.acks),
+            (
+                "ferry_xds_nacks",
+                "xDS responses rejected by a node (NACK)",
+                &self.nacks,
+            ),
+            (
+                "ferry_xds_refused",
+                "xDS streams refused for a missing or bad node credential",
+                &self.refused,
+            ),
+        ] {
+            r.register(name, help, c.clone());
+        }
+        r
+    }
+}
+
+/// The exposition text of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::error!(error = %e, "encoding the metrics");
+    }
+    out
+}
+
+/// Serves `render(registry)` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics accept failed");
+                continue;
+            }
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+                let registry = registry.clone();
+                async move { Ok::<_, Infallible>(respond(&registry)) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+fn respond(registry: &Registry) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(render(registry))));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(CONTENT_TYPE_OPENMETRICS),
+    );
+    response
+}
