@@ -23,10 +23,10 @@ use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::tls::TrustBundle;
 use ferry_hbone::upstream::Upstream;
-use ferry_identity::manager::CertManager;
 use ferry_runtime::bootstrap::ControlPlane;
+use ferry_tls::certs::CertManager;
+use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
