@@ -479,8 +479,8 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                use ferry_identity::client::CertificateSource;
-                let ca = ferry_identity::client::GrpcCa::new(
+                use ferry_tls::ca_client::CertificateSource;
+                let ca = ferry_tls::ca_client::GrpcCa::new(
                     &control,
                     &bundle,
                     "ferry-control",
@@ -492,7 +492,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
                     .sign(&identity.parse()?, Duration::from_secs(3600))
                     .await
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                let trust = ferry_hbone::tls::TrustBundle::from_pem(&bundle)?;
+                let trust = ferry_tls::config::TrustBundle::from_pem(&bundle)?;
                 let dialer: Box<dyn ferry_hbone::client::Dialer> = match dial_netns {
                     Some(name) => Box::new(ferry_runtime::netns::NetnsDialer(std::sync::Arc::new(
                         ferry_runtime::netns::Netns::open(&PathBuf::from("/run/netns").join(name))?,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ferry_identity::client::{CertificateSource, FetchError, GrpcCa};
+use ferry_tls::ca_client::{CertificateSource, FetchError, GrpcCa};
 
 fn ferry() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferry"))

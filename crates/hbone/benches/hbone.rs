@@ -27,7 +27,7 @@ use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Server};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::testkit::TestCa;
+use ferry_tls::testkit::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -100,7 +100,7 @@ impl Env {
         Self { ca, hbone }
     }
 
-    fn pool(&self, max_streams: usize) -> (Pool, PoolKey, ferry_hbone::tls::Credentials) {
+    fn pool(&self, max_streams: usize) -> (Pool, PoolKey, ferry_tls::config::Credentials) {
         let pool = Pool::new(PoolConfig {
             max_streams,
             ..PoolConfig::default()

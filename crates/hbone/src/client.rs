@@ -7,18 +7,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use ferry_core::identity::Identity;
+use ferry_tls::config::{ALPN_H2, Credentials, TrustBundle, client_config, server_name};
+use ferry_tls::error::IdentityMismatch;
 use http::{Method, Request, Version};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
-use crate::error::{Error, IdentityMismatch};
+use crate::error::Error;
 use crate::headers::ConnectHeaders;
 use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
-use crate::tls::{self, Credentials, TrustBundle};
 
 /// One HTTP/2 connection to an HBONE server.
 #[derive(Debug)]
@@ -57,7 +58,7 @@ impl Connection {
         accepted: Vec<Identity>,
         settings: &Settings,
     ) -> Result<Self, Error> {
-        let config = tls::client_config(creds, bundle, accepted)?;
+        let config = client_config(creds, bundle, accepted)?;
         let deadline = Instant::now() + settings.connect_timeout;
         let tcp = within(deadline, settings, async {
             dialer
@@ -140,7 +141,7 @@ pub async fn handshake<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let config = tls::client_config(creds, bundle, accepted)?;
+    let config = client_config(creds, bundle, accepted)?;
     let deadline = Instant::now() + settings.connect_timeout;
     establish(io, addr, config, settings, deadline).await
 }
@@ -161,7 +162,7 @@ where
 {
     let (send, driver) = within(deadline, settings, async {
         let tls = TlsConnector::from(config)
-            .connect(tls::server_name(addr), io)
+            .connect(server_name(addr), io)
             .await
             .map_err(|source| match IdentityMismatch::find(&source) {
                 Some(m) => Error::PeerIdentity {
@@ -171,7 +172,7 @@ where
                 None => Error::Handshake { addr, source },
             })?;
         let alpn = tls.get_ref().1.alpn_protocol();
-        if alpn != Some(tls::ALPN_H2) {
+        if alpn != Some(ALPN_H2) {
             let found = alpn.map(|a| String::from_utf8_lossy(a).into_owned());
             return Err(Error::Alpn { addr, found });
         }

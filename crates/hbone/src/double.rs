@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use ferry_core::identity::Identity;
+use ferry_tls::config::{Credentials, TrustBundle};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::client;
@@ -24,7 +25,6 @@ use crate::headers::ConnectHeaders;
 use crate::pool::Tunnel;
 use crate::settings::Settings;
 use crate::stream::H2Stream;
-use crate::tls::{Credentials, TrustBundle};
 
 /// The inner tunnel. Dropping it ends the inner connection and frees the outer stream.
 #[derive(Debug)]

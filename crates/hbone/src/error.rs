@@ -1,10 +1,9 @@
 //! HBONE errors, each saying which side failed and what was expected.
 
-use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 
-use ferry_core::identity::Identity;
+use ferry_tls::error::{IdentityMismatch, TlsError};
 
 /// Which side of a tunnel an error came from: what a proxy's logs and metrics need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,64 +63,6 @@ impl Error {
             | Self::Timeout { .. } => Side::Upstream,
             Self::PeerCertificate { .. } => Side::Downstream,
             Self::BadAuthority(_) | Self::Config(_) => Side::Local,
-        }
-    }
-}
-
-/// A TLS set-up problem.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum TlsError {
-    #[error("bad certificate: {0}")]
-    Certificate(String),
-    #[error("bad private key: {0}")]
-    Key(String),
-    #[error("bad trust bundle: {0}")]
-    Bundle(String),
-    #[error("rustls rejected the configuration: {0}")]
-    Rustls(String),
-}
-
-/// The peer presented a valid chain, but not an identity the decision expects.
-#[derive(Clone)]
-pub struct IdentityMismatch {
-    pub expected: Vec<Identity>,
-    pub found: Vec<Identity>,
-}
-
-impl fmt::Display for IdentityMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let list = |ids: &[Identity]| {
-            ids.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        write!(
-            f,
-            "peer identity mismatch: expected one of [{}], found [{}]",
-            list(&self.expected),
-            list(&self.found)
-        )
-    }
-}
-
-impl fmt::Debug for IdentityMismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl std::error::Error for IdentityMismatch {}
-
-impl IdentityMismatch {
-    /// Finds the mismatch inside a failed handshake's I/O error, if that is why it failed.
-    pub fn find(e: &std::io::Error) -> Option<&Self> {
-        let inner = e.get_ref()?.downcast_ref::<rustls::Error>()?;
-        match inner {
-            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)) => {
-                other.0.downcast_ref::<Self>()
-            }
-            _ => None,
         }
     }
 }

@@ -4,8 +4,6 @@
 //! format, with references to the public specifications, is in `docs/hbone.md`.
 //!
 //! # Layout
-//! - [`tls`]: rustls configurations; SPIFFE identity verification on both sides. `san`
-//!   (private) reads SPIFFE identities out of certificates.
 //! - [`headers`]: the CONNECT target and the headers Istio sends (`baggage`, typed as
 //!   [`headers::Baggage`], `forwarded`, `traceparent`, `x-forwarded-network`); pure and
 //!   property-tested.
@@ -17,8 +15,10 @@
 //!   and [`copy::relay`], which resets the side that did not fail.
 //! - [`settings`]: HTTP/2 windows, limits, timeouts and keepalive; [`socket`]: socket helpers
 //!   (`reset_tcp`). `readahead` (private): a read-ahead buffer under TLS.
-//! - [`error`]: [`Error`] with the [`Side`] that failed, and the TLS set-up errors.
-//! - [`testkit`] (feature `testkit`): a throwaway CA for tests.
+//! - [`error`]: [`Error`] with the [`Side`] that failed; it wraps `ferry_tls`'s TLS set-up
+//!   errors and identity mismatches.
+//!
+//! TLS itself (rustls configurations, SPIFFE verification, credentials) is `ferry_tls::config`.
 
 pub mod client;
 pub mod copy;
@@ -27,16 +27,11 @@ pub mod error;
 pub mod headers;
 pub mod pool;
 mod readahead;
-mod san;
 pub mod server;
 pub mod settings;
 pub mod socket;
 pub mod stream;
-pub mod tls;
 pub mod upstream;
-
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 pub use error::{Error, Side};
 

@@ -22,6 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ferry_core::identity::Identity;
+use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
@@ -31,7 +32,6 @@ use crate::error::Error;
 use crate::headers::ConnectHeaders;
 use crate::settings::Settings;
 use crate::stream::H2Stream;
-use crate::tls::{Credentials, TrustBundle};
 
 /// What makes two connections interchangeable.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

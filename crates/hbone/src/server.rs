@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_core::identity::Identity;
+use ferry_tls::config::{Credentials, TrustBundle, peer_identity, server_config};
 use http::{HeaderMap, Response};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -19,7 +20,6 @@ use crate::headers::{self, Refusal, Target};
 use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
-use crate::tls::{self, Credentials, TrustBundle};
 use crate::upstream::Forward;
 
 // Kept at its old path while other crates move; new code names `crate::socket::reset_tcp`.
@@ -161,7 +161,7 @@ impl Server {
         settings: Settings,
     ) -> Result<Self, Error> {
         Ok(Self {
-            acceptor: TlsAcceptor::from(tls::server_config(creds, bundle)?),
+            acceptor: TlsAcceptor::from(server_config(creds, bundle)?),
             trust_domain: creds.identity().trust_domain().to_string(),
             settings,
             drain: None,
@@ -220,11 +220,12 @@ impl Server {
                 addr: peer_addr,
                 source,
             })?;
-        let peer = tls::peer_identity(tls.get_ref().1.peer_certificates(), &self.trust_domain)
-            .map_err(|reason| Error::PeerCertificate {
+        let peer = peer_identity(tls.get_ref().1.peer_certificates(), &self.trust_domain).map_err(
+            |reason| Error::PeerCertificate {
                 addr: peer_addr,
                 reason,
-            })?;
+            },
+        )?;
         let mut conn = h2::server::Builder::new()
             .initial_window_size(self.settings.stream_window)
             .initial_connection_window_size(self.settings.connection_window)

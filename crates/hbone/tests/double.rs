@@ -10,8 +10,8 @@ use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::testkit::TestCa;
 use ferry_hbone::upstream::Forward;
+use ferry_tls::testkit::TestCa;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -12,8 +12,8 @@ use common::{CLIENT, Recorder, SERVER, id};
 use ferry_hbone::server::Server;
 use ferry_hbone::settings::Settings;
 use ferry_hbone::stream::H2Stream;
-use ferry_hbone::testkit::TestCa;
-use ferry_hbone::tls;
+use ferry_tls::config::{client_config, server_name};
+use ferry_tls::testkit::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -65,11 +65,11 @@ async fn past_the_deadline_tunnels_end_with_fin_and_the_connection_with_close_no
     tokio::spawn(server.serve(hl, Arc::new(Recorder::default())));
 
     // A client made by hand, so the connection's own end can be observed.
-    let config = tls::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)]).unwrap();
+    let config = client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)]).unwrap();
     let (relay, from_server) = recording_relay(hbone).await;
     let tcp = TcpStream::connect(relay).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(tls::server_name(hbone), tcp)
+        .connect(server_name(hbone), tcp)
         .await
         .unwrap();
     let (send, conn) = h2::client::handshake(tls).await.unwrap();

@@ -9,7 +9,7 @@ use common::*;
 use ferry_hbone::headers::{self, ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::PoolConfig;
 use ferry_hbone::settings::Settings;
-use ferry_hbone::testkit::TestCa;
+use ferry_tls::testkit::TestCa;
 use http::{HeaderMap, HeaderValue, Method};
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -97,11 +97,11 @@ async fn garbage_before_and_after_tls_does_not_stop_the_server() {
 
     // A valid mutual-TLS session, then bytes that are not an HTTP/2 preface.
     let config =
-        ferry_hbone::tls::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
+        ferry_tls::config::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
             .unwrap();
     let tcp = tokio::net::TcpStream::connect(hbone).await.unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(config)
-        .connect(ferry_hbone::tls::server_name(hbone), tcp)
+        .connect(ferry_tls::config::server_name(hbone), tcp)
         .await
         .unwrap();
     tls.write_all(&[0xff; 300]).await.unwrap();
@@ -109,11 +109,11 @@ async fn garbage_before_and_after_tls_does_not_stop_the_server() {
 
     // A valid preface followed by a malformed frame (a HEADERS frame on stream 0).
     let config =
-        ferry_hbone::tls::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
+        ferry_tls::config::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
             .unwrap();
     let tcp = tokio::net::TcpStream::connect(hbone).await.unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(config)
-        .connect(ferry_hbone::tls::server_name(hbone), tcp)
+        .connect(ferry_tls::config::server_name(hbone), tcp)
         .await
         .unwrap();
     tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")

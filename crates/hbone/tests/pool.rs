@@ -10,7 +10,7 @@ use ferry_hbone::headers::ConnectHeaders;
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::Server;
 use ferry_hbone::settings::Settings;
-use ferry_hbone::testkit::TestCa;
+use ferry_tls::testkit::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;

@@ -10,8 +10,8 @@ use common::*;
 use ferry_hbone::headers::ConnectHeaders;
 use ferry_hbone::pool::PoolConfig;
 use ferry_hbone::settings::Settings;
-use ferry_hbone::testkit::TestCa;
 use ferry_hbone::{Error, client::Connection};
+use ferry_tls::testkit::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -208,7 +208,7 @@ async fn client_certificate_from_another_root_is_refused_and_the_target_sees_not
 async fn bundle_with_two_roots_accepts_both_during_rotation() {
     let old = TestCa::new("old root");
     let new = TestCa::new("new root");
-    let bundle = ferry_hbone::tls::TrustBundle::from_der([old.root(), new.root()]).unwrap();
+    let bundle = ferry_tls::config::TrustBundle::from_der([old.root(), new.root()]).unwrap();
     assert_eq!(bundle.len(), 2);
     let echo = echo_server().await;
     // Server still on the old root; client already on the new one; both trust both.
@@ -306,11 +306,11 @@ async fn bad_methods_and_authorities_get_the_right_status() {
     }
     // A GET, sent with a raw HTTP/2 client over the same kind of TLS session.
     let config =
-        ferry_hbone::tls::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
+        ferry_tls::config::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
             .unwrap();
     let tcp = tokio::net::TcpStream::connect(hbone).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(config)
-        .connect(ferry_hbone::tls::server_name(hbone), tcp)
+        .connect(ferry_tls::config::server_name(hbone), tcp)
         .await
         .unwrap();
     let (send, driver) = h2::client::handshake(tls).await.unwrap();

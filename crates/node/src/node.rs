@@ -12,9 +12,9 @@ use ferry_core::model::{NodeName, WorkloadUid};
 use ferry_core::store::Store;
 use ferry_hbone::client::Dialer;
 use ferry_hbone::pool::Pool;
-use ferry_hbone::tls::TrustBundle;
-use ferry_identity::manager::CertManager;
 use ferry_runtime::drain::DrainWatcher;
+use ferry_tls::certs::CertManager;
+use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 

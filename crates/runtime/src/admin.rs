@@ -1,6 +1,6 @@
 //! What every program's admin endpoint shows the same way.
 
-use ferry_identity::manager::{CertManager, CertState};
+use ferry_tls::certs::{CertManager, CertState};
 use serde_json::json;
 
 /// A summary of every certificate: identity, state, expiry. Never key material.

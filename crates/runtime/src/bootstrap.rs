@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::store::Store;
-use ferry_hbone::tls::TrustBundle;
-use ferry_identity::client::GrpcCa;
-use ferry_identity::manager::{CertManager, ManagerConfig};
+use ferry_tls::ca_client::GrpcCa;
+use ferry_tls::certs::{CertManager, ManagerConfig};
+use ferry_tls::config::TrustBundle;
 use ferry_xds::client::{ClientConfig, XdsClient};
 use tokio::sync::watch;
 
@@ -19,12 +19,12 @@ const CONTROL_SERVER_NAME: &str = "ferry-control";
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
     #[error("trust bundle: {0}")]
-    Bundle(#[source] ferry_hbone::tls::TlsError),
+    Bundle(#[source] ferry_tls::error::TlsError),
     #[error("CA client for {endpoint}: {source}")]
     Ca {
         endpoint: String,
         #[source]
-        source: ferry_identity::client::FetchError,
+        source: ferry_tls::ca_client::FetchError,
     },
     #[error("the control plane at {0} went away before the first xDS sync")]
     Xds(String),

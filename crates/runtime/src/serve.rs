@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ferry_core::identity::Identity;
 use ferry_hbone::server::{Handler, Server};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::tls::TrustBundle;
-use ferry_identity::manager::CertManager;
+use ferry_tls::certs::CertManager;
+use ferry_tls::config::TrustBundle;
 use tokio::net::TcpListener;
 
 use crate::accept::Acceptor;

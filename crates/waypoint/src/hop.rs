@@ -22,10 +22,10 @@ use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
-use ferry_hbone::tls::TrustBundle;
 use ferry_hbone::upstream::{Forward, Upstream};
-use ferry_identity::manager::CertManager;
 use ferry_runtime::bootstrap::ControlPlane;
+use ferry_tls::certs::CertManager;
+use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;

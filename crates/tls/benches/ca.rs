@@ -1,6 +1,6 @@
 //! The CA's throughput and the time from a pod's first connection to a usable certificate.
 //!
-//! Run: `cargo bench -p ferry-identity --bench ca`
+//! Run: `cargo bench -p ferry-tls --bench ca`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +11,8 @@ use ferry_control::ca::token::NodeTokens;
 use ferry_core::identity::Identity;
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;
-use ferry_identity::client::{CertificateSource, GrpcCa, new_csr};
-use ferry_identity::manager::{CertManager, ManagerConfig};
+use ferry_tls::ca_client::{CertificateSource, GrpcCa, new_csr};
+use ferry_tls::certs::{CertManager, ManagerConfig};
 use tokio::net::TcpListener;
 use tonic::transport::{Server, ServerTlsConfig};
 

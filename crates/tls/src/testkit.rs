@@ -7,7 +7,7 @@ use rcgen::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use crate::tls::{Credentials, TrustBundle};
+use crate::config::{Credentials, TrustBundle};
 
 /// A self-signed root that issues workload certificates.
 pub struct TestCa {

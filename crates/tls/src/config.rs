@@ -28,10 +28,8 @@ use rustls::{
     SignatureScheme,
 };
 
+use crate::error::{IdentityMismatch, TlsError};
 use crate::san;
-
-// Kept at their old paths while other crates move; new code names `crate::error`.
-pub use crate::error::{IdentityMismatch, TlsError};
 
 /// The ALPN protocol HBONE negotiates.
 pub const ALPN_H2: &[u8] = b"h2";

@@ -7,11 +7,12 @@ use std::time::{Duration, SystemTime};
 use ferry_api::citadel::IstioCertificateRequest;
 use ferry_api::citadel::istio_certificate_service_client::IstioCertificateServiceClient;
 use ferry_core::identity::Identity;
-use ferry_hbone::tls::Credentials;
 use rcgen::{CertificateParams, KeyPair, SanType};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::config::Credentials;
 
 /// Why a certificate could not be obtained.
 #[derive(Debug, Clone, thiserror::Error)]

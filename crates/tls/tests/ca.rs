@@ -12,12 +12,15 @@ use ferry_control::ca::token::NodeTokens;
 use ferry_core::identity::Identity;
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;
-use ferry_hbone::tls::{Credentials, TrustBundle};
-use ferry_identity::client::{CertificateSource, GrpcCa, validity};
-use ferry_identity::manager::{CertManager, ManagerConfig};
+use ferry_tls::ca_client::{CertificateSource, GrpcCa, validity};
+use ferry_tls::certs::{CertManager, ManagerConfig};
+use ferry_tls::config::{
+    Credentials, TrustBundle, client_config, peer_identity, server_config, server_name,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Server, ServerTlsConfig};
 
 const A: &str = "spiffe://cluster.local/ns/default/sa/a";
@@ -142,7 +145,7 @@ impl ControlPlane {
 }
 
 fn csr_for(identity: &str) -> String {
-    ferry_identity::client::new_csr(&id(identity)).unwrap().0
+    ferry_tls::ca_client::new_csr(&id(identity)).unwrap().0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,7 +262,7 @@ async fn impersonation_is_refused_in_every_case() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn certificates_from_this_ca_carry_hbone_between_two_identities() {
+async fn certificates_from_this_ca_authenticate_both_sides_of_mutual_tls() {
     let cp = ControlPlane::start(Lifetimes::default()).await;
     let a = cp
         .client("n1")
@@ -272,51 +275,42 @@ async fn certificates_from_this_ca_carry_hbone_between_two_identities() {
         .await
         .unwrap();
     let bundle = TrustBundle::from_pem(&cp.bundle_pem()).unwrap();
-    echo_over_hbone(&a, &b, &bundle).await;
+    echo_over_mutual_tls(&a, &b, &bundle).await;
 }
 
-/// `client` opens a tunnel to an HBONE server presenting `server`, through to an echo target.
-async fn echo_over_hbone(client: &Credentials, server: &Credentials, bundle: &TrustBundle) {
-    use ferry_hbone::server::{ConnectRequest, Handler};
-    struct Allow;
-    impl Handler for Allow {
-        type Admit = ();
-
-        fn admit(&self, _: &ConnectRequest) -> Result<(), ferry_hbone::headers::Refusal> {
-            Ok(())
-        }
-    }
-    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let echo_addr = echo.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = echo.accept().await.unwrap();
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).await.unwrap();
-        s.write_all(&b).await.unwrap();
-    });
-    let srv =
-        Arc::new(ferry_hbone::server::Server::new(server, bundle, Default::default()).unwrap());
+/// `client` completes the mutual TLS handshake HBONE runs (ferry_tls's client and server
+/// configurations) with a server presenting `server`, each side verifying the other's identity,
+/// and echoes through it.
+async fn echo_over_mutual_tls(client: &Credentials, server: &Credentials, bundle: &TrustBundle) {
+    let acceptor = TlsAcceptor::from(server_config(server, bundle).unwrap());
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hbone = l.local_addr().unwrap();
-    tokio::spawn(srv.serve(l, Arc::new(Allow)));
-    let conn = ferry_hbone::client::Connection::connect(
-        None,
-        hbone,
-        client,
-        bundle,
-        vec![server.identity().clone()],
-        &Default::default(),
-    )
-    .await
-    .expect("handshake between two CA-issued identities");
-    let mut t = conn
-        .open(&echo_addr.to_string(), &Default::default())
+    let addr = l.local_addr().unwrap();
+    let trust_domain = server.identity().trust_domain().to_owned();
+    let served = tokio::spawn(async move {
+        let (tcp, _) = l.accept().await.unwrap();
+        let mut tls = acceptor
+            .accept(tcp)
+            .await
+            .expect("server side of the handshake");
+        let peer = peer_identity(tls.get_ref().1.peer_certificates(), &trust_domain)
+            .expect("the client's identity");
+        let mut b = [0u8; 5];
+        tls.read_exact(&mut b).await.unwrap();
+        tls.write_all(&b).await.unwrap();
+        tls.flush().await.unwrap();
+        peer
+    });
+    let config = client_config(client, bundle, vec![server.identity().clone()]).unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut t = TlsConnector::from(config)
+        .connect(server_name(addr), tcp)
         .await
-        .unwrap();
+        .expect("handshake between two CA-issued identities");
     t.write_all(b"hello").await.unwrap();
     let mut back = [0u8; 5];
     t.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"hello");
+    assert_eq!(&served.await.unwrap(), client.identity());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,7 +419,7 @@ async fn with_the_ca_down_valid_certificates_keep_working_and_rotation_resumes()
         .sign(&id(B), Duration::from_secs(3600))
         .await
         .unwrap();
-    echo_over_hbone(
+    echo_over_mutual_tls(
         &during,
         &b,
         &TrustBundle::from_pem(&cp.bundle_pem()).unwrap(),
@@ -488,10 +482,10 @@ async fn a_root_rotation_reaches_nodes_with_their_next_certificate() {
         .expect("bundle arrives with the certificate");
     assert_eq!(bundle.len(), 2, "old and new roots");
     // A peer already on the new root (step 2 elsewhere in the mesh) is trusted, and trusts us.
-    let (b_csr, b_key) = ferry_identity::client::new_csr(&id(B)).unwrap();
+    let (b_csr, b_key) = ferry_tls::ca_client::new_csr(&id(B)).unwrap();
     let b_chain = new_root
         .sign(&b_csr, &id(B), Duration::from_secs(3600))
         .unwrap();
-    let b = ferry_identity::client::credentials(&id(B), &b_chain, b_key).unwrap();
-    echo_over_hbone(&a, &b, &bundle).await;
+    let b = ferry_tls::ca_client::credentials(&id(B), &b_chain, b_key).unwrap();
+    echo_over_mutual_tls(&a, &b, &bundle).await;
 }

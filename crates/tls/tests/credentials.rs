@@ -1,10 +1,14 @@
 //! Workload credentials: what they hold, and what they refuse to be built from.
 
-mod common;
+use ferry_core::identity::Identity;
+use ferry_tls::config::Credentials;
+use ferry_tls::testkit::TestCa;
 
-use common::*;
-use ferry_hbone::testkit::TestCa;
-use ferry_hbone::tls::Credentials;
+const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
+
+fn id(s: &str) -> Identity {
+    s.parse().expect("identity")
+}
 
 #[test]
 fn the_leaf_is_the_certificate_naming_the_identity() {

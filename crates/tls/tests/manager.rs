@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use ferry_control::ca::signer::Ca;
 use ferry_core::identity::Identity;
-use ferry_hbone::tls::Credentials;
-use ferry_identity::client::{CertificateSource, FetchError, credentials, new_csr};
-use ferry_identity::manager::{CertManager, CertState, ManagerConfig};
+use ferry_tls::ca_client::{CertificateSource, FetchError, credentials, new_csr};
+use ferry_tls::certs::{CertManager, CertState, ManagerConfig};
+use ferry_tls::config::Credentials;
 
 const A: &str = "spiffe://cluster.local/ns/default/sa/a";
 

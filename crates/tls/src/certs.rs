@@ -20,13 +20,13 @@ use std::time::{Duration, SystemTime};
 
 use ferry_core::identity::Identity;
 use ferry_core::random::{Random, SplitMix64};
-use ferry_hbone::tls::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{CertificateSource, validity};
+use crate::ca_client::{CertificateSource, validity};
+use crate::config::{Credentials, TrustBundle};
 
 /// Manager settings.
 #[derive(Clone, Debug)]
