@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`accept`]: accepting when file descriptors run out (refuse and count, never hang).
-//! - [`admin`]: what every admin endpoint shows the same way (certificates).
+//! - [`admin`]: the admin server (HTTP/1.1 on hyper, each program adds its routes) and what
+//!   every admin endpoint shows the same way (certificates, the metrics registry).
 //! - [`baggage`]: Ferry's baggage keys on CONNECT requests.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.

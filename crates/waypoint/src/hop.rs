@@ -428,55 +428,45 @@ impl Waypoint {
     }
 }
 
-/// `/ready` and `/metrics`, one request per connection.
+/// `/ready`, `/config_dump`, `/certs` and `/metrics`, on the runtime's admin server.
 async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut s, _)) = listener.accept().await else {
-            continue;
-        };
+    use ferry_runtime::admin::{Response, Routes};
+    let dump = {
         let wp = wp.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 2048];
-            let n = s.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = match req.split_whitespace().nth(1).unwrap_or("/") {
-                "/ready" | "/healthz/ready" => ("200 OK", "ready\n".to_string()),
-                "/metrics" | "/stats/prometheus" => (
-                    "200 OK",
-                    wp.metrics.render() + &ferry_runtime::accept::render(&wp.acceptor),
-                ),
-                "/config_dump" => {
-                    let snap = wp.store.load();
-                    let body = serde_json::json!({
-                        "waypoint": wp.uid.to_string(),
-                        "identity": wp.identity.to_string(),
-                        "cluster": wp.cluster.to_string(),
-                        "snapshot_version": snap.version(),
-                        "workloads": snap.workloads().count(),
-                        "services": snap.services().count(),
-                        "policies": snap.policies().count(),
-                        "certificates": ferry_runtime::admin::cert_summary(&wp.certs),
-                    });
-                    ("200 OK", body.to_string())
-                }
-                "/certs" => (
-                    "200 OK",
-                    ferry_runtime::admin::cert_summary(&wp.certs).to_string(),
-                ),
-                _ => (
-                    "404 Not Found",
-                    "paths: /ready /config_dump /certs /metrics\n".to_string(),
-                ),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
-            let _ = s.shutdown().await;
-        });
-    }
+        move || {
+            let snap = wp.store.load();
+            let body = serde_json::json!({
+                "waypoint": wp.uid.to_string(),
+                "identity": wp.identity.to_string(),
+                "cluster": wp.cluster.to_string(),
+                "snapshot_version": snap.version(),
+                "workloads": snap.workloads().count(),
+                "services": snap.services().count(),
+                "policies": snap.policies().count(),
+                "certificates": ferry_runtime::admin::cert_summary(&wp.certs),
+            });
+            Response::ok("text/plain", body.to_string())
+        }
+    };
+    let certs = {
+        let wp = wp.clone();
+        move || {
+            let body = ferry_runtime::admin::cert_summary(&wp.certs);
+            Response::ok("text/plain", body.to_string())
+        }
+    };
+    let metrics = move || {
+        let text = wp.metrics.render() + &ferry_runtime::accept::render(&wp.acceptor);
+        Response::ok("text/plain", text)
+    };
+    let routes = Routes::new()
+        .route(&["/ready", "/healthz/ready"], || {
+            Response::ok("text/plain", "ready\n")
+        })
+        .route(&["/config_dump"], dump)
+        .route(&["/certs"], certs)
+        .route(&["/metrics", "/stats/prometheus"], metrics);
+    ferry_runtime::admin::serve(listener, routes).await;
 }
 
 /// What a waypoint knows to authorize the traffic of one tunnel.
