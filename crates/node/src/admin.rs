@@ -5,6 +5,9 @@ use std::sync::Arc;
 
 use ferry_runtime::admin::{Response, Routes};
 use http::StatusCode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -15,11 +18,30 @@ pub(crate) async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
     xds_ready: watch::Receiver<bool>,
+    registry: Registry,
 ) {
-    ferry_runtime::admin::serve(listener, routes(node, xds_ready)).await;
+    ferry_runtime::admin::serve(listener, routes(node, xds_ready, registry)).await;
 }
 
-fn routes(node: Arc<Node>, xds_ready: watch::Receiver<bool>) -> Routes {
+/// The capture repairs counter, registered in `registry`.
+pub(crate) fn capture_repairs(registry: &mut Registry) -> Counter {
+    let c = Counter::default();
+    registry.register(
+        "ferry_capture_repairs",
+        "Capture rules found missing and put back",
+        c.clone(),
+    );
+    c
+}
+
+/// The pods gauges, set from the node's state at each scrape.
+#[derive(Debug)]
+struct Pods {
+    served: Gauge,
+    unserved: Gauge,
+}
+
+fn routes(node: Arc<Node>, xds_ready: watch::Receiver<bool>, mut registry: Registry) -> Routes {
     let ready = {
         let node = node.clone();
         move || readiness(&node, *xds_ready.borrow())
@@ -35,7 +57,11 @@ fn routes(node: Arc<Node>, xds_ready: watch::Receiver<bool>) -> Routes {
             Response::ok("application/json", body.to_string())
         }
     };
-    let metrics = move || Response::ok("text/plain; version=0.0.4", metrics_text(&node));
+    let pods = Pods::new(&mut registry);
+    let metrics = move || {
+        pods.set(&node);
+        Response::metrics(&registry)
+    };
     Routes::new()
         .route(&["/ready", "/healthz/ready"], ready)
         .route(&["/config_dump"], dump)
@@ -59,21 +85,6 @@ fn readiness(node: &Node, ready: bool) -> Response {
     Response::ok("text/plain", body)
 }
 
-fn metrics_text(node: &Node) -> String {
-    let mut text = node.metrics.render();
-    text.push_str(&format!(
-        "# HELP ferry_capture_repairs_total Capture rules found missing and put back.\n# TYPE ferry_capture_repairs_total counter\nferry_capture_repairs_total {}\n",
-        node.capture_repairs.load(std::sync::atomic::Ordering::Relaxed)
-    ));
-    text.push_str(&ferry_runtime::accept::render(&node.acceptor));
-    text.push_str(&format!(
-        "# HELP ferry_pods_served Enrolled pods this node proxy serves.\n# TYPE ferry_pods_served gauge\nferry_pods_served {}\n# HELP ferry_pods_unserved Enrolled pods it cannot serve (their traffic stays blocked).\n# TYPE ferry_pods_unserved gauge\nferry_pods_unserved {}\n",
-        node.pods().len(),
-        node.unserved.lock().len()
-    ));
-    text
-}
-
 fn config_dump(node: &Node) -> serde_json::Value {
     let snap = node.store.load();
     let pods: Vec<_> = node.pods().iter().map(|p| json!({"uid": p.uid.to_string(), "ip": p.ip.to_string(), "identity": p.identity.to_string(), "netns": p.netns.path().display().to_string()})).collect();
@@ -89,4 +100,65 @@ fn config_dump(node: &Node) -> serde_json::Value {
         "tracked_connections": node.conns.len(),
         "certificates": ferry_runtime::admin::cert_summary(&node.certs),
     })
+}
+
+// === impl Pods ===
+
+impl Pods {
+    fn new(registry: &mut Registry) -> Self {
+        let pods = Self {
+            served: Gauge::default(),
+            unserved: Gauge::default(),
+        };
+        registry.register(
+            "ferry_pods_served",
+            "Enrolled pods this node proxy serves",
+            pods.served.clone(),
+        );
+        registry.register(
+            "ferry_pods_unserved",
+            "Enrolled pods it cannot serve (their traffic stays blocked)",
+            pods.unserved.clone(),
+        );
+        pods
+    }
+
+    fn set(&self, node: &Node) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.served.set(count(node.pods().len()));
+        self.unserved.set(count(node.unserved.lock().len()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_families_are_typed_in_the_scrape() {
+        let mut registry = Registry::default();
+        let repairs = capture_repairs(&mut registry);
+        let pods = Pods::new(&mut registry);
+        repairs.inc();
+        pods.served.set(3);
+        pods.unserved.set(1);
+        let text = Response::metrics(&registry).body;
+        for (family, kind) in [
+            ("ferry_capture_repairs", "counter"),
+            ("ferry_pods_served", "gauge"),
+            ("ferry_pods_unserved", "gauge"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == format!("# TYPE {family} {kind}")),
+                "no TYPE line for {family}:\n{text}"
+            );
+        }
+        for sample in [
+            "ferry_capture_repairs_total 1",
+            "ferry_pods_served 3",
+            "ferry_pods_unserved 1",
+        ] {
+            assert!(text.lines().any(|l| l == sample), "no {sample}:\n{text}");
+        }
+    }
 }

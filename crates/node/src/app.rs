@@ -75,13 +75,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         dialer: Arc::new(PodDialer(by_ip.clone())),
         ..PoolConfig::default()
     });
+    let mut registry = prometheus_client::registry::Registry::default();
     let node = Arc::new(Node {
         name: NodeName::new(&config.name),
         store: store.clone(),
         certs,
         bundle: Mutex::new(bundle),
         pool,
-        metrics: Metrics::default(),
+        metrics: Metrics::new(&mut registry),
         conns: crate::conns::Conns::default(),
         drain: tokio::sync::watch::channel(false).0,
         finish: tokio::sync::watch::channel(false).0,
@@ -89,8 +90,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         state_file: config.state_file.clone(),
         unserved: Mutex::default(),
         enrolling: Mutex::default(),
-        capture_repairs: AtomicU64::new(0),
-        acceptor: ferry_runtime::accept::Acceptor::default(),
+        capture_repairs: crate::admin::capture_repairs(&mut registry),
+        acceptor: ferry_runtime::accept::Acceptor::new(&mut registry),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),
         by_ip,
@@ -102,7 +103,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("admin address {}", config.admin))?;
     let admin_addr = admin.local_addr()?;
-    tokio::spawn(crate::admin::serve(node.clone(), admin, ready.clone()));
+    tokio::spawn(crate::admin::serve(
+        node.clone(),
+        admin,
+        ready.clone(),
+        registry,
+    ));
     let api_node = node.clone();
     let api_path = config.api_socket.clone();
     tokio::spawn(async move {
@@ -258,8 +264,7 @@ async fn reconcile(node: Arc<Node>) {
                 continue;
             }
             if !crate::capture::installed(&path).await {
-                node.capture_repairs
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                node.capture_repairs.inc();
                 match crate::capture::install(&path).await {
                     Ok(()) => {
                         tracing::warn!(pod = %pod.uid, "capture rules were missing; restored")

@@ -106,3 +106,66 @@ async fn an_http_1_0_request_is_answered_in_http_1_0_and_closed() {
         "{r}"
     );
 }
+
+#[tokio::test]
+async fn metrics_are_scraped_over_http_with_every_family_typed() {
+    use ferry_runtime::accept::Acceptor;
+    use ferry_runtime::telemetry::{Labels, Metrics, Reporter};
+    use prometheus_client::registry::Registry;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let _acceptor = Acceptor::new(&mut registry);
+    metrics.opened(&Labels {
+        reporter: Reporter::Destination,
+        source_workload: "a".into(),
+        source_principal: "spiffe://td/ns/a/sa/a".into(),
+        source_cluster: "c".into(),
+        source_network: "n".into(),
+        destination_workload: "b".into(),
+        destination_service: "b.svc".into(),
+        destination_principal: "spiffe://td/ns/a/sa/b".into(),
+        destination_cluster: "c".into(),
+        destination_network: "n".into(),
+        response_flags: "-".into(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let routes = Routes::new().route(&["/metrics", "/stats/prometheus"], move || {
+        Response::metrics(&registry)
+    });
+    tokio::spawn(admin::serve(listener, routes));
+    for path in ["/metrics", "/stats/prometheus"] {
+        let request: &'static str = if path == "/metrics" {
+            "GET /metrics HTTP/1.1\r\nhost: a\r\n\r\n"
+        } else {
+            "GET /stats/prometheus HTTP/1.1\r\nhost: a\r\n\r\n"
+        };
+        let r = get(addr, request).await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(
+            r.contains(&format!("content-type: {}\r\n", admin::OPENMETRICS)),
+            "{r}"
+        );
+        for family in [
+            "istio_tcp_connections_opened",
+            "istio_tcp_connections_closed",
+            "istio_tcp_sent_bytes",
+            "istio_tcp_received_bytes",
+            "ferry_accept_refused",
+            "ferry_accept_errors",
+        ] {
+            assert!(
+                r.lines().any(|l| l == format!("# TYPE {family} counter")),
+                "no TYPE line for {family}:\n{r}"
+            );
+        }
+        assert!(
+            r.lines().any(|l| l
+                .starts_with("istio_tcp_connections_opened_total{reporter=\"destination\",")
+                && l.ends_with("request_protocol=\"tcp\",response_flags=\"-\"} 1")),
+            "{r}"
+        );
+        assert!(r.lines().any(|l| l == "ferry_accept_errors_total 0"), "{r}");
+    }
+}

@@ -124,7 +124,7 @@ impl Handler for Waypoint {
         let origin = match self.origin_cluster(&snap, &me, req, &headers) {
             Ok(c) => c,
             Err(reason) => {
-                self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused.inc();
                 tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, "waypoint refused the connection");
                 return Err(Refusal::Denied(reason));
             }
@@ -137,7 +137,7 @@ impl Handler for Waypoint {
                 Ok(())
             }
             Err(e) => {
-                self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused.inc();
                 let (peer, reason) = (req.peer.to_string(), e.to_string());
                 tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, "waypoint refused the connection");
                 Err(Refusal::Unavailable(e.to_string()))
@@ -429,7 +429,11 @@ impl Waypoint {
 }
 
 /// `/ready`, `/config_dump`, `/certs` and `/metrics`, on the runtime's admin server.
-async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    wp: Arc<Waypoint>,
+    registry: prometheus_client::registry::Registry,
+) {
     use ferry_runtime::admin::{Response, Routes};
     let dump = {
         let wp = wp.clone();
@@ -455,10 +459,7 @@ async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
             Response::ok("text/plain", body.to_string())
         }
     };
-    let metrics = move || {
-        let text = wp.metrics.render() + &ferry_runtime::accept::render(&wp.acceptor);
-        Response::ok("text/plain", text)
-    };
+    let metrics = move || Response::metrics(&registry);
     let routes = Routes::new()
         .route(&["/ready", "/healthz/ready"], || {
             Response::ok("text/plain", "ready\n")
@@ -567,6 +568,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         None => PoolConfig::default(),
     };
+    let mut registry = prometheus_client::registry::Registry::default();
     let wp = Arc::new_cyclic(|this| Waypoint {
         store,
         certs,
@@ -577,10 +579,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ip,
         cluster: ClusterId::new(&config.cluster),
         plans: Mutex::new(HashMap::new()),
-        metrics: Arc::default(),
+        metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
         tunnels: Mutex::default(),
         netns: netns.clone(),
-        acceptor: ferry_runtime::accept::Acceptor::default(),
+        acceptor: ferry_runtime::accept::Acceptor::new(&mut registry),
         this: this.clone(),
     });
     let listener = match &netns {
@@ -612,7 +614,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None => tokio::net::TcpListener::bind(addr).await,
         }
         .with_context(|| format!("binding the admin endpoint {addr}"))?;
-        tokio::spawn(serve_admin(admin, wp.clone()));
+        tokio::spawn(serve_admin(admin, wp.clone(), registry));
     }
     println!(
         "ferry waypoint {}: serving HBONE on {} as {identity}",
