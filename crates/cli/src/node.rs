@@ -154,6 +154,9 @@ pub(crate) struct GatewayArgs {
     bundle_file: PathBuf,
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
+    /// Admin endpoint (`/ready`, `/metrics` with refused tunnels and accept errors).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
 }
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
@@ -165,6 +168,7 @@ pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
             token,
             bundle_pem,
             listen: args.listen,
+            admin: args.admin,
         }))
     })
 }

@@ -9,7 +9,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -26,6 +25,8 @@ use ferry_identity::client::GrpcCa;
 use ferry_identity::manager::{CertManager, ManagerConfig};
 use ferry_xds::client::{ClientConfig, XdsClient};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 
 use ferry_runtime::telemetry::AccessLog;
 
@@ -39,13 +40,16 @@ pub struct Config {
     pub token: String,
     pub bundle_pem: String,
     pub listen: SocketAddr,
+    /// Admin endpoint (`/ready`, `/metrics`).
+    pub admin: Option<SocketAddr>,
 }
 
 struct Gateway {
     store: Arc<Store>,
     name: String,
     plans: Mutex<HashMap<u64, SocketAddr>>,
-    refused: AtomicU64,
+    /// Tunnels refused (`ferry_gateway_refused_total`).
+    refused: Counter,
 }
 
 impl Gateway {
@@ -76,7 +80,7 @@ impl Gateway {
     }
 
     fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.refused.inc();
         let (peer, target) = (req.peer.to_string(), req.target.to_string());
         tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, "gateway refused the connection");
         Refusal::Denied(why)
@@ -167,6 +171,29 @@ impl Handler for Gateway {
     }
 }
 
+/// The refused tunnels counter, registered in `registry`.
+fn refused_counter(registry: &mut Registry) -> Counter {
+    let c = Counter::default();
+    registry.register(
+        "ferry_gateway_refused",
+        "Tunnels refused (a pod address, an unknown service, out of scope)",
+        c.clone(),
+    );
+    c
+}
+
+/// `/ready` (the gateway serves once it has its configuration and certificate) and `/metrics`.
+fn admin_routes(registry: Registry) -> ferry_runtime::admin::Routes {
+    use ferry_runtime::admin::{Response, Routes};
+    Routes::new()
+        .route(&["/ready", "/healthz/ready"], || {
+            Response::ok("text/plain", "ready\n")
+        })
+        .route(&["/metrics", "/stats/prometheus"], move || {
+            Response::metrics(&registry)
+        })
+}
+
 /// Runs the gateway until SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let bundle = TrustBundle::from_pem(&config.bundle_pem).context("trust bundle")?;
@@ -207,12 +234,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .fetch(&g.identity)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut registry = Registry::default();
     let gw = Arc::new(Gateway {
         store,
         name: config.name.clone(),
         plans: Mutex::new(HashMap::new()),
-        refused: AtomicU64::new(0),
+        refused: refused_counter(&mut registry),
     });
+    let acceptor = ferry_runtime::accept::Acceptor::new(&mut registry);
+    if let Some(addr) = config.admin {
+        let admin = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the admin endpoint {addr}"))?;
+        tokio::spawn(ferry_runtime::admin::serve(admin, admin_routes(registry)));
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
@@ -221,7 +256,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.name, config.listen, g.identity, g.network
     );
     let mut current: Option<(Vec<u8>, Arc<Server>)> = None;
-    let acceptor = ferry_runtime::accept::Acceptor::default();
     loop {
         let (tcp, peer) = acceptor.accept(&listener, "gateway").await;
         let creds = match certs.fetch(&g.identity).await {
@@ -247,5 +281,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 tracing::debug!(peer = %peer, error = %e, "gateway connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_metrics_show_refused_tunnels_and_accept_errors() {
+        let mut registry = Registry::default();
+        let refused = refused_counter(&mut registry);
+        let _acceptor = ferry_runtime::accept::Acceptor::new(&mut registry);
+        refused.inc();
+        let routes = admin_routes(registry);
+        let text = routes.respond("/metrics").body;
+        for family in [
+            "ferry_gateway_refused",
+            "ferry_accept_refused",
+            "ferry_accept_errors",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l == format!("# TYPE {family} counter")),
+                "no TYPE line for {family}:\n{text}"
+            );
+        }
+        assert!(
+            text.lines().any(|l| l == "ferry_gateway_refused_total 1"),
+            "{text}"
+        );
+        assert_eq!(routes.respond("/stats/prometheus").body, text);
+        assert_eq!(routes.respond("/ready").body, "ready\n");
+        let missing = routes.respond("/config_dump");
+        assert_eq!(missing.status.as_u16(), 404);
+        assert_eq!(missing.body, "paths: /ready /metrics\n");
     }
 }
