@@ -161,6 +161,9 @@ pub(crate) struct GatewayArgs {
     /// Seconds open tunnels may finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    /// Admin endpoint (`/ready`, `/metrics` with refused tunnels and accept errors).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
 }
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
@@ -173,6 +176,7 @@ pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
             bundle_pem,
             listen: args.listen,
             drain: Duration::from_secs(args.drain_seconds),
+            admin: args.admin,
         }))
     })
 }

@@ -136,7 +136,9 @@ impl Lab {
                 "connect",
                 admin,
                 "--data",
-                &format!("GET {path} HTTP/1.0\r\n\r\n"),
+                // HTTP/1.1, so the answer's status line is `HTTP/1.1 ...` (an HTTP/1.0
+                // request is answered in HTTP/1.0).
+                &format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"),
             ])
             .output()
             .unwrap();

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -22,6 +21,8 @@ use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::Forward;
 use ferry_runtime::bootstrap::ControlPlane;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 
 use ferry_runtime::telemetry::AccessLog;
 
@@ -37,12 +38,15 @@ pub struct Config {
     pub listen: SocketAddr,
     /// How long open tunnels may finish after SIGTERM.
     pub drain: Duration,
+    /// Admin endpoint (`/ready`, `/metrics`).
+    pub admin: Option<SocketAddr>,
 }
 
 struct Gateway {
     store: Arc<Store>,
     name: String,
-    refused: AtomicU64,
+    /// Tunnels refused (`ferry_gateway_refused_total`).
+    refused: Counter,
 }
 
 impl Gateway {
@@ -73,7 +77,7 @@ impl Gateway {
     }
 
     fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.refused.inc();
         let (peer, target) = (req.peer.to_string(), req.target.to_string());
         tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, "gateway refused the connection");
         Refusal::Denied(why)
@@ -162,6 +166,29 @@ impl Handler for Gateway {
     }
 }
 
+/// The refused tunnels counter, registered in `registry`.
+fn refused_counter(registry: &mut Registry) -> Counter {
+    let c = Counter::default();
+    registry.register(
+        "ferry_gateway_refused",
+        "Tunnels refused (a pod address, an unknown service, out of scope)",
+        c.clone(),
+    );
+    c
+}
+
+/// `/ready` (the gateway serves once it has its configuration and certificate) and `/metrics`.
+fn admin_routes(registry: Registry) -> ferry_runtime::admin::Routes {
+    use ferry_runtime::admin::{Response, Routes};
+    Routes::new()
+        .route(&["/ready", "/healthz/ready"], || {
+            Response::ok("text/plain", "ready\n")
+        })
+        .route(&["/metrics", "/stats/prometheus"], move || {
+            Response::metrics(&registry)
+        })
+}
+
 /// Runs the gateway until SIGTERM, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let control = ControlPlane {
@@ -182,11 +209,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("no gateway {} in the mesh", config.name))?;
     let certs = control.certificates(g.cluster.as_str())?;
     certs.fetch(&g.identity).await?;
+    let mut registry = Registry::default();
     let gw = Arc::new(Gateway {
         store: mesh.store.clone(),
         name: config.name.clone(),
-        refused: AtomicU64::new(0),
+        refused: refused_counter(&mut registry),
     });
+    let acceptor = Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry));
+    if let Some(addr) = config.admin {
+        let admin = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the admin endpoint {addr}"))?;
+        tokio::spawn(ferry_runtime::admin::serve(admin, admin_routes(registry)));
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
@@ -197,7 +232,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         certs,
         bundle,
         settings: Settings::default(),
-        acceptor: Arc::default(),
+        acceptor,
         drain,
         open: Arc::default(),
     };
@@ -228,3 +263,38 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// How long, past the drain deadline, peers get to finish their side of tunnels that were ended
 /// cleanly.
 const FINISH_GRACE: Duration = Duration::from_secs(6);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_metrics_show_refused_tunnels_and_accept_errors() {
+        let mut registry = Registry::default();
+        let refused = refused_counter(&mut registry);
+        let _acceptor = ferry_runtime::accept::Acceptor::new(&mut registry);
+        refused.inc();
+        let routes = admin_routes(registry);
+        let text = routes.respond("/metrics").body;
+        for family in [
+            "ferry_gateway_refused",
+            "ferry_accept_refused",
+            "ferry_accept_errors",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l == format!("# TYPE {family} counter")),
+                "no TYPE line for {family}:\n{text}"
+            );
+        }
+        assert!(
+            text.lines().any(|l| l == "ferry_gateway_refused_total 1"),
+            "{text}"
+        );
+        assert_eq!(routes.respond("/stats/prometheus").body, text);
+        assert_eq!(routes.respond("/ready").body, "ready\n");
+        let missing = routes.respond("/config_dump");
+        assert_eq!(missing.status.as_u16(), 404);
+        assert_eq!(missing.body, "paths: /ready /metrics\n");
+    }
+}

@@ -2,7 +2,7 @@
 //! HBONE and carries the inner one to the destination on its own network.
 //!
 //! # Layout
-//! - [`hop`]: the HBONE handler and `run`.
+//! - [`hop`]: the HBONE handler, its admin endpoint (optional) and `run`.
 
 pub mod hop;
 

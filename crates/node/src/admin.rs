@@ -1,10 +1,14 @@
-//! Admin endpoint: `/ready`, `/config_dump`, `/certs`, `/metrics` (plain HTTP/1.1, one request
-//! per connection). Bind it to the node's loopback or management address.
+//! Admin endpoint: `/ready`, `/config_dump`, `/certs`, `/metrics`, on the runtime's admin
+//! server. Bind it to the node's loopback or management address.
 
 use std::sync::Arc;
 
+use ferry_runtime::admin::{Response, Routes};
+use http::StatusCode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -14,86 +18,147 @@ pub(crate) async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
     xds_ready: watch::Receiver<bool>,
+    registry: Registry,
 ) {
-    loop {
-        let Ok((mut s, _)) = listener.accept().await else {
-            continue;
+    ferry_runtime::admin::serve(listener, routes(node, xds_ready, registry)).await;
+}
+
+/// The capture repairs counter, registered in `registry`.
+pub(crate) fn capture_repairs(registry: &mut Registry) -> Counter {
+    let c = Counter::default();
+    registry.register(
+        "ferry_capture_repairs",
+        "Capture rules found missing and put back",
+        c.clone(),
+    );
+    c
+}
+
+/// The pods gauges, set from the node's state at each scrape.
+#[derive(Debug)]
+struct Pods {
+    served: Gauge,
+    unserved: Gauge,
+}
+
+fn routes(node: Arc<Node>, xds_ready: watch::Receiver<bool>, mut registry: Registry) -> Routes {
+    let ready = {
+        let node = node.clone();
+        move || readiness(&node, *xds_ready.borrow())
+    };
+    let dump = {
+        let node = node.clone();
+        move || Response::ok("application/json", config_dump(&node).to_string())
+    };
+    let certs = {
+        let node = node.clone();
+        move || {
+            let body = ferry_runtime::admin::cert_summary(&node.certs);
+            Response::ok("application/json", body.to_string())
+        }
+    };
+    let pods = Pods::new(&mut registry);
+    let metrics = move || {
+        pods.set(&node);
+        Response::metrics(&registry)
+    };
+    Routes::new()
+        .route(&["/ready", "/healthz/ready"], ready)
+        .route(&["/config_dump"], dump)
+        .route(&["/certs"], certs)
+        .route(&["/metrics", "/stats/prometheus"], metrics)
+}
+
+fn readiness(node: &Node, ready: bool) -> Response {
+    if !ready {
+        return Response::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "waiting for the first xDS sync\n",
+        );
+    }
+    // Pods it cannot serve are named, but never hold the others back.
+    let mut body = String::from("ready\n");
+    for (uid, (netns, why)) in node.unserved.lock().iter() {
+        body.push_str(&format!("not served: {uid} ({}): {why}\n", netns.display()));
+    }
+    Response::ok("text/plain", body)
+}
+
+fn config_dump(node: &Node) -> serde_json::Value {
+    let snap = node.store.load();
+    let pods: Vec<_> = node.pods().iter().map(|p| json!({"uid": p.uid.to_string(), "ip": p.ip.to_string(), "identity": p.identity.to_string(), "netns": p.netns.path().display().to_string()})).collect();
+    json!({
+        "node": node.name.to_string(),
+        "snapshot_version": snap.version(),
+        "workloads": snap.workloads().count(),
+        "services": snap.services().count(),
+        "policies": snap.policies().count(),
+        "pods": pods,
+        "unserved_pods": node.unserved.lock().iter().map(|(uid, (netns, why))| json!({"uid": uid.to_string(), "netns": netns.display().to_string(), "reason": why})).collect::<Vec<_>>(),
+        "active_connections": node.active(),
+        "tracked_connections": node.conns.len(),
+        "certificates": ferry_runtime::admin::cert_summary(&node.certs),
+    })
+}
+
+// === impl Pods ===
+
+impl Pods {
+    fn new(registry: &mut Registry) -> Self {
+        let pods = Self {
+            served: Gauge::default(),
+            unserved: Gauge::default(),
         };
-        let (node, ready) = (node.clone(), *xds_ready.borrow());
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 2048];
-            let n = s.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, ctype, body) = route(&node, path, ready);
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
-            let _ = s.shutdown().await;
-        });
+        registry.register(
+            "ferry_pods_served",
+            "Enrolled pods this node proxy serves",
+            pods.served.clone(),
+        );
+        registry.register(
+            "ferry_pods_unserved",
+            "Enrolled pods it cannot serve (their traffic stays blocked)",
+            pods.unserved.clone(),
+        );
+        pods
+    }
+
+    fn set(&self, node: &Node) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.served.set(count(node.pods().len()));
+        self.unserved.set(count(node.unserved.lock().len()));
     }
 }
 
-fn route(node: &Node, path: &str, ready: bool) -> (&'static str, &'static str, String) {
-    match path {
-        "/ready" | "/healthz/ready" => {
-            if ready {
-                // Pods it cannot serve are named, but never hold the others back.
-                let mut body = String::from("ready\n");
-                for (uid, (netns, why)) in node.unserved.lock().iter() {
-                    body.push_str(&format!("not served: {uid} ({}): {why}\n", netns.display()));
-                }
-                ("200 OK", "text/plain", body)
-            } else {
-                (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "waiting for the first xDS sync\n".into(),
-                )
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_families_are_typed_in_the_scrape() {
+        let mut registry = Registry::default();
+        let repairs = capture_repairs(&mut registry);
+        let pods = Pods::new(&mut registry);
+        repairs.inc();
+        pods.served.set(3);
+        pods.unserved.set(1);
+        let text = Response::metrics(&registry).body;
+        for (family, kind) in [
+            ("ferry_capture_repairs", "counter"),
+            ("ferry_pods_served", "gauge"),
+            ("ferry_pods_unserved", "gauge"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == format!("# TYPE {family} {kind}")),
+                "no TYPE line for {family}:\n{text}"
+            );
         }
-        "/metrics" | "/stats/prometheus" => {
-            let mut text = node.metrics.render();
-            text.push_str(&format!(
-                "# HELP ferry_capture_repairs_total Capture rules found missing and put back.\n# TYPE ferry_capture_repairs_total counter\nferry_capture_repairs_total {}\n",
-                node.capture_repairs.load(std::sync::atomic::Ordering::Relaxed)
-            ));
-            text.push_str(&ferry_runtime::accept::render(&node.acceptor));
-            text.push_str(&format!(
-                "# HELP ferry_pods_served Enrolled pods this node proxy serves.\n# TYPE ferry_pods_served gauge\nferry_pods_served {}\n# HELP ferry_pods_unserved Enrolled pods it cannot serve (their traffic stays blocked).\n# TYPE ferry_pods_unserved gauge\nferry_pods_unserved {}\n",
-                node.pods().len(),
-                node.unserved.lock().len()
-            ));
-            ("200 OK", "text/plain; version=0.0.4", text)
+        for sample in [
+            "ferry_capture_repairs_total 1",
+            "ferry_pods_served 3",
+            "ferry_pods_unserved 1",
+        ] {
+            assert!(text.lines().any(|l| l == sample), "no {sample}:\n{text}");
         }
-        "/config_dump" => {
-            let snap = node.store.load();
-            let pods: Vec<_> = node.pods().iter().map(|p| json!({"uid": p.uid.to_string(), "ip": p.ip.to_string(), "identity": p.identity.to_string(), "netns": p.netns.path().display().to_string()})).collect();
-            let body = json!({
-                "node": node.name.to_string(),
-                "snapshot_version": snap.version(),
-                "workloads": snap.workloads().count(),
-                "services": snap.services().count(),
-                "policies": snap.policies().count(),
-                "pods": pods,
-                "unserved_pods": node.unserved.lock().iter().map(|(uid, (netns, why))| json!({"uid": uid.to_string(), "netns": netns.display().to_string(), "reason": why})).collect::<Vec<_>>(),
-                "active_connections": node.active(),
-                "tracked_connections": node.conns.len(),
-                "certificates": ferry_runtime::admin::cert_summary(&node.certs),
-            });
-            ("200 OK", "application/json", body.to_string())
-        }
-        "/certs" => (
-            "200 OK",
-            "application/json",
-            ferry_runtime::admin::cert_summary(&node.certs).to_string(),
-        ),
-        _ => (
-            "404 Not Found",
-            "text/plain",
-            "paths: /ready /config_dump /certs /metrics\n".into(),
-        ),
     }
 }

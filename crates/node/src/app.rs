@@ -54,6 +54,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ..PoolConfig::default()
     });
     let (trigger, drain) = ferry_runtime::drain::new();
+    let mut registry = prometheus_client::registry::Registry::default();
     let node = Arc::new(Node {
         name: NodeName::new(&config.name),
         store: mesh.store.clone(),
@@ -61,15 +62,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         certs,
         bundle: Mutex::new(bundle),
         pool,
-        metrics: Metrics::default(),
+        metrics: Metrics::new(&mut registry),
         conns: crate::conns::Conns::default(),
         drain,
         hbone_conns: Arc::default(),
         state_file: config.state_file.clone(),
         unserved: Mutex::default(),
         enrolling: Mutex::default(),
-        capture_repairs: AtomicU64::new(0),
-        acceptor: Arc::default(),
+        capture_repairs: crate::admin::capture_repairs(&mut registry),
+        acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),
         by_ip,
@@ -82,7 +83,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("admin address {}", config.admin))?;
     let admin_addr = admin.local_addr()?;
-    tokio::spawn(crate::admin::serve(node.clone(), admin, ready.clone()));
+    tokio::spawn(crate::admin::serve(
+        node.clone(),
+        admin,
+        ready.clone(),
+        registry,
+    ));
     let api_node = node.clone();
     let api_path = config.api_socket.clone();
     tokio::spawn(async move {
@@ -197,8 +203,7 @@ async fn reconcile(node: Arc<Node>) {
                 continue;
             }
             if !crate::capture::installed(&path).await {
-                node.capture_repairs
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                node.capture_repairs.inc();
                 match crate::capture::install(&path).await {
                     Ok(()) => {
                         tracing::warn!(pod = %pod.uid, "capture rules were missing; restored")

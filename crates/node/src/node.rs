@@ -88,8 +88,8 @@ pub(crate) struct Node {
     pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
     /// Enrolled pods this process cannot serve, with their namespace and why.
     pub unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
-    /// Capture rules found missing and put back.
-    pub capture_repairs: AtomicU64,
+    /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
+    pub capture_repairs: prometheus_client::metrics::counter::Counter,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
     pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed

@@ -5,9 +5,12 @@
 //! not a hang), counts it, takes the reserve back, and backs off briefly.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 
 /// How long an accept loop pauses after an error it cannot act on.
@@ -17,29 +20,62 @@ const BACKOFF: Duration = Duration::from_millis(20);
 #[derive(Debug)]
 pub struct Acceptor {
     reserve: parking_lot::Mutex<Option<std::fs::File>>,
-    /// Connections refused because the process was out of descriptors.
-    pub refused_fd_limit: AtomicU64,
-    /// Other accept errors.
-    pub errors: AtomicU64,
+    /// Connections refused because the process was out of descriptors
+    /// (`ferry_accept_refused_total{reason="fd_limit"}`).
+    pub refused_fd_limit: Counter,
+    /// Other accept errors (`ferry_accept_errors_total`).
+    pub errors: Counter,
 }
 
+/// Why a connection was refused at accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Reason {
+    FdLimit,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RefusedLabels {
+    reason: Reason,
+}
+
+// === impl Acceptor ===
+
 impl Default for Acceptor {
+    /// An acceptor whose counters are not exposed (see [`Acceptor::new`]).
     fn default() -> Self {
         Self {
             reserve: parking_lot::Mutex::new(std::fs::File::open("/dev/null").ok()),
-            refused_fd_limit: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
+            refused_fd_limit: Counter::default(),
+            errors: Counter::default(),
         }
     }
 }
 
-fn out_of_descriptors(e: &std::io::Error) -> bool {
-    use nix::errno::Errno;
-    e.raw_os_error()
-        .is_some_and(|n| n == Errno::EMFILE as i32 || n == Errno::ENFILE as i32)
-}
-
 impl Acceptor {
+    /// An acceptor whose counters are registered in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let a = Self::default();
+        let refused = Family::<RefusedLabels, Counter>::default();
+        // The one series exists from the start, so a scrape shows it at zero.
+        let fd_limit = refused.get_or_create_owned(&RefusedLabels {
+            reason: Reason::FdLimit,
+        });
+        registry.register(
+            "ferry_accept_refused",
+            "Connections refused at accept because the process was out of file descriptors",
+            refused,
+        );
+        registry.register(
+            "ferry_accept_errors",
+            "Other accept errors",
+            a.errors.clone(),
+        );
+        Self {
+            refused_fd_limit: fd_limit,
+            ..a
+        }
+    }
+
     /// The next connection. Errors are handled here (refused and counted, or backed off from),
     /// so the caller just loops.
     pub async fn accept(&self, listener: &TcpListener, what: &str) -> (TcpStream, SocketAddr) {
@@ -49,12 +85,12 @@ impl Acceptor {
                 Err(e) if out_of_descriptors(&e) => {
                     // Linux reports this whether or not a connection is waiting.
                     if self.refuse_one(listener) {
-                        tracing::warn!(listener = what, refused_total = self.refused_fd_limit.load(Ordering::Relaxed), error = %e, "out of file descriptors: refused a new connection");
+                        tracing::warn!(listener = what, refused_total = self.refused_fd_limit.get(), error = %e, "out of file descriptors: refused a new connection");
                     }
                     tokio::time::sleep(BACKOFF).await;
                 }
                 Err(e) => {
-                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    self.errors.inc();
                     tracing::warn!(listener = what, error = %e, "accept failed");
                     tokio::time::sleep(BACKOFF).await;
                 }
@@ -73,7 +109,7 @@ impl Acceptor {
             std::task::Poll::Ready(Ok((s, _))) => {
                 let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
                 drop(s);
-                self.refused_fd_limit.fetch_add(1, Ordering::Relaxed);
+                self.refused_fd_limit.inc();
                 true
             }
             _ => false,
@@ -83,11 +119,19 @@ impl Acceptor {
     }
 }
 
-/// The acceptor's counters in Prometheus text format.
-pub fn render(a: &Acceptor) -> String {
-    format!(
-        "# HELP ferry_accept_refused_total Connections refused at accept because the process was out of file descriptors.\n# TYPE ferry_accept_refused_total counter\nferry_accept_refused_total{{reason=\"fd_limit\"}} {}\n# HELP ferry_accept_errors_total Other accept errors.\n# TYPE ferry_accept_errors_total counter\nferry_accept_errors_total {}\n",
-        a.refused_fd_limit.load(Ordering::Relaxed),
-        a.errors.load(Ordering::Relaxed)
-    )
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error()
+        .is_some_and(|n| n == Errno::EMFILE as i32 || n == Errno::ENFILE as i32)
+}
+
+// === impl Reason ===
+
+impl EncodeLabelValue for Reason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let value = match self {
+            Self::FdLimit => "fd_limit",
+        };
+        std::fmt::Write::write_str(encoder, value)
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`accept`]: accepting when file descriptors run out (refuse and count, never hang).
-//! - [`admin`]: what every admin endpoint shows the same way (certificates).
+//! - [`admin`]: the admin server (HTTP/1.1 on hyper, each program adds its routes) and what
+//!   every admin endpoint shows the same way (certificates, the metrics registry).
 //! - [`bootstrap`]: subscribe to the mesh (xDS) and get certificates (CA), once for all.
 //! - [`drain`]: one drain primitive, graceful then forced at a deadline.
 //! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.

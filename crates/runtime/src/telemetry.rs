@@ -1,30 +1,27 @@
 //! Access logs and Istio-named TCP metrics.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 /// Which proxy reports a connection (Istio's `reporter` label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reporter {
     Source,
     Destination,
 }
 
-impl Reporter {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Source => "source",
-            Self::Destination => "destination",
-        }
-    }
-}
-
-/// The labels of one connection's metrics (a bounded subset of Istio's standard set).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// The labels of one connection's metrics (a bounded subset of Istio's standard set). Its
+/// label set is these fields in order, with `request_protocol="tcp"` before `response_flags`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Labels {
     pub reporter: Reporter,
     pub source_workload: String,
@@ -40,122 +37,158 @@ pub struct Labels {
     pub response_flags: String,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-struct Counters {
-    opened: u64,
-    closed: u64,
-    sent: u64,
-    received: u64,
+/// A label set as the families keep it: one allocation per distinct set, shared by the
+/// families and by the connections that carry it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Shared(Arc<Labels>);
+
+type Tcp = Family<Shared, Counter>;
+
+/// TCP metrics of one node proxy: `istio_tcp_connections_opened_total`,
+/// `istio_tcp_connections_closed_total`, `istio_tcp_sent_bytes_total`,
+/// `istio_tcp_received_bytes_total`.
+#[derive(Debug)]
+pub struct Metrics {
+    opened: Tcp,
+    closed: Tcp,
+    sent: Tcp,
+    received: Tcp,
+    /// Each label set once: what [`Metrics::opened_shared`] hands out, and the index of the
+    /// families' series (a family cannot be listed).
+    sets: Mutex<HashSet<Arc<Labels>>>,
 }
 
-/// TCP metrics of one node proxy.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// Each label set once, shared by the connections that carry it.
-    by_labels: Mutex<BTreeMap<Arc<Labels>, Counters>>,
+// === impl Reporter ===
+
+impl Reporter {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Source => "source",
+            Self::Destination => "destination",
+        }
+    }
 }
+
+impl EncodeLabelValue for Reporter {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+// === impl Labels ===
+
+impl EncodeLabelSet for Labels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        [
+            ("reporter", self.reporter.as_str()),
+            ("source_workload", &self.source_workload),
+            ("source_principal", &self.source_principal),
+            ("source_cluster", &self.source_cluster),
+            ("source_network", &self.source_network),
+            ("destination_workload", &self.destination_workload),
+            ("destination_service", &self.destination_service),
+            ("destination_principal", &self.destination_principal),
+            ("destination_cluster", &self.destination_cluster),
+            ("destination_network", &self.destination_network),
+            ("request_protocol", "tcp"),
+            ("response_flags", &self.response_flags),
+        ]
+        .encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for Shared {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+}
+
+// === impl Metrics ===
 
 impl Metrics {
+    /// The four families, registered in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            opened: Tcp::default(),
+            closed: Tcp::default(),
+            sent: Tcp::default(),
+            received: Tcp::default(),
+            sets: Mutex::default(),
+        };
+        registry.register(
+            "istio_tcp_connections_opened",
+            "TCP connections opened",
+            m.opened.clone(),
+        );
+        registry.register(
+            "istio_tcp_connections_closed",
+            "TCP connections closed",
+            m.closed.clone(),
+        );
+        registry.register(
+            "istio_tcp_sent_bytes",
+            "bytes sent to the destination",
+            m.sent.clone(),
+        );
+        registry.register(
+            "istio_tcp_received_bytes",
+            "bytes received from the destination",
+            m.received.clone(),
+        );
+        m
+    }
+
     pub fn opened(&self, l: &Labels) {
-        self.with(l, |c| c.opened += 1);
+        self.opened.get_or_create(&self.shared(l)).inc();
     }
 
     /// Counts one opened connection and returns its labels as the shared copy the metrics
     /// keep: a long connection holds a pointer, not eleven strings of its own.
     pub fn opened_shared(&self, l: Labels) -> Arc<Labels> {
-        let mut m = self.by_labels.lock();
-        if let Some(k) = m.get_key_value(&l).map(|(k, _)| k.clone()) {
-            if let Some(c) = m.get_mut(&*k) {
-                c.opened += 1;
+        let key = {
+            let mut sets = self.sets.lock();
+            match sets.get(&l) {
+                Some(k) => Shared(k.clone()),
+                None => self.insert(&mut sets, Arc::new(l)),
             }
-            return k;
-        }
-        let k = Arc::new(l);
-        m.insert(
-            k.clone(),
-            Counters {
-                opened: 1,
-                ..Counters::default()
-            },
-        );
-        k
+        };
+        self.opened.get_or_create(&key).inc();
+        key.0
     }
 
     pub fn closed(&self, l: &Labels, sent: u64, received: u64) {
-        self.with(l, |c| {
-            c.closed += 1;
-            c.sent += sent;
-            c.received += received;
-        });
-    }
-
-    fn with(&self, l: &Labels, f: impl FnOnce(&mut Counters)) {
-        let mut m = self.by_labels.lock();
-        match m.get_mut(l) {
-            Some(c) => f(c),
-            None => f(m.entry(Arc::new(l.clone())).or_default()),
-        }
+        let key = self.shared(l);
+        self.closed.get_or_create(&key).inc();
+        self.sent.get_or_create(&key).inc_by(sent);
+        self.received.get_or_create(&key).inc_by(received);
     }
 
     /// Connections opened with labels matching `f` (tests and admin).
     pub fn opened_where(&self, f: impl Fn(&Labels) -> bool) -> u64 {
-        self.by_labels
-            .lock()
-            .iter()
-            .filter(|(l, _)| f(l))
-            .map(|(_, c)| c.opened)
+        let sets: Vec<Arc<Labels>> = self.sets.lock().iter().filter(|l| f(l)).cloned().collect();
+        sets.into_iter()
+            .filter_map(|l| self.opened.get(&Shared(l)).map(|c| c.get()))
             .sum()
     }
 
-    /// Prometheus text exposition, with Istio's metric names.
-    pub fn render(&self) -> String {
-        let m = self.by_labels.lock();
-        let mut out = String::new();
-        type Family = (&'static str, &'static str, fn(&Counters) -> u64);
-        let families: [Family; 4] = [
-            (
-                "istio_tcp_connections_opened_total",
-                "TCP connections opened",
-                |c| c.opened,
-            ),
-            (
-                "istio_tcp_connections_closed_total",
-                "TCP connections closed",
-                |c| c.closed,
-            ),
-            (
-                "istio_tcp_sent_bytes_total",
-                "bytes sent to the destination",
-                |c| c.sent,
-            ),
-            (
-                "istio_tcp_received_bytes_total",
-                "bytes received from the destination",
-                |c| c.received,
-            ),
-        ];
-        for (name, help, get) in families {
-            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
-            for (l, c) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "{name}{{reporter=\"{}\",source_workload=\"{}\",source_principal=\"{}\",source_cluster=\"{}\",source_network=\"{}\",destination_workload=\"{}\",destination_service=\"{}\",destination_principal=\"{}\",destination_cluster=\"{}\",destination_network=\"{}\",request_protocol=\"tcp\",response_flags=\"{}\"}} {}",
-                    l.reporter.as_str(),
-                    l.source_workload,
-                    l.source_principal,
-                    l.source_cluster,
-                    l.source_network,
-                    l.destination_workload,
-                    l.destination_service,
-                    l.destination_principal,
-                    l.destination_cluster,
-                    l.destination_network,
-                    l.response_flags,
-                    get(c)
-                );
-            }
+    /// The one shared copy of `l` (made on its first use).
+    fn shared(&self, l: &Labels) -> Shared {
+        let mut sets = self.sets.lock();
+        match sets.get(l) {
+            Some(k) => Shared(k.clone()),
+            None => self.insert(&mut sets, Arc::new(l.clone())),
         }
-        out
+    }
+
+    /// A new label set, with its series in all four families from the start (at zero), as
+    /// a scrape has always shown them.
+    fn insert(&self, sets: &mut HashSet<Arc<Labels>>, l: Arc<Labels>) -> Shared {
+        sets.insert(l.clone());
+        let key = Shared(l);
+        for family in [&self.opened, &self.closed, &self.sent, &self.received] {
+            drop(family.get_or_create(&key));
+        }
+        key
     }
 }
 

@@ -3,7 +3,6 @@
 //! descriptors are free again. One test in its own process: it lowers the process's limit.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ferry_runtime::accept::Acceptor;
@@ -63,10 +62,10 @@ async fn out_of_descriptors_refuses_and_counts_then_recovers() {
         };
         let before = held.lock().len();
         until("an accept or a refusal", || {
-            held.lock().len() > before || acceptor.refused_fd_limit.load(Ordering::Relaxed) > 0
+            held.lock().len() > before || acceptor.refused_fd_limit.get() > 0
         })
         .await;
-        if acceptor.refused_fd_limit.load(Ordering::Relaxed) > 0 {
+        if acceptor.refused_fd_limit.get() > 0 {
             break c;
         }
         clients.push(c);

@@ -118,7 +118,7 @@ impl Handler for Waypoint {
         let origin = match self.origin_cluster(&snap, &me, req, &headers) {
             Ok(c) => c,
             Err(reason) => {
-                self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused.inc();
                 tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, "waypoint refused the connection");
                 return Err(Refusal::Denied(reason));
             }
@@ -130,7 +130,7 @@ impl Handler for Waypoint {
                 origin,
             }),
             Err(e) => {
-                self.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused.inc();
                 let (peer, reason) = (req.peer.to_string(), e.to_string());
                 tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, "waypoint refused the connection");
                 Err(Refusal::Unavailable(e.to_string()))
@@ -425,55 +425,46 @@ impl Waypoint {
     }
 }
 
-/// `/ready` and `/metrics`, one request per connection.
-async fn serve_admin(listener: tokio::net::TcpListener, wp: Arc<Waypoint>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut s, _)) = listener.accept().await else {
-            continue;
-        };
+/// `/ready`, `/config_dump`, `/certs` and `/metrics`, on the runtime's admin server.
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    wp: Arc<Waypoint>,
+    registry: prometheus_client::registry::Registry,
+) {
+    use ferry_runtime::admin::{Response, Routes};
+    let dump = {
         let wp = wp.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 2048];
-            let n = s.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = match req.split_whitespace().nth(1).unwrap_or("/") {
-                "/ready" | "/healthz/ready" => ("200 OK", "ready\n".to_string()),
-                "/metrics" | "/stats/prometheus" => (
-                    "200 OK",
-                    wp.metrics.render() + &ferry_runtime::accept::render(&wp.acceptor),
-                ),
-                "/config_dump" => {
-                    let snap = wp.store.load();
-                    let body = serde_json::json!({
-                        "waypoint": wp.uid.to_string(),
-                        "identity": wp.identity.to_string(),
-                        "cluster": wp.cluster.to_string(),
-                        "snapshot_version": snap.version(),
-                        "workloads": snap.workloads().count(),
-                        "services": snap.services().count(),
-                        "policies": snap.policies().count(),
-                        "certificates": ferry_runtime::admin::cert_summary(&wp.certs),
-                    });
-                    ("200 OK", body.to_string())
-                }
-                "/certs" => (
-                    "200 OK",
-                    ferry_runtime::admin::cert_summary(&wp.certs).to_string(),
-                ),
-                _ => (
-                    "404 Not Found",
-                    "paths: /ready /config_dump /certs /metrics\n".to_string(),
-                ),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
-            let _ = s.shutdown().await;
-        });
-    }
+        move || {
+            let snap = wp.store.load();
+            let body = serde_json::json!({
+                "waypoint": wp.uid.to_string(),
+                "identity": wp.identity.to_string(),
+                "cluster": wp.cluster.to_string(),
+                "snapshot_version": snap.version(),
+                "workloads": snap.workloads().count(),
+                "services": snap.services().count(),
+                "policies": snap.policies().count(),
+                "certificates": ferry_runtime::admin::cert_summary(&wp.certs),
+            });
+            Response::ok("text/plain", body.to_string())
+        }
+    };
+    let certs = {
+        let wp = wp.clone();
+        move || {
+            let body = ferry_runtime::admin::cert_summary(&wp.certs);
+            Response::ok("text/plain", body.to_string())
+        }
+    };
+    let metrics = move || Response::metrics(&registry);
+    let routes = Routes::new()
+        .route(&["/ready", "/healthz/ready"], || {
+            Response::ok("text/plain", "ready\n")
+        })
+        .route(&["/config_dump"], dump)
+        .route(&["/certs"], certs)
+        .route(&["/metrics", "/stats/prometheus"], metrics);
+    ferry_runtime::admin::serve(listener, routes).await;
 }
 
 /// What a waypoint knows to authorize the traffic of one tunnel.
@@ -555,6 +546,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => PoolConfig::default(),
     };
     let (trigger, drain) = ferry_runtime::drain::new();
+    let mut registry = prometheus_client::registry::Registry::default();
     let wp = Arc::new_cyclic(|this| Waypoint {
         store: mesh.store.clone(),
         certs: certs.clone(),
@@ -564,10 +556,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         identity: identity.clone(),
         ip,
         cluster: ClusterId::new(&config.cluster),
-        metrics: Arc::default(),
+        metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
         tunnels: Mutex::default(),
         netns: netns.clone(),
-        acceptor: Arc::default(),
+        acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
         this: this.clone(),
     });
     let listener = match &netns {
@@ -594,7 +586,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             None => tokio::net::TcpListener::bind(addr).await,
         }
         .with_context(|| format!("binding the admin endpoint {addr}"))?;
-        tokio::spawn(serve_admin(admin, wp.clone()));
+        tokio::spawn(serve_admin(admin, wp.clone(), registry));
     }
     let hbone = ferry_runtime::serve::Hbone {
         what: "waypoint hbone",

@@ -1,120 +1,97 @@
 //! The waypoint's request metrics, in Istio's names: `istio_requests_total` by response code
 //! and `istio_request_duration_milliseconds` (a histogram), labelled with the original source
-//! and the destination workload; plus the tunnels the waypoint refused.
+//! and the destination workload; plus the tunnels the waypoint refused
+//! (`ferry_waypoint_refused_total`).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
+use ferry_runtime::telemetry::Reporter;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the duration histogram, in milliseconds.
 const BUCKETS_MS: [f64; 12] = [
     1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Key {
-    code: u16,
+/// One request's labels. The waypoint always reports as the destination.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    reporter: Reporter,
+    response_code: u16,
     source_principal: String,
     destination_workload: String,
 }
 
-#[derive(Debug, Default)]
-struct Series {
-    count: u64,
-    sum_ms: f64,
-    buckets: [u64; BUCKETS_MS.len()],
-}
+type Durations = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
 /// Counters shared by every connection of one waypoint.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RequestMetrics {
-    series: Mutex<BTreeMap<Key, Series>>,
+    requests: Family<RequestLabels, Counter>,
+    durations: Durations,
     /// Tunnels refused before any byte moved (no eligible backend, scope).
-    pub refused: AtomicU64,
+    pub refused: Counter,
 }
+
+// === impl RequestMetrics ===
 
 impl RequestMetrics {
+    /// The waypoint's families, registered in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            requests: Family::default(),
+            durations: Durations::new_with_constructor(|| Histogram::new(BUCKETS_MS)),
+            refused: Counter::default(),
+        };
+        registry.register(
+            "istio_requests",
+            "Requests answered by this waypoint",
+            m.requests.clone(),
+        );
+        registry.register(
+            "istio_request_duration_milliseconds",
+            "Time to the response's headers",
+            m.durations.clone(),
+        );
+        registry.register(
+            "ferry_waypoint_refused",
+            "Tunnels refused (no eligible backend, scope)",
+            m.refused.clone(),
+        );
+        m
+    }
+
     /// Records one request's answer.
     pub fn record(&self, code: u16, source: &str, destination: &str, ms: f64) {
-        let key = Key {
-            code,
-            source_principal: source.to_string(),
-            destination_workload: destination.to_string(),
+        let labels = RequestLabels {
+            reporter: Reporter::Destination,
+            response_code: code,
+            source_principal: escape(source),
+            destination_workload: escape(destination),
         };
-        let mut map = self.series.lock();
-        let s = map.entry(key).or_default();
-        s.count += 1;
-        s.sum_ms += ms;
-        for (i, le) in BUCKETS_MS.iter().enumerate() {
-            if ms <= *le {
-                s.buckets[i] += 1;
-            }
-        }
+        self.requests.get_or_create(&labels).inc();
+        self.durations.get_or_create(&labels).observe(ms);
     }
 
-    /// Requests answered with `code` so far.
-    pub fn requests_with(&self, code: u16) -> u64 {
-        self.series
-            .lock()
-            .iter()
-            .filter(|(k, _)| k.code == code)
-            .map(|(_, s)| s.count)
+    /// Requests answered with `code` so far, read back from the exposition.
+    #[cfg(test)]
+    pub(crate) fn requests_with(&self, code: u16) -> u64 {
+        let mut registry = Registry::default();
+        registry.register("istio_requests", "", self.requests.clone());
+        let mut text = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        let code = format!("response_code=\"{code}\"");
+        text.lines()
+            .filter(|l| l.starts_with("istio_requests_total{") && l.contains(&code))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
             .sum()
-    }
-
-    /// Prometheus text format.
-    pub fn render(&self) -> String {
-        let map = self.series.lock();
-        let mut out = String::new();
-        let labels = |k: &Key| {
-            format!(
-                "reporter=\"destination\",response_code=\"{}\",source_principal=\"{}\",destination_workload=\"{}\"",
-                k.code,
-                escape(&k.source_principal),
-                escape(&k.destination_workload)
-            )
-        };
-        out.push_str("# HELP istio_requests_total Requests answered by this waypoint.\n# TYPE istio_requests_total counter\n");
-        for (k, s) in map.iter() {
-            let _ = writeln!(out, "istio_requests_total{{{}}} {}", labels(k), s.count);
-        }
-        out.push_str("# HELP istio_request_duration_milliseconds Time to the response's headers.\n# TYPE istio_request_duration_milliseconds histogram\n");
-        for (k, s) in map.iter() {
-            let l = labels(k);
-            for (i, le) in BUCKETS_MS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "istio_request_duration_milliseconds_bucket{{{l},le=\"{le}\"}} {}",
-                    s.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "istio_request_duration_milliseconds_bucket{{{l},le=\"+Inf\"}} {}",
-                s.count
-            );
-            let _ = writeln!(
-                out,
-                "istio_request_duration_milliseconds_sum{{{l}}} {}",
-                s.sum_ms
-            );
-            let _ = writeln!(
-                out,
-                "istio_request_duration_milliseconds_count{{{l}}} {}",
-                s.count
-            );
-        }
-        let _ = write!(
-            out,
-            "# HELP ferry_waypoint_refused_total Tunnels refused (no eligible backend, scope).\n# TYPE ferry_waypoint_refused_total counter\nferry_waypoint_refused_total {}\n",
-            self.refused.load(Ordering::Relaxed)
-        );
-        out
     }
 }
 
+/// A label value as the exposition format needs it (`prometheus-client` writes values as
+/// given): an identity or a name from a peer must not end the label early.
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -127,17 +104,51 @@ mod tests {
 
     #[test]
     fn renders_counts_and_cumulative_buckets() {
-        let m = RequestMetrics::default();
+        let mut registry = Registry::default();
+        let m = RequestMetrics::new(&mut registry);
         m.record(200, "spiffe://td/ns/a/sa/b", "w1", 0.5);
         m.record(200, "spiffe://td/ns/a/sa/b", "w1", 30.0);
         m.record(403, "spiffe://td/ns/a/sa/b", "w1", 0.1);
-        m.refused.fetch_add(2, Ordering::Relaxed);
-        let text = m.render();
+        m.refused.inc_by(2);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("istio_requests_total{reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2"), "{text}");
         assert!(text.contains("response_code=\"403\""), "{text}");
-        assert!(text.contains("response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\",le=\"1\"} 1"), "{text}");
-        assert!(text.contains("le=\"50\"} 2"), "{text}");
+        // prometheus-client writes a bucket's bound first and as a float: `le="1.0",...` for
+        // the old `...,le="1"`.
+        assert!(text.contains("{le=\"1.0\",reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 1"), "{text}");
+        assert!(text.contains("{le=\"50.0\",reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2"), "{text}");
         assert!(text.contains("ferry_waypoint_refused_total 2"), "{text}");
         assert_eq!(m.requests_with(403), 1);
+        for (family, kind) in [
+            ("istio_requests", "counter"),
+            ("istio_request_duration_milliseconds", "histogram"),
+            ("ferry_waypoint_refused", "counter"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == format!("# TYPE {family} {kind}")),
+                "no TYPE line for {family}:\n{text}"
+            );
+        }
+        for sample in [
+            "istio_request_duration_milliseconds_sum{reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 30.5",
+            "istio_request_duration_milliseconds_count{reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2",
+            "istio_request_duration_milliseconds_bucket{le=\"+Inf\",reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == sample), "no {sample}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_quote_in_a_label_value_is_escaped() {
+        let mut registry = Registry::default();
+        let m = RequestMetrics::new(&mut registry);
+        m.record(200, "spiffe://td/ns/a/sa/b\"x", "w1", 1.0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("source_principal=\"spiffe://td/ns/a/sa/b\\\"x\""),
+            "{text}"
+        );
     }
 }

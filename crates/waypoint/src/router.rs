@@ -5,7 +5,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ferry_core::authz::HttpRequest;
@@ -160,7 +159,7 @@ impl Router for TunnelRouter {
         for _ in 0..REDRAWS {
             let decision = route::route_within(&snap, src, &dst, &within, &mut *rng);
             let plan = decision.outcome.map_err(|e| {
-                self.wp.metrics.refused.fetch_add(1, Ordering::Relaxed);
+                self.wp.metrics.refused.inc();
                 Refused::Unroutable(e.to_string())
             })?;
             check_plan(&plan, want.as_ref())?;
