@@ -1,5 +1,6 @@
 //! Two networks that meet only through their gateways, and pods with the same address on both.
 
+use crate::harness::Has::{Field, Text};
 use crate::harness::{Lab, Shared};
 
 static NETWORKS: Shared = Shared::new(Some("two-clusters.yaml"), "fU", &[]);
@@ -20,18 +21,18 @@ fn a_global_service_across_networks_goes_through_the_gateway_with_the_original_i
     lab.log_line(
         "west-2",
         &[
-            "direction=\"inbound\"",
-            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
-            "dst.addr=search.default.svc.cluster.local:80",
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "search.default.svc.cluster.local:80"),
         ],
     );
     lab.log_line(
         "gateway-eastwest-west",
         &[
-            "direction=\"gateway\"",
-            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
-            "dst.addr=search.default.svc.cluster.local:80",
-            "connection complete",
+            Field("direction", "gateway"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "search.default.svc.cluster.local:80"),
+            Text("connection complete"),
         ],
     );
     // Metrics on the destination side label where the connection came from.
@@ -79,8 +80,8 @@ fn the_gateway_refuses_a_crafted_tunnel_for_a_cluster_local_service_and_carries_
     lab.log_line(
         "gateway-eastwest-west",
         &[
-            "gateway refused the connection",
-            "dst.addr=ledger.default.svc.cluster.local:80",
+            Text("gateway refused the connection"),
+            Field("dst.addr", "ledger.default.svc.cluster.local:80"),
         ],
     );
     let allowed = craft("search.default.svc.cluster.local:80");
@@ -131,9 +132,9 @@ fn pods_with_the_same_address_on_two_networks_are_never_confused() {
     lab.log_line(
         "gateway-gw-west",
         &[
-            "direction=\"gateway\"",
-            "dst.addr=hello.default.svc.cluster.local:80",
-            "connection",
+            Field("direction", "gateway"),
+            Field("dst.addr", "hello.default.svc.cluster.local:80"),
+            Text("connection"),
         ],
     );
 }

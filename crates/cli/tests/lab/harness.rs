@@ -13,8 +13,51 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
+/// `ferry`, logging JSON lines, as does every process it starts (they inherit the variable).
 pub(crate) fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.env("FERRY_LOG_FORMAT", "json");
+    cmd
+}
+
+/// What a log line must have, checked against its JSON fields (`message` among them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Has<'a> {
+    /// This field, with exactly this value (a number as it is written).
+    Field(&'a str, &'a str),
+    /// This field, with a value that starts with this text.
+    Starts(&'a str, &'a str),
+    /// Text that the message or the value of some field contains.
+    Text(&'a str),
+}
+
+/// One JSON line of a log: its event's fields.
+#[derive(Debug)]
+pub(crate) struct LogLine(serde_json::Value);
+
+// === impl LogLine ===
+
+impl LogLine {
+    fn values(&self) -> impl Iterator<Item = (&str, String)> {
+        self.0["fields"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    v.as_str().map_or_else(|| v.to_string(), str::to_string),
+                )
+            })
+    }
+
+    pub(crate) fn has(&self, part: &Has<'_>) -> bool {
+        match *part {
+            Has::Field(name, value) => self.values().any(|(k, v)| k == name && v == value),
+            Has::Starts(name, text) => self.values().any(|(k, v)| k == name && v.starts_with(text)),
+            Has::Text(text) => self.values().any(|(_, v)| v.contains(text)),
+        }
+    }
 }
 
 /// The lab that read-only scenarios share (the default topology): traffic through it only adds
@@ -137,16 +180,26 @@ impl Lab {
         std::fs::read_to_string(self.dir.join(format!("{node}.log"))).unwrap_or_default()
     }
 
-    /// Waits until `node`'s log has a line containing every one of `parts`; returns it.
-    pub(crate) fn log_line(&self, node: &str, parts: &[&str]) -> String {
+    /// The JSON lines of `node`'s log (every Ferry process in a test lab logs JSON), parsed;
+    /// anything else in the log (a process's start-up banner) is skipped.
+    pub(crate) fn log_lines(&self, node: &str) -> Vec<LogLine> {
+        self.log(node)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .map(LogLine)
+            .collect()
+    }
+
+    /// Waits until `node`'s log has a line that has every one of `parts`; returns it.
+    pub(crate) fn log_line(&self, node: &str, parts: &[Has<'_>]) -> LogLine {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(l) = self
-                .log(node)
-                .lines()
-                .find(|l| parts.iter().all(|p| l.contains(p)))
+                .log_lines(node)
+                .into_iter()
+                .find(|l| parts.iter().all(|p| l.has(p)))
             {
-                return l.to_string();
+                return l;
             }
             assert!(
                 Instant::now() < end,

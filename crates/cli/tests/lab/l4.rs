@@ -1,5 +1,6 @@
 //! L4 in the mesh: same node, another node, a DENY on a port, out of the mesh, a nested VIP.
 
+use crate::harness::Has::{Field, Starts, Text};
 use crate::harness::MESH;
 
 /// 2,000 bytes that show whether they arrive intact.
@@ -23,19 +24,19 @@ fn same_node_traffic_goes_in_hbone_with_the_source_identity_checked() {
     lab.log_line(
         "alpha-1",
         &[
-            "direction=\"inbound\"",
-            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
-            "dst.addr=198.18.1.20:8080",
-            "connection complete",
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "198.18.1.20:8080"),
+            Text("connection complete"),
         ],
     );
     lab.log_line(
         "alpha-1",
         &[
-            "direction=\"outbound\"",
-            "dst.addr=198.18.1.20:8080",
-            "dst.hbone_addr=198.18.1.20:15008",
-            "path=hbone",
+            Field("direction", "outbound"),
+            Field("dst.addr", "198.18.1.20:8080"),
+            Field("dst.hbone_addr", "198.18.1.20:15008"),
+            Field("path", "hbone"),
         ],
     );
 }
@@ -56,10 +57,10 @@ fn traffic_to_another_node_arrives_intact_with_the_source_identity() {
     lab.log_line(
         "alpha-2",
         &[
-            "direction=\"inbound\"",
-            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
-            "dst.addr=198.18.2.20:8080",
-            "connection complete",
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "198.18.2.20:8080"),
+            Text("connection complete"),
         ],
     );
 }
@@ -76,9 +77,9 @@ fn a_deny_on_port_9090_refuses_the_connection_and_the_log_names_the_policy() {
     lab.log_line(
         "alpha-2",
         &[
-            "direction=\"inbound\"",
-            "dst.addr=198.18.2.20:9090",
-            "denied by policy default/deny-admin-port",
+            Field("direction", "inbound"),
+            Field("dst.addr", "198.18.2.20:9090"),
+            Text("denied by policy default/deny-admin-port"),
         ],
     );
 }
@@ -92,7 +93,13 @@ fn traffic_out_of_the_mesh_is_plain_tcp_and_shows_the_real_source() {
         .send("sleep", "198.18.3.90:8080", "x")
         .expect("passthrough");
     assert!(r.starts_with("legacy port 8080 saw 198.18.1.10:"), "{r}");
-    lab.log_line("alpha-1", &["dst.addr=198.18.3.90:8080", "path=plain tcp"]);
+    lab.log_line(
+        "alpha-1",
+        &[
+            Field("dst.addr", "198.18.3.90:8080"),
+            Starts("path", "plain tcp"),
+        ],
+    );
 }
 
 /// A nested VIP: one tunnel, no second capture.
@@ -104,20 +111,27 @@ fn a_service_whose_endpoint_is_a_local_vip_is_one_hop_to_the_pod() {
     assert!(r.starts_with("catalog-alpha port 8080"), "{r}");
     let line = lab.log_line(
         "alpha-1",
-        &["direction=\"outbound\"", "dst.addr=198.18.10.4:80"],
+        &[
+            Field("direction", "outbound"),
+            Field("dst.addr", "198.18.10.4:80"),
+        ],
     );
     assert!(
-        line.contains("dst.hbone_addr=198.18.2.40:15008") && line.contains("path=hbone"),
-        "one tunnel, to the pod: {line}"
+        line.has(&Field("dst.hbone_addr", "198.18.2.40:15008"))
+            && line.has(&Field("path", "hbone")),
+        "one tunnel, to the pod: {line:?}"
     );
     lab.log_line(
         "alpha-2",
-        &["direction=\"inbound\"", "dst.addr=198.18.2.40:8080"],
+        &[
+            Field("direction", "inbound"),
+            Field("dst.addr", "198.18.2.40:8080"),
+        ],
     );
     assert!(
-        !lab.log("alpha-2")
-            .lines()
-            .any(|l| l.contains("direction=\"outbound\"") && l.contains("198.18.10.3")),
+        !lab.log_lines("alpha-2")
+            .iter()
+            .any(|l| l.has(&Field("direction", "outbound")) && l.has(&Text("198.18.10.3"))),
         "no second capture"
     );
 }

@@ -6,6 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::harness::Has::Text;
 use crate::harness::{CHANGING, Lab, SHORT_BOUNDS, SHORT_BOUNDS_ARGS, eventually, ferry};
 
 /// Short connections keep coming from sleep to echo-alpha-2 while alpha-1 and alpha-2 hand over.
@@ -99,7 +100,7 @@ fn removed_capture_rules_are_put_back_by_the_node_proxy() {
         assert!(Instant::now() < end, "capture rules were not restored");
         std::thread::sleep(Duration::from_millis(50));
     }
-    lab.log_line("alpha-1", &["capture rules were missing; restored"]);
+    lab.log_line("alpha-1", &[Text("capture rules were missing; restored")]);
 }
 
 /// Its own lab: the control plane does not come back.
@@ -197,7 +198,10 @@ fn a_re_created_pod_namespace_is_served_again_rules_first() {
         eventually(Duration::from_secs(15), rules),
         "no capture rules in the re-created namespace"
     );
-    lab.log_line(dst, &["namespace was created again: serving the new one"]);
+    lab.log_line(
+        dst,
+        &[Text("namespace was created again: serving the new one")],
+    );
 }
 
 /// The destination's node proxy hands over, then the source's.
@@ -220,7 +224,9 @@ fn held_connections_past_a_handover_drain_deadline_end_with_fin() {
         );
         lab.log_line(
             node,
-            &["drain deadline: ending the remaining connections with FIN"],
+            &[Text(
+                "drain deadline: ending the remaining connections with FIN",
+            )],
         );
     }
 }

@@ -3,6 +3,7 @@
 //! topology file, and the policies are disjoint (each denies a source-destination-port no other
 //! scenario here uses), so the order they run in does not matter.
 
+use crate::harness::Has::{Field, Text};
 use crate::harness::Shared;
 
 static POLICY: Shared = Shared::new(None, "fP", &[]);
@@ -20,7 +21,7 @@ fn a_held_connection_is_closed_when_a_policy_change_stops_allowing_it() {
     );
     lab.log_line(
         "alpha-2",
-        &["connection closed: no longer allowed by policy"],
+        &[Text("connection closed: no longer allowed by policy")],
     );
     assert!(
         lab.send("sleep", "198.18.2.20:8080", "x").is_err(),
@@ -44,8 +45,8 @@ fn a_held_connection_through_the_waypoint_is_closed_when_a_policy_stops_its_sour
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "policy change closed a tunnel",
-            "reason=denied by policy default/deny-echo-audit rule 0",
+            Text("policy change closed a tunnel"),
+            Field("reason", "denied by policy default/deny-echo-audit rule 0"),
         ],
     );
 }
@@ -72,8 +73,8 @@ fn an_upgraded_connection_is_judged_again_and_closed_by_a_deny_on_its_path() {
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "policy change closed a tunnel",
-            "reason=denied by policy default/deny-echo-ws rule 0",
+            Text("policy change closed a tunnel"),
+            Field("reason", "denied by policy default/deny-echo-ws rule 0"),
         ],
     );
 }

@@ -1,5 +1,6 @@
 //! Crafted tunnels straight to a waypoint (origin claims), and the waypoint's admin endpoints.
 
+use crate::harness::Has::{Field, Text};
 use crate::harness::MESH;
 
 /// For catalog, local to each cluster (only alpha has a pod).
@@ -46,10 +47,10 @@ fn a_crafted_tunnel_claiming_a_source_in_beta_is_refused_and_one_from_alpha_is_c
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "waypoint refused the connection",
-            "origin.cluster=beta",
-            "dst.addr=198.18.10.3:80",
-            "no endpoint is eligible for a source in cluster beta",
+            Text("waypoint refused the connection"),
+            Field("origin.cluster", "beta"),
+            Field("dst.addr", "198.18.10.3:80"),
+            Text("no endpoint is eligible for a source in cluster beta"),
         ],
     );
     let carried = craft("alpha");
@@ -88,8 +89,8 @@ fn a_tunnel_claiming_another_cluster_than_its_source_is_refused_and_counted() {
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "waypoint refused the connection",
-            "the tunnel claims a source in cluster beta, but it comes from alpha//v1/Pod/default/sleep in cluster alpha",
+            Text("waypoint refused the connection"),
+            Text("the tunnel claims a source in cluster beta, but it comes from alpha//v1/Pod/default/sleep in cluster alpha"),
         ],
     );
     let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");

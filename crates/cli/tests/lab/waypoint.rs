@@ -1,6 +1,7 @@
 //! Through a waypoint: L4, HTTP judged per request, pipelining, headers, not-HTTP bytes, routes,
 //! the canary, request metrics, and around the waypoint.
 
+use crate::harness::Has::{Field, Starts, Text};
 use crate::harness::{CHANGING, MESH};
 
 /// On [`CHANGING`], whose scenarios never send to beta: here beta must have seen nothing since
@@ -17,8 +18,8 @@ fn a_local_service_whose_only_waypoint_endpoint_is_in_beta_is_refused_and_nothin
     lab.log_line(
         "alpha-1",
         &[
-            "dst.addr=198.18.10.5:80",
-            "no waypoint endpoint is eligible for a source in cluster alpha",
+            Field("dst.addr", "198.18.10.5:80"),
+            Text("no waypoint endpoint is eligible for a source in cluster alpha"),
         ],
     );
     let beta = lab.metrics("beta-1", "198.19.254.12:15000");
@@ -51,16 +52,16 @@ fn plain_tcp_from_outside_the_mesh_goes_through_the_waypoint() {
     lab.log_line(
         "beta-1",
         &[
-            "dst.addr=198.18.3.60:8080",
-            "path=plain tcp via waypoint default/audit-waypoint",
+            Field("dst.addr", "198.18.3.60:8080"),
+            Starts("path", "plain tcp via waypoint default/audit-waypoint"),
         ],
     );
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "direction=\"waypoint\"",
-            "dst.addr=198.18.3.60:8080",
-            "connection complete",
+            Field("direction", "waypoint"),
+            Field("dst.addr", "198.18.3.60:8080"),
+            Text("connection complete"),
         ],
     );
 }
@@ -90,11 +91,14 @@ fn http_through_the_waypoint_is_judged_per_request_and_a_denied_write_never_reac
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "waypoint denied the request",
+            Text("waypoint denied the request"),
             // Judged as what it is: unauthenticated, not as the pod its node relayed it for.
-            "src.identity=(none: plain TCP relayed by spiffe://cluster.local/ns/default/sa/audit)",
-            "http.method=POST",
-            "http.path=/admin/report",
+            Field(
+                "src.identity",
+                "(none: plain TCP relayed by spiffe://cluster.local/ns/default/sa/audit)",
+            ),
+            Field("http.method", "POST"),
+            Field("http.path", "/admin/report"),
         ],
     );
 }
@@ -127,22 +131,25 @@ fn pipelined_requests_are_judged_one_by_one_and_counted_by_response_code() {
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "waypoint denied the request",
-            "src.identity=spiffe://cluster.local/ns/default/sa/echo",
-            "http.path=/admin/b",
-            "http.status=403",
-            "reason=denied by policy default/deny-audit-admin-writes rule 0",
+            Text("waypoint denied the request"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/echo"),
+            Field("http.path", "/admin/b"),
+            Field("http.status", "403"),
+            Field(
+                "reason",
+                "denied by policy default/deny-audit-admin-writes rule 0",
+            ),
         ],
     );
     lab.log_line(
         "beta-1",
         &[
-            "direction=\"inbound\"",
-            "src.identity=spiffe://cluster.local/ns/default/sa/audit-waypoint",
-            "dst.addr=198.18.3.60:8081",
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/audit-waypoint"),
+            Field("dst.addr", "198.18.3.60:8081"),
             // The original source rides in the tunnel's metadata, for the log.
-            "path=hbone from waypoint spiffe://cluster.local/ns/default/sa/audit-waypoint for spiffe://cluster.local/ns/default/sa/echo",
-            "connection complete",
+            Field("path", "hbone from waypoint spiffe://cluster.local/ns/default/sa/audit-waypoint for spiffe://cluster.local/ns/default/sa/echo"),
+            Text("connection complete"),
         ],
     );
 
@@ -177,9 +184,12 @@ fn bytes_that_are_not_http_on_an_http_port_are_judged_once_at_l4() {
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "waypoint denied a connection that is not HTTP",
-            "src.identity=spiffe://cluster.local/ns/default/sa/echo",
-            "reason=denied by policy default/deny-audit-admin-writes rule 0",
+            Text("waypoint denied a connection that is not HTTP"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/echo"),
+            Field(
+                "reason",
+                "denied by policy default/deny-audit-admin-writes rule 0",
+            ),
         ],
     );
 }
@@ -200,9 +210,12 @@ fn a_request_with_an_x_debug_header_is_refused() {
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "waypoint denied the request",
-            "http.path=/ok",
-            "reason=denied by policy default/deny-audit-admin-writes rule 1",
+            Text("waypoint denied the request"),
+            Field("http.path", "/ok"),
+            Field(
+                "reason",
+                "denied by policy default/deny-audit-admin-writes rule 1",
+            ),
         ],
     );
 }
@@ -226,10 +239,10 @@ fn http_routes_split_requests_on_one_connection_75_25() {
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
-            "http.route=split",
-            "dst.workload=beta//v1/Pod/default/shop-v1",
-            "src.identity=spiffe://cluster.local/ns/default/sa/sleep",
-            "http.status=200",
+            Field("http.route", "split"),
+            Field("dst.workload", "beta//v1/Pod/default/shop-v1"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("http.status", "200"),
         ],
     );
 }
@@ -258,9 +271,12 @@ fn straight_to_the_pod_around_the_waypoint_is_refused() {
     lab.log_line(
         "beta-1",
         &[
-            "src.identity=spiffe://cluster.local/ns/default/sa/echo",
-            "dst.addr=198.18.3.60:8081",
-            "error=\"denied by policy default/deny-audit-admin-writes rule 0\"",
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/echo"),
+            Field("dst.addr", "198.18.3.60:8081"),
+            Field(
+                "error",
+                "denied by policy default/deny-audit-admin-writes rule 0",
+            ),
         ],
     );
 }
