@@ -108,8 +108,15 @@ impl Lab {
             id: id.into(),
             watchdog: None,
         };
-        // A lab left by a run that was killed (`down` is a no-op when there is none).
-        lab.down();
+        // A lab left by a run that was killed (`down` is a no-op when there is none), once the
+        // watchdog of a run that just ended, which holds the lab's lock, has removed its own.
+        let _ = Command::new("flock")
+            .arg(lab.lock())
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "down", "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id])
+            .output();
         let mut cmd = ferry();
         cmd.args(["lab", "up"]);
         if let Some(t) = topology {
@@ -135,6 +142,11 @@ impl Lab {
             String::from_utf8_lossy(&out.stderr)
         );
         Some(lab)
+    }
+
+    /// A lock file for the lab's id: held by a shared lab's watchdog, awaited before `up`.
+    fn lock(&self) -> PathBuf {
+        self.dir.with_extension("lock")
     }
 
     fn down(&self) {
@@ -363,7 +375,8 @@ impl Drop for Lab {
 /// dropped, so its teardown is a watchdog process started with it: `sh` waits for the end of
 /// its standard input, which comes when this test process exits (passed, failed or killed),
 /// then runs `ferry lab down`. It runs in its own process group, so a Ctrl-C that stops the
-/// tests does not stop it.
+/// tests does not stop it, and under `flock` on the lab's lock file, so a run started right
+/// after this one waits for the teardown before bringing up a lab with the same id.
 #[derive(Debug)]
 pub(crate) struct Shared {
     topology: Option<&'static str>,
@@ -396,8 +409,10 @@ impl Shared {
         self.lab
             .get_or_init(|| {
                 let mut lab = Lab::up_with_args(self.topology, self.id, self.node_args)?;
-                let watchdog = Command::new("sh")
+                let watchdog = Command::new("flock")
+                    .arg(lab.lock())
                     .args([
+                        "sh",
                         "-c",
                         r#"cat >/dev/null; exec "$0" lab down --state-dir "$1" --id "$2""#,
                     ])
