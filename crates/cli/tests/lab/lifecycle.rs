@@ -1,13 +1,13 @@
-//! Node proxies replaced, restarted, killed; capture rules removed; a pod's namespace re-created;
-//! the control plane gone. Each runs alone on a lab of its group ([`CHANGING`] with default
-//! node proxies, [`SHORT_BOUNDS`] with a 1 s drain deadline), or on its own lab (kill -9, and
-//! the control plane, which does not come back).
+//! Node proxies replaced and restarted; capture rules removed; a pod's namespace re-created; the
+//! control plane gone. Each runs alone on a lab of its group ([`CHANGING`] with default node
+//! proxies, [`SHORT_BOUNDS`] with a 1 s drain deadline), or on its own lab (the control plane,
+//! which does not come back). kill -9 is in `crash.rs`.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::harness::Has::Text;
-use crate::harness::{CHANGING, Lab, SHORT_BOUNDS, SHORT_BOUNDS_ARGS, eventually, ferry};
+use crate::harness::{CHANGING, Lab, SHORT_BOUNDS, eventually, ferry};
 
 /// Short connections keep coming from sleep to echo-alpha-2 while alpha-1 and alpha-2 hand over.
 #[test]
@@ -116,58 +116,6 @@ fn the_node_keeps_serving_without_the_control_plane() {
         .send("sleep", "198.18.10.2:80", "after")
         .expect("still served without the control plane");
     assert!(r.contains("after"), "{r}");
-}
-
-/// `stop-node --kill`, then `start-node` with an unservable pod in its state. Its own lab (the
-/// longest scenario, and the unservable pod stays): node proxies as in [`SHORT_BOUNDS`].
-#[test]
-fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_state() {
-    let Some(lab) = Lab::up_with_args(None, "fK", SHORT_BOUNDS_ARGS) else {
-        return;
-    };
-    let (src, dst) = ("alpha-1", "alpha-2");
-    // kill -9 of the source's node proxy: while it is down, the pod's connections are refused
-    // and nothing reaches the destination around the proxy (its node proxy, which captures the
-    // destination pod's inbound traffic, sees nothing from the pod).
-    lab.run(&["stop-node", src, "--kill"]);
-    let mark = lab.log(dst).len();
-    for to in ["198.18.2.20:8080", "198.18.10.1:80", "198.18.3.90:8080"] {
-        lab.send("sleep", to, "while down")
-            .expect_err("no connection while the node proxy is down");
-    }
-    assert!(
-        !lab.log(dst)[mark..].contains("198.18.1.10"),
-        "traffic from sleep reached {dst} while its node proxy was down:\n{}",
-        &lab.log(dst)[mark..]
-    );
-    // Restarted, it serves the pod again from its own state, without re-enrollment; a pod in
-    // that state it cannot serve is reported, and does not make it unready.
-    let state_file = lab.dir.join(format!("{src}.pods"));
-    let mut pods = std::fs::read_to_string(&state_file).unwrap();
-    assert!(pods.contains("/Pod/default/sleep "), "{pods}");
-    pods.push_str("alpha//v1/Pod/default/ghost /var/run/netns/ferry-test-no-such-netns\n");
-    std::fs::write(&state_file, pods).unwrap();
-    lab.run(&["start-node", src]);
-    let r = lab
-        .send("sleep", "198.18.2.20:8080", "back")
-        .expect("served again");
-    assert!(r.contains("back"), "{r}");
-    let admin = lab.state(&["nodes", src, "admin"]);
-    let admin = admin.as_str().unwrap();
-    // (The restored pod waits a moment for its workload to appear in the mesh first.)
-    let mut ready = String::new();
-    assert!(
-        eventually(Duration::from_secs(20), || {
-            ready = lab.admin_get(src, admin, "/ready");
-            ready.starts_with("HTTP/1.1 200")
-                && ready.contains("not served: alpha//v1/Pod/default/ghost")
-        }),
-        "{ready}"
-    );
-    assert!(
-        lab.metrics(src, admin).contains("ferry_pods_unserved 1"),
-        "the unserved pod is not counted"
-    );
 }
 
 /// ledger-alpha's namespace deleted and added again. The new one is empty (no app, no link), so
