@@ -3,7 +3,8 @@
 //!
 //! Labs are named by id (the prefix of their namespaces), so several coexist. Each lab keeps
 //! its state in a directory named after its id, so a lab left behind by a killed run is removed
-//! before the next one with that id comes up.
+//! before the next one with that id comes up. Every Ferry process in a test lab logs JSON lines,
+//! and log assertions match their fields ([`Has`]).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -65,8 +66,8 @@ impl LogLine {
 pub(crate) static MESH: Shared = Shared::new(None, "fT", &[]);
 
 /// A default-topology lab for scenarios that change it and leave it as they found it (handovers,
-/// a restart, capture repair), and for one that needs beta untouched
-/// since the lab came up. One at a time; nothing here sends to beta.
+/// a restart, capture repair), and for one that needs beta untouched since the lab came up. One
+/// at a time; nothing here sends to beta.
 pub(crate) static CHANGING: Shared = Shared::new(None, "fL", &[]);
 
 /// Node proxies with a 2 s idle bound and a 1 s drain deadline ([`SHORT_BOUNDS_ARGS`]), for the
