@@ -324,11 +324,14 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Exec { pod, lab, command } => {
             let state = State::load(&lab.state_dir).context("no lab is up")?;
             let ns = netns_of(&state, &pod)?;
-            let status = Command::new("ip")
-                .args(["netns", "exec", &ns])
-                .args(&command)
-                .status()?;
-            Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
+            // Replaced by the command, not its parent: a signal to this process (a test that
+            // kills the client it started) reaches the command itself.
+            let e = std::os::unix::process::CommandExt::exec(
+                Command::new("ip")
+                    .args(["netns", "exec", &ns])
+                    .args(&command),
+            );
+            Err(anyhow::Error::new(e).context("cannot run ip netns exec"))
         }
         LabCommand::Send { pod, to, data, lab } => {
             let state = State::load(&lab.state_dir).context("no lab is up")?;

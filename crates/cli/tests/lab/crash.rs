@@ -1,0 +1,59 @@
+//! A node proxy killed with SIGKILL: nothing goes around it while it is down, and it serves its
+//! pods again from its own state. The longest scenario, on its own lab; its module sorts first so
+//! that libtest, which starts tests in name order, starts it first and fits the others around it.
+
+use std::time::Duration;
+
+use crate::harness::{Lab, SHORT_BOUNDS_ARGS, eventually};
+
+/// `stop-node --kill`, then `start-node` with an unservable pod in its state (which stays, so
+/// its own lab), node proxies as in [`crate::harness::SHORT_BOUNDS`].
+#[test]
+fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_state() {
+    let Some(lab) = Lab::up_with_args(None, "fK", SHORT_BOUNDS_ARGS) else {
+        return;
+    };
+    let (src, dst) = ("alpha-1", "alpha-2");
+    // kill -9 of the source's node proxy: while it is down, the pod's connections are refused
+    // and nothing reaches the destination around the proxy (its node proxy, which captures the
+    // destination pod's inbound traffic, sees nothing from the pod).
+    lab.run(&["stop-node", src, "--kill"]);
+    let mark = lab.log(dst).len();
+    for to in ["198.18.2.20:8080", "198.18.10.1:80", "198.18.3.90:8080"] {
+        lab.send("sleep", to, "while down")
+            .expect_err("no connection while the node proxy is down");
+    }
+    assert!(
+        !lab.log(dst)[mark..].contains("198.18.1.10"),
+        "traffic from sleep reached {dst} while its node proxy was down:\n{}",
+        &lab.log(dst)[mark..]
+    );
+    // Restarted, it serves the pod again from its own state, without re-enrollment; a pod in
+    // that state it cannot serve is reported, and does not make it unready.
+    let state_file = lab.dir.join(format!("{src}.pods"));
+    let mut pods = std::fs::read_to_string(&state_file).unwrap();
+    assert!(pods.contains("/Pod/default/sleep "), "{pods}");
+    pods.push_str("alpha//v1/Pod/default/ghost /var/run/netns/ferry-test-no-such-netns\n");
+    std::fs::write(&state_file, pods).unwrap();
+    lab.run(&["start-node", src]);
+    let r = lab
+        .send("sleep", "198.18.2.20:8080", "back")
+        .expect("served again");
+    assert!(r.contains("back"), "{r}");
+    let admin = lab.state(&["nodes", src, "admin"]);
+    let admin = admin.as_str().unwrap();
+    // (The restored pod waits a moment for its workload to appear in the mesh first.)
+    let mut ready = String::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            ready = lab.admin_get(src, admin, "/ready");
+            ready.starts_with("HTTP/1.1 200")
+                && ready.contains("not served: alpha//v1/Pod/default/ghost")
+        }),
+        "{ready}"
+    );
+    assert!(
+        lab.metrics(src, admin).contains("ferry_pods_unserved 1"),
+        "the unserved pod is not counted"
+    );
+}

@@ -1,0 +1,140 @@
+//! Two networks that meet only through their gateways, and pods with the same address on both.
+
+use crate::harness::Has::{Field, Text};
+use crate::harness::{Lab, Shared};
+
+static NETWORKS: Shared = Shared::new(Some("two-clusters.yaml"), "fU", &[]);
+
+/// sleep-east -> search (pods only in west): double HBONE.
+#[test]
+fn a_global_service_across_networks_goes_through_the_gateway_with_the_original_identity() {
+    let Some(lab) = NETWORKS.get() else { return };
+    // A global service with pods only in west, from east: double HBONE through west's gateway.
+    let r = lab
+        .send("sleep-east", "198.18.10.5:80", "across")
+        .expect("through the gateway");
+    assert!(
+        r.starts_with("search-west-1 port 7070") && r.contains("across"),
+        "{r}"
+    );
+    // The destination's node proxy sees the original identity, not the gateway's.
+    lab.log_line(
+        "west-2",
+        &[
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "search.default.svc.cluster.local:80"),
+        ],
+    );
+    lab.log_line(
+        "gateway-eastwest-west",
+        &[
+            Field("direction", "gateway"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "search.default.svc.cluster.local:80"),
+            Text("connection complete"),
+        ],
+    );
+    // Metrics on the destination side label where the connection came from.
+    let m = lab.metrics("west-2", "198.19.254.13:15000");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("istio_tcp_connections_opened_total")
+                && l.contains("source_cluster=\"east\",source_network=\"net-east\"")
+                && l.contains("destination_workload=\"search-west-1\"")
+                && l.contains("destination_network=\"net-west\"")),
+        "{m}"
+    );
+}
+
+/// From an east identity, straight to west's gateway.
+#[test]
+fn the_gateway_refuses_a_crafted_tunnel_for_a_cluster_local_service_and_carries_a_global_one() {
+    let Some(lab) = NETWORKS.get() else { return };
+    // A crafted request straight to west's gateway for ledger, local to each cluster, from an
+    // east identity: refused at the gateway (and counted in its log). The same request for the
+    // global service passes.
+    let craft = |authority: &str| {
+        lab.craft(
+            "eastwest-east",
+            "east-1",
+            &[
+                "--identity",
+                "spiffe://cluster.local/ns/default/sa/sleep",
+                "--to",
+                "198.19.255.1:15008",
+                "--peer-identity",
+                "spiffe://cluster.local/ns/istio-system/sa/eastwest-west",
+                "--cluster",
+                "east",
+                "--authority",
+                authority,
+            ],
+        )
+    };
+    let refused = craft("ledger.default.svc.cluster.local:80");
+    assert!(
+        refused.contains("refused") && refused.contains("401"),
+        "{refused}"
+    );
+    lab.log_line(
+        "gateway-eastwest-west",
+        &[
+            Text("gateway refused the connection"),
+            Field("dst.addr", "ledger.default.svc.cluster.local:80"),
+        ],
+    );
+    let allowed = craft("search.default.svc.cluster.local:80");
+    assert!(allowed.contains("status 200"), "{allowed}");
+}
+
+/// No way around the gateway.
+#[test]
+fn a_pod_address_of_another_network_is_unreachable() {
+    let Some(lab) = NETWORKS.get() else { return };
+    // A west pod's address means nothing on east's network: no way around the gateway.
+    assert!(
+        lab.send("sleep-east", "198.19.2.70:7070", "x").is_err(),
+        "networks are separate"
+    );
+}
+
+/// sleep-west -> ledger in west.
+#[test]
+fn same_network_traffic_in_each_cluster_works_as_before() {
+    let Some(lab) = NETWORKS.get() else { return };
+    // Same-network traffic in each cluster still works as before.
+    let r = lab
+        .send("sleep-west", "198.19.10.2:80", "local")
+        .expect("ledger in west");
+    assert!(r.starts_with("ledger-west-1"), "{r}");
+}
+
+/// Its own lab (overlap.yaml).
+#[test]
+fn pods_with_the_same_address_on_two_networks_are_never_confused() {
+    let Some(lab) = Lab::up_with(Some("overlap.yaml"), "fV") else {
+        return;
+    };
+    // 198.18.1.20 is app-east on east's network and hello-west on west's.
+    let r = lab
+        .send("sleep-east", "198.18.1.20:8080", "x")
+        .expect("east's own pod");
+    assert!(r.starts_with("app-east port 8080"), "{r}");
+    let r = lab
+        .send("sleep-east", "198.18.10.1:80", "x")
+        .expect("west's pod through the gateway");
+    assert!(r.starts_with("hello-west port 8080"), "{r}");
+    let r = lab
+        .send("sleep-west", "198.18.1.20:8080", "x")
+        .expect("west's own pod");
+    assert!(r.starts_with("hello-west port 8080"), "{r}");
+    lab.log_line(
+        "gateway-gw-west",
+        &[
+            Field("direction", "gateway"),
+            Field("dst.addr", "hello.default.svc.cluster.local:80"),
+            Text("connection"),
+        ],
+    );
+}

@@ -1,0 +1,470 @@
+//! The lab guard and what tests do with a lab: bring one up (or share one), send through it,
+//! read its logs, metrics, admin endpoints and state.
+//!
+//! Labs are named by id (the prefix of their namespaces), so several coexist. Each lab keeps
+//! its state in a directory named after its id, so a lab left behind by a killed run is removed
+//! before the next one with that id comes up. Every Ferry process in a test lab logs JSON lines,
+//! and log assertions match their fields ([`Has`]).
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+
+/// `ferry`, logging JSON lines, as does every process it starts (they inherit the variable).
+pub(crate) fn ferry() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+    cmd.env("FERRY_LOG_FORMAT", "json");
+    cmd
+}
+
+/// What a log line must have, checked against its JSON fields (`message` among them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Has<'a> {
+    /// This field, with exactly this value (a number as it is written).
+    Field(&'a str, &'a str),
+    /// This field, with a value that starts with this text.
+    Starts(&'a str, &'a str),
+    /// Text that the message or the value of some field contains.
+    Text(&'a str),
+}
+
+/// One JSON line of a log: its event's fields.
+#[derive(Debug)]
+pub(crate) struct LogLine(serde_json::Value);
+
+// === impl LogLine ===
+
+impl LogLine {
+    fn values(&self) -> impl Iterator<Item = (&str, String)> {
+        self.0["fields"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    v.as_str().map_or_else(|| v.to_string(), str::to_string),
+                )
+            })
+    }
+
+    pub(crate) fn has(&self, part: &Has<'_>) -> bool {
+        match *part {
+            Has::Field(name, value) => self.values().any(|(k, v)| k == name && v == value),
+            Has::Starts(name, text) => self.values().any(|(k, v)| k == name && v.starts_with(text)),
+            Has::Text(text) => self.values().any(|(_, v)| v.contains(text)),
+        }
+    }
+}
+
+/// The lab that read-only scenarios share (the default topology): traffic through it only adds
+/// log lines and counters that no other scenario on it looks for.
+pub(crate) static MESH: Shared = Shared::new(None, "fT", &[]);
+
+/// A default-topology lab for scenarios that change it and leave it as they found it (handovers,
+/// a restart, capture repair), and for one that needs beta untouched since the lab came up. One
+/// at a time; nothing here sends to beta.
+pub(crate) static CHANGING: Shared = Shared::new(None, "fL", &[]);
+
+/// Node proxies with a 2 s idle bound and a 1 s drain deadline ([`SHORT_BOUNDS_ARGS`]), for the
+/// idle-bound and drain-deadline scenarios, and a re-created namespace (which leaves ledger-alpha
+/// without its app: nothing else here uses it). One at a time: they count descriptors.
+pub(crate) static SHORT_BOUNDS: Shared = Shared::new(None, "fS", SHORT_BOUNDS_ARGS);
+
+pub(crate) const SHORT_BOUNDS_ARGS: &[&str] = &["--idle-bound-seconds=2", "--drain-seconds=1"];
+
+/// Tears the lab down however the test ends: on drop for a lab a test owns, and, for a
+/// [`Shared`] one, by a watchdog process that waits for this process to exit.
+#[derive(Debug)]
+pub(crate) struct Lab {
+    pub(crate) dir: PathBuf,
+    pub(crate) id: String,
+    /// For a shared lab: runs `ferry lab down` once this process has exited (however it did),
+    /// seen as the end of its standard input, whose other end only this process holds.
+    watchdog: Option<Child>,
+}
+
+// === impl Lab ===
+
+impl Lab {
+    pub(crate) fn up_with(topology: Option<&str>, id: &str) -> Option<Self> {
+        Self::up_with_args(topology, id, &[])
+    }
+
+    pub(crate) fn up_with_args(
+        topology: Option<&str>,
+        id: &str,
+        node_args: &[&str],
+    ) -> Option<Self> {
+        if !nix_is_root() {
+            eprintln!("skipping the lab test: it needs root to create network namespaces");
+            return None;
+        }
+        let lab = Self {
+            dir: std::env::temp_dir().join(format!("ferry-lab-test-{id}")),
+            id: id.into(),
+            watchdog: None,
+        };
+        // A lab left by a run that was killed (`down` is a no-op when there is none), once the
+        // watchdog of a run that just ended, which holds the lab's lock, has removed its own.
+        let _ = Command::new("flock")
+            .arg(lab.lock())
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "down", "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id])
+            .output();
+        let mut cmd = ferry();
+        cmd.args(["lab", "up"]);
+        if let Some(t) = topology {
+            cmd.arg(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../examples")
+                    .join(t),
+            );
+        }
+        for a in node_args {
+            cmd.arg(format!("--node-arg={a}"));
+        }
+        let out = cmd
+            .arg("--state-dir")
+            .arg(&lab.dir)
+            .args(["--id", &lab.id])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "lab up failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(lab)
+    }
+
+    /// A lock file for the lab's id: held by a shared lab's watchdog, awaited before `up`.
+    fn lock(&self) -> PathBuf {
+        self.dir.with_extension("lock")
+    }
+
+    fn down(&self) {
+        let _ = ferry()
+            .args(["lab", "down", "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id])
+            .output();
+    }
+
+    /// Runs `ferry lab <args>` against this lab and requires it to succeed.
+    pub(crate) fn run(&self, args: &[&str]) {
+        let out = ferry()
+            .arg("lab")
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .args(["--id", &self.id])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "lab {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub(crate) fn send(&self, pod: &str, to: &str, data: &str) -> Result<String, String> {
+        let out = ferry()
+            .args(["lab", "send", pod, to, "--data", data, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    pub(crate) fn log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{node}.log"))).unwrap_or_default()
+    }
+
+    /// The JSON lines of `node`'s log (every Ferry process in a test lab logs JSON), parsed;
+    /// anything else in the log (a process's start-up banner) is skipped.
+    pub(crate) fn log_lines(&self, node: &str) -> Vec<LogLine> {
+        self.log(node)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .map(LogLine)
+            .collect()
+    }
+
+    /// Waits until `node`'s log has a line that has every one of `parts`; returns it.
+    pub(crate) fn log_line(&self, node: &str, parts: &[Has<'_>]) -> LogLine {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(l) = self
+                .log_lines(node)
+                .into_iter()
+                .find(|l| parts.iter().all(|p| l.has(p)))
+            {
+                return l;
+            }
+            assert!(
+                Instant::now() < end,
+                "no line with {parts:?} in {node}.log:\n{}",
+                self.log(node)
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub(crate) fn metrics(&self, node: &str, admin: &str) -> String {
+        self.admin_get(node, admin, "/metrics")
+    }
+
+    /// One GET to an admin endpoint, from inside `node`'s (or a pod's) namespace.
+    pub(crate) fn admin_get(&self, node: &str, admin: &str, path: &str) -> String {
+        let out = ferry()
+            .args(["lab", "exec", node, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "lab",
+                "connect",
+                admin,
+                "--data",
+                // HTTP/1.1, so the answer's status line is `HTTP/1.1 ...` (an HTTP/1.0
+                // request is answered in HTTP/1.0).
+                &format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `ferry lab craft` in `exec_in`'s namespace: a credential for `identity` fetched
+    /// with `node`'s token, then one CONNECT to `authority` through `to`. Returns its output.
+    pub(crate) fn craft(&self, exec_in: &str, node: &str, flags: &[&str]) -> String {
+        let out = ferry()
+            .args(["lab", "exec", exec_in, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "craft", "--control", "https://198.19.254.1:15012"])
+            .arg("--token-file")
+            .arg(self.dir.join(format!("{node}.token")))
+            .arg("--bundle-file")
+            .arg(self.dir.join("bundle.pem"))
+            .args(flags)
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// Holds one connection from `pod` to `to`, appends `policy` to the lab's topology (which
+    /// the control plane watches), and returns what the holder printed next (`closed...` when
+    /// the connection was closed), waiting at most 20 s.
+    pub(crate) fn hold_until_policy(&self, pod: &str, to: &str, policy: &str) -> Option<String> {
+        let topology = self.dir.join("topology.yaml");
+        self.hold_until(pod, to, || {
+            let mut text = std::fs::read_to_string(&topology).unwrap();
+            text.push_str(policy);
+            std::fs::write(&topology, text).unwrap();
+        })
+    }
+
+    /// Holds one connection from `pod` to `to`, runs `act`, and returns what the holder printed
+    /// next: `closed` (a FIN), `closed by reset (...)`, or nothing within 20 s.
+    pub(crate) fn hold_until(&self, pod: &str, to: &str, act: impl FnOnce()) -> Option<String> {
+        self.hold_until_with(pod, to, &[], act)
+    }
+
+    /// [`Lab::hold_until`], with more flags for `ferry lab hold` (e.g. `--upgrade`).
+    pub(crate) fn hold_until_with(
+        &self,
+        pod: &str,
+        to: &str,
+        flags: &[&str],
+        act: impl FnOnce(),
+    ) -> Option<String> {
+        let mut hold = ferry()
+            .args(["lab", "exec", pod, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args(["lab", "hold", to, "--n", "1", "--until-closed"])
+            .args(flags)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(hold.stdout.take().unwrap()));
+        assert_eq!(lines.next().unwrap().unwrap(), "held 1");
+        act();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(lines.next().and_then(Result::ok));
+        });
+        let next = rx.recv_timeout(Duration::from_secs(20)).ok().flatten();
+        let _ = hold.kill();
+        let _ = hold.wait();
+        next
+    }
+
+    /// A value from the lab's state file.
+    pub(crate) fn state(&self, path: &[&str]) -> serde_json::Value {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
+                .unwrap();
+        for p in path {
+            v = v[*p].take();
+        }
+        v
+    }
+
+    /// Open file descriptors of a node proxy process.
+    pub(crate) fn node_fds(&self, node: &str) -> usize {
+        let pid = self.state(&["nodes", node, "pid"]).as_u64().unwrap();
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+    }
+
+    /// TCP sockets in CLOSE-WAIT or FIN-WAIT-2 inside a pod's network namespace.
+    pub(crate) fn lingering_sockets(&self, pod: &str) -> Vec<String> {
+        let ns = self.state(&["pods", pod, "netns"]);
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns.as_str().unwrap(), "ss", "-tanH"])
+            .args(["state", "close-wait", "state", "fin-wait-2"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
+                .unwrap();
+        state["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_u64().unwrap() as u32)
+            .collect()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.watchdog.is_none() {
+            self.down();
+        }
+    }
+}
+
+/// A lab that several tests use, brought up by the first of them to ask. Statics are never
+/// dropped, so its teardown is a watchdog process started with it: `sh` waits for the end of
+/// its standard input, which comes when this test process exits (passed, failed or killed),
+/// then runs `ferry lab down`. It runs in its own process group, so a Ctrl-C that stops the
+/// tests does not stop it, and under `flock` on the lab's lock file, so a run started right
+/// after this one waits for the teardown before bringing up a lab with the same id.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    topology: Option<&'static str>,
+    id: &'static str,
+    node_args: &'static [&'static str],
+    lab: OnceLock<Option<Lab>>,
+    serial: Mutex<()>,
+}
+
+// === impl Shared ===
+
+impl Shared {
+    pub(crate) const fn new(
+        topology: Option<&'static str>,
+        id: &'static str,
+        node_args: &'static [&'static str],
+    ) -> Self {
+        Self {
+            topology,
+            id,
+            node_args,
+            lab: OnceLock::new(),
+            serial: Mutex::new(()),
+        }
+    }
+
+    /// The lab, for a test that only sends through it and looks for what it caused; `None`
+    /// when not root. (If bringing it up fails, the test fails, and the next one tries again.)
+    pub(crate) fn get(&'static self) -> Option<&'static Lab> {
+        self.lab
+            .get_or_init(|| {
+                let mut lab = Lab::up_with_args(self.topology, self.id, self.node_args)?;
+                let watchdog = Command::new("flock")
+                    .arg(lab.lock())
+                    .args([
+                        "sh",
+                        "-c",
+                        r#"cat >/dev/null; exec "$0" lab down --state-dir "$1" --id "$2""#,
+                    ])
+                    .arg(env!("CARGO_BIN_EXE_ferry"))
+                    .arg(&lab.dir)
+                    .arg(&lab.id)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .process_group(0)
+                    .spawn();
+                match watchdog {
+                    Ok(w) => lab.watchdog = Some(w),
+                    Err(e) => panic!("cannot start the watchdog that removes the shared lab: {e}"),
+                }
+                Some(lab)
+            })
+            .as_ref()
+    }
+
+    /// The lab, held by this test alone until the guard is dropped: for tests that change it,
+    /// or that look for what others would change.
+    pub(crate) fn one_at_a_time(&'static self) -> Option<(&'static Lab, MutexGuard<'static, ()>)> {
+        // (parking_lot's lock is not poisoned by a test that failed holding it.)
+        let guard = self.serial.lock();
+        Some((self.get()?, guard))
+    }
+}
+
+fn nix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        && Path::new("/usr/sbin/ip").exists()
+            | Path::new("/sbin/ip").exists()
+            | Path::new("/usr/bin/ip").exists()
+}
+
+/// Polls `f` until it holds, for at most `max`; returns whether it did.
+pub(crate) fn eventually(max: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + max;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,137 @@
+//! L4 in the mesh: same node, another node, a DENY on a port, out of the mesh, a nested VIP.
+
+use crate::harness::Has::{Field, Starts, Text};
+use crate::harness::MESH;
+
+/// 2,000 bytes that show whether they arrive intact.
+fn payload() -> String {
+    (0..2000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect()
+}
+
+/// sleep (alpha-1) -> echo-alpha-1 (alpha-1).
+#[test]
+fn same_node_traffic_goes_in_hbone_with_the_source_identity_checked() {
+    let Some(lab) = MESH.get() else { return };
+    let payload = payload();
+    // Same node: sleep (alpha-1) -> echo-alpha-1 (alpha-1), in HBONE, identity checked at B.
+    let r = lab
+        .send("sleep", "198.18.1.20:8080", &payload)
+        .expect("same node");
+    assert!(r.starts_with("echo-alpha-1 port 8080"), "{r}");
+    assert!(r.ends_with(&payload), "bytes arrive intact");
+    lab.log_line(
+        "alpha-1",
+        &[
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "198.18.1.20:8080"),
+            Text("connection complete"),
+        ],
+    );
+    lab.log_line(
+        "alpha-1",
+        &[
+            Field("direction", "outbound"),
+            Field("dst.addr", "198.18.1.20:8080"),
+            Field("dst.hbone_addr", "198.18.1.20:15008"),
+            Field("path", "hbone"),
+        ],
+    );
+}
+
+/// sleep (alpha-1) -> echo-alpha-2 (alpha-2).
+#[test]
+fn traffic_to_another_node_arrives_intact_with_the_source_identity() {
+    let Some(lab) = MESH.get() else { return };
+    let payload = payload();
+    // Another node.
+    let r = lab
+        .send("sleep", "198.18.2.20:8080", &payload)
+        .expect("other node");
+    assert!(
+        r.starts_with("echo-alpha-2 port 8080") && r.ends_with(&payload),
+        "{r}"
+    );
+    lab.log_line(
+        "alpha-2",
+        &[
+            Field("direction", "inbound"),
+            Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
+            Field("dst.addr", "198.18.2.20:8080"),
+            Text("connection complete"),
+        ],
+    );
+}
+
+/// sleep -> echo on 9090, denied at the destination.
+#[test]
+fn a_deny_on_port_9090_refuses_the_connection_and_the_log_names_the_policy() {
+    let Some(lab) = MESH.get() else { return };
+    // DENY for sleep -> echo on port 9090: refused at B, the log names the policy.
+    let e = lab
+        .send("sleep", "198.18.2.20:9090", "x")
+        .expect_err("denied");
+    assert!(e.contains("reset") || e.contains("refused"), "{e}");
+    lab.log_line(
+        "alpha-2",
+        &[
+            Field("direction", "inbound"),
+            Field("dst.addr", "198.18.2.20:9090"),
+            Text("denied by policy default/deny-admin-port"),
+        ],
+    );
+}
+
+/// sleep -> legacy (not in the mesh).
+#[test]
+fn traffic_out_of_the_mesh_is_plain_tcp_and_shows_the_real_source() {
+    let Some(lab) = MESH.get() else { return };
+    // Out of the mesh: plain TCP, the destination sees the real source.
+    let r = lab
+        .send("sleep", "198.18.3.90:8080", "x")
+        .expect("passthrough");
+    assert!(r.starts_with("legacy port 8080 saw 198.18.1.10:"), "{r}");
+    lab.log_line(
+        "alpha-1",
+        &[
+            Field("dst.addr", "198.18.3.90:8080"),
+            Starts("path", "plain tcp"),
+        ],
+    );
+}
+
+/// A nested VIP: one tunnel, no second capture.
+#[test]
+fn a_service_whose_endpoint_is_a_local_vip_is_one_hop_to_the_pod() {
+    let Some(lab) = MESH.get() else { return };
+    // A multi-cluster service whose endpoint is alpha's own catalog VIP: one hop to the pod.
+    let r = lab.send("sleep", "198.18.10.4:80", "x").expect("nested");
+    assert!(r.starts_with("catalog-alpha port 8080"), "{r}");
+    let line = lab.log_line(
+        "alpha-1",
+        &[
+            Field("direction", "outbound"),
+            Field("dst.addr", "198.18.10.4:80"),
+        ],
+    );
+    assert!(
+        line.has(&Field("dst.hbone_addr", "198.18.2.40:15008"))
+            && line.has(&Field("path", "hbone")),
+        "one tunnel, to the pod: {line:?}"
+    );
+    lab.log_line(
+        "alpha-2",
+        &[
+            Field("direction", "inbound"),
+            Field("dst.addr", "198.18.2.40:8080"),
+        ],
+    );
+    assert!(
+        !lab.log_lines("alpha-2")
+            .iter()
+            .any(|l| l.has(&Field("direction", "outbound")) && l.has(&Text("198.18.10.3"))),
+        "no second capture"
+    );
+}

@@ -1,0 +1,180 @@
+//! Node proxies replaced and restarted; capture rules removed; a pod's namespace re-created; the
+//! control plane gone. Each runs alone on a lab of its group ([`CHANGING`] with default node
+//! proxies, [`SHORT_BOUNDS`] with a 1 s drain deadline), or on its own lab (the control plane,
+//! which does not come back). kill -9 is in `crash.rs`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::harness::Has::Text;
+use crate::harness::{CHANGING, Lab, SHORT_BOUNDS, eventually, ferry};
+
+/// Short connections keep coming from sleep to echo-alpha-2 while alpha-1 and alpha-2 hand over.
+#[test]
+fn handovers_of_both_nodes_on_the_path_refuse_no_connection() {
+    let Some((lab, _one_at_a_time)) = CHANGING.one_at_a_time() else {
+        return;
+    };
+    // Handovers of both nodes on the path while short connections keep coming: none refused.
+    let stop = lab.dir.join("stop-churn");
+    let churn = ferry()
+        .args(["lab", "exec", "sleep", "--state-dir"])
+        .arg(&lab.dir)
+        .args(["--id", &lab.id, "--"])
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .args(["lab", "churn", "198.18.2.20:8080", "--until-file"])
+        .arg(&stop)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for node in ["alpha-1", "alpha-2"] {
+        lab.run(&["handover", node]);
+    }
+    std::fs::write(&stop, "").unwrap();
+    let out = churn.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let counts: Vec<u64> = summary
+        .split(' ')
+        .filter_map(|kv| kv.split('=').nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(counts.len(), 2, "{summary}");
+    assert!(counts[0] > 0, "no connection made it: {summary}");
+    assert_eq!(
+        counts[1],
+        0,
+        "connections refused during the handovers: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "after handover")
+        .expect("served by the new node proxies");
+    assert!(r.contains("after handover"), "{r}");
+}
+
+/// `restart-node alpha-2`.
+#[test]
+fn new_connections_work_once_a_restarted_node_proxy_is_back() {
+    let Some((lab, _one_at_a_time)) = CHANGING.one_at_a_time() else {
+        return;
+    };
+    // A node proxy restart: new connections work once it is back.
+    lab.run(&["restart-node", "alpha-2"]);
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "after restart")
+        .expect("served after the restart");
+    assert!(
+        r.starts_with("ledger-alpha port 8080") && r.contains("after restart"),
+        "{r}"
+    );
+}
+
+/// Someone deletes sleep's capture jump.
+#[test]
+fn removed_capture_rules_are_put_back_by_the_node_proxy() {
+    let Some((lab, _one_at_a_time)) = CHANGING.one_at_a_time() else {
+        return;
+    };
+    // Someone removes a pod's capture rules: the node proxy puts them back.
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).unwrap()).unwrap();
+    let sleep_ns = state["pods"]["sleep"]["netns"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ipt = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &sleep_ns, "iptables", "-w", "-t", "nat"])
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        ipt(&["-D", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"]),
+        "rules were in place"
+    );
+    let end = Instant::now() + Duration::from_secs(15);
+    while !ipt(&["-C", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"]) {
+        assert!(Instant::now() < end, "capture rules were not restored");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.log_line("alpha-1", &[Text("capture rules were missing; restored")]);
+}
+
+/// Its own lab: the control plane does not come back.
+#[test]
+fn the_node_keeps_serving_without_the_control_plane() {
+    let Some(lab) = Lab::up_with(None, "fC") else {
+        return;
+    };
+    // The control plane goes away: the node keeps serving its last good configuration.
+    let control = lab.pids()[0];
+    let _ = Command::new("kill").arg(control.to_string()).status();
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "after")
+        .expect("still served without the control plane");
+    assert!(r.contains("after"), "{r}");
+}
+
+/// ledger-alpha's namespace deleted and added again. The new one is empty (no app, no link), so
+/// this runs where no other scenario uses ledger-alpha: on [`SHORT_BOUNDS`].
+#[test]
+fn a_re_created_pod_namespace_is_served_again_rules_first() {
+    let Some((lab, _one_at_a_time)) = SHORT_BOUNDS.one_at_a_time() else {
+        return;
+    };
+    let dst = "alpha-2";
+    // A pod's namespace deleted and created again under the same name: the node proxy notices
+    // (checked every 2 s), and serves the new one, rules first.
+    let ns = lab.state(&["pods", "ledger-alpha", "netns"]);
+    let ns = ns.as_str().unwrap();
+    for args in [["netns", "del", ns], ["netns", "add", ns]] {
+        assert!(Command::new("ip").args(args).status().unwrap().success());
+    }
+    let rules = || {
+        Command::new("ip")
+            .args(["netns", "exec", ns, "iptables", "-w", "-t", "nat"])
+            .args(["-C", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        eventually(Duration::from_secs(15), rules),
+        "no capture rules in the re-created namespace"
+    );
+    lab.log_line(
+        dst,
+        &[Text("namespace was created again: serving the new one")],
+    );
+}
+
+/// The destination's node proxy hands over, then the source's.
+#[test]
+fn held_connections_past_a_handover_drain_deadline_end_with_fin() {
+    let Some((lab, _one_at_a_time)) = SHORT_BOUNDS.one_at_a_time() else {
+        return;
+    };
+    let (src, dst) = ("alpha-1", "alpha-2");
+    // Long-lived connections past a handover's drain deadline end with a FIN, never a reset:
+    // the destination's node proxy handed over, then the source's.
+    for node in [dst, src] {
+        let ended = lab.hold_until("sleep", "198.18.2.20:8080", || {
+            lab.run(&["handover", node]);
+        });
+        assert_eq!(
+            ended.as_deref(),
+            Some("closed"),
+            "a connection held across the handover of {node}"
+        );
+        lab.log_line(
+            node,
+            &[Text(
+                "drain deadline: ending the remaining connections with FIN",
+            )],
+        );
+    }
+}

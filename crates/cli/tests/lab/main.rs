@@ -1,0 +1,15 @@
+//! End to end in the lab: real namespaces, real capture, real HBONE. Needs root (CI runs as
+//! root); elsewhere each test says why it did nothing.
+//!
+//! One test binary. Read-only scenarios share one lab ([`harness::MESH`]) and run in parallel;
+//! scenarios that change a lab run one at a time on a lab of their group, or on their own lab.
+
+mod crash;
+mod gateway;
+mod harness;
+mod idle;
+mod l4;
+mod lifecycle;
+mod policy;
+mod trust;
+mod waypoint;
