@@ -561,7 +561,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Handover { node, lab } => {
-            build::handover(&lab.state_dir, &node)?;
+            ferry_lab::ops::handover(&lab.state_dir, &node)?;
             println!("ferry lab: node {node} handed over to a new node proxy");
             Ok(ExitCode::SUCCESS)
         }
@@ -576,17 +576,17 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::RestartNode { node, kill, lab } => {
-            build::restart_node(&lab.state_dir, &node, kill)?;
+            ferry_lab::ops::restart_node(&lab.state_dir, &node, kill)?;
             println!("ferry lab: node {node} restarted; it serves its pods again");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::StopNode { node, kill, lab } => {
-            build::stop_node(&lab.state_dir, &node, kill)?;
+            ferry_lab::ops::stop_node(&lab.state_dir, &node, kill)?;
             println!("ferry lab: node {node} stopped; its pods stay captured");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::StartNode { node, lab } => {
-            build::start_node(&lab.state_dir, &node)?;
+            ferry_lab::ops::start_node(&lab.state_dir, &node)?;
             println!("ferry lab: node {node} started; it serves its pods again");
             Ok(ExitCode::SUCCESS)
         }

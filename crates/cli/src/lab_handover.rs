@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use ferry_lab::build;
+use ferry_lab::ops;
 use ferry_lab::state::State;
 
 pub(crate) fn run(
@@ -75,7 +75,7 @@ pub(crate) fn run(
         .stderr(Stdio::piped())
         .spawn()?;
     let started = Instant::now();
-    let handed = build::handover(state_dir, &node);
+    let handed = ops::handover(state_dir, &node);
     let took = started.elapsed();
     std::fs::write(&stop, "")?;
     let churned = churn.wait_with_output()?;

@@ -1,0 +1,73 @@
+//! The processes a lab starts: spawning them detached in a namespace, and waiting on them.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::state::State;
+
+/// Starts `args` inside `ns`, detached, logging to `log`. Returns its pid.
+pub(crate) fn spawn(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyhow::Result<u32> {
+    let out = std::fs::File::create(log)?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {args:?} in {ns}"))?;
+    state.pids.push(child.id());
+    state.save()?;
+    Ok(child.id())
+}
+
+/// Like [`spawn`], appending to an existing `log`.
+pub(crate) fn spawn_append(
+    state: &mut State,
+    ns: &str,
+    args: &[&str],
+    log: &Path,
+) -> anyhow::Result<u32> {
+    let out = std::fs::OpenOptions::new().append(true).open(log)?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    state.pids.push(child.id());
+    state.save()?;
+    Ok(child.id())
+}
+
+/// Polls `cond` every 25 ms until it holds, for at most `timeout`.
+pub(crate) fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let end = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() > end {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Ok(())
+}
+
+/// Sends SIGTERM to `pid` and waits (reaping it if it is our child) until it is gone.
+pub(crate) fn stop_and_wait(pid: u32, what: &str, max: Duration) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let pid = Pid::from_raw(pid as i32);
+    let _ = kill(pid, Signal::SIGTERM);
+    wait_for(what, max, || {
+        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        kill(pid, None).is_err()
+    })
+}
