@@ -13,9 +13,13 @@
 
 pub mod api;
 pub mod apps;
+pub mod bench;
 pub mod build;
+pub mod cli;
+pub mod craft;
 pub mod ops;
 mod procs;
+pub mod session;
 pub mod state;
 
 /// The reserved management network.

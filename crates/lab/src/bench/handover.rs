@@ -4,15 +4,20 @@
 //! ended (FIN or reset, and when, against the drain deadline).
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferry_lab::ops;
-use ferry_lab::state::State;
 
-pub(crate) fn run(
-    state_dir: &std::path::Path,
+use crate::ops;
+use crate::state::State;
+
+/// Hands `node` (default: the node of `from`) over while `from` churns new connections to
+/// `to` and keeps `streams` long-lived ones busy; prints the report.
+pub fn run(
+    state_dir: &Path,
     from: &str,
     to: &str,
     node: Option<String>,
@@ -93,5 +98,13 @@ pub(crate) fn run(
     println!(
         "long-lived streams ({streams}, busy every 100 ms; times since they were up, just before the handover): {ended}"
     );
+    Ok(())
+}
+
+/// `ferry lab churn` (inside the lab): short connections one after another until `until_file`
+/// appears; prints `ok=<n> failed=<n>`.
+pub fn churn(to: SocketAddr, until_file: &Path, max: Duration) -> anyhow::Result<()> {
+    let (ok, failed) = crate::apps::churn(to, until_file, max);
+    println!("ok={ok} failed={failed}");
     Ok(())
 }
