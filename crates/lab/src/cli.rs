@@ -448,3 +448,37 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
 fn done(r: anyhow::Result<()>) -> anyhow::Result<ExitCode> {
     r.map(|()| ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Lab {
+        #[command(subcommand)]
+        cmd: LabCommand,
+    }
+
+    #[test]
+    fn the_arguments_are_consistent() {
+        Lab::command().debug_assert();
+    }
+
+    #[test]
+    fn send_takes_the_lab_flags_and_defaults() {
+        let lab = Lab::try_parse_from(["lab", "send", "sleep", "198.18.10.1:80", "--id", "fW"])
+            .expect("parses");
+        match lab.cmd {
+            LabCommand::Send { pod, to, data, lab } => {
+                assert_eq!(pod, "sleep");
+                assert_eq!(to.to_string(), "198.18.10.1:80");
+                assert_eq!(data, "hello\n");
+                assert_eq!(lab.id, "fW");
+                assert_eq!(lab.state_dir, PathBuf::from("/run/ferry-lab"));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+}
