@@ -5,8 +5,6 @@
 mod control;
 mod explain;
 mod lab;
-mod lab_handover;
-mod lab_memory;
 mod node;
 mod render;
 

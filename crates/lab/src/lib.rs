@@ -11,8 +11,15 @@
 //! the lab reaches nothing but itself. `ferry lab down` removes every namespace and process it
 //! made, also after a partial `up`, and is safe to run twice.
 
+pub mod api;
 pub mod apps;
+pub mod bench;
 pub mod build;
+pub mod cli;
+pub mod craft;
+pub mod ops;
+mod procs;
+pub mod session;
 pub mod state;
 
 /// The reserved management network.

@@ -2,27 +2,14 @@
 //! of it comes back once they are gone, against the idle footprint measured in the same run.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferry_lab::state::State;
 
-/// Resident memory of a process, in KiB.
-pub(crate) fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
-}
+use crate::procs::{open_fds, rss_kib};
+use crate::state::State;
 
 /// Holds `n` idle connections from `from` to `to`:8080 through Ferry; returns the holder, which
 /// lets them go when its stdin closes.
@@ -66,12 +53,9 @@ fn settle(pids: &[(String, u32)], idle_fds: &[usize]) {
     }
 }
 
-pub(crate) fn run(
-    state_dir: &std::path::Path,
-    from: &str,
-    to: &str,
-    counts: &[usize],
-) -> anyhow::Result<()> {
+/// Prints the idle footprint of the nodes of `from` and `to`, then, for each count, their
+/// memory with that many idle connections and after they closed.
+pub fn run(state_dir: &Path, from: &str, to: &str, counts: &[usize]) -> anyhow::Result<()> {
     let state = State::load(state_dir).context("no lab is up")?;
     let src = state
         .pods

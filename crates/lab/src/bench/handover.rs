@@ -4,15 +4,20 @@
 //! ended (FIN or reset, and when, against the drain deadline).
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use ferry_lab::build;
-use ferry_lab::state::State;
 
-pub(crate) fn run(
-    state_dir: &std::path::Path,
+use crate::ops;
+use crate::state::State;
+
+/// Hands `node` (default: the node of `from`) over while `from` churns new connections to
+/// `to` and keeps `streams` long-lived ones busy; prints the report.
+pub fn run(
+    state_dir: &Path,
     from: &str,
     to: &str,
     node: Option<String>,
@@ -30,16 +35,7 @@ pub(crate) fn run(
     let drain = state
         .nodes
         .get(&node)
-        .and_then(|n| {
-            n.args
-                .iter()
-                .enumerate()
-                .find_map(|(i, a)| match a.strip_prefix("--drain-seconds") {
-                    Some("") => n.args.get(i + 1)?.parse::<u64>().ok(),
-                    Some(v) => v.strip_prefix('=')?.parse::<u64>().ok(),
-                    None => None,
-                })
-        })
+        .and_then(|n| drain_seconds(&n.args))
         .unwrap_or(30);
     let exe = std::env::current_exe()?;
     let target = format!("{}:8080", dst.ip);
@@ -75,7 +71,7 @@ pub(crate) fn run(
         .stderr(Stdio::piped())
         .spawn()?;
     let started = Instant::now();
-    let handed = build::handover(state_dir, &node);
+    let handed = ops::handover(state_dir, &node);
     let took = started.elapsed();
     std::fs::write(&stop, "")?;
     let churned = churn.wait_with_output()?;
@@ -94,4 +90,47 @@ pub(crate) fn run(
         "long-lived streams ({streams}, busy every 100 ms; times since they were up, just before the handover): {ended}"
     );
     Ok(())
+}
+
+/// The `--drain-seconds` a node proxy was started with (`--drain-seconds N` or `=N`).
+fn drain_seconds(args: &[String]) -> Option<u64> {
+    args.iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix("--drain-seconds") {
+            Some("") => args.get(i + 1)?.parse::<u64>().ok(),
+            Some(v) => v.strip_prefix('=')?.parse::<u64>().ok(),
+            None => None,
+        })
+}
+
+/// `ferry lab churn` (inside the lab): short connections one after another until `until_file`
+/// appears; prints `ok=<n> failed=<n>`.
+pub fn churn(to: SocketAddr, until_file: &Path, max: Duration) -> anyhow::Result<()> {
+    let (ok, failed) = crate::apps::churn(to, until_file, max);
+    println!("ok={ok} failed={failed}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drain_seconds;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn drain_seconds_reads_both_spellings_and_nothing_else() {
+        assert_eq!(
+            drain_seconds(&args(&["node", "--drain-seconds", "5"])),
+            Some(5)
+        );
+        assert_eq!(
+            drain_seconds(&args(&["node", "--drain-seconds=7"])),
+            Some(7)
+        );
+        assert_eq!(drain_seconds(&args(&["node", "--drain-seconds"])), None);
+        assert_eq!(drain_seconds(&args(&["node", "--drain-secondsx"])), None);
+        assert_eq!(drain_seconds(&args(&["node", "--admin", "1"])), None);
+    }
 }

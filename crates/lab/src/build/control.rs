@@ -1,0 +1,105 @@
+//! The control plane: its trust bundle, `ferry control serve` in its namespace, and the join
+//! tokens of the node proxies and gateways.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::bail;
+
+use super::Lab;
+use crate::CONTROL_IP;
+use crate::procs::{spawn, wait_for};
+use crate::state::State;
+
+/// The running control plane, as what joins the mesh needs it.
+pub(super) struct Control {
+    /// Its state directory.
+    pub(super) dir: String,
+    /// The trust bundle file.
+    pub(super) bundle: String,
+    /// Where it serves the CA and xDS.
+    pub(super) listen: String,
+}
+
+/// Writes the trust bundle, starts the control plane in `ctl` and waits until it serves.
+pub(super) fn start(
+    lab: &Lab<'_>,
+    state: &mut State,
+    ctl: &str,
+    trust_domain: &str,
+    topo_path: &Path,
+) -> anyhow::Result<Control> {
+    let control_dir = format!("{}/control", lab.dir);
+    let status = Command::new(&lab.exe)
+        .args([
+            "control",
+            "bundle",
+            "--state-dir",
+            &control_dir,
+            "--trust-domain",
+            trust_domain,
+        ])
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !status.status.success() {
+        bail!("ferry control bundle failed");
+    }
+    let bundle = format!("{}/bundle.pem", lab.dir);
+    std::fs::write(&bundle, &status.stdout)?;
+    let control_log = lab.opts.state_dir.join("control.log");
+    let listen = format!("{CONTROL_IP}:15012");
+    spawn(
+        state,
+        ctl,
+        &[
+            &lab.exe,
+            "control",
+            "serve",
+            "--topology",
+            &topo_path.display().to_string(),
+            "--state-dir",
+            &control_dir,
+            "--listen",
+            &listen,
+            "--metrics-listen",
+            &format!("{CONTROL_IP}:15014"),
+        ],
+        &control_log,
+    )?;
+    state.control_log = control_log.clone();
+    state.control_addr = listen.clone();
+    wait_for("the control plane", Duration::from_secs(20), || {
+        std::fs::read_to_string(&control_log).is_ok_and(|l| l.contains("serving the CA and xDS"))
+    })?;
+    Ok(Control {
+        dir: control_dir,
+        bundle,
+        listen,
+    })
+}
+
+/// A join token for `node` (`what` names it in the error), written to `token_file`.
+pub(super) fn token(
+    lab: &Lab<'_>,
+    control: &Control,
+    node: &str,
+    what: &str,
+    token_file: &str,
+) -> anyhow::Result<()> {
+    let token = Command::new(&lab.exe)
+        .args([
+            "control",
+            "token",
+            "--state-dir",
+            &control.dir,
+            "--node",
+            node,
+        ])
+        .output()?;
+    if !token.status.success() {
+        bail!("ferry control token failed for {what}");
+    }
+    std::fs::write(token_file, &token.stdout)?;
+    Ok(())
+}

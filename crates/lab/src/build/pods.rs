@@ -1,0 +1,118 @@
+//! Pods: a namespace per workload with an address, the echo app in each, and the enrollment of
+//! the captured ones with their node proxy.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use ferry_core::model::{ServiceKey, TunnelProtocol, Workload};
+use ferry_core::snapshot::Snapshot;
+
+use super::net::{attach, netns};
+use super::{APP_PORTS, Lab, waypoints};
+use crate::api::api_call;
+use crate::procs::spawn;
+use crate::state::{Pod, State};
+
+/// Pods: every workload with an address, on its network's bridge. Returns them sorted by uid.
+pub(super) fn create(
+    state: &mut State,
+    id: &str,
+    snap: &Snapshot,
+    networks: &BTreeMap<String, String>,
+) -> anyhow::Result<Vec<Arc<Workload>>> {
+    let mut workloads: Vec<_> = snap
+        .workloads()
+        .filter(|w| !w.addresses.is_empty())
+        .cloned()
+        .collect();
+    workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
+    for (j, w) in workloads.iter().enumerate() {
+        let ns = netns(state, format!("{id}-p{j}"))?;
+        let addr = format!("{}/15", w.addresses[0]);
+        attach(&ns, &addr, &networks[w.network.as_str()], &format!("p{j}"))?;
+        state.pods.insert(
+            w.name.clone(),
+            Pod {
+                uid: w.uid.to_string(),
+                netns: ns,
+                ip: w.addresses[0].to_string(),
+                node: w.node.as_ref().map(ToString::to_string),
+                cluster: w.cluster.to_string(),
+                enrolled: false,
+                waypoint: false,
+            },
+        );
+    }
+    state.save()?;
+    Ok(workloads)
+}
+
+/// Every port a service targets, so any service's traffic finds the app listening.
+fn app_ports(snap: &Snapshot) -> String {
+    let mut app_ports: BTreeSet<u16> = APP_PORTS.into_iter().collect();
+    for s in snap.services() {
+        app_ports.extend(s.ports.iter().map(|p| p.target_port));
+    }
+    for w in snap.workloads() {
+        app_ports.extend(w.services.values().flatten().map(|p| p.target_port));
+    }
+    app_ports.retain(|p| {
+        *p != 0
+            && *p != crate::apps::SINK_PORT
+            && *p != crate::apps::HTTP_PORT
+            && ![15001, 15006, 15008].contains(p)
+    });
+    app_ports
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Starts the echo app in every pod.
+pub(super) fn start_apps(lab: &Lab<'_>, state: &mut State, snap: &Snapshot) -> anyhow::Result<()> {
+    let ports = app_ports(snap);
+    let pods: Vec<(String, String)> = state
+        .pods
+        .iter()
+        .map(|(n, p)| (n.clone(), p.netns.clone()))
+        .collect();
+    for (name, ns) in pods {
+        let log = lab.opts.state_dir.join(format!("app-{name}.log"));
+        spawn(
+            state,
+            &ns,
+            &[&lab.exe, "lab", "echo", "--name", &name, "--ports", &ports],
+            &log,
+        )?;
+    }
+    Ok(())
+}
+
+/// Enrolls every HBONE pod that is not a waypoint with its node proxy.
+pub(super) fn enroll(
+    state: &mut State,
+    workloads: &[Arc<Workload>],
+    waypoint_keys: &HashSet<ServiceKey>,
+) -> anyhow::Result<()> {
+    for w in workloads {
+        let Some(node) = &w.node else { continue };
+        if w.tunnel != TunnelProtocol::Hbone || waypoints::is_waypoint(w, waypoint_keys) {
+            continue;
+        }
+        let pod = state.pods.get(&w.name).context("pod state")?;
+        let api = &state.nodes[node.as_str()].api;
+        let answer = api_call(
+            api,
+            &format!("add {} /var/run/netns/{}", pod.uid, pod.netns),
+        )?;
+        if answer.trim() != "ok" {
+            bail!("enrolling {} on {node}: {}", w.name, answer.trim());
+        }
+        if let Some(p) = state.pods.get_mut(&w.name) {
+            p.enrolled = true;
+        }
+    }
+    Ok(())
+}

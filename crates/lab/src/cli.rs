@@ -1,0 +1,484 @@
+//! `ferry lab`'s arguments, and the one `match` that runs each subcommand. The `ferry` binary
+//! parses [`LabCommand`] and calls [`run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::{apps, bench, craft, ops, session};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum LabCommand {
+    /// Build the mesh of a topology file (default: examples/lab.yaml, two clusters on one flat
+    /// network) in network namespaces, and start the control plane, node proxies and apps.
+    Up {
+        topology: Option<PathBuf>,
+        /// An extra argument for every node proxy (repeat), e.g. `--node-arg=--idle-bound-seconds=60`.
+        #[arg(long = "node-arg", allow_hyphen_values = true)]
+        node_args: Vec<String>,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Remove everything `up` made (safe to run twice).
+    Down {
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// What runs where.
+    Status {
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Run a command inside a pod's network namespace.
+    Exec {
+        pod: String,
+        #[command(flatten)]
+        lab: LabArgs,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Connect from a pod to IP:port, send a line, print what comes back.
+    Send {
+        pod: String,
+        to: SocketAddr,
+        #[arg(long, default_value = "hello\n")]
+        data: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Measure A -> B through Ferry against A -> B direct, in the same run; and node proxy
+    /// memory with many idle proxied connections.
+    Bench {
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        #[arg(long, default_value = "echo-alpha-2")]
+        to: String,
+        #[arg(long, default_value_t = 512)]
+        bulk_mib: usize,
+        #[arg(long, default_value_t = 5000)]
+        round_trips: usize,
+        #[arg(long, default_value_t = 500)]
+        conns: usize,
+        /// Idle proxied connections to hold while measuring node proxy memory.
+        #[arg(long, default_value_t = 10000)]
+        idle: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Compare two paths from one pod through Ferry, in the same run (e.g. same-network HBONE
+    /// against double HBONE through a gateway).
+    BenchPaths {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        near: SocketAddr,
+        #[arg(long)]
+        far: SocketAddr,
+        #[arg(long, default_value_t = 128)]
+        bulk_mib: usize,
+        #[arg(long, default_value_t = 3000)]
+        round_trips: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) a hand-made HBONE request: get a certificate for `identity` with a node
+    /// credential, then CONNECT to `authority` through `to`. Prints the outcome.
+    #[command(hide = true)]
+    Craft {
+        #[arg(long)]
+        control: String,
+        #[arg(long)]
+        token_file: PathBuf,
+        #[arg(long)]
+        bundle_file: PathBuf,
+        #[arg(long)]
+        identity: String,
+        #[arg(long)]
+        to: SocketAddr,
+        #[arg(long)]
+        peer_identity: String,
+        #[arg(long)]
+        authority: String,
+        #[arg(long)]
+        cluster: String,
+        /// Dial the tunnel from this network namespace (a name under /run/netns) instead of
+        /// the one the credential is fetched from.
+        #[arg(long)]
+        dial_netns: Option<String>,
+    },
+    /// (inside the lab) the path comparison client.
+    #[command(hide = true)]
+    PathsClient {
+        near: SocketAddr,
+        far: SocketAddr,
+        #[arg(long)]
+        bulk_mib: usize,
+        #[arg(long)]
+        round_trips: usize,
+    },
+    /// A node proxy handed over under load: new connections keep coming and long-lived ones
+    /// stay busy; reports failed new connections and how the long-lived ones ended.
+    BenchHandover {
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        #[arg(long, default_value = "echo-alpha-2")]
+        to: String,
+        /// The node to hand over (default: the source pod's).
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        streams: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) keep connections busy until they end; report how they ended.
+    #[command(hide = true)]
+    Streams {
+        to: SocketAddr,
+        #[arg(long)]
+        n: usize,
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+    },
+    /// Node proxy memory per idle proxied connection (at each count), and after they are gone
+    /// against the idle footprint, same run.
+    BenchMemory {
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        #[arg(long, default_value = "echo-alpha-2")]
+        to: String,
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+        counts: Vec<usize>,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// HTTP requests through a waypoint against the L4-only Ferry path and the direct path,
+    /// same run, same pod; with the waypoints' CPU per 1,000 requests.
+    BenchHttp {
+        #[arg(long, default_value = "echo-beta")]
+        from: String,
+        /// A pod's HTTP port reached without a waypoint: the direct and L4 paths.
+        #[arg(long, default_value = "198.18.3.30:8081")]
+        l4: SocketAddr,
+        /// A service's HTTP port served by a waypoint with per-request policy.
+        #[arg(long, default_value = "198.18.10.5:81")]
+        waypoint: SocketAddr,
+        #[arg(long, default_value_t = 5000)]
+        requests: usize,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) the HTTP benchmark client.
+    #[command(hide = true)]
+    HttpBenchClient {
+        #[arg(long)]
+        l4: SocketAddr,
+        #[arg(long)]
+        waypoint: SocketAddr,
+        #[arg(long)]
+        requests: usize,
+    },
+    /// (inside the lab) the benchmark client.
+    #[command(hide = true)]
+    BenchClient {
+        #[arg(long)]
+        target: std::net::IpAddr,
+        #[arg(long)]
+        bulk_mib: usize,
+        #[arg(long)]
+        round_trips: usize,
+        #[arg(long)]
+        conns: usize,
+    },
+    /// (inside the lab) hold idle connections until stdin closes (or one is closed).
+    #[command(hide = true)]
+    Hold {
+        to: SocketAddr,
+        #[arg(long)]
+        n: usize,
+        #[arg(long)]
+        until_closed: bool,
+        /// HTTP/1.1 connections upgraded to echoing bytes instead of plain TCP.
+        #[arg(long)]
+        upgrade: bool,
+    },
+    /// (inside the lab) open connections, then half-close them and wait for the far side.
+    #[command(hide = true)]
+    HalfClose {
+        to: SocketAddr,
+        #[arg(long)]
+        n: usize,
+        #[arg(long, default_value_t = 60)]
+        max_seconds: u64,
+    },
+    /// Hand one node's pods over to a new node proxy process without refusing a connection.
+    Handover {
+        node: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) short connections one after another until a file appears.
+    #[command(hide = true)]
+    Churn {
+        to: SocketAddr,
+        #[arg(long)]
+        until_file: PathBuf,
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+    },
+    /// Restart one node proxy; its pods are enrolled again.
+    RestartNode {
+        node: String,
+        /// SIGKILL instead of a drain (a crash).
+        #[arg(long)]
+        kill: bool,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Stop one node proxy and leave it stopped (its pods stay captured: their traffic is
+    /// refused, never sent around the proxy); `start-node` brings it back.
+    StopNode {
+        node: String,
+        /// SIGKILL instead of a drain (a crash).
+        #[arg(long)]
+        kill: bool,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Start a stopped node proxy; it serves its enrolled pods again from its own state.
+    StartNode {
+        node: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// (inside the lab) the echo app a pod runs.
+    #[command(hide = true)]
+    Echo {
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_delimiter = ',')]
+        ports: Vec<u16>,
+    },
+    /// (inside the lab) connect, send, print the answer.
+    #[command(hide = true)]
+    Connect {
+        to: SocketAddr,
+        #[arg(long, default_value = "hello\n")]
+        data: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LabArgs {
+    /// Where the lab keeps its state, logs and sockets.
+    #[arg(long, default_value = "/run/ferry-lab")]
+    pub state_dir: PathBuf,
+    /// Prefix of the lab's namespace names (several labs can coexist).
+    #[arg(long, default_value = "fl")]
+    pub id: String,
+}
+
+/// Runs one `ferry lab` subcommand; an error is printed as `ferry lab: <error>`, exit code 2.
+pub fn run(cmd: LabCommand) -> ExitCode {
+    match run_inner(cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferry lab: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        LabCommand::Up {
+            topology,
+            node_args,
+            lab,
+        } => done(session::up(lab, topology, node_args)),
+        LabCommand::Down { lab } => done(session::down(&lab.state_dir)),
+        LabCommand::Status { lab } => done(session::status(&lab.state_dir)),
+        LabCommand::Exec { pod, lab, command } => session::exec(&lab.state_dir, &pod, &command),
+        LabCommand::Send { pod, to, data, lab } => session::send(&lab.state_dir, &pod, to, &data),
+        LabCommand::Connect { to, data } => session::connect(to, &data),
+        LabCommand::Bench {
+            from,
+            to,
+            bulk_mib,
+            round_trips,
+            conns,
+            idle,
+            lab,
+        } => done(bench::run(
+            &lab.state_dir,
+            &from,
+            &to,
+            bench::Sizes {
+                bulk_mib,
+                round_trips,
+                conns,
+                idle,
+            },
+        )),
+        LabCommand::BenchClient {
+            target,
+            bulk_mib,
+            round_trips,
+            conns,
+        } => done(apps::bench(target, bulk_mib, round_trips, conns)),
+        LabCommand::BenchPaths {
+            from,
+            near,
+            far,
+            bulk_mib,
+            round_trips,
+            lab,
+        } => bench::paths::run(&lab.state_dir, &from, near, far, bulk_mib, round_trips),
+        LabCommand::PathsClient {
+            near,
+            far,
+            bulk_mib,
+            round_trips,
+        } => done(bench::paths::client(near, far, bulk_mib, round_trips)),
+        LabCommand::BenchHandover {
+            from,
+            to,
+            node,
+            streams,
+            lab,
+        } => done(bench::handover::run(
+            &lab.state_dir,
+            &from,
+            &to,
+            node,
+            streams,
+        )),
+        LabCommand::Streams { to, n, max_seconds } => {
+            done(apps::streams(to, n, Duration::from_secs(max_seconds)))
+        }
+        LabCommand::Churn {
+            to,
+            until_file,
+            max_seconds,
+        } => done(bench::handover::churn(
+            to,
+            &until_file,
+            Duration::from_secs(max_seconds),
+        )),
+        LabCommand::BenchMemory {
+            from,
+            to,
+            counts,
+            lab,
+        } => done(bench::memory::run(&lab.state_dir, &from, &to, &counts)),
+        LabCommand::BenchHttp {
+            from,
+            l4,
+            waypoint,
+            requests,
+            lab,
+        } => done(bench::http::run(
+            &lab.state_dir,
+            &from,
+            l4,
+            waypoint,
+            requests,
+        )),
+        LabCommand::HttpBenchClient {
+            l4,
+            waypoint,
+            requests,
+        } => done(bench::http::client(l4, waypoint, requests)),
+        LabCommand::Craft {
+            control,
+            token_file,
+            bundle_file,
+            identity,
+            to,
+            peer_identity,
+            authority,
+            cluster,
+            dial_netns,
+        } => done(craft::run(craft::Request {
+            control,
+            token_file,
+            bundle_file,
+            identity,
+            to,
+            peer_identity,
+            authority,
+            cluster,
+            dial_netns,
+        })),
+        LabCommand::Hold {
+            to,
+            n,
+            until_closed,
+            upgrade,
+        } => done(apps::hold(to, n, until_closed, upgrade)),
+        LabCommand::HalfClose { to, n, max_seconds } => {
+            done(apps::half_close(to, n, Duration::from_secs(max_seconds)))
+        }
+        LabCommand::Echo { name, ports } => done(apps::echo(&name, &ports)),
+        LabCommand::Handover { node, lab } => {
+            ops::handover(&lab.state_dir, &node)?;
+            println!("ferry lab: node {node} handed over to a new node proxy");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::RestartNode { node, kill, lab } => {
+            ops::restart_node(&lab.state_dir, &node, kill)?;
+            println!("ferry lab: node {node} restarted; it serves its pods again");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::StopNode { node, kill, lab } => {
+            ops::stop_node(&lab.state_dir, &node, kill)?;
+            println!("ferry lab: node {node} stopped; its pods stay captured");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::StartNode { node, lab } => {
+            ops::start_node(&lab.state_dir, &node)?;
+            println!("ferry lab: node {node} started; it serves its pods again");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// A subcommand that succeeded exits 0.
+fn done(r: anyhow::Result<()>) -> anyhow::Result<ExitCode> {
+    r.map(|()| ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Lab {
+        #[command(subcommand)]
+        cmd: LabCommand,
+    }
+
+    #[test]
+    fn the_arguments_are_consistent() {
+        Lab::command().debug_assert();
+    }
+
+    #[test]
+    fn send_takes_the_lab_flags_and_defaults() {
+        let lab = Lab::try_parse_from(["lab", "send", "sleep", "198.18.10.1:80", "--id", "fW"])
+            .expect("parses");
+        match lab.cmd {
+            LabCommand::Send { pod, to, data, lab } => {
+                assert_eq!(pod, "sleep");
+                assert_eq!(to.to_string(), "198.18.10.1:80");
+                assert_eq!(data, "hello\n");
+                assert_eq!(lab.id, "fW");
+                assert_eq!(lab.state_dir, PathBuf::from("/run/ferry-lab"));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+}

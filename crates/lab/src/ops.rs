@@ -1,0 +1,145 @@
+//! What `ferry lab` does to a running node proxy: hand it over, stop, start, restart.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::api::api_list;
+use crate::procs::{spawn_append, stop_and_wait, wait_for};
+use crate::state::State;
+
+/// Restarts one node proxy (SIGTERM and drain, or with `kill`, SIGKILL at once). The new
+/// process serves the node's pods again from its own enrollment state: nothing is re-enrolled.
+pub fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+    stop_node(state_dir, node, kill)?;
+    start_node(state_dir, node)
+}
+
+/// Stops one node proxy: SIGTERM and wait for its drain, or SIGKILL. Its pods stay enrolled
+/// and captured: their traffic is refused until a node proxy serves them again.
+pub fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+    let state = State::load(state_dir).context("no lab is up")?;
+    let n = state
+        .nodes
+        .get(node)
+        .with_context(|| format!("no node {node}"))?;
+    if kill {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(n.pid as i32);
+        let _ = kill(pid, Signal::SIGKILL);
+        wait_for(
+            "the killed node proxy to exit",
+            Duration::from_secs(10),
+            || {
+                let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+                kill(pid, None).is_err()
+            },
+        )
+    } else {
+        stop_and_wait(n.pid, "the old node proxy to exit", Duration::from_secs(40))
+    }
+}
+
+/// Starts a node proxy for `node` (which must not be running) and waits until it serves every
+/// pod enrolled on the node.
+pub fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+    let mut state = State::load(state_dir).context("no lab is up")?;
+    let n = state
+        .nodes
+        .get(node)
+        .with_context(|| format!("no node {node}"))?;
+    let (netns, api, log, args) = (
+        n.netns.clone(),
+        n.api.clone(),
+        n.log.clone(),
+        n.args.clone(),
+    );
+    let _ = std::fs::remove_file(&api);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
+    writeln!(logfile, "--- started again by ferry lab ---")?;
+    let pid = spawn_append(&mut state, &netns, &argv, &log)?;
+    if let Some(n) = state.nodes.get_mut(node) {
+        n.pid = pid;
+    }
+    state.save()?;
+    wait_for("the restarted node proxy", Duration::from_secs(20), || {
+        api.exists()
+    })?;
+    wait_served(&state, node, &api)
+}
+
+/// Waits until the node proxy behind `api` serves every pod enrolled on `node` (restored from
+/// its own state; nothing is enrolled again).
+fn wait_served(state: &State, node: &str, api: &Path) -> anyhow::Result<()> {
+    let expected: Vec<String> = state
+        .pods
+        .values()
+        .filter(|p| p.enrolled && p.node.as_deref() == Some(node))
+        .map(|p| p.uid.clone())
+        .collect();
+    wait_for(
+        "the node proxy to serve its enrolled pods again",
+        Duration::from_secs(30),
+        || {
+            api_list(api)
+                .is_ok_and(|served| expected.iter().all(|u| served.iter().any(|(s, _)| s == u)))
+        },
+    )
+}
+
+/// Hands a node's pods over to a new node proxy process without refusing a connection: the new
+/// process reads the node's enrollment state, opens its listeners beside the old one's
+/// (SO_REUSEPORT) and keeps the capture rules as they are; only then does the old one drain and
+/// exit (its queued connections migrate).
+pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+    let mut state = State::load(state_dir).context("no lab is up")?;
+    let n = state
+        .nodes
+        .get(node)
+        .with_context(|| format!("no node {node}"))?;
+    let (old, netns, log, mut args) = (n.pid, n.netns.clone(), n.log.clone(), n.args.clone());
+    let api = state_dir.join(format!("{node}.{}.sock", state.pids.len()));
+    if let Some(i) = args.iter().position(|a| a == "--api") {
+        args[i + 1] = api.display().to_string();
+    }
+    // The old process still holds its admin port: the new one takes the next.
+    let mut admin = None;
+    if let Some(i) = args.iter().position(|a| a == "--admin") {
+        let (ip, port) = args[i + 1].rsplit_once(':').context("admin address")?;
+        let next = format!("{ip}:{}", port.parse::<u16>()? + 1);
+        args[i + 1].clone_from(&next);
+        admin = Some(next);
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
+    writeln!(
+        logfile,
+        "--- handover: a new node proxy starts beside the old one ---"
+    )?;
+    let pid = spawn_append(&mut state, &netns, &argv, &log)?;
+    wait_for("the new node proxy", Duration::from_secs(20), || {
+        api.exists()
+    })?;
+    // It serves the node's pods from the shared enrollment state, beside the old one.
+    wait_served(&state, node, &api)?;
+    // Only now does the old one stop accepting and drain.
+    stop_and_wait(
+        old,
+        "the old node proxy to drain and exit",
+        Duration::from_secs(60),
+    )?;
+    if let Some(n) = state.nodes.get_mut(node) {
+        n.pid = pid;
+        n.api = api;
+        n.args = args;
+        if let Some(a) = admin {
+            n.admin = a;
+        }
+    }
+    state.save()?;
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! The processes a lab starts and watches: spawning them detached in a namespace, waiting on
+//! them, and reading their CPU, memory and descriptors from `/proc`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::state::State;
+
+/// Starts `args` inside `ns`, detached, logging to `log`. Returns its pid.
+pub(crate) fn spawn(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyhow::Result<u32> {
+    let out = std::fs::File::create(log)?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {args:?} in {ns}"))?;
+    state.pids.push(child.id());
+    state.save()?;
+    Ok(child.id())
+}
+
+/// Like [`spawn`], appending to an existing `log`.
+pub(crate) fn spawn_append(
+    state: &mut State,
+    ns: &str,
+    args: &[&str],
+    log: &Path,
+) -> anyhow::Result<u32> {
+    let out = std::fs::OpenOptions::new().append(true).open(log)?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    state.pids.push(child.id());
+    state.save()?;
+    Ok(child.id())
+}
+
+/// Polls `cond` every 25 ms until it holds, for at most `timeout`.
+pub(crate) fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let end = Instant::now() + timeout;
+    while !cond() {
+        if Instant::now() > end {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Ok(())
+}
+
+/// Sends SIGTERM to `pid` and waits (reaping it if it is our child) until it is gone.
+pub(crate) fn stop_and_wait(pid: u32, what: &str, max: Duration) -> anyhow::Result<()> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let pid = Pid::from_raw(pid as i32);
+    let _ = kill(pid, Signal::SIGTERM);
+    wait_for(what, max, || {
+        let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        kill(pid, None).is_err()
+    })
+}
+
+/// The pids among `pids` whose command line is `<exe> <subcommand> ...`.
+pub(crate) fn running(pids: &[u32], subcommand: &str) -> Vec<u32> {
+    pids.iter()
+        .copied()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(subcommand.as_bytes()))
+        })
+        .collect()
+}
+
+/// User plus system CPU of `pid`, in clock ticks (0 if it is gone).
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+/// Resident memory of a process, in KiB.
+pub(crate) fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Open file descriptors of a process (0 if it is gone).
+pub(crate) fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
