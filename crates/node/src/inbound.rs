@@ -221,7 +221,7 @@ impl Handler for Inbound {
         self.node
             .metrics
             .closed(&admitted.labels, outcome.sent, outcome.received);
-        let mut log = self.access_log(req, admitted.to.to_string(), admitted.path);
+        let mut log = self.access_log(req, req.target.to_string(), admitted.path);
         log.bytes_sent = outcome.sent;
         log.bytes_recv = outcome.received;
         log.error = outcome.error();

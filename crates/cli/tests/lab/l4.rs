@@ -135,3 +135,49 @@ fn a_service_whose_endpoint_is_a_local_vip_is_one_hop_to_the_pod() {
         "no second capture"
     );
 }
+
+/// `metric{labels} value` lines of one family in a metrics answer, by label set.
+fn samples(metrics: &str, family: &str) -> std::collections::BTreeMap<String, u64> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once("} ")?;
+            Some((labels.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// sleep -> echo-alpha-2 on a port nothing listens on: the destination's dial to the pod fails.
+/// The connection is counted closed under the labels it was opened with, and logged.
+#[test]
+fn a_failed_dial_to_the_pod_is_counted_closed_and_logged() {
+    let Some((lab, _one_at_a_time)) = crate::harness::CHANGING.one_at_a_time() else {
+        return;
+    };
+    lab.send("sleep", "198.18.2.20:7999", "x")
+        .expect_err("nothing listens on 7999");
+    lab.log_line(
+        "alpha-2",
+        &[
+            Field("direction", "inbound"),
+            Field("dst.addr", "198.18.2.20:7999"),
+            Text("connection failed"),
+        ],
+    );
+    let mut last = String::new();
+    let balanced = crate::harness::eventually(std::time::Duration::from_secs(10), || {
+        last = lab.metrics("alpha-2", "198.19.254.11:15000");
+        let opened = samples(&last, "istio_tcp_connections_opened_total");
+        let closed = samples(&last, "istio_tcp_connections_closed_total");
+        !opened.is_empty()
+            && opened
+                .iter()
+                .filter(|(l, _)| l.contains("reporter=\"destination\""))
+                .all(|(l, n)| closed.get(l) == Some(n))
+    });
+    assert!(
+        balanced,
+        "every connection the destination opened is closed under the same labels:\n{last}"
+    );
+}
