@@ -15,6 +15,7 @@ pub use baggage::{Baggage, WorkloadKind, WorkloadName};
 /// or `hostname:port` (a service, resolved by the receiver: double HBONE through a gateway). The
 /// same type the routing decision takes.
 pub use ferry_core::route::Destination as Target;
+use ferry_core::route::valid_hostname;
 
 /// Why a request is refused, and the HTTP status it gets.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -58,47 +59,10 @@ pub fn parse_request(method: &Method, authority: Option<&str>) -> Result<Target,
     parse_authority(authority)
 }
 
-/// Parses `ip:port`, `[v6]:port` or `hostname:port`.
+/// Parses `ip:port`, `[v6]:port` or `hostname:port` (the rule is core's
+/// [`Target::parse_authority`]); a bad authority is a 400.
 pub fn parse_authority(authority: &str) -> Result<Target, Refusal> {
-    let bad = |why: &str| Refusal::BadRequest(format!("authority {authority:?}: {why}"));
-    if let Ok(addr) = authority.parse::<SocketAddr>() {
-        if addr.port() == 0 {
-            return Err(bad("port 0"));
-        }
-        return Ok(Target::Addr(addr));
-    }
-    let (host, port) = authority
-        .rsplit_once(':')
-        .ok_or_else(|| bad("expected host:port"))?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| bad("the port is not a number from 1 to 65535"))?;
-    if port == 0 {
-        return Err(bad("port 0"));
-    }
-    if !valid_hostname(host) {
-        return Err(bad("expected an IP address or a DNS hostname"));
-    }
-    Ok(Target::Host {
-        hostname: host.to_ascii_lowercase(),
-        port,
-    })
-}
-
-/// RFC 1123 hostnames: dot-separated labels of letters, digits and inner hyphens.
-fn valid_hostname(h: &str) -> bool {
-    !h.is_empty()
-        && h.len() <= 253
-        && h.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
-        && !h.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+    Target::parse_authority(authority).map_err(|e| Refusal::BadRequest(e.to_string()))
 }
 
 /// Headers the client adds to a CONNECT (all optional).

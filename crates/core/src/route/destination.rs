@@ -87,7 +87,7 @@ impl std::str::FromStr for Destination {
 }
 
 /// RFC 1123 hostnames: dot-separated labels of letters, digits and inner hyphens, not all digits.
-fn valid_hostname(h: &str) -> bool {
+pub fn valid_hostname(h: &str) -> bool {
     !h.is_empty()
         && h.len() <= 253
         && h.split('.').all(|label| {
