@@ -15,15 +15,8 @@ pub(crate) struct NodeArgs {
     /// This node's cluster.
     #[arg(long)]
     cluster: String,
-    /// The control plane (CA and xDS), `https://ip:port`.
-    #[arg(long)]
-    control: String,
-    /// File holding this node's credential (`ferry control token --node NAME`).
-    #[arg(long)]
-    token_file: PathBuf,
-    /// File holding the trust bundle (`ferry control bundle`).
-    #[arg(long)]
-    bundle_file: PathBuf,
+    #[command(flatten)]
+    control: ControlArgs,
     /// The enrollment API's Unix socket.
     #[arg(long, default_value = "/run/ferry/node.sock")]
     api: PathBuf,
@@ -46,13 +39,34 @@ pub(crate) struct NodeArgs {
     plaintext: bool,
 }
 
-/// The credential and trust bundle files every data-plane process starts from.
-fn read_credentials(token_file: &Path, bundle_file: &Path) -> anyhow::Result<(String, String)> {
-    let token = std::fs::read_to_string(token_file)
-        .with_context(|| format!("reading {}", token_file.display()))?;
-    let bundle = std::fs::read_to_string(bundle_file)
-        .with_context(|| format!("reading {}", bundle_file.display()))?;
-    Ok((token.trim().to_string(), bundle))
+/// How every data-plane process reaches the control plane.
+#[derive(Debug, clap::Args)]
+struct ControlArgs {
+    /// The control plane (CA and xDS), `https://ip:port`.
+    #[arg(long)]
+    control: String,
+    /// File holding the credential (`ferry control token --node NAME`: a node's own; a
+    /// waypoint uses its node's, a gateway `gateway.<name>`).
+    #[arg(long)]
+    token_file: PathBuf,
+    /// File holding the trust bundle (`ferry control bundle`).
+    #[arg(long)]
+    bundle_file: PathBuf,
+}
+
+impl ControlArgs {
+    /// The control plane's address, the credential and the trust bundle.
+    fn read(&self) -> anyhow::Result<(String, String, String)> {
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let token = read(&self.token_file)?;
+        Ok((
+            self.control.clone(),
+            token.trim().to_string(),
+            read(&self.bundle_file)?,
+        ))
+    }
 }
 
 /// Runs `main` on a two-thread runtime; an error is printed as `ferry <what>: ...`, exit 2.
@@ -78,11 +92,11 @@ where
 
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     run_process("node", || {
-        let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
+        let (control, token, bundle_pem) = args.control.read()?;
         Ok(ferry_node::run(ferry_node::Config {
             name: args.name.clone(),
             cluster: args.cluster.clone(),
-            control: args.control.clone(),
+            control,
             token,
             bundle_pem,
             api_socket: args.api.clone(),
@@ -106,13 +120,8 @@ pub(crate) struct WaypointArgs {
     uid: String,
     #[arg(long)]
     cluster: String,
-    #[arg(long)]
-    control: String,
-    /// The credential of the node this instance runs on.
-    #[arg(long)]
-    token_file: PathBuf,
-    #[arg(long)]
-    bundle_file: PathBuf,
+    #[command(flatten)]
+    control: ControlArgs,
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
     /// Listen and dial inside this network namespace (the waypoint pod's).
@@ -129,11 +138,11 @@ pub(crate) struct WaypointArgs {
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
     run_process("waypoint", || {
-        let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
+        let (control, token, bundle_pem) = args.control.read()?;
         Ok(ferry_waypoint::run(ferry_waypoint::Config {
             uid: args.uid.clone(),
             cluster: args.cluster.clone(),
-            control: args.control.clone(),
+            control,
             token,
             bundle_pem,
             listen: args.listen,
@@ -149,13 +158,8 @@ pub(crate) struct GatewayArgs {
     /// The gateway's name in the topology.
     #[arg(long)]
     name: String,
-    #[arg(long)]
-    control: String,
-    /// The gateway's credential (`ferry control token --node gateway.<name>`).
-    #[arg(long)]
-    token_file: PathBuf,
-    #[arg(long)]
-    bundle_file: PathBuf,
+    #[command(flatten)]
+    control: ControlArgs,
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
     /// Seconds open tunnels may finish after SIGTERM.
@@ -168,10 +172,10 @@ pub(crate) struct GatewayArgs {
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
     run_process("gateway", || {
-        let (token, bundle_pem) = read_credentials(&args.token_file, &args.bundle_file)?;
+        let (control, token, bundle_pem) = args.control.read()?;
         Ok(ferry_gateway::run(ferry_gateway::Config {
             name: args.name.clone(),
-            control: args.control.clone(),
+            control,
             token,
             bundle_pem,
             listen: args.listen,
