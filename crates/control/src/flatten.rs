@@ -40,19 +40,7 @@ pub fn flatten(snap: &Snapshot) -> Snapshot {
             }
         }
     }
-    let mut b = SnapshotBuilder::new(snap.version());
-    for c in snap.clusters() {
-        b.cluster(c.clone());
-    }
-    for n in snap.nodes() {
-        b.node(n.clone());
-    }
-    for g in snap.gateways() {
-        b.gateway_shared(g.clone());
-    }
-    for p in snap.policies() {
-        b.policy_shared(p.clone());
-    }
+    let mut b = builder_without_services_and_workloads(snap);
     for s in snap.services() {
         let kept = outer.remove(&s.key()).unwrap_or_default();
         if kept.len() == s.address_endpoints.len() {
@@ -137,7 +125,8 @@ fn plan(
     (!out.is_empty()).then_some(out)
 }
 
-fn rebuild(snap: &Snapshot) -> Snapshot {
+/// A builder holding `snap`'s clusters, nodes, gateways and policies (shared, not copied).
+fn builder_without_services_and_workloads(snap: &Snapshot) -> SnapshotBuilder {
     let mut b = SnapshotBuilder::new(snap.version());
     for c in snap.clusters() {
         b.cluster(c.clone());
@@ -151,6 +140,11 @@ fn rebuild(snap: &Snapshot) -> Snapshot {
     for p in snap.policies() {
         b.policy_shared(p.clone());
     }
+    b
+}
+
+fn rebuild(snap: &Snapshot) -> Snapshot {
+    let mut b = builder_without_services_and_workloads(snap);
     for s in snap.services() {
         b.service_shared(s.clone());
     }

@@ -198,13 +198,7 @@ impl Pool {
         if let Some(e) = self.checkout(key) {
             return Ok((e, false));
         }
-        let lock = self
-            .inner
-            .dialing
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let lock = self.dial_lock(key);
         let _guard = lock.lock().await;
         match self.checkout(key) {
             Some(e) => Ok((e, false)),
@@ -219,15 +213,19 @@ impl Pool {
         creds: &Credentials,
         bundle: &TrustBundle,
     ) -> Result<Arc<Entry>, Error> {
-        let lock = self
-            .inner
+        let lock = self.dial_lock(key);
+        let _guard = lock.lock().await;
+        self.dial(key, creds, bundle).await
+    }
+
+    /// The lock that lets one dial at a time happen for `key`.
+    fn dial_lock(&self, key: &PoolKey) -> Arc<tokio::sync::Mutex<()>> {
+        self.inner
             .dialing
             .lock()
             .entry(key.clone())
             .or_default()
-            .clone();
-        let _guard = lock.lock().await;
-        self.dial(key, creds, bundle).await
+            .clone()
     }
 
     /// A live connection for `key` with a free stream slot, reserved.
