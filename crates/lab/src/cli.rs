@@ -85,28 +85,7 @@ pub enum LabCommand {
     /// (inside the lab) a hand-made HBONE request: get a certificate for `identity` with a node
     /// credential, then CONNECT to `authority` through `to`. Prints the outcome.
     #[command(hide = true)]
-    Craft {
-        #[arg(long)]
-        control: String,
-        #[arg(long)]
-        token_file: PathBuf,
-        #[arg(long)]
-        bundle_file: PathBuf,
-        #[arg(long)]
-        identity: String,
-        #[arg(long)]
-        to: SocketAddr,
-        #[arg(long)]
-        peer_identity: String,
-        #[arg(long)]
-        authority: String,
-        #[arg(long)]
-        cluster: String,
-        /// Dial the tunnel from this network namespace (a name under /run/netns) instead of
-        /// the one the credential is fetched from.
-        #[arg(long)]
-        dial_netns: Option<String>,
-    },
+    Craft(craft::Request),
     /// (inside the lab) the path comparison client.
     #[command(hide = true)]
     PathsClient {
@@ -390,27 +369,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             waypoint,
             requests,
         } => done(bench::http::client(l4, waypoint, requests)),
-        LabCommand::Craft {
-            control,
-            token_file,
-            bundle_file,
-            identity,
-            to,
-            peer_identity,
-            authority,
-            cluster,
-            dial_netns,
-        } => done(craft::run(craft::Request {
-            control,
-            token_file,
-            bundle_file,
-            identity,
-            to,
-            peer_identity,
-            authority,
-            cluster,
-            dial_netns,
-        })),
+        LabCommand::Craft(req) => done(craft::run(req)),
         LabCommand::Hold {
             to,
             n,

@@ -8,24 +8,34 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// One crafted request.
-#[derive(Debug)]
+#[derive(Debug, clap::Args)]
 pub struct Request {
     /// The control plane's CA (`https://...`).
+    #[arg(long)]
     pub control: String,
     /// The node credential.
+    #[arg(long)]
     pub token_file: PathBuf,
+    #[arg(long)]
     pub bundle_file: PathBuf,
     /// The identity to get a certificate for.
+    #[arg(long)]
     pub identity: String,
     /// Where to open the HBONE connection.
+    #[arg(long)]
     pub to: SocketAddr,
     /// The identity the peer must present.
+    #[arg(long)]
     pub peer_identity: String,
     /// The CONNECT authority.
+    #[arg(long)]
     pub authority: String,
     /// The cluster the request claims (baggage) and the credential is for.
+    #[arg(long)]
     pub cluster: String,
-    /// Dial from this network namespace (a name under /run/netns) instead of the current one.
+    /// Dial the tunnel from this network namespace (a name under /run/netns) instead of the
+    /// one the credential is fetched from.
+    #[arg(long)]
     pub dial_netns: Option<String>,
 }
 
