@@ -676,3 +676,25 @@ fn the_scanner_sees_grouped_and_nested_paths() {
         ]
     );
 }
+
+#[test]
+fn the_module_tree_skips_test_modules_and_follows_paths() {
+    let decls = mod_declarations(
+        "mod a;\n#[cfg(test)]\n#[path = \"a_tests.rs\"]\nmod tests;\n#[path = \"x.rs\"]\npub(crate) mod b;\n",
+    );
+    let got: Vec<(&str, Option<&str>)> = decls
+        .iter()
+        .map(|d| (d.name.as_str(), d.path_attr.as_deref()))
+        .collect();
+    assert_eq!(got, [("a", None), ("b", Some("x.rs"))]);
+
+    let m = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let modules: BTreeSet<Vec<String>> =
+        [m(&[]), m(&["route"]), m(&["route", "decide"]), m(&["lb"])].into();
+    let from = m(&["route", "decide"]);
+    let at = |w: &[&str]| resolve(&from, &m(w), &modules);
+    assert_eq!(at(&["super", "Plan"]), Some(m(&["route"])));
+    assert_eq!(at(&["super", "super", "lb", "choose"]), Some(m(&["lb"])));
+    assert_eq!(at(&["crate", "lb"]), Some(m(&["lb"])));
+    assert_eq!(at(&["self", "helper"]), Some(m(&["route", "decide"])));
+}
