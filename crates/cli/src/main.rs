@@ -32,7 +32,8 @@ enum Command {
     Control(control::ControlCommand),
     /// The node proxy: one per node, serving every enrolled pod on it.
     Node(node::NodeArgs),
-    /// A waypoint instance (minimal, L4): re-decides on behalf of the original source's cluster.
+    /// A waypoint instance: routes, authorizes and balances each HTTP request (other bytes at
+    /// L4), deciding again on behalf of the original source's cluster.
     Waypoint(node::WaypointArgs),
     /// An east-west gateway: the entry of a network for double-HBONE traffic from others.
     Gateway(node::GatewayArgs),

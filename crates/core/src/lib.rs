@@ -15,6 +15,7 @@
 //! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
 //! - [`random`]: the seeded random source decisions take.
+//! - `testing` (feature `testing`): `MeshBuilder`, meshes for tests and benchmarks.
 
 #![forbid(unsafe_code)]
 

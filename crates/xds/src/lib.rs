@@ -4,7 +4,8 @@
 //! - [`convert`]: model <-> `istio.workload.Address` / `istio.security.Authorization`.
 //! - [`resources`]: versioned resource sets and their differences.
 //! - [`assemble`]: a data-plane snapshot from decoded resources.
-//! - [`client`]: the subscriber in `ferry node`.
+//! - [`client`]: the subscriber the data-plane programs share (through `ferry_runtime::bootstrap`);
+//!   [`client::XdsClient::changes`] tells when a new snapshot is applied.
 //!
 //! The server side (`DeltaAggregatedResources`, flattening, the watched topology file) is in
 //! `ferry-control`; this crate depends on neither the CA nor the topology file format.
