@@ -6,7 +6,6 @@ mod control;
 mod explain;
 mod lab;
 mod node;
-mod render;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

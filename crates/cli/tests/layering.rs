@@ -89,21 +89,6 @@ const FORBIDDEN: &[(&[&str], &str, &str)] = &[
 
 /// `(crate, module, module, why)`: sibling modules that still refer to each other. Shrink only.
 const ALLOWED_CYCLES: &[(&str, &str, &str, &str)] = &[
-    // `render` prints the report types `explain` builds; the review merges both into
-    // `cli/src/explain/`.
-    (
-        "ferry",
-        "explain",
-        "render",
-        "render.rs prints explain's report types",
-    ),
-    // `cli` dispatches to `session::up`, which takes `cli::LabArgs` back.
-    (
-        "ferry-lab",
-        "cli",
-        "session",
-        "the lab's arguments live with the dispatch that uses session",
-    ),
     // The node's god object: `Node` owns the listeners' state, and each listener takes `Node`.
     // Being reshaped now (outbound plan/open/relay, per-connection re-checks).
     (

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::session::LabArgs;
 use crate::{apps, bench, craft, ops, session};
 
 #[derive(Debug, clap::Subcommand)]
@@ -246,16 +247,6 @@ pub enum LabCommand {
         #[arg(long, default_value = "hello\n")]
         data: String,
     },
-}
-
-#[derive(Debug, clap::Args)]
-pub struct LabArgs {
-    /// Where the lab keeps its state, logs and sockets.
-    #[arg(long, default_value = "/run/ferry-lab")]
-    pub state_dir: PathBuf,
-    /// Prefix of the lab's namespace names (several labs can coexist).
-    #[arg(long, default_value = "fl")]
-    pub id: String,
 }
 
 /// Runs one `ferry lab` subcommand; an error is printed as `ferry lab: <error>`, exit code 2.

@@ -9,8 +9,18 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::build::{self, Options};
-use crate::cli::LabArgs;
 use crate::state::State;
+
+/// Which lab a command is about.
+#[derive(Debug, clap::Args)]
+pub struct LabArgs {
+    /// Where the lab keeps its state, logs and sockets.
+    #[arg(long, default_value = "/run/ferry-lab")]
+    pub state_dir: PathBuf,
+    /// Prefix of the lab's namespace names (several labs can coexist).
+    #[arg(long, default_value = "fl")]
+    pub id: String,
+}
 
 /// `ferry lab up`: builds the lab and prints what runs where.
 pub fn up(lab: LabArgs, topology: Option<PathBuf>, node_args: Vec<String>) -> anyhow::Result<()> {

@@ -7,7 +7,7 @@ use ferry_core::lb::LbDrop;
 use ferry_core::model::ScopeRule;
 use ferry_core::route::{CandidateRole, Class, DropReason, Step, Transport};
 
-use crate::explain::{Authorization, Report};
+use super::report::{Authorization, Report};
 
 /// Renders one report.
 pub(crate) fn text(r: &Report, topology: &str) -> String {

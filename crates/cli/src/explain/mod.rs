@@ -6,19 +6,23 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use ferry_core::authz::{self, ConnInfo, Verdict};
+use ferry_core::authz::{self, ConnInfo};
 use ferry_core::identity::Identity;
 use ferry_core::model::{TunnelProtocol, Workload};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Decision, Destination, Source, Transport};
 use ferry_core::snapshot::Snapshot;
-use serde::Serialize;
 
-use crate::{ExplainArgs, Output, render};
+use crate::{ExplainArgs, Output};
+
+mod report;
+mod text;
+
+pub(crate) use report::{Authorization, Hop, Report, SourceView};
 
 /// The built-in example: a newcomer can run `ferry explain` with nothing else.
 const EXAMPLE_NAME: &str = "examples/two-clusters.yaml (built in)";
-const EXAMPLE: &str = include_str!("../../../examples/two-clusters.yaml");
+const EXAMPLE: &str = include_str!("../../../../examples/two-clusters.yaml");
 
 /// The tour `ferry explain` gives on the built-in example without --from/--to: one path for each
 /// of Ferry's rules.
@@ -65,61 +69,6 @@ const EXIT_REFUSED: u8 = 3;
 /// Exit status for bad input: unreadable topology, unknown source or destination.
 const EXIT_USAGE: u8 = 2;
 
-/// What `ferry explain` reports for one connection.
-#[derive(Debug, Serialize)]
-pub(crate) struct Report {
-    pub(crate) title: Option<String>,
-    pub(crate) source: SourceView,
-    pub(crate) destination: String,
-    pub(crate) seed: u64,
-    /// One decision per proxy hop: the source's node proxy, then the waypoint, if any.
-    pub(crate) hops: Vec<Hop>,
-}
-
-/// One proxy's decision and what the next hop's node proxy decides about it.
-#[derive(Debug, Serialize)]
-pub(crate) struct Hop {
-    /// Who decides: the source's node proxy, or a waypoint instance.
-    pub(crate) by: String,
-    pub(crate) decision: Decision,
-    pub(crate) authorization: Authorization,
-    /// HTTP routes this hop applies to each request, in order (the decision shown is for a
-    /// request no route matches).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(crate) http_routes: Vec<String>,
-}
-
-/// The source as the report shows it.
-#[derive(Debug, Serialize)]
-pub(crate) struct SourceView {
-    pub(crate) workload: Arc<Workload>,
-    pub(crate) identity: String,
-}
-
-/// What the destination's node proxy decides.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub(crate) enum Authorization {
-    Checked {
-        at: String,
-        peer: String,
-        port: u16,
-        verdict: Verdict,
-    },
-    NotEnforced {
-        why: String,
-    },
-}
-
-impl Report {
-    pub(crate) fn refused(&self) -> bool {
-        self.hops.iter().any(|h| {
-            h.decision.outcome.is_err()
-                || matches!(&h.authorization, Authorization::Checked { verdict, .. } if !verdict.is_allowed())
-        })
-    }
-}
-
 pub(crate) fn run(args: &ExplainArgs) -> ExitCode {
     match run_inner(args) {
         Ok(code) => code,
@@ -163,7 +112,7 @@ fn run_inner(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
                 if i > 0 {
                     println!();
                 }
-                print!("{}", render::text(r, &name));
+                print!("{}", text::text(r, &name));
             }
         }
     }
