@@ -59,14 +59,46 @@ pub fn preflight() -> anyhow::Result<()> {
              `unshare --user --map-root-user --net --mount`"
         );
     }
-    for tool in ["ip", "iptables", "iptables-restore", "nsenter", "setsid"] {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-        if !found {
-            bail!("ferry lab needs `{tool}` (Debian packages: iproute2, iptables, util-linux)");
+    let missing = || TOOLS.iter().copied().find(|t| !on_path(t));
+    if let Some(tool) = missing() {
+        // A fresh machine lacks them: install them once, saying so (Debian's packages).
+        if on_path("apt-get") {
+            eprintln!(
+                "ferry lab: `{tool}` is missing; installing {}",
+                PACKAGES.join(" ")
+            );
+            let ok = Command::new("sh")
+                .args([
+                    "-c",
+                    "apt-get update -qq && apt-get install -y -qq \"$@\"",
+                    "sh",
+                ])
+                .args(PACKAGES)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .stdin(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                bail!("installing {} with apt-get failed", PACKAGES.join(" "));
+            }
+        }
+        if let Some(tool) = missing() {
+            bail!(
+                "ferry lab needs `{tool}` (Debian packages: {})",
+                PACKAGES.join(", ")
+            );
         }
     }
     Ok(())
+}
+
+/// What the lab runs, and the Debian packages that bring them.
+const TOOLS: [&str; 5] = ["ip", "iptables", "iptables-restore", "nsenter", "setsid"];
+const PACKAGES: [&str; 4] = ["iproute2", "iptables", "nftables", "util-linux"];
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
 }
 
 /// Brings a lab up; on failure, takes down whatever was made.
