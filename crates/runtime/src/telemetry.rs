@@ -12,6 +12,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use crate::conn::{ConnError, ResponseFlag};
+
 /// Which proxy reports a connection (Istio's `reporter` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reporter {
@@ -33,7 +35,8 @@ pub struct Labels {
     pub destination_principal: String,
     pub destination_cluster: String,
     pub destination_network: String,
-    /// `-` when fine, else e.g. `DENY`, `ConnectionFailure`, `NoRoute`.
+    /// `-` when fine, else e.g. `DENY`, `ConnectionFailure`, `NoRoute`: a
+    /// [`ResponseFlag`]'s string (kept a `String` for the programs that build their own).
     pub response_flags: String,
 }
 
@@ -210,9 +213,17 @@ pub struct AccessLog<'a> {
     pub bytes_recv: u64,
     pub duration: Duration,
     pub error: Option<String>,
+    /// How the connection ended, as the metrics' `response_flags` say it.
+    pub response_flags: ResponseFlag,
 }
 
 impl AccessLog<'_> {
+    /// Records `e` as how the connection ended: its message and its flag.
+    pub fn fail(&mut self, e: &ConnError) {
+        self.error = Some(e.to_string());
+        self.response_flags = e.flag;
+    }
+
     pub fn emit(&self) {
         let error = self.error.as_deref().unwrap_or("");
         let msg = if self.error.is_some() {
@@ -236,6 +247,7 @@ impl AccessLog<'_> {
             bytes_recv = self.bytes_recv,
             duration_ms = self.duration.as_millis() as u64,
             error,
+            response_flags = self.response_flags.as_str(),
             "{msg}"
         );
     }
