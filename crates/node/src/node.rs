@@ -103,6 +103,22 @@ pub(crate) struct Node {
     pub(crate) peak_active: AtomicU64,
 }
 
+/// One open proxied connection of the node, counted until dropped (for the drain and memory).
+pub(crate) struct Open(Arc<Node>);
+
+impl Open {
+    pub(crate) fn new(node: &Arc<Node>) -> Self {
+        node.opened();
+        Self(node.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Dials tunnels from inside the source pod's namespace.
 #[derive(Debug)]
 pub(crate) struct PodDialer(pub(crate) PodsByIp);

@@ -54,6 +54,12 @@ pub struct Denial(pub Verdict);
 pub enum ConnErrorKind {
     #[error(transparent)]
     Hbone(#[from] HboneError),
+    /// One tunnel of several (double HBONE: the outer one, or the inner one).
+    #[error("{hop}: {source}")]
+    Tunnel {
+        hop: &'static str,
+        source: HboneError,
+    },
     #[error(transparent)]
     Route(#[from] RouteError),
     #[error(transparent)]
@@ -153,6 +159,23 @@ impl ConnError {
     pub fn with_flag(mut self, flag: ResponseFlag) -> Self {
         self.flag = flag;
         self
+    }
+
+    /// A tunnel's set-up failed on `hop` (e.g. "outer tunnel to the gateway").
+    pub fn tunnel(hop: &'static str, source: HboneError) -> Self {
+        Self::new(
+            source.side(),
+            ResponseFlag::ConnectionFailure,
+            ConnErrorKind::Tunnel { hop, source },
+        )
+    }
+
+    /// The bytes moved (sent, received) before a copy failed; none for any other failure.
+    pub fn moved(&self) -> (u64, u64) {
+        match &self.kind {
+            ConnErrorKind::Relay { a_to_b, b_to_a, .. } => (*a_to_b, *b_to_a),
+            _ => (0, 0),
+        }
     }
 
     /// A failed TCP connect to the next hop.

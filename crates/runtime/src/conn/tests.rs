@@ -54,6 +54,11 @@ fn each_failure_has_its_side_and_flag() {
             Local,
             NoRoute,
         ),
+        (
+            ConnError::tunnel("inner", HboneError::BadAuthority("x".into())),
+            Local,
+            ConnectionFailure,
+        ),
         (InboundError::LeftMesh.into(), Local, NoRoute),
         (RecursiveCall(addr()).into(), Downstream, NoRoute),
         (denial().into(), Local, Deny),
@@ -102,6 +107,7 @@ fn a_relay_error_seen_by_reference_keeps_its_side_kind_and_counts() {
         reset: ferry_hbone::copy::Resets { a: true, b: false },
     };
     let c = ConnError::from(&e);
+    assert_eq!(c.moved(), (3, 4));
     assert_eq!(
         (c.side, c.flag),
         (Side::Upstream, ResponseFlag::UpstreamTermination)
