@@ -63,7 +63,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         bundle: Mutex::new(bundle),
         pool,
         metrics: Metrics::new(&mut registry),
-        conns: crate::conns::Conns::default(),
         drain,
         hbone_conns: Arc::default(),
         state_file: config.state_file.clone(),
@@ -105,7 +104,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     tokio::spawn(prefetch(node.clone(), ready));
-    tokio::spawn(recheck(node.clone()));
     tokio::spawn(reconcile(node.clone()));
     tokio::spawn(crate::memory::give_back(node.clone()));
     tracing::info!(
@@ -157,24 +155,6 @@ async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>
         node.certs.retain(&ids);
         if changes.changed().await.is_err() {
             return;
-        }
-    }
-}
-
-/// Re-authorizes open connections whenever a new snapshot is applied.
-async fn recheck(node: Arc<Node>) {
-    let mut changes = node.changes.clone();
-    while changes.changed().await.is_ok() {
-        let snap = node.store.load();
-        let version = snap.version();
-        tracing::debug!(
-            version,
-            tracked = node.conns.len(),
-            "re-checking open connections"
-        );
-        let closed = node.conns.recheck(&snap);
-        if closed > 0 {
-            tracing::info!(closed, version, "policy change closed connections");
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_core::authz::{self, ConnInfo, Verdict};
@@ -12,15 +11,16 @@ use ferry_core::inbound::{self, InboundPlan};
 use ferry_core::model::Workload;
 use ferry_core::ports;
 use ferry_core::snapshot::Snapshot;
-use ferry_hbone::copy;
+use ferry_hbone::copy::{self, Interrupted};
 use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::socket::reset_tcp;
-use ferry_hbone::upstream::Forward;
+use ferry_hbone::upstream::{Forward, Until};
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
@@ -50,6 +50,45 @@ fn authorize(
             via_waypoint: to_waypoint || authz::is_waypoint_of(snap, dst, peer),
         },
     )
+}
+
+/// A connection to `pod` held open, re-authorized with its own facts on each snapshot change.
+struct Held {
+    node: Arc<Node>,
+    pod: Arc<Pod>,
+    peer: Option<Identity>,
+    src: SocketAddr,
+    port: u16,
+}
+
+impl Held {
+    /// Resolves with the first denial after a change on `changes` (see
+    /// [`ferry_runtime::recheck::until_denied`]).
+    async fn until_denied(self, changes: watch::Receiver<u64>) -> Denial {
+        ferry_runtime::recheck::until_denied(changes, move || self.check()).await
+    }
+
+    fn check(&self) -> Result<(), Denial> {
+        let snap = self.node.store.load();
+        // A pod that left the mesh keeps its connections until it is removed (they end with it).
+        let Some(dst) = snap.workload(&self.pod.uid) else {
+            return Ok(());
+        };
+        let verdict = authorize(
+            &snap,
+            dst,
+            &self.pod,
+            self.peer.as_ref(),
+            self.src,
+            self.port,
+            false,
+        );
+        if verdict.is_allowed() {
+            Ok(())
+        } else {
+            Err(Denial(verdict))
+        }
+    }
 }
 
 /// The metric labels of a connection to `pod`, from what its tunnel says about its source
@@ -99,6 +138,8 @@ struct Admitted {
     opened: Option<Arc<Labels>>,
     /// Why `connect` failed, if it did (the server reports only the refusal).
     error: Option<ConnError>,
+    /// Snapshot changes since just before the one it was admitted on: each re-checks it.
+    changes: watch::Receiver<u64>,
     /// How the tunnel came, for the access log.
     path: String,
     /// The connection counted as open (for the drain and memory) until it is dropped.
@@ -125,6 +166,8 @@ impl Handler for Inbound {
     type Admit = Admitted;
 
     fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        // Taken before the snapshot: a change after this one re-checks the tunnel.
+        let changes = ferry_runtime::recheck::from_now(&self.node.changes);
         let snap = self.node.store.load();
         let to = inbound::resolve_target(&snap, &self.pod.uid, self.pod.ip, &req.target)
             .map_err(|e| ConnError::from(e).refusal())?;
@@ -171,6 +214,7 @@ impl Handler for Inbound {
             labels,
             opened: None,
             error: None,
+            changes,
             path,
             _open: Open::new(&self.node),
         })
@@ -187,7 +231,13 @@ impl Handler for Inbound {
             req.peer.clone(),
             admitted.to,
         );
-        let (id, src) = (req.id, req.peer_addr);
+        let held = Held {
+            node: node.clone(),
+            pod: pod.clone(),
+            peer: Some(peer),
+            src: req.peer_addr,
+            port: to.port(),
+        };
         async move {
             let up = match pod.netns.connect(None, to).await {
                 Ok(up) => up,
@@ -202,14 +252,17 @@ impl Handler for Inbound {
             };
             ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
             admitted.opened = Some(node.metrics.opened_shared(admitted.labels.clone()));
-            node.conns
-                .track(id, pod.clone(), Some(peer), src, to.port(), &up);
-            Ok(up.into())
+            let changes = admitted.changes.clone();
+            let until: Until = Box::pin(async move {
+                let denial: Box<dyn std::error::Error + Send + Sync> =
+                    Box::new(held.until_denied(changes).await);
+                denial
+            });
+            Ok(Forward::from(up).until(until))
         }
     }
 
     fn finished(&self, req: &ConnectRequest, mut admitted: Admitted, outcome: &Outcome<'_>) {
-        self.node.conns.forget(req.id);
         match &admitted.opened {
             Some(labels) => self
                 .node
@@ -340,6 +393,8 @@ async fn plain_checked(
         })
         .map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
+    // Taken before the snapshot: a change after this one re-checks the connection.
+    let changes = ferry_runtime::recheck::from_now(&node.changes);
     let (plan, l) = {
         let snap = node.store.load();
         let plan = inbound::plan_inbound(&snap, &pod.uid, pod.ip, inbound::Arrival::Plain(orig));
@@ -373,18 +428,20 @@ async fn plain_checked(
             log.dst_hbone_addr = wp.hbone.to_string();
             via_waypoint(node, pod, tcp, peer, orig, wp, l).await
         }
-        InboundPlan::Deliver(to) => to_pod(node, pod, tcp, peer, to, l).await,
+        InboundPlan::Deliver(to) => to_pod(node, pod, tcp, peer, to, l, changes).await,
         InboundPlan::Refuse(e) => Err(e.into()),
     }
 }
 
 /// Counts a plain connection opened once its next hop is reached (opened and closed at once
 /// under the failure's flag if it is not), copies, and counts it closed.
+/// Ended, both sides reset, if `until` resolves first (a policy change that denies it).
 async fn carry<U>(
     node: &Node,
     tcp: &mut TcpStream,
     up: Result<U, ConnError>,
     mut labels: Labels,
+    until: impl std::future::Future<Output = Denial>,
 ) -> Result<(u64, u64), ConnError>
 where
     U: tokio::io::AsyncRead + tokio::io::AsyncWrite + ferry_hbone::copy::Reset + Unpin,
@@ -399,9 +456,16 @@ where
         }
     };
     let labels = node.metrics.opened_shared(labels);
-    let r = copy::relay(tcp, &mut up, node.bounds())
+    let r = copy::relay_until(tcp, &mut up, node.bounds(), until)
         .await
-        .map_err(ConnError::from);
+        .map_err(|e| match e {
+            Interrupted::Failed(e) => ConnError::from(e),
+            Interrupted::Until {
+                reason,
+                a_to_b,
+                b_to_a,
+            } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
+        });
     let (s, rcv) = match &r {
         Ok(moved) => *moved,
         Err(e) => e.moved(),
@@ -439,29 +503,34 @@ async fn via_waypoint(
             .await?)
     })
     .await;
-    carry(node, tcp, tunnel, labels).await
+    // Not re-checked here: the waypoint judges (and re-judges) what goes through it.
+    carry(node, tcp, tunnel, labels, std::future::pending()).await
 }
 
 /// Carries a plain connection to the pod itself.
 async fn to_pod(
-    node: &Node,
+    node: &Arc<Node>,
     pod: &Arc<Pod>,
     tcp: &mut TcpStream,
     peer: SocketAddr,
     to: SocketAddr,
     labels: Labels,
+    changes: watch::Receiver<u64>,
 ) -> Result<(u64, u64), ConnError> {
     let up = pod
         .netns
         .connect(None, to)
         .await
         .map_err(|e| ConnError::connect(to, e));
-    let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
     if let Ok(up) = &up {
         ferry_runtime::sockets::tune_app_socket(up, node.idle_bound);
-        node.conns.track(id, pod.clone(), None, peer, to.port(), up);
     }
-    let r = carry(node, tcp, up, labels).await;
-    node.conns.forget(id);
-    r
+    let held = Held {
+        node: node.clone(),
+        pod: pod.clone(),
+        peer: None,
+        src: peer,
+        port: to.port(),
+    };
+    carry(node, tcp, up, labels, held.until_denied(changes)).await
 }

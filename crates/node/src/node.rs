@@ -72,9 +72,8 @@ pub(crate) struct Node {
     pub bundle: Mutex<TrustBundle>,
     pub pool: Pool,
     pub metrics: Metrics,
-    /// Open inbound connections, re-checked on every configuration change.
-    pub conns: crate::conns::Conns,
-    /// Changes whenever a new snapshot is applied.
+    /// Changes whenever a new snapshot is applied: each held inbound connection waits on it and
+    /// re-checks its own authorization ([`ferry_runtime::recheck`]).
     pub(crate) changes: tokio::sync::watch::Receiver<u64>,
     /// The drain: listeners stop when it starts (HBONE connections get a GOAWAY); at its
     /// deadline every connection still open is ended with a FIN (and END_STREAM in its tunnel),

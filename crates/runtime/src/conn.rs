@@ -68,9 +68,13 @@ pub enum ConnErrorKind {
     Recursive(#[from] RecursiveCall),
     #[error(transparent)]
     Denied(#[from] Denial),
-    /// Allowed when it opened, denied by a policy change while open.
-    #[error("connection closed: no longer allowed by policy ({0})")]
-    PolicyChanged(Denial),
+    /// Allowed when it opened, denied by a policy change while open (after moving these bytes).
+    #[error("connection closed: no longer allowed by policy ({denial})")]
+    PolicyChanged {
+        denial: Denial,
+        a_to_b: u64,
+        b_to_a: u64,
+    },
     #[error("no certificate: {0}")]
     Certificate(#[from] CertError),
     #[error("the captured connection has no original destination: {0}")]
@@ -100,7 +104,7 @@ pub enum ConnErrorKind {
 
 /// A connection's failure: which side failed, its response flag, and what happened.
 #[derive(Debug, thiserror::Error)]
-#[error("{} side failed: {kind}", side_name(*side))]
+#[error("{} side failed: {kind}", side_name(self.side))]
 pub struct ConnError {
     pub side: Side,
     pub flag: ResponseFlag,
@@ -108,7 +112,8 @@ pub struct ConnError {
     pub kind: ConnErrorKind,
 }
 
-fn side_name(side: Side) -> &'static str {
+/// A side's name in messages and the access log's `error.side`.
+pub fn side_name(side: Side) -> &'static str {
     match side {
         Side::Downstream => "downstream",
         Side::Upstream => "upstream",
@@ -173,7 +178,8 @@ impl ConnError {
     /// The bytes moved (sent, received) before a copy failed; none for any other failure.
     pub fn moved(&self) -> (u64, u64) {
         match &self.kind {
-            ConnErrorKind::Relay { a_to_b, b_to_a, .. } => (*a_to_b, *b_to_a),
+            ConnErrorKind::Relay { a_to_b, b_to_a, .. }
+            | ConnErrorKind::PolicyChanged { a_to_b, b_to_a, .. } => (*a_to_b, *b_to_a),
             _ => (0, 0),
         }
     }
@@ -213,12 +219,16 @@ impl ConnError {
         )
     }
 
-    /// An open connection that a policy change denied.
-    pub fn policy_changed(denial: Denial) -> Self {
+    /// An open connection that a policy change denied, after moving (sent, received) bytes.
+    pub fn policy_changed(denial: Denial, (a_to_b, b_to_a): (u64, u64)) -> Self {
         Self::new(
             Side::Local,
             ResponseFlag::Deny,
-            ConnErrorKind::PolicyChanged(denial),
+            ConnErrorKind::PolicyChanged {
+                denial,
+                a_to_b,
+                b_to_a,
+            },
         )
     }
 
@@ -234,13 +244,21 @@ impl ConnError {
                 io::Error::other(e.to_string()),
             )),
             Ended::Reset(e) => Some(Self::from(*e)),
+            Ended::Closed(reason) => Some(match reason.downcast_ref::<Denial>() {
+                Some(d) => Self::policy_changed(d.clone(), (outcome.sent, outcome.received)),
+                None => Self::io(
+                    Side::Local,
+                    "closed by the handler",
+                    io::Error::other(reason.to_string()),
+                ),
+            }),
         }
     }
 
     /// The HTTP refusal a CONNECT gets for this failure.
     pub fn refusal(&self) -> Refusal {
         match &self.kind {
-            ConnErrorKind::Denied(_) | ConnErrorKind::PolicyChanged(_) => {
+            ConnErrorKind::Denied(_) | ConnErrorKind::PolicyChanged { .. } => {
                 Refusal::Denied(self.kind.to_string())
             }
             ConnErrorKind::Inbound(e) if e.is_bad_request() => {

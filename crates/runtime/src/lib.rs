@@ -9,6 +9,7 @@
 //! - [`drain`]: one drain primitive, graceful then forced at a deadline.
 //! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.
 //! - [`baggage`]: Ferry's baggage keys on CONNECT requests.
+//! - [`recheck`]: a connection's own policy re-check on each snapshot change.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.
 //! - [`telemetry`]: access log and Istio-named TCP metrics.
@@ -22,6 +23,7 @@ pub mod bootstrap;
 pub mod conn;
 pub mod drain;
 pub mod netns;
+pub mod recheck;
 pub mod serve;
 pub mod sockets;
 pub mod telemetry;

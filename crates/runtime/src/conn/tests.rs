@@ -62,7 +62,7 @@ fn each_failure_has_its_side_and_flag() {
         (InboundError::LeftMesh.into(), Local, NoRoute),
         (RecursiveCall(addr()).into(), Downstream, NoRoute),
         (denial().into(), Local, Deny),
-        (ConnError::policy_changed(denial()), Local, Deny),
+        (ConnError::policy_changed(denial(), (1, 2)), Local, Deny),
         (
             ConnError::connect(addr(), refused),
             Upstream,
