@@ -121,6 +121,13 @@ fn labels(
     }
 }
 
+/// A tunnel's labels: its own until it is counted opened, then the metrics' shared copy (a
+/// long connection holds a pointer, not eleven strings).
+enum Counted {
+    Pending(Box<Labels>),
+    Opened(Arc<Labels>),
+}
+
 /// The HBONE handler of one pod.
 struct Inbound {
     node: Arc<Node>,
@@ -132,10 +139,9 @@ struct Inbound {
 struct Admitted {
     /// The pod's address and port the tunnel goes to.
     to: SocketAddr,
-    /// Counted under these when the pod is reached (or the dial failed); closed under the same.
-    labels: Labels,
-    /// The shared copy of `labels`, once counted opened.
-    opened: Option<Arc<Labels>>,
+    /// Counted opened under these when the pod is reached (or opened and closed at once if the
+    /// dial failed); closed under the same.
+    labels: Counted,
     /// Why `connect` failed, if it did (the server reports only the refusal).
     error: Option<ConnError>,
     /// Snapshot changes since just before the one it was admitted on: each re-checks it.
@@ -211,8 +217,7 @@ impl Handler for Inbound {
         );
         Ok(Admitted {
             to,
-            labels,
-            opened: None,
+            labels: Counted::Pending(Box::new(labels)),
             error: None,
             changes,
             path,
@@ -245,13 +250,17 @@ impl Handler for Inbound {
                     // Counted opened and closed under the failure's flag, in `finished`.
                     let e = ConnError::connect(to, e);
                     let refusal = e.refusal();
-                    admitted.labels.response_flags = e.flag.into();
+                    if let Counted::Pending(l) = &mut admitted.labels {
+                        l.response_flags = e.flag.into();
+                    }
                     admitted.error = Some(e);
                     return Err(refusal);
                 }
             };
             ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
-            admitted.opened = Some(node.metrics.opened_shared(admitted.labels.clone()));
+            if let Counted::Pending(l) = &admitted.labels {
+                admitted.labels = Counted::Opened(node.metrics.opened_shared((**l).clone()));
+            }
             let changes = admitted.changes.clone();
             let until: Until = Box::pin(async move {
                 let denial: Box<dyn std::error::Error + Send + Sync> =
@@ -263,14 +272,15 @@ impl Handler for Inbound {
     }
 
     fn finished(&self, req: &ConnectRequest, mut admitted: Admitted, outcome: &Outcome<'_>) {
-        match &admitted.opened {
-            Some(labels) => self
-                .node
-                .metrics
-                .closed(labels, outcome.sent, outcome.received),
-            None => {
-                self.node.metrics.opened(&admitted.labels);
-                self.node.metrics.closed(&admitted.labels, 0, 0);
+        match &admitted.labels {
+            Counted::Opened(labels) => {
+                self.node
+                    .metrics
+                    .closed(labels, outcome.sent, outcome.received);
+            }
+            Counted::Pending(labels) => {
+                self.node.metrics.opened(labels);
+                self.node.metrics.closed(labels, 0, 0);
             }
         }
         let error = admitted

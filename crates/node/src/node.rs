@@ -100,6 +100,9 @@ pub(crate) struct Node {
     pub(crate) active: AtomicU64,
     /// The most connections open at once since memory was last given back.
     pub(crate) peak_active: AtomicU64,
+    /// Notified when the open connections fall to half of `peak_active`: memory is given
+    /// back then ([`crate::memory`]).
+    pub(crate) halved: tokio::sync::Notify,
 }
 
 /// One open proxied connection of the node, counted until dropped (for the drain and memory).
@@ -114,7 +117,14 @@ impl Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        let node = &self.0;
+        let open = node
+            .active
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        if crate::memory::halved(open, node.peak_active.load(Ordering::Relaxed)) {
+            node.halved.notify_one();
+        }
     }
 }
 
