@@ -143,7 +143,7 @@ struct Admitted {
     /// dial failed); closed under the same.
     labels: Counted,
     /// Why `connect` failed, if it did (the server reports only the refusal).
-    error: Option<ConnError>,
+    error: Option<Box<ConnError>>,
     /// Snapshot changes since just before the one it was admitted on: each re-checks it.
     changes: watch::Receiver<u64>,
     /// How the tunnel came, for the access log.
@@ -253,7 +253,7 @@ impl Handler for Inbound {
                     if let Counted::Pending(l) = &mut admitted.labels {
                         l.response_flags = e.flag.into();
                     }
-                    admitted.error = Some(e);
+                    admitted.error = Some(Box::new(e));
                     return Err(refusal);
                 }
             };
@@ -286,6 +286,7 @@ impl Handler for Inbound {
         let error = admitted
             .error
             .take()
+            .map(|e| *e)
             .or_else(|| ConnError::from_outcome(outcome));
         let mut log = self.access_log(req, req.target.to_string(), admitted.path);
         log.bytes_sent = outcome.sent;

@@ -4,10 +4,11 @@
 //! connections, has fallen to half of its peak since the last trim, `malloc_trim` hands the free
 //! pages back to the system (measured: 1.3x the idle footprint after the same spike).
 //!
-//! Event-driven: the last [`crate::node::Open`] guard that takes the count of open connections
-//! to half its peak wakes [`give_back`] ([`crate::node::Node::halved`]). The HBONE connections
-//! that carried them close later (the pool lets a burst's surplus go after its
-//! `surplus_idle_timeout`), so one more look follows that long after each wake-up.
+//! Event-driven: the [`crate::node::Open`] guard that takes the count of open connections to
+//! half its peak wakes [`give_back`] ([`crate::node::Node::halved`]), which trims once the
+//! drop has settled ([`settle`]). The HBONE connections that carried them close later, with no
+//! event to wait on: they are counted every 2 s after a burst until they stop closing
+//! ([`follow_tunnels`]), and never between bursts.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -33,48 +34,80 @@ fn hbone_halved(hbone: u64, peak: u64) -> bool {
     peak >= HBONE_FLOOR && hbone * 2 <= peak
 }
 
-/// Runs forever; trims after each large drop in open connections, and looks again once the
-/// HBONE connections left over from the burst have had time to close.
+/// Runs forever; trims after each large drop in open connections, then follows the HBONE
+/// connections left over from the burst until they stop closing.
 pub(crate) async fn give_back(node: Arc<Node>) {
-    let later = PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2);
-    let mut hbone_peak = 0;
-    let mut look_again: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
-        let tunnels_closed = async {
-            match look_again.as_mut() {
-                Some(at) => at.await,
-                None => std::future::pending().await,
-            }
-        };
-        // The HBONE count is read at each wake-up: near its peak when the connections it
-        // carried have just closed, down once its surplus went.
-        let hbone = || node.pool.connections() as u64 + node.hbone_conns.load(Ordering::Relaxed);
-        tokio::select! {
-            () = node.halved.notified() => {
-                hbone_peak = hbone_peak.max(hbone());
-                look_again = Some(Box::pin(tokio::time::sleep(later)));
-            }
-            () = tunnels_closed => look_again = None,
-        }
+        node.halved.notified().await;
+        // Read now: near its peak, as the connections it carried have just closed.
+        let hbone_peak = hbone(&node);
+        settle(&node).await;
         let open = node.active.load(Ordering::Relaxed);
         let peak = node.peak_active.load(Ordering::Relaxed);
-        let hbone = hbone();
-        hbone_peak = hbone_peak.max(hbone);
-        if halved(open, peak) || hbone_halved(hbone, hbone_peak) {
+        if halved(open, peak) {
+            let released = trim();
+            tracing::debug!(open, peak, released, "gave freed memory back to the system");
+            node.peak_active.store(open, Ordering::Relaxed);
+        }
+        follow_tunnels(&node, hbone_peak).await;
+    }
+}
+
+/// HBONE connections being served or pooled.
+fn hbone(node: &Node) -> u64 {
+    node.pool.connections() as u64 + node.hbone_conns.load(Ordering::Relaxed)
+}
+
+/// After a burst: the HBONE connections that carried it close later (the pool lets its surplus
+/// go after `surplus_idle_timeout`, peers likewise) and no event tells of it, so their count is
+/// looked at every [`FOLLOW`] until it has not fallen for that timeout and a little more;
+/// memory is given back each time it has halved. Nothing is looked at between bursts.
+async fn follow_tunnels(node: &Node, mut peak: u64) {
+    let patience = PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2);
+    let (mut last, mut quiet) = (peak, Duration::ZERO);
+    while quiet < patience {
+        tokio::time::sleep(FOLLOW).await;
+        let now = hbone(node);
+        if now < last {
+            (last, quiet) = (now, Duration::ZERO);
+        } else {
+            quiet += FOLLOW;
+        }
+        if hbone_halved(now, peak) {
             let released = trim();
             tracing::debug!(
-                open,
-                peak,
-                hbone,
-                hbone_peak,
+                hbone = now,
+                hbone_peak = peak,
                 released,
                 "gave freed memory back to the system"
             );
-            node.peak_active.store(open, Ordering::Relaxed);
-            hbone_peak = hbone;
+            peak = now;
         }
     }
 }
+
+/// How often a burst's leftover HBONE connections are counted while they close.
+const FOLLOW: Duration = Duration::from_secs(2);
+
+/// A burst's connections close over a moment: trimming once they have (no drop below half for
+/// [`SETTLE`]) gives all of it back, where trimming at the first halving gave back half. Waits
+/// at most [`SETTLE_MAX`], so that steady traffic below the old peak does not put it off.
+async fn settle(node: &Node) {
+    let most = tokio::time::sleep(SETTLE_MAX);
+    tokio::pin!(most);
+    loop {
+        tokio::select! {
+            () = node.halved.notified() => {}
+            () = tokio::time::sleep(SETTLE) => return,
+            () = &mut most => return,
+        }
+    }
+}
+
+/// How long the open connections must stop falling before a trim.
+const SETTLE: Duration = Duration::from_millis(500);
+/// The longest a trim waits for them to.
+const SETTLE_MAX: Duration = Duration::from_secs(5);
 
 /// Returns free heap pages to the system; `true` if any were released.
 pub(crate) fn trim() -> bool {
