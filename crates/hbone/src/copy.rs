@@ -7,7 +7,8 @@
 //! moves bytes: [`Bounds::half_closed_idle`] ends a half-closed copy that went quiet, so no
 //! socket waits in CLOSE-WAIT or FIN-WAIT-2 for a peer that will never finish.
 //!
-//! [`relay`] is the copy a proxy runs: it copies, then resets the side that did not fail.
+//! [`relay`] is the copy a proxy runs: it copies, then resets the side that did not fail;
+//! [`relay_until`] also ends it, resetting both sides, when a future resolves (a policy change).
 //!
 //! # The tunnel, as a state table
 //!
@@ -240,6 +241,38 @@ where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
+    match copy_until(
+        a,
+        b,
+        bounds,
+        std::future::pending::<std::convert::Infallible>(),
+    )
+    .await
+    {
+        Ok(moved) => Ok(moved),
+        Err(Stop::Failed(e)) => Err(e),
+        Err(Stop::Until { reason, .. }) => match reason {},
+    }
+}
+
+/// Why [`copy_until`] stopped before both directions ended.
+enum Stop<T> {
+    Failed(CopyError),
+    Until { reason: T, a_to_b: u64, b_to_a: u64 },
+}
+
+/// [`bidirectional_bounded`], stopped as soon as `until` resolves (with the bytes moved so far).
+async fn copy_until<A, B, T>(
+    a: &mut A,
+    b: &mut B,
+    bounds: Bounds,
+    until: impl Future<Output = T>,
+) -> Result<(u64, u64), Stop<T>>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    let mut until = std::pin::pin!(until);
     let mut ab = Direction::new();
     let mut ba = Direction::new();
     let (mut ab_done, mut ba_done) = (false, false);
@@ -259,18 +292,25 @@ where
     let mut lingering: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let (mut a_eof, mut b_eof) = (false, false);
     poll_fn(|cx| {
+        if let Poll::Ready(reason) = until.as_mut().poll(cx) {
+            return Poll::Ready(Err(Stop::Until {
+                reason,
+                a_to_b: ab.amount,
+                b_to_a: ba.amount,
+            }));
+        }
         if !finishing && finish.as_mut().poll(cx).is_ready() {
             finishing = true;
             ab.finishing = true;
             ba.finishing = true;
         }
         let fail = |failed, source, ab: &Direction, ba: &Direction| {
-            Poll::Ready(Err(CopyError {
+            Poll::Ready(Err(Stop::Failed(CopyError {
                 failed,
                 source,
                 a_to_b: ab.amount,
                 b_to_a: ba.amount,
-            }))
+            })))
         };
         if !ab_done {
             match ab.poll_copy(cx, Pin::new(&mut *a), Pin::new(&mut *b)) {
@@ -411,9 +451,44 @@ where
     A: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
 {
-    match bidirectional_bounded(a, b, bounds).await {
+    match relay_until(
+        a,
+        b,
+        bounds,
+        std::future::pending::<std::convert::Infallible>(),
+    )
+    .await
+    {
         Ok(moved) => Ok(moved),
-        Err(copy) => {
+        Err(Interrupted::Failed(e)) => Err(e),
+        Err(Interrupted::Until { reason, .. }) => match reason {},
+    }
+}
+
+/// How a [`relay_until`] ended early.
+#[derive(Debug)]
+pub enum Interrupted<T> {
+    /// The copy failed: as [`relay`].
+    Failed(RelayError),
+    /// `until` resolved first: both sides were reset.
+    Until { reason: T, a_to_b: u64, b_to_a: u64 },
+}
+
+/// [`relay`], ended as soon as `until` resolves (a policy change that no longer allows the
+/// connection): both sides are then reset, and the bytes moved so far reported.
+pub async fn relay_until<A, B, T>(
+    a: &mut A,
+    b: &mut B,
+    bounds: Bounds,
+    until: impl Future<Output = T>,
+) -> Result<(u64, u64), Interrupted<T>>
+where
+    A: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
+{
+    match copy_until(a, b, bounds, until).await {
+        Ok(moved) => Ok(moved),
+        Err(Stop::Failed(copy)) => {
             let reset = Resets::after(&copy);
             if reset.a {
                 a.reset();
@@ -421,7 +496,20 @@ where
             if reset.b {
                 b.reset();
             }
-            Err(RelayError { copy, reset })
+            Err(Interrupted::Failed(RelayError { copy, reset }))
+        }
+        Err(Stop::Until {
+            reason,
+            a_to_b,
+            b_to_a,
+        }) => {
+            a.reset();
+            b.reset();
+            Err(Interrupted::Until {
+                reason,
+                a_to_b,
+                b_to_a,
+            })
         }
     }
 }

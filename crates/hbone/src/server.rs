@@ -83,6 +83,8 @@ pub enum Ended<'a> {
     ClientGone(&'a h2::Error),
     /// A direction failed or stayed quiet past the bound; the other side was reset.
     Reset(&'a copy::RelayError),
+    /// The handler's [`Forward::until`] ended it, for this reason; both sides were reset.
+    Closed(&'a (dyn std::error::Error + Send + Sync + 'static)),
 }
 
 /// What a tunnel moved, and how it ended.
@@ -109,6 +111,7 @@ impl Outcome<'_> {
                 copy::Failed::A => Side::Downstream,
                 copy::Failed::B => Side::Upstream,
             }),
+            Ended::Closed(_) => Some(Side::Local),
         }
     }
 
@@ -119,6 +122,7 @@ impl Outcome<'_> {
             Ended::Refused(r) => Some(r.to_string()),
             Ended::ClientGone(e) => Some(format!("client went away: {e}")),
             Ended::Reset(e) => Some(e.to_string()),
+            Ended::Closed(reason) => Some(format!("closed: {reason}")),
         }
     }
 }
@@ -353,8 +357,9 @@ async fn serve_stream<H: Handler>(
         }
     };
     let mut tunnel = H2Stream::new(send, body);
-    let mut upstream = match forward {
-        Forward::Stream(u) => u,
+    let (mut upstream, until) = match forward {
+        Forward::Stream(u) => (u, None),
+        Forward::Guarded { upstream, until } => (upstream, Some(until)),
         Forward::Serve(serve) => {
             serve(tunnel).await;
             let outcome = Outcome {
@@ -365,8 +370,15 @@ async fn serve_stream<H: Handler>(
             return handler.finished(&req, admitted, &outcome);
         }
     };
-    // On an error, the side that did not fail is reset (both after the half-closed idle bound).
-    match copy::relay(&mut tunnel, &mut upstream, bounds).await {
+    // On an error, the side that did not fail is reset (both after the half-closed idle bound,
+    // or when the handler's `until` ends the tunnel).
+    let until = async {
+        match until {
+            Some(u) => u.await,
+            None => std::future::pending().await,
+        }
+    };
+    match copy::relay_until(&mut tunnel, &mut upstream, bounds, until).await {
         Ok((sent, received)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, bytes_sent = sent, bytes_recv = received, "tunnel complete");
             let outcome = Outcome {
@@ -376,12 +388,25 @@ async fn serve_stream<H: Handler>(
             };
             handler.finished(&req, admitted, &outcome);
         }
-        Err(e) => {
+        Err(copy::Interrupted::Failed(e)) => {
             tracing::debug!(src.identity = %peer, dst.addr = %req.target, error = %e, "tunnel reset");
             let outcome = Outcome {
                 sent: e.copy.a_to_b,
                 received: e.copy.b_to_a,
                 ended: Ended::Reset(&e),
+            };
+            handler.finished(&req, admitted, &outcome);
+        }
+        Err(copy::Interrupted::Until {
+            reason,
+            a_to_b,
+            b_to_a,
+        }) => {
+            tracing::debug!(src.identity = %peer, dst.addr = %req.target, reason = %reason, "tunnel closed by its handler");
+            let outcome = Outcome {
+                sent: a_to_b,
+                received: b_to_a,
+                ended: Ended::Closed(&*reason),
             };
             handler.finished(&req, admitted, &outcome);
         }

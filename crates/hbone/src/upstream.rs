@@ -18,10 +18,17 @@ use crate::pool::Tunnel;
 pub type Serve =
     Box<dyn FnOnce(crate::stream::H2Stream) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
+/// Ends a forwarded tunnel early when it resolves, with the reason it gives (e.g. a policy
+/// change that no longer allows it): both sides are reset, and the handler's `finished` is
+/// told [`crate::server::Ended::Closed`].
+pub type Until = Pin<Box<dyn Future<Output = Box<dyn std::error::Error + Send + Sync>> + Send>>;
+
 /// What to do with an admitted tunnel.
 pub enum Forward {
     /// Copy it to and from this byte stream.
     Stream(Upstream),
+    /// Copy it to and from this byte stream until `until` resolves ([`Forward::until`]).
+    Guarded { upstream: Upstream, until: Until },
     /// No far side: the handler serves the tunnel's stream itself (no bytes are copied).
     Serve(Serve),
 }
@@ -36,7 +43,24 @@ impl std::fmt::Debug for Forward {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Stream(u) => f.debug_tuple("Stream").field(u).finish(),
+            Self::Guarded { upstream, .. } => f
+                .debug_struct("Guarded")
+                .field("upstream", upstream)
+                .finish_non_exhaustive(),
             Self::Serve(_) => f.write_str("Serve"),
+        }
+    }
+}
+
+impl Forward {
+    /// The same forward, ended early when `until` resolves. A tunnel the handler serves in
+    /// process ([`Forward::Serve`]) is left as it is: its server ends it itself.
+    pub fn until(self, until: Until) -> Self {
+        match self {
+            Self::Stream(upstream) | Self::Guarded { upstream, .. } => {
+                Self::Guarded { upstream, until }
+            }
+            Self::Serve(s) => Self::Serve(s),
         }
     }
 }

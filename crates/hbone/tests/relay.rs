@@ -4,7 +4,7 @@
 use std::io::ErrorKind;
 use std::time::Duration;
 
-use ferry_hbone::copy::{Bounds, Failed, Resets, relay};
+use ferry_hbone::copy::{Bounds, Failed, Interrupted, Resets, relay, relay_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -116,4 +116,39 @@ async fn a_clean_end_resets_nothing() {
     server.shutdown().await.unwrap();
     assert_eq!(read_end(&mut client).await, Ok(b"pong".to_vec()));
     assert_eq!(proxy.await.unwrap().unwrap(), (4, 4));
+}
+
+#[tokio::test]
+async fn a_relay_ended_by_its_until_resets_both_sides_and_counts_what_moved() {
+    let (mut client, mut a) = pair().await;
+    let (mut b, mut server) = pair().await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<&'static str>();
+    let proxy = tokio::spawn(async move {
+        let until = async move { stopped.await.unwrap_or("sender gone") };
+        let r = relay_until(&mut a, &mut b, Bounds::default(), until).await;
+        drop((a, b));
+        r
+    });
+    client.write_all(b"request").await.unwrap();
+    let mut got = [0u8; 7];
+    server.read_exact(&mut got).await.unwrap();
+    server.write_all(b"ans").await.unwrap();
+    let mut ans = [0u8; 3];
+    client.read_exact(&mut ans).await.unwrap();
+    // A held connection, both directions open: ended from outside (a policy change).
+    stop.send("no longer allowed").unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), proxy)
+        .await
+        .expect("the relay ends")
+        .unwrap();
+    match end {
+        Err(Interrupted::Until {
+            reason,
+            a_to_b,
+            b_to_a,
+        }) => assert_eq!((reason, a_to_b, b_to_a), ("no longer allowed", 7, 3)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(read_end(&mut client).await, Err(ErrorKind::ConnectionReset));
+    assert_eq!(read_end(&mut server).await, Err(ErrorKind::ConnectionReset));
 }

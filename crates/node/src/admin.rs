@@ -97,7 +97,9 @@ fn config_dump(node: &Node) -> serde_json::Value {
         "pods": pods,
         "unserved_pods": node.unserved.lock().iter().map(|(uid, (netns, why))| json!({"uid": uid.to_string(), "netns": netns.display().to_string(), "reason": why})).collect::<Vec<_>>(),
         "active_connections": node.active(),
-        "tracked_connections": node.conns.len(),
+        // Every open connection now re-checks itself on a policy change (no registry is kept):
+        // the count of open connections.
+        "tracked_connections": node.active(),
         "certificates": ferry_runtime::admin::cert_summary(&node.certs),
     })
 }

@@ -63,7 +63,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         bundle: Mutex::new(bundle),
         pool,
         metrics: Metrics::new(&mut registry),
-        conns: crate::conns::Conns::default(),
         drain,
         hbone_conns: Arc::default(),
         state_file: config.state_file.clone(),
@@ -77,6 +76,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         connections: AtomicU64::new(0),
         active: AtomicU64::new(0),
         peak_active: AtomicU64::new(0),
+        halved: tokio::sync::Notify::new(),
     });
     let ready = mesh.ready();
     let admin = tokio::net::TcpListener::bind(config.admin)
@@ -105,7 +105,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     tokio::spawn(prefetch(node.clone(), ready));
-    tokio::spawn(recheck(node.clone()));
     tokio::spawn(reconcile(node.clone()));
     tokio::spawn(crate::memory::give_back(node.clone()));
     tracing::info!(
@@ -161,27 +160,15 @@ async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>
     }
 }
 
-/// Re-authorizes open connections whenever a new snapshot is applied.
-async fn recheck(node: Arc<Node>) {
-    let mut changes = node.changes.clone();
-    while changes.changed().await.is_ok() {
-        let snap = node.store.load();
-        let version = snap.version();
-        tracing::debug!(
-            version,
-            tracked = node.conns.len(),
-            "re-checking open connections"
-        );
-        let closed = node.conns.recheck(&snap);
-        if closed > 0 {
-            tracing::info!(closed, version, "policy change closed connections");
-        }
-    }
-}
-
 /// Keeps every enrolled pod's capture rules in place: rules removed by someone else are put
 /// back (and counted), so a pod's traffic does not go around the proxy for longer than one
 /// check interval. A pod whose namespace is gone is reported.
+///
+/// This one polls, on purpose: what it watches is outside the process (iptables rules another
+/// program may delete, a namespace path that may be re-created, enrolled pods whose namespace
+/// may become servable again) and no event tells of it: netfilter has no notification for a
+/// deleted rule that we could subscribe to without a netlink monitor per pod namespace. The
+/// interval bounds how long a pod's traffic can go around the proxy.
 async fn reconcile(node: Arc<Node>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_core::authz::{self, ConnInfo, Verdict};
@@ -12,18 +11,21 @@ use ferry_core::inbound::{self, InboundPlan};
 use ferry_core::model::Workload;
 use ferry_core::ports;
 use ferry_core::snapshot::Snapshot;
-use ferry_hbone::copy;
+use ferry_hbone::copy::{self, Interrupted};
 use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::socket::reset_tcp;
-use ferry_hbone::upstream::Forward;
+use ferry_hbone::upstream::{Forward, Until};
 use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
-use crate::node::{Node, Pod};
+use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
+
+use crate::node::{Node, Open, Pod};
 
 /// Authorizes a connection to `pod` (workload `dst` in `snap`) on `port`.
 fn authorize(
@@ -50,13 +52,52 @@ fn authorize(
     )
 }
 
+/// A connection to `pod` held open, re-authorized with its own facts on each snapshot change.
+struct Held {
+    node: Arc<Node>,
+    pod: Arc<Pod>,
+    peer: Option<Identity>,
+    src: SocketAddr,
+    port: u16,
+}
+
+impl Held {
+    /// Resolves with the first denial after a change on `changes` (see
+    /// [`ferry_runtime::recheck::until_denied`]).
+    async fn until_denied(self, changes: watch::Receiver<u64>) -> Denial {
+        ferry_runtime::recheck::until_denied(changes, move || self.check()).await
+    }
+
+    fn check(&self) -> Result<(), Denial> {
+        let snap = self.node.store.load();
+        // A pod that left the mesh keeps its connections until it is removed (they end with it).
+        let Some(dst) = snap.workload(&self.pod.uid) else {
+            return Ok(());
+        };
+        let verdict = authorize(
+            &snap,
+            dst,
+            &self.pod,
+            self.peer.as_ref(),
+            self.src,
+            self.port,
+            false,
+        );
+        if verdict.is_allowed() {
+            Ok(())
+        } else {
+            Err(Denial(verdict))
+        }
+    }
+}
+
 /// The metric labels of a connection to `pod`, from what its tunnel says about its source
 /// (`headers`: baggage names the cluster; the inner request of double HBONE names the network).
 fn labels(
     dst: Option<&Workload>,
     pod: &Pod,
     peer: Option<&Identity>,
-    flags: &str,
+    flag: ResponseFlag,
     headers: Option<&ConnectHeaders>,
 ) -> Labels {
     let unknown = || "unknown".to_string();
@@ -76,8 +117,15 @@ fn labels(
         destination_principal: pod.identity.to_string(),
         destination_cluster: dst.map_or_else(unknown, |w| w.cluster.to_string()),
         destination_network: dst.map_or_else(unknown, |w| w.network.to_string()),
-        response_flags: flags.into(),
+        response_flags: flag.into(),
     }
+}
+
+/// A tunnel's labels: its own until it is counted opened, then the metrics' shared copy (a
+/// long connection holds a pointer, not eleven strings).
+enum Counted {
+    Pending(Box<Labels>),
+    Opened(Arc<Labels>),
 }
 
 /// The HBONE handler of one pod.
@@ -91,28 +139,17 @@ struct Inbound {
 struct Admitted {
     /// The pod's address and port the tunnel goes to.
     to: SocketAddr,
-    /// Counted as opened under these; closed under the same.
-    labels: Arc<Labels>,
+    /// Counted opened under these when the pod is reached (or opened and closed at once if the
+    /// dial failed); closed under the same.
+    labels: Counted,
+    /// Why `connect` failed, if it did (the server reports only the refusal).
+    error: Option<Box<ConnError>>,
+    /// Snapshot changes since just before the one it was admitted on: each re-checks it.
+    changes: watch::Receiver<u64>,
     /// How the tunnel came, for the access log.
     path: String,
     /// The connection counted as open (for the drain and memory) until it is dropped.
     _open: Open,
-}
-
-/// One open proxied connection of the node, counted until dropped.
-pub(crate) struct Open(Arc<Node>);
-
-impl Open {
-    pub(crate) fn new(node: &Arc<Node>) -> Self {
-        node.opened();
-        Self(node.clone())
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 impl Inbound {
@@ -135,20 +172,15 @@ impl Handler for Inbound {
     type Admit = Admitted;
 
     fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        // Taken before the snapshot: a change after this one re-checks the tunnel.
+        let changes = ferry_runtime::recheck::from_now(&self.node.changes);
         let snap = self.node.store.load();
-        let to = inbound::resolve_target(&snap, &self.pod.uid, self.pod.ip, &req.target).map_err(
-            |e| {
-                if e.is_bad_request() {
-                    Refusal::BadRequest(e.to_string())
-                } else {
-                    Refusal::Unavailable(e.to_string())
-                }
-            },
-        )?;
-        ports::refuse_recursion(self.pod.ip, to).map_err(|e| Refusal::BadRequest(e.to_string()))?;
+        let to = inbound::resolve_target(&snap, &self.pod.uid, self.pod.ip, &req.target)
+            .map_err(|e| ConnError::from(e).refusal())?;
+        ports::refuse_recursion(self.pod.ip, to).map_err(|e| ConnError::from(e).refusal())?;
         let dst = snap
             .workload(&self.pod.uid)
-            .ok_or_else(|| Refusal::Unavailable("the pod left the mesh".into()))?;
+            .ok_or_else(|| ConnError::from(inbound::InboundError::LeftMesh).refusal())?;
         let headers = ConnectHeaders::read(&req.headers);
         let path = hbone_path(&snap, dst, &req.peer, &headers);
         let verdict = authorize(
@@ -161,31 +193,33 @@ impl Handler for Inbound {
             false,
         );
         if !verdict.is_allowed() {
-            let why = verdict.to_string();
+            let e = ConnError::from(Denial(verdict));
             let l = labels(
                 Some(dst),
                 &self.pod,
                 Some(&req.peer),
-                "DENY",
+                e.flag,
                 Some(&headers),
             );
             self.node.metrics.opened(&l);
             self.node.metrics.closed(&l, 0, 0);
             let mut log = self.access_log(req, to.to_string(), path);
-            log.error = Some(why.clone());
+            log.fail(&e);
             log.emit();
-            return Err(Refusal::Denied(why));
+            return Err(e.refusal());
         }
-        let labels = self.node.metrics.opened_shared(labels(
+        let labels = labels(
             Some(dst),
             &self.pod,
             Some(&req.peer),
-            "-",
+            ResponseFlag::None,
             Some(&headers),
-        ));
+        );
         Ok(Admitted {
             to,
-            labels,
+            labels: Counted::Pending(Box::new(labels)),
+            error: None,
+            changes,
             path,
             _open: Open::new(&self.node),
         })
@@ -202,29 +236,64 @@ impl Handler for Inbound {
             req.peer.clone(),
             admitted.to,
         );
-        let (id, src) = (req.id, req.peer_addr);
+        let held = Held {
+            node: node.clone(),
+            pod: pod.clone(),
+            peer: Some(peer),
+            src: req.peer_addr,
+            port: to.port(),
+        };
         async move {
-            let up = pod
-                .netns
-                .connect(None, to)
-                .await
-                .map_err(|e| Refusal::Unavailable(format!("connect {to}: {e}")))?;
+            let up = match pod.netns.connect(None, to).await {
+                Ok(up) => up,
+                Err(e) => {
+                    // Counted opened and closed under the failure's flag, in `finished`.
+                    let e = ConnError::connect(to, e);
+                    let refusal = e.refusal();
+                    if let Counted::Pending(l) = &mut admitted.labels {
+                        l.response_flags = e.flag.into();
+                    }
+                    admitted.error = Some(Box::new(e));
+                    return Err(refusal);
+                }
+            };
             ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
-            node.conns
-                .track(id, pod.clone(), Some(peer), src, to.port(), &up);
-            Ok(up.into())
+            if let Counted::Pending(l) = &admitted.labels {
+                admitted.labels = Counted::Opened(node.metrics.opened_shared((**l).clone()));
+            }
+            let changes = admitted.changes.clone();
+            let until: Until = Box::pin(async move {
+                let denial: Box<dyn std::error::Error + Send + Sync> =
+                    Box::new(held.until_denied(changes).await);
+                denial
+            });
+            Ok(Forward::from(up).until(until))
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, admitted: Admitted, outcome: &Outcome<'_>) {
-        self.node.conns.forget(req.id);
-        self.node
-            .metrics
-            .closed(&admitted.labels, outcome.sent, outcome.received);
+    fn finished(&self, req: &ConnectRequest, mut admitted: Admitted, outcome: &Outcome<'_>) {
+        match &admitted.labels {
+            Counted::Opened(labels) => {
+                self.node
+                    .metrics
+                    .closed(labels, outcome.sent, outcome.received);
+            }
+            Counted::Pending(labels) => {
+                self.node.metrics.opened(labels);
+                self.node.metrics.closed(labels, 0, 0);
+            }
+        }
+        let error = admitted
+            .error
+            .take()
+            .map(|e| *e)
+            .or_else(|| ConnError::from_outcome(outcome));
         let mut log = self.access_log(req, req.target.to_string(), admitted.path);
         log.bytes_sent = outcome.sent;
         log.bytes_recv = outcome.received;
-        log.error = outcome.error();
+        if let Some(e) = &error {
+            log.fail(e);
+        }
         log.emit();
     }
 }
@@ -290,13 +359,15 @@ async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr)
         path: "plain tcp".into(),
         ..AccessLog::default()
     };
-    let result = plain_relay(&node, &pod, tcp, peer, &mut log).await;
-    match result {
+    match plain_relay(&node, &pod, tcp, peer, &mut log).await {
         Ok((s, r)) => {
             log.bytes_sent = s;
             log.bytes_recv = r;
         }
-        Err(e) => log.error = Some(e),
+        Err(e) => {
+            (log.bytes_sent, log.bytes_recv) = e.moved();
+            log.fail(&e);
+        }
     }
     log.duration = started.elapsed();
     log.emit();
@@ -310,24 +381,39 @@ async fn plain_relay(
     mut tcp: TcpStream,
     peer: SocketAddr,
     log: &mut AccessLog<'_>,
-) -> Result<(u64, u64), String> {
-    let Some(orig) = SockRef::from(&tcp)
-        .original_dst_v4()
-        .ok()
-        .and_then(|a| a.as_socket())
-    else {
+) -> Result<(u64, u64), ConnError> {
+    let r = plain_checked(node, pod, &mut tcp, peer, log).await;
+    if r.is_err() {
         reset_tcp(&tcp);
-        return Err("no original destination".into());
-    };
+    }
+    r
+}
+
+async fn plain_checked(
+    node: &Arc<Node>,
+    pod: &Arc<Pod>,
+    tcp: &mut TcpStream,
+    peer: SocketAddr,
+    log: &mut AccessLog<'_>,
+) -> Result<(u64, u64), ConnError> {
+    let orig = SockRef::from(&*tcp)
+        .original_dst_v4()
+        .and_then(|a| {
+            a.as_socket()
+                .ok_or_else(|| std::io::Error::other("not an IP address"))
+        })
+        .map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
+    // Taken before the snapshot: a change after this one re-checks the connection.
+    let changes = ferry_runtime::recheck::from_now(&node.changes);
     let (plan, l) = {
         let snap = node.store.load();
         let plan = inbound::plan_inbound(&snap, &pod.uid, pod.ip, inbound::Arrival::Plain(orig));
         let dst = snap.workload(&pod.uid).map(|w| &**w);
         let verdict = match (&plan, dst) {
-            (InboundPlan::Refuse(e), _) => Err(e.to_string()),
-            (_, None) => Err("the pod left the mesh".to_string()),
-            (plan, Some(dst)) => Ok(authorize(
+            (InboundPlan::Refuse(e), _) => return Err(e.clone().into()),
+            (_, None) => return Err(inbound::InboundError::LeftMesh.into()),
+            (plan, Some(dst)) => authorize(
                 &snap,
                 dst,
                 pod,
@@ -335,43 +421,67 @@ async fn plain_relay(
                 peer,
                 orig.port(),
                 matches!(plan, InboundPlan::ViaWaypoint(_)),
-            )),
+            ),
         };
-        match verdict {
-            Ok(v) if v.is_allowed() => {}
-            Ok(v) => {
-                let l = labels(dst, pod, None, "DENY", None);
-                node.metrics.opened(&l);
-                node.metrics.closed(&l, 0, 0);
-                reset_tcp(&tcp);
-                return Err(v.to_string());
-            }
-            Err(e) => {
-                reset_tcp(&tcp);
-                return Err(e);
-            }
+        if !verdict.is_allowed() {
+            let e = ConnError::from(Denial(verdict));
+            let l = labels(dst, pod, None, e.flag, None);
+            node.metrics.opened(&l);
+            node.metrics.closed(&l, 0, 0);
+            return Err(e);
         }
-        (
-            plan,
-            node.metrics
-                .opened_shared(labels(dst, pod, None, "-", None)),
-        )
+        (plan, labels(dst, pod, None, ResponseFlag::None, None))
     };
-    let r = match plan {
+    match plan {
         // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
         InboundPlan::ViaWaypoint(wp) => {
             log.path = format!("plain tcp via waypoint {}", wp.waypoint);
             log.dst_hbone_addr = wp.hbone.to_string();
-            via_waypoint(node, pod, &mut tcp, peer, orig, wp).await
+            via_waypoint(node, pod, tcp, peer, orig, wp, l).await
         }
-        InboundPlan::Deliver(to) => to_pod(node, pod, &mut tcp, peer, to).await,
-        InboundPlan::Refuse(e) => Err(e.to_string()),
-    };
-    if r.is_err() {
-        reset_tcp(&tcp);
+        InboundPlan::Deliver(to) => to_pod(node, pod, tcp, peer, to, l, changes).await,
+        InboundPlan::Refuse(e) => Err(e.into()),
     }
-    let (s, rcv) = *r.as_ref().unwrap_or(&(0, 0));
-    node.metrics.closed(&l, s, rcv);
+}
+
+/// Counts a plain connection opened once its next hop is reached (opened and closed at once
+/// under the failure's flag if it is not), copies, and counts it closed.
+/// Ended, both sides reset, if `until` resolves first (a policy change that denies it).
+async fn carry<U>(
+    node: &Node,
+    tcp: &mut TcpStream,
+    up: Result<U, ConnError>,
+    mut labels: Labels,
+    until: impl std::future::Future<Output = Denial>,
+) -> Result<(u64, u64), ConnError>
+where
+    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + ferry_hbone::copy::Reset + Unpin,
+{
+    let mut up = match up {
+        Ok(up) => up,
+        Err(e) => {
+            labels.response_flags = e.flag.into();
+            node.metrics.opened(&labels);
+            node.metrics.closed(&labels, 0, 0);
+            return Err(e);
+        }
+    };
+    let labels = node.metrics.opened_shared(labels);
+    let r = copy::relay_until(tcp, &mut up, node.bounds(), until)
+        .await
+        .map_err(|e| match e {
+            Interrupted::Failed(e) => ConnError::from(e),
+            Interrupted::Until {
+                reason,
+                a_to_b,
+                b_to_a,
+            } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
+        });
+    let (s, rcv) = match &r {
+        Ok(moved) => *moved,
+        Err(e) => e.moved(),
+    };
+    node.metrics.closed(&labels, s, rcv);
     r
 }
 
@@ -383,53 +493,55 @@ async fn via_waypoint(
     peer: SocketAddr,
     orig: SocketAddr,
     wp: inbound::WaypointInstance,
-) -> Result<(u64, u64), String> {
-    let creds = node
-        .certs
-        .fetch(&pod.identity)
-        .await
-        .map_err(|e| e.to_string())?;
-    let key = PoolKey::new(pod.identity.clone(), pod.ip, wp.hbone, vec![wp.identity]);
-    let baggage = Baggage {
-        cluster: Some(wp.cluster.to_string()),
-        plaintext: true,
-        ..Baggage::default()
-    };
-    let headers = ConnectHeaders {
-        baggage: baggage.to_pairs(),
-        forwarded_for: Some(peer),
-        ..ConnectHeaders::default()
-    };
-    let mut tunnel = node
-        .pool
-        .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
-        .await
-        .map_err(|e| e.to_string())?;
-    copy::relay(tcp, &mut tunnel, node.bounds())
-        .await
-        .map_err(|e| e.to_string())
+    labels: Labels,
+) -> Result<(u64, u64), ConnError> {
+    let tunnel = Box::pin(async {
+        let creds = node.certs.fetch(&pod.identity).await?;
+        let key = PoolKey::new(pod.identity.clone(), pod.ip, wp.hbone, vec![wp.identity]);
+        let baggage = Baggage {
+            cluster: Some(wp.cluster.to_string()),
+            plaintext: true,
+            ..Baggage::default()
+        };
+        let headers = ConnectHeaders {
+            baggage: baggage.to_pairs(),
+            forwarded_for: Some(peer),
+            ..ConnectHeaders::default()
+        };
+        Ok(node
+            .pool
+            .open(&key, &creds, &node.bundle(), &orig.to_string(), &headers)
+            .await?)
+    })
+    .await;
+    // Not re-checked here: the waypoint judges (and re-judges) what goes through it.
+    carry(node, tcp, tunnel, labels, std::future::pending()).await
 }
 
 /// Carries a plain connection to the pod itself.
 async fn to_pod(
-    node: &Node,
+    node: &Arc<Node>,
     pod: &Arc<Pod>,
     tcp: &mut TcpStream,
     peer: SocketAddr,
     to: SocketAddr,
-) -> Result<(u64, u64), String> {
-    let mut up = pod
+    labels: Labels,
+    changes: watch::Receiver<u64>,
+) -> Result<(u64, u64), ConnError> {
+    let up = pod
         .netns
         .connect(None, to)
         .await
-        .map_err(|e| e.to_string())?;
-    ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
-    let id = u64::MAX - node.connections.fetch_add(1, Ordering::Relaxed);
-    node.conns
-        .track(id, pod.clone(), None, peer, to.port(), &up);
-    let r = copy::relay(tcp, &mut up, node.bounds())
-        .await
-        .map_err(|e| e.to_string());
-    node.conns.forget(id);
-    r
+        .map_err(|e| ConnError::connect(to, e));
+    if let Ok(up) = &up {
+        ferry_runtime::sockets::tune_app_socket(up, node.idle_bound);
+    }
+    let held = Held {
+        node: node.clone(),
+        pod: pod.clone(),
+        peer: None,
+        src: peer,
+        port: to.port(),
+    };
+    carry(node, tcp, up, labels, held.until_denied(changes)).await
 }

@@ -10,8 +10,8 @@
 //! - `node`: state and pod enrollment; `api`: the node-local enrollment API;
 //!   `enrollment`: enrolled pods kept across restarts.
 //! - `capture`: the iptables rules in each pod's namespace.
-//! - `outbound`, `inbound`: the two directions; `conns`: open inbound connections re-checked on
-//!   policy changes.
+//! - `outbound`, `inbound`: the two directions; a held inbound connection re-checks its own
+//!   authorization on each snapshot change (`ferry_runtime::recheck`).
 //! - `admin`: readiness, config dump, certificates, metrics; `memory`: memory given back after
 //!   load spikes.
 //!
@@ -22,7 +22,6 @@ mod admin;
 mod api;
 mod app;
 mod capture;
-mod conns;
 mod enrollment;
 mod inbound;
 mod memory;

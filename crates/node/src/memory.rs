@@ -3,44 +3,111 @@
 //! connections had come and gone). Whenever the number of open connections, or of HBONE
 //! connections, has fallen to half of its peak since the last trim, `malloc_trim` hands the free
 //! pages back to the system (measured: 1.3x the idle footprint after the same spike).
+//!
+//! Event-driven: the [`crate::node::Open`] guard that takes the count of open connections to
+//! half its peak wakes [`give_back`] ([`crate::node::Node::halved`]), which trims once the
+//! drop has settled ([`settle`]). The HBONE connections that carried them close later, with no
+//! event to wait on: they are counted every 2 s after a burst until they stop closing
+//! ([`follow_tunnels`]), and never between bursts.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use ferry_hbone::pool::PoolConfig;
+
 use crate::node::Node;
 
-/// How often the connection count is looked at.
-const EVERY: Duration = Duration::from_secs(2);
+/// Below this peak of open connections, a drop is not worth a walk over the heap.
+const CONNS_FLOOR: u64 = 64;
+/// Below this peak of HBONE connections, likewise.
+const HBONE_FLOOR: u64 = 4;
 
-/// Runs forever; trims after each large drop in open connections, or in HBONE connections
-/// (pooled ones left over from a burst close a little later than the connections they carried).
+/// Whether `open` connections, down from `peak`, are a drop worth trimming after; what
+/// [`crate::node::Open`]'s drop asks before waking [`give_back`].
+pub(crate) fn halved(open: u64, peak: u64) -> bool {
+    peak >= CONNS_FLOOR && open * 2 <= peak
+}
+
+/// Whether `hbone` connections, down from `peak`, are a drop worth trimming after.
+fn hbone_halved(hbone: u64, peak: u64) -> bool {
+    peak >= HBONE_FLOOR && hbone * 2 <= peak
+}
+
+/// Runs forever; trims after each large drop in open connections, then follows the HBONE
+/// connections left over from the burst until they stop closing.
 pub(crate) async fn give_back(node: Arc<Node>) {
-    let mut hbone_peak = 0;
     loop {
-        tokio::time::sleep(EVERY).await;
+        node.halved.notified().await;
+        // Read now: near its peak, as the connections it carried have just closed.
+        let hbone_peak = hbone(&node);
+        settle(&node).await;
         let open = node.active.load(Ordering::Relaxed);
         let peak = node.peak_active.load(Ordering::Relaxed);
-        let hbone = node.pool.connections() as u64 + node.hbone_conns.load(Ordering::Relaxed);
-        hbone_peak = hbone_peak.max(hbone);
-        // Small drops are not worth a walk over the heap.
-        let conns_dropped = peak >= 64 && open * 2 <= peak;
-        let hbone_dropped = hbone_peak >= 4 && hbone * 2 <= hbone_peak;
-        if conns_dropped || hbone_dropped {
+        if halved(open, peak) {
+            let released = trim();
+            tracing::debug!(open, peak, released, "gave freed memory back to the system");
+            node.peak_active.store(open, Ordering::Relaxed);
+        }
+        follow_tunnels(&node, hbone_peak).await;
+    }
+}
+
+/// HBONE connections being served or pooled.
+fn hbone(node: &Node) -> u64 {
+    node.pool.connections() as u64 + node.hbone_conns.load(Ordering::Relaxed)
+}
+
+/// After a burst: the HBONE connections that carried it close later (the pool lets its surplus
+/// go after `surplus_idle_timeout`, peers likewise) and no event tells of it, so their count is
+/// looked at every [`FOLLOW`] until it has not fallen for that timeout and a little more;
+/// memory is given back each time it has halved. Nothing is looked at between bursts.
+async fn follow_tunnels(node: &Node, mut peak: u64) {
+    let patience = PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2);
+    let (mut last, mut quiet) = (peak, Duration::ZERO);
+    while quiet < patience {
+        tokio::time::sleep(FOLLOW).await;
+        let now = hbone(node);
+        if now < last {
+            (last, quiet) = (now, Duration::ZERO);
+        } else {
+            quiet += FOLLOW;
+        }
+        if hbone_halved(now, peak) {
             let released = trim();
             tracing::debug!(
-                open,
-                peak,
-                hbone,
-                hbone_peak,
+                hbone = now,
+                hbone_peak = peak,
                 released,
                 "gave freed memory back to the system"
             );
-            node.peak_active.store(open, Ordering::Relaxed);
-            hbone_peak = hbone;
+            peak = now;
         }
     }
 }
+
+/// How often a burst's leftover HBONE connections are counted while they close.
+const FOLLOW: Duration = Duration::from_secs(2);
+
+/// A burst's connections close over a moment: trimming once they have (no drop below half for
+/// [`SETTLE`]) gives all of it back, where trimming at the first halving gave back half. Waits
+/// at most [`SETTLE_MAX`], so that steady traffic below the old peak does not put it off.
+async fn settle(node: &Node) {
+    let most = tokio::time::sleep(SETTLE_MAX);
+    tokio::pin!(most);
+    loop {
+        tokio::select! {
+            () = node.halved.notified() => {}
+            () = tokio::time::sleep(SETTLE) => return,
+            () = &mut most => return,
+        }
+    }
+}
+
+/// How long the open connections must stop falling before a trim.
+const SETTLE: Duration = Duration::from_millis(500);
+/// The longest a trim waits for them to.
+const SETTLE_MAX: Duration = Duration::from_secs(5);
 
 /// Returns free heap pages to the system; `true` if any were released.
 pub(crate) fn trim() -> bool {
@@ -54,5 +121,21 @@ pub(crate) fn trim() -> bool {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trim_follows_a_fall_to_half_of_a_peak_worth_it() {
+        assert!(halved(32, 64));
+        assert!(halved(0, 5_000));
+        assert!(!halved(33, 64), "not yet half");
+        assert!(!halved(0, 63), "too small a peak");
+        assert!(hbone_halved(2, 4));
+        assert!(!hbone_halved(3, 4));
+        assert!(!hbone_halved(0, 3));
     }
 }

@@ -72,9 +72,8 @@ pub(crate) struct Node {
     pub bundle: Mutex<TrustBundle>,
     pub pool: Pool,
     pub metrics: Metrics,
-    /// Open inbound connections, re-checked on every configuration change.
-    pub conns: crate::conns::Conns,
-    /// Changes whenever a new snapshot is applied.
+    /// Changes whenever a new snapshot is applied: each held inbound connection waits on it and
+    /// re-checks its own authorization ([`ferry_runtime::recheck`]).
     pub(crate) changes: tokio::sync::watch::Receiver<u64>,
     /// The drain: listeners stop when it starts (HBONE connections get a GOAWAY); at its
     /// deadline every connection still open is ended with a FIN (and END_STREAM in its tunnel),
@@ -101,6 +100,32 @@ pub(crate) struct Node {
     pub(crate) active: AtomicU64,
     /// The most connections open at once since memory was last given back.
     pub(crate) peak_active: AtomicU64,
+    /// Notified when the open connections fall to half of `peak_active`: memory is given
+    /// back then ([`crate::memory`]).
+    pub(crate) halved: tokio::sync::Notify,
+}
+
+/// One open proxied connection of the node, counted until dropped (for the drain and memory).
+pub(crate) struct Open(Arc<Node>);
+
+impl Open {
+    pub(crate) fn new(node: &Arc<Node>) -> Self {
+        node.opened();
+        Self(node.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let node = &self.0;
+        let open = node
+            .active
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        if crate::memory::halved(open, node.peak_active.load(Ordering::Relaxed)) {
+            node.halved.notify_one();
+        }
+    }
 }
 
 /// Dials tunnels from inside the source pod's namespace.

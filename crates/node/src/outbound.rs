@@ -1,21 +1,30 @@
 //! Outbound: a pod's captured connection -> the routing decision -> HBONE, or plain TCP.
+//!
+//! In three phases: [`plan`] (pure: the routing decision, and everything the connection is
+//! labelled, logged and tunnelled with, derived once from one snapshot), [`open`] (one arm per
+//! transport), then one [`copy::relay`] (which resets the side that did not fail).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use ferry_core::random::SplitMix64;
+use ferry_core::identity::Identity;
+use ferry_core::model::Workload;
+use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{self, Destination, Source, Transport};
-use ferry_hbone::copy::{self, Failed};
-use ferry_hbone::headers::ConnectHeaders;
+use ferry_core::snapshot::Snapshot;
+use ferry_hbone::copy::{self, Reset};
+use ferry_hbone::headers::{Baggage, ConnectHeaders, WorkloadKind, WorkloadName};
 use ferry_hbone::pool::PoolKey;
-use ferry_hbone::server::reset_tcp;
+use ferry_hbone::socket::reset_tcp;
+use ferry_runtime::conn::{ConnError, ResponseFlag};
+use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 use socket2::SockRef;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::node::{Node, Pod};
-use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
+use crate::node::{Node, Open, Pod};
 
 pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {
@@ -32,7 +41,7 @@ async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: Socket
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);
-    node.opened();
+    let _open = Open::new(&node);
     let mut log = AccessLog {
         direction: "outbound",
         src_addr: peer.to_string(),
@@ -40,14 +49,45 @@ async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: Socket
         src_identity: pod.identity.to_string(),
         ..AccessLog::default()
     };
-    let result = proxy(&node, &pod, &mut tcp, peer, n, &mut log).await;
-    if let Err(e) = &result {
+    if let Err(e) = proxy(&node, &pod, &mut tcp, peer, n, &mut log).await {
         reset_tcp(&tcp);
-        log.error = Some(e.clone());
+        log.fail(&e);
     }
     log.duration = started.elapsed();
     log.emit();
-    node.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A byte stream to the next hop: a TCP connection, a tunnel, or a tunnel in a tunnel.
+trait Io: AsyncRead + AsyncWrite + Reset + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Reset + Unpin + Send> Io for T {}
+
+/// One outbound connection, decided once: how it goes, and what it is labelled and logged with.
+#[derive(Debug)]
+struct Ctx {
+    transport: Transport,
+    /// Counted under these once the next hop is reached (or the connection failed on its way).
+    labels: Labels,
+    /// The CONNECT metadata of its tunnel (unused by plain TCP).
+    headers: ConnectHeaders,
+    log: LogFields,
+}
+
+/// What the access log says about where a connection goes.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct LogFields {
+    dst_workload: String,
+    dst_service: String,
+    dst_hbone_addr: String,
+    dst_identity: String,
+    path: String,
+}
+
+/// A connection the routing decision refused: why, and the labels it is counted under.
+#[derive(Debug)]
+struct Refused {
+    error: ConnError,
+    labels: Labels,
 }
 
 async fn proxy(
@@ -57,51 +97,123 @@ async fn proxy(
     peer: SocketAddr,
     n: u64,
     log: &mut AccessLog<'_>,
-) -> Result<(), String> {
-    let orig = SockRef::from(&*tcp)
-        .original_dst_v4()
-        .ok()
-        .and_then(|a| a.as_socket())
-        .ok_or("no original destination")?;
-    log.dst_addr = orig.to_string();
-    ferry_core::ports::refuse_recursion(pod.ip, orig).map_err(|e| e.to_string())?;
-    let snap = node.store.load();
-    let src = snap
-        .workload(&pod.uid)
-        .cloned()
-        .ok_or("the pod left the mesh")?;
-    let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
-    // The data path asks for the plan alone: no trace is built.
-    let outcome = route::plan(&snap, Source::new(&src), &Destination::Addr(orig), &mut rng);
-    let mut labels = Labels {
-        reporter: Reporter::Source,
-        source_workload: pod.name.clone(),
-        source_principal: pod.identity.to_string(),
-        source_cluster: src.cluster.to_string(),
-        source_network: src.network.to_string(),
-        destination_workload: "unknown".into(),
-        destination_service: "unknown".into(),
-        destination_principal: "unknown".into(),
-        destination_cluster: "unknown".into(),
-        destination_network: "unknown".into(),
-        response_flags: "-".into(),
+) -> Result<(), ConnError> {
+    // The set-up runs boxed, its state freed once done: the connection's task keeps only what
+    // the copy needs while it lives (measured: 7.3 KB inline, 2.8 KB boxed).
+    let (labels, mut up) = Box::pin(set_up(node, pod, tcp, peer, n, log)).await?;
+    let relayed = copy::relay(tcp, &mut up, node.bounds())
+        .await
+        .map_err(ConnError::from);
+    let (sent, recv) = match &relayed {
+        Ok(moved) => *moved,
+        Err(e) => e.moved(),
     };
-    let plan = match outcome {
-        Ok(p) => p,
-        Err(e) => {
-            labels.response_flags = "NoRoute".into();
-            node.metrics.opened(&labels);
-            node.metrics.closed(&labels, 0, 0);
+    log.bytes_sent = sent;
+    log.bytes_recv = recv;
+    node.metrics.closed(&labels, sent, recv);
+    relayed.map(drop)
+}
+
+/// Phases one and two: the plan, then the next hop opened. Returns the labels the connection
+/// was counted opened under. A connection that fails before is counted opened and closed under
+/// its failure's flag.
+async fn set_up(
+    node: &Node,
+    pod: &Pod,
+    tcp: &TcpStream,
+    peer: SocketAddr,
+    n: u64,
+    log: &mut AccessLog<'_>,
+) -> Result<(Arc<Labels>, Box<dyn Io>), ConnError> {
+    let orig = SockRef::from(tcp)
+        .original_dst_v4()
+        .and_then(|a| {
+            a.as_socket()
+                .ok_or_else(|| std::io::Error::other("not an IP address"))
+        })
+        .map_err(ConnError::no_original_dst)?;
+    log.dst_addr = orig.to_string();
+    ferry_core::ports::refuse_recursion(pod.ip, orig)?;
+    let planned = {
+        // Not held while the connection lives: a long connection must not pin an old snapshot.
+        let snap = node.store.load();
+        let src = snap.workload(&pod.uid).ok_or_else(ConnError::source_left)?;
+        let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
+        plan(&snap, src, &pod.identity, peer, orig, &mut rng)
+    };
+    let ctx = match planned {
+        Ok(ctx) => ctx,
+        Err(refused) => {
+            count_failed(node, &refused.labels);
             log.path = "refused at the source".into();
-            return Err(e.to_string());
+            return Err(refused.error);
         }
     };
-    let landing = plan
-        .landing
-        .as_ref()
-        .and_then(|u| snap.workload(u))
-        .cloned();
-    if let Some(l) = &landing {
+    let Ctx {
+        transport,
+        mut labels,
+        headers,
+        log: fields,
+    } = ctx;
+    log.dst_workload = fields.dst_workload;
+    log.dst_service = fields.dst_service;
+    log.dst_hbone_addr = fields.dst_hbone_addr;
+    log.dst_identity = fields.dst_identity;
+    log.path = fields.path;
+    match open(node, pod, &transport, &headers, &labels.source_network).await {
+        // Opened and closed are counted under one label set, shared with the other connections
+        // that carry it.
+        Ok(up) => Ok((node.metrics.opened_shared(labels), up)),
+        Err(e) => {
+            labels.response_flags = e.flag.into();
+            count_failed(node, &labels);
+            Err(e)
+        }
+    }
+}
+
+/// A connection that failed before it was counted opened: opened and closed at once.
+fn count_failed(node: &Node, labels: &Labels) {
+    node.metrics.opened(labels);
+    node.metrics.closed(labels, 0, 0);
+}
+
+/// Phase one, pure: classifies the connection from `src` (via `peer`) to `orig`, plans it with
+/// `route::plan`, and derives its labels, log fields and tunnel headers. `rng` picks endpoints
+/// and the trace id.
+fn plan(
+    snap: &Snapshot,
+    src: &Workload,
+    identity: &Identity,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    rng: &mut dyn Random,
+) -> Result<Ctx, Refused> {
+    let unknown = || "unknown".to_string();
+    let mut labels = Labels {
+        reporter: Reporter::Source,
+        source_workload: src.name.clone(),
+        source_principal: identity.to_string(),
+        source_cluster: src.cluster.to_string(),
+        source_network: src.network.to_string(),
+        destination_workload: unknown(),
+        destination_service: unknown(),
+        destination_principal: unknown(),
+        destination_cluster: unknown(),
+        destination_network: unknown(),
+        response_flags: ResponseFlag::None.into(),
+    };
+    // The data path asks for the plan alone: no trace is built.
+    let plan = match route::plan(snap, Source::new(src), &Destination::Addr(orig), rng) {
+        Ok(p) => p,
+        Err(e) => {
+            let error = ConnError::from(e);
+            labels.response_flags = error.flag.into();
+            return Err(Refused { error, labels });
+        }
+    };
+    let mut log = LogFields::default();
+    if let Some(l) = plan.landing.as_ref().and_then(|u| snap.workload(u)) {
         labels.destination_workload = l.name.clone();
         labels.destination_cluster = l.cluster.to_string();
         labels.destination_network = l.network.to_string();
@@ -118,80 +230,80 @@ async fn proxy(
         (None, Transport::Tcp { .. }) => "plain tcp (destination not in the mesh)".into(),
         (None, Transport::Passthrough { .. }) => "passthrough".into(),
     };
-    match &plan.transport {
+    // Where a tunnel goes: its HBONE address and the identities it accepts.
+    let hbone = match &plan.transport {
         Transport::Hbone {
             connect_to,
             identities,
             ..
-        } => note_destination(log, &mut labels, *connect_to, identities),
+        } => Some((*connect_to, identities)),
         Transport::GatewayHbone {
             gateway,
             identities,
             ..
-        } => note_destination(log, &mut labels, *gateway, identities),
-        _ => {}
+        } => Some((*gateway, identities)),
+        Transport::Tcp { .. } | Transport::Passthrough { .. } => None,
+    };
+    if let Some((addr, identities)) = hbone {
+        log.dst_hbone_addr = addr.to_string();
+        log.dst_identity = identities
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        labels.destination_principal = log.dst_identity.clone();
     }
-    // Opened and closed are counted under one label set, shared with the other connections
-    // that carry it (changed, copy on write, only when the connection fails).
-    let mut labels = node.metrics.opened_shared(labels);
-    // Not held while the connection lives: a long connection must not pin an old snapshot.
-    drop(landing);
-    drop(snap);
-    let outcome = match &plan.transport {
+    let baggage = Baggage {
+        cluster: Some(src.cluster.to_string()),
+        namespace: Some(src.namespace.clone()),
+        workload: Some(WorkloadName {
+            kind: WorkloadKind::Pod,
+            name: src.name.clone(),
+        }),
+        ..Baggage::default()
+    };
+    let headers = ConnectHeaders {
+        baggage: baggage.to_pairs(),
+        forwarded_for: Some(peer),
+        forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
+        traceparent: Some(traceparent(rng)),
+        forwarded_network: None,
+    };
+    Ok(Ctx {
+        transport: plan.transport,
+        labels,
+        headers,
+        log,
+    })
+}
+
+/// Phase two: opens the next hop of `transport`, from inside the pod's namespace.
+/// `src_network` is what the inner tunnel of double HBONE tells the destination.
+async fn open(
+    node: &Node,
+    pod: &Pod,
+    transport: &Transport,
+    headers: &ConnectHeaders,
+    src_network: &str,
+) -> Result<Box<dyn Io>, ConnError> {
+    match transport {
         Transport::Hbone {
             connect_to,
             authority,
             identities,
         } => {
-            // The set-up runs boxed, its state freed once done: the connection's task keeps
-            // only what the copy needs while it lives (measured: 7.3 KB inline, 2.8 KB boxed).
-            let opened = Box::pin(async {
-                let creds = node
-                    .certs
-                    .fetch(&pod.identity)
-                    .await
-                    .map_err(|e| (false, e.to_string()))?;
-                let key = PoolKey::new(
-                    pod.identity.clone(),
-                    pod.ip,
-                    *connect_to,
-                    identities.clone(),
-                );
-                let headers = tunnel_headers(&src, peer, &plan, n);
-                node.pool
-                    .open(&key, &creds, &node.bundle(), authority, &headers)
-                    .await
-                    .map_err(|e| (true, e.to_string()))
-            })
-            .await;
-            let mut tunnel = opened.map_err(|e| setup_failed(&mut labels, e))?;
-            match copy::bidirectional_bounded(tcp, &mut tunnel, node.bounds()).await {
-                Ok((sent, recv)) => Ok((sent, recv)),
-                Err(e) => {
-                    if e.failed == Failed::A || e.timed_out() {
-                        tunnel.abort();
-                    }
-                    Err((e.a_to_b, e.b_to_a, e.to_string()))
-                }
-            }
-        }
-        Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
-            let mut up = Box::pin(pod.netns.connect(None, *connect_to))
-                .await
-                .map_err(|e| {
-                    Arc::make_mut(&mut labels).response_flags = "ConnectionFailure".into();
-                    format!("connect {connect_to}: {e}")
-                })?;
-            ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
-            match copy::bidirectional_bounded(tcp, &mut up, node.bounds()).await {
-                Ok(v) => Ok(v),
-                Err(e) => {
-                    if e.failed == Failed::A || e.timed_out() {
-                        reset_tcp(&up);
-                    }
-                    Err((e.a_to_b, e.b_to_a, e.to_string()))
-                }
-            }
+            let creds = node.certs.fetch(&pod.identity).await?;
+            let key = PoolKey::new(
+                pod.identity.clone(),
+                pod.ip,
+                *connect_to,
+                identities.clone(),
+            );
+            let tunnel = node
+                .pool
+                .open(&key, &creds, &node.bundle(), authority, headers)
+                .await?;
+            Ok(Box::new(tunnel))
         }
         Transport::GatewayHbone {
             gateway,
@@ -199,68 +311,45 @@ async fn proxy(
             authority,
             identities,
         } => {
-            // Boxed set-up, as above.
-            let opened = Box::pin(async {
-                let creds = node
-                    .certs
-                    .fetch(&pod.identity)
-                    .await
-                    .map_err(|e| (false, e.to_string()))?;
-                let key = PoolKey::new(
-                    pod.identity.clone(),
-                    pod.ip,
-                    *gateway,
-                    vec![gateway_identity.clone()],
-                );
-                let headers = tunnel_headers(&src, peer, &plan, n);
-                let bundle = node.bundle();
-                let outer = node
-                    .pool
-                    .open(&key, &creds, &bundle, authority, &headers)
-                    .await
-                    .map_err(|e| (true, format!("outer tunnel to the gateway: {e}")))?;
-                let inner_headers = ConnectHeaders {
-                    forwarded_network: Some(src.network.to_string()),
-                    ..headers
-                };
-                ferry_hbone::double::open_inner(
-                    outer,
-                    *gateway,
-                    &creds,
-                    &bundle,
-                    identities.clone(),
-                    authority,
-                    &inner_headers,
-                    &ferry_hbone::settings::Settings::default(),
-                )
+            let creds = node.certs.fetch(&pod.identity).await?;
+            let key = PoolKey::new(
+                pod.identity.clone(),
+                pod.ip,
+                *gateway,
+                vec![gateway_identity.clone()],
+            );
+            let bundle = node.bundle();
+            let outer = node
+                .pool
+                .open(&key, &creds, &bundle, authority, headers)
                 .await
-                .map_err(|e| (true, format!("inner tunnel through the gateway: {e}")))
-            })
-            .await;
-            let mut inner = opened.map_err(|e| setup_failed(&mut labels, e))?;
-            match copy::bidirectional_bounded(tcp, &mut inner, node.bounds()).await {
-                Ok(v) => Ok(v),
-                Err(e) => {
-                    if e.failed == Failed::A || e.timed_out() {
-                        inner.abort();
-                    }
-                    Err((e.a_to_b, e.b_to_a, e.to_string()))
-                }
-            }
+                .map_err(|e| ConnError::tunnel("outer tunnel to the gateway", e))?;
+            let inner_headers = ConnectHeaders {
+                forwarded_network: Some(src_network.to_string()),
+                ..headers.clone()
+            };
+            let inner = ferry_hbone::double::open_inner(
+                outer,
+                *gateway,
+                &creds,
+                &bundle,
+                identities.clone(),
+                authority,
+                &inner_headers,
+                &ferry_hbone::settings::Settings::default(),
+            )
+            .await
+            .map_err(|e| ConnError::tunnel("inner tunnel through the gateway", e))?;
+            Ok(Box::new(inner))
         }
-    };
-    match outcome {
-        Ok((sent, recv)) => {
-            log.bytes_sent = sent;
-            log.bytes_recv = recv;
-            node.metrics.closed(&labels, sent, recv);
-            Ok(())
-        }
-        Err((sent, recv, e)) => {
-            log.bytes_sent = sent;
-            log.bytes_recv = recv;
-            node.metrics.closed(&labels, sent, recv);
-            Err(e)
+        Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
+            let up = pod
+                .netns
+                .connect(None, *connect_to)
+                .await
+                .map_err(|e| ConnError::connect(*connect_to, e))?;
+            ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
+            Ok(Box::new(up))
         }
     }
 }
@@ -271,55 +360,8 @@ fn started_nanos() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Records where a tunnel goes (its HBONE address and the identities it accepts).
-fn note_destination(
-    log: &mut AccessLog<'_>,
-    labels: &mut Labels,
-    hbone: SocketAddr,
-    identities: &[ferry_core::identity::Identity],
-) {
-    log.dst_hbone_addr = hbone.to_string();
-    log.dst_identity = identities
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    labels.destination_principal = log.dst_identity.clone();
-}
-
-/// The CONNECT metadata of a tunnel opened for `src`'s connection from `peer`.
-/// A failed set-up's reason; one that failed reaching the next hop (`true`) is flagged
-/// `ConnectionFailure` in the metrics.
-fn setup_failed(labels: &mut Arc<Labels>, (connecting, reason): (bool, String)) -> String {
-    if connecting {
-        Arc::make_mut(labels).response_flags = "ConnectionFailure".into();
-    }
-    reason
-}
-
-fn tunnel_headers(
-    src: &ferry_core::model::Workload,
-    peer: SocketAddr,
-    plan: &route::Plan,
-    n: u64,
-) -> ConnectHeaders {
-    ConnectHeaders {
-        baggage: vec![
-            ("k8s.cluster.name".into(), src.cluster.to_string()),
-            ("k8s.namespace.name".into(), src.namespace.clone()),
-            ("k8s.pod.name".into(), src.name.clone()),
-        ],
-        forwarded_for: Some(peer),
-        forwarded_host: plan.service.as_ref().map(|s| s.hostname.clone()),
-        traceparent: Some(traceparent(n)),
-        forwarded_network: None,
-    }
-}
-
 /// A W3C traceparent, random per downstream connection.
-fn traceparent(n: u64) -> String {
-    use ferry_core::random::Random;
-    let mut r = SplitMix64::new(n ^ started_nanos());
+fn traceparent(r: &mut dyn Random) -> String {
     format!(
         "00-{:016x}{:016x}-{:016x}-01",
         r.next_u64() | 1,
@@ -327,3 +369,6 @@ fn traceparent(n: u64) -> String {
         r.next_u64() | 1
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,9 +5,11 @@
 //! - [`admin`]: the admin server (HTTP/1.1 on hyper, each program adds its routes) and what
 //!   every admin endpoint shows the same way (certificates, the metrics registry).
 //! - [`bootstrap`]: subscribe to the mesh (xDS) and get certificates (CA), once for all.
+//! - [`conn`]: why a connection failed ([`conn::ConnError`]: side, response flag, cause).
 //! - [`drain`]: one drain primitive, graceful then forced at a deadline.
 //! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.
 //! - [`baggage`]: Ferry's baggage keys on CONNECT requests.
+//! - [`recheck`]: a connection's own policy re-check on each snapshot change.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.
 //! - [`telemetry`]: access log and Istio-named TCP metrics.
@@ -18,8 +20,10 @@ pub mod accept;
 pub mod admin;
 pub mod baggage;
 pub mod bootstrap;
+pub mod conn;
 pub mod drain;
 pub mod netns;
+pub mod recheck;
 pub mod serve;
 pub mod sockets;
 pub mod telemetry;

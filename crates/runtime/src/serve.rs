@@ -56,7 +56,7 @@ pub async fn serve_hbone<H: Handler>(listener: TcpListener, hbone: Hbone, handle
                 continue;
             }
         };
-        let leaf = creds.chain()[0].to_vec();
+        let leaf = creds.leaf().to_vec();
         let server = match &current {
             Some((l, s)) if *l == leaf => s.clone(),
             _ => {

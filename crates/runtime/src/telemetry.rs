@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_hbone::Side;
 use parking_lot::Mutex;
 use prometheus_client::encoding::{
     EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
@@ -11,6 +12,8 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+
+use crate::conn::{ConnError, ResponseFlag, side_name};
 
 /// Which proxy reports a connection (Istio's `reporter` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -33,7 +36,8 @@ pub struct Labels {
     pub destination_principal: String,
     pub destination_cluster: String,
     pub destination_network: String,
-    /// `-` when fine, else e.g. `DENY`, `ConnectionFailure`, `NoRoute`.
+    /// `-` when fine, else e.g. `DENY`, `ConnectionFailure`, `NoRoute`: a
+    /// [`ResponseFlag`]'s string (kept a `String` for the programs that build their own).
     pub response_flags: String,
 }
 
@@ -210,9 +214,21 @@ pub struct AccessLog<'a> {
     pub bytes_recv: u64,
     pub duration: Duration,
     pub error: Option<String>,
+    /// How the connection ended, as the metrics' `response_flags` say it.
+    pub response_flags: ResponseFlag,
+    /// Which side failed, if one did.
+    pub error_side: Option<Side>,
 }
 
 impl AccessLog<'_> {
+    /// Records `e` as how the connection ended: `error` is what failed, `error.side` the side
+    /// that failed, `response_flags` its flag.
+    pub fn fail(&mut self, e: &ConnError) {
+        self.error = Some(e.kind.to_string());
+        self.error_side = Some(e.side);
+        self.response_flags = e.flag;
+    }
+
     pub fn emit(&self) {
         let error = self.error.as_deref().unwrap_or("");
         let msg = if self.error.is_some() {
@@ -236,6 +252,8 @@ impl AccessLog<'_> {
             bytes_recv = self.bytes_recv,
             duration_ms = self.duration.as_millis() as u64,
             error,
+            error.side = self.error_side.map_or("", side_name),
+            response_flags = self.response_flags.as_str(),
             "{msg}"
         );
     }

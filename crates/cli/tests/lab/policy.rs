@@ -29,6 +29,30 @@ fn a_held_connection_is_closed_when_a_policy_change_stops_allowing_it() {
     );
 }
 
+/// legacy (outside the mesh) -> echo-beta on 8080 in plain TCP, then a DENY for its address.
+#[test]
+fn a_held_plain_connection_from_outside_the_mesh_is_closed_when_a_policy_change_stops_allowing_it()
+{
+    let Some((lab, _one_at_a_time)) = POLICY.one_at_a_time() else {
+        return;
+    };
+    // The connection re-checks itself on the change, with its own facts (no identity, its
+    // source address), and is reset on both sides.
+    assert!(
+        lab.hold_until_policy("legacy", "198.18.3.20:8080", "  - name: deny-legacy-echo-8080\n    namespace: default\n    selector: {app: echo}\n    action: deny\n    rules:\n      - from: [{ip_blocks: [198.18.3.90/32]}]\n        to: [{ports: [8080]}]\n").is_some_and(|l| l.starts_with("closed")),
+        "the held plain connection was not closed by the policy change"
+    );
+    lab.log_line(
+        "beta-1",
+        &[
+            Field("path", "plain tcp"),
+            Text("connection closed: no longer allowed by policy"),
+            Field("response_flags", "DENY"),
+            Field("error.side", "local"),
+        ],
+    );
+}
+
 /// echo-beta -> audit on 8080 (carried at L4), then a DENY for echo.
 #[test]
 fn a_held_connection_through_the_waypoint_is_closed_when_a_policy_stops_its_source() {

@@ -1,0 +1,132 @@
+use ferry_core::model::Health;
+use ferry_core::testing::MeshBuilder;
+use ferry_hbone::headers::valid_traceparent;
+
+use super::*;
+
+fn mesh() -> MeshBuilder {
+    let mut m = MeshBuilder::new();
+    m.cluster("east", "net-east");
+    m.node("east-1", "east", "us-east/a/r1")
+        .node("east-2", "east", "us-east/b/r1");
+    m.pod("sleep", "east-1", "198.18.1.10");
+    m.pod("echo", "east-2", "198.18.2.20");
+    m.service("echo", &[("net-east", "198.18.100.1")], 80, 8080);
+    m.backs("echo", "echo");
+    m
+}
+
+fn plan_from_sleep(snap: &Snapshot, to: &str) -> Result<Ctx, Refused> {
+    let src = snap
+        .workloads()
+        .find(|w| w.name == "sleep")
+        .unwrap()
+        .clone();
+    let identity = src.identity().unwrap();
+    plan(
+        snap,
+        &src,
+        &identity,
+        "198.18.1.10:40000".parse().unwrap(),
+        to.parse().unwrap(),
+        &mut SplitMix64::new(7),
+    )
+}
+
+#[test]
+fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
+    let ctx = plan_from_sleep(&mesh().build(), "198.18.100.1:80").expect("planned");
+    match &ctx.transport {
+        Transport::Hbone { connect_to, .. } => {
+            assert_eq!(connect_to.to_string(), "198.18.2.20:15008");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ctx.log.path, "hbone");
+    assert_eq!(ctx.log.dst_hbone_addr, "198.18.2.20:15008");
+    assert_eq!(ctx.log.dst_workload, "east//v1/Pod/default/echo");
+    assert_eq!(
+        ctx.log.dst_identity,
+        "spiffe://cluster.local/ns/default/sa/echo"
+    );
+    assert_eq!(ctx.labels.reporter, Reporter::Source);
+    assert_eq!(ctx.labels.source_workload, "sleep");
+    assert_eq!(ctx.labels.destination_workload, "echo");
+    assert_eq!(
+        ctx.labels.destination_service,
+        "echo.default.svc.cluster.local"
+    );
+    assert_eq!(ctx.labels.destination_principal, ctx.log.dst_identity);
+    assert_eq!(ctx.labels.response_flags, "-");
+    // The tunnel's metadata: Istio's baggage keys, the real source, the service, a trace.
+    let baggage = ctx.headers.typed_baggage();
+    assert_eq!(baggage.cluster.as_deref(), Some("east"));
+    assert_eq!(baggage.namespace.as_deref(), Some("default"));
+    assert_eq!(
+        baggage.workload,
+        Some(WorkloadName {
+            kind: WorkloadKind::Pod,
+            name: "sleep".into()
+        })
+    );
+    assert!(
+        ctx.headers
+            .baggage
+            .contains(&("k8s.pod.name".into(), "sleep".into()))
+    );
+    assert_eq!(
+        ctx.headers.forwarded_for,
+        Some("198.18.1.10:40000".parse().unwrap())
+    );
+    assert_eq!(
+        ctx.headers.forwarded_host.as_deref(),
+        Some("echo.default.svc.cluster.local")
+    );
+    assert!(valid_traceparent(
+        ctx.headers.traceparent.as_deref().unwrap()
+    ));
+    assert_eq!(ctx.headers.forwarded_network, None);
+}
+
+#[test]
+fn an_address_out_of_the_mesh_passes_through_with_unknown_labels() {
+    let ctx = plan_from_sleep(&mesh().build(), "198.18.3.90:8080").expect("planned");
+    assert!(
+        matches!(ctx.transport, Transport::Passthrough { connect_to } if connect_to.to_string() == "198.18.3.90:8080"),
+        "{:?}",
+        ctx.transport
+    );
+    assert_eq!(ctx.log.path, "passthrough");
+    assert_eq!(ctx.log.dst_hbone_addr, "");
+    assert_eq!(ctx.labels.destination_workload, "unknown");
+    assert_eq!(ctx.labels.destination_principal, "unknown");
+}
+
+#[test]
+fn a_service_with_no_eligible_endpoint_is_refused_as_no_route() {
+    let mut m = mesh();
+    m.workload_mut("echo").health = Health::Unhealthy;
+    let refused = plan_from_sleep(&m.build(), "198.18.100.1:80").expect_err("no endpoint");
+    assert_eq!(refused.error.flag, ResponseFlag::NoRoute);
+    assert_eq!(refused.error.side, ferry_hbone::Side::Local);
+    assert_eq!(refused.labels.response_flags, "NoRoute");
+    assert_eq!(refused.labels.source_workload, "sleep");
+    assert!(
+        refused
+            .error
+            .to_string()
+            .contains("no endpoint is eligible"),
+        "{}",
+        refused.error
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_trace_and_another_a_different_one() {
+    let snap = mesh().build();
+    let a = plan_from_sleep(&snap, "198.18.100.1:80").unwrap();
+    let b = plan_from_sleep(&snap, "198.18.100.1:80").unwrap();
+    assert_eq!(a.headers.traceparent, b.headers.traceparent);
+    let mut r = SplitMix64::new(8);
+    assert_ne!(Some(traceparent(&mut r)), a.headers.traceparent);
+}

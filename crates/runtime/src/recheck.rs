@@ -1,0 +1,106 @@
+//! Per-connection policy re-checks, driven by snapshot changes (linkerd2-proxy's
+//! `policy.changed()` shape): a connection that was allowed waits on the change signal next to
+//! its copy, and re-runs its own authorization each time the mesh changes; the first denial
+//! ends it. No registry of connections, no global task, no polling.
+
+use tokio::sync::watch;
+
+use crate::conn::Denial;
+
+/// Resolves with the first denial `check` returns after a change on `changes`.
+///
+/// Only changes after the one `changes` has last seen count: take it (clone and
+/// `borrow_and_update`) *before* loading the snapshot the connection was admitted on, so that
+/// no change between that check and this wait is missed. If the sender is gone (no more
+/// changes can come), never resolves.
+pub async fn until_denied<C>(
+    mut changes: watch::Receiver<C>,
+    check: impl Fn() -> Result<(), Denial>,
+) -> Denial {
+    loop {
+        if changes.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if let Err(denial) = check() {
+            return denial;
+        }
+    }
+}
+
+/// A change receiver that has seen every change so far: the one to hand [`until_denied`] for a
+/// connection about to be checked.
+pub fn from_now<C>(changes: &watch::Receiver<C>) -> watch::Receiver<C> {
+    let mut rx = changes.clone();
+    rx.borrow_and_update();
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use ferry_core::authz::{Effect, Reason, Verdict};
+
+    use super::*;
+
+    fn denial() -> Denial {
+        Denial(Verdict {
+            effect: Effect::Deny,
+            reason: Reason::NoAllowMatched { allow_policies: 1 },
+            audited: Vec::new(),
+            dry_run: Vec::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_checked_on_each_change_and_ended_by_the_first_denial() {
+        let (tx, rx) = watch::channel(0u64);
+        tx.send(1).unwrap();
+        // Changes before it was taken do not count.
+        let rx = from_now(&rx);
+        let (checks, deny) = (
+            Arc::new(AtomicU32::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let task = tokio::spawn({
+            let (checks, deny) = (checks.clone(), deny.clone());
+            until_denied(rx, move || {
+                checks.fetch_add(1, Ordering::SeqCst);
+                if deny.load(Ordering::SeqCst) {
+                    Err(denial())
+                } else {
+                    Ok(())
+                }
+            })
+        });
+        tx.send(2).unwrap();
+        // Allowed: it keeps waiting (polled until the check has run).
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while checks.load(Ordering::SeqCst) < 1 {
+            assert!(tokio::time::Instant::now() < deadline, "never re-checked");
+            tokio::task::yield_now().await;
+        }
+        assert!(!task.is_finished());
+        deny.store(true, Ordering::SeqCst);
+        tx.send(3).unwrap();
+        let d = tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("ended by the denial")
+            .unwrap();
+        assert_eq!(d, denial());
+        assert_eq!(checks.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_sender_it_never_ends() {
+        let (tx, rx) = watch::channel(0u64);
+        drop(tx);
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            until_denied(rx, || Err(denial())),
+        )
+        .await;
+        assert!(waited.is_err());
+    }
+}
