@@ -117,7 +117,8 @@ impl Handler for Gateway {
         };
         match route::plan(
             &snap,
-            Source::on_behalf_of(&me, &origin),
+            // A tunnel a waypoint instance sent has passed that waypoint: not sent back to it.
+            Source::on_behalf_of(&me, &origin).sent_by(&req.peer),
             &dst,
             &mut SplitMix64::new(req.id),
         ) {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_core::identity::Identity;
-use ferry_core::model::{ClusterId, WorkloadUid};
+use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Plan, Source, Transport};
 use ferry_core::store::Store;
@@ -29,6 +29,8 @@ use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
+
+use crate::l7::Link;
 
 /// How a waypoint instance is run.
 #[derive(Clone, Debug)]
@@ -59,6 +61,7 @@ pub(crate) struct Waypoint {
     identity: Identity,
     ip: IpAddr,
     cluster: ClusterId,
+    network: NetworkId,
     pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,
     netns: Option<Arc<ferry_runtime::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
@@ -147,11 +150,9 @@ impl Handler for Waypoint {
         let peer = req.peer_addr;
         let headers = ConnectHeaders::read(&req.headers);
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
-        let origin = headers.baggage;
+        let mut baggage = headers.typed_baggage();
         let source = req.peer.clone();
-        let relayed_plaintext = origin
-            .iter()
-            .any(|(k, v)| k == ferry_runtime::baggage::PLAINTEXT_KEY && v == "true");
+        let relayed_plaintext = baggage.plaintext;
         let peer_identity = if relayed_plaintext {
             format!("(none: plain TCP relayed by {})", req.peer)
         } else {
@@ -172,20 +173,14 @@ impl Handler for Waypoint {
                     .map_or("none".into(), ToString::to_string),
                 None => source.to_string(),
             };
-            let mut origin = origin;
-            origin.retain(|(k, _)| {
-                k != ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY
-                    && k != ferry_runtime::baggage::PLAINTEXT_KEY
-            });
-            origin.push((
-                ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY.into(),
-                original,
-            ));
+            // And the cluster this waypoint decided for, which the next hop (a gateway) checks
+            // scope against.
+            baggage.source_principal = Some(original);
+            baggage.plaintext = false;
+            baggage.cluster = Some(origin_cluster.to_string());
+            let origin = baggage.to_pairs();
             let Some((judge, dst)) = filter else {
-                return self
-                    .open_upstream(plan, peer, origin)
-                    .await
-                    .map(Forward::Stream);
+                return Ok(self.open_upstream(plan, peer, origin).await?.into_forward());
             };
             let wp = self
                 .this
@@ -212,6 +207,7 @@ impl Handler for Waypoint {
             let open_l4 = async move {
                 wp.open_upstream(plan, peer, origin)
                     .await
+                    .map(Opened::into_link)
                     .map_err(|e| e.to_string())
             };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
@@ -380,7 +376,7 @@ impl Waypoint {
         plan: Plan,
         peer: SocketAddr,
         origin: Vec<(String, String)>,
-    ) -> Result<Upstream, Refusal> {
+    ) -> Result<Opened, Refusal> {
         match plan.transport {
             Transport::Hbone {
                 connect_to,
@@ -407,7 +403,7 @@ impl Waypoint {
                     .open(&key, &creds, &bundle, &authority, &headers)
                     .await
                     .map_err(|e| Refusal::Unavailable(e.to_string()))?;
-                Ok(Upstream::from(t))
+                Ok(Opened::Direct(Upstream::from(t)))
             }
             Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
                 let stream = match &self.netns {
@@ -415,12 +411,101 @@ impl Waypoint {
                     None => tokio::net::TcpStream::connect(connect_to).await,
                 };
                 stream
-                    .map(Upstream::from)
+                    .map(|s| Opened::Direct(Upstream::from(s)))
                     .map_err(|e| Refusal::Unavailable(format!("connect {connect_to}: {e}")))
             }
-            Transport::GatewayHbone { .. } => Err(Refusal::Unavailable(
-                "gateway hops are not implemented yet".into(),
-            )),
+            Transport::GatewayHbone {
+                gateway,
+                gateway_identity,
+                authority,
+                identities,
+            } => {
+                // Double HBONE: the outer tunnel (pooled) asks the endpoint network's gateway for
+                // `hostname:port`, which decides again (scope, for the cluster in the baggage);
+                // the inner one, end to end, must reach one of the endpoints' identities.
+                let creds = self
+                    .certs
+                    .fetch(&self.identity)
+                    .await
+                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                let key = PoolKey::new(
+                    self.identity.clone(),
+                    self.ip,
+                    gateway,
+                    vec![gateway_identity],
+                );
+                let headers = ConnectHeaders {
+                    baggage: origin,
+                    forwarded_for: Some(peer),
+                    ..ConnectHeaders::default()
+                };
+                let bundle = self
+                    .certs
+                    .trust_bundle()
+                    .unwrap_or_else(|| self.bundle.clone());
+                let outer = self
+                    .pool
+                    .open(&key, &creds, &bundle, &authority, &headers)
+                    .await
+                    .map_err(|e| {
+                        Refusal::Unavailable(format!("outer tunnel to the gateway {gateway}: {e}"))
+                    })?;
+                let inner_headers = ConnectHeaders {
+                    forwarded_network: Some(self.network.to_string()),
+                    ..headers
+                };
+                ferry_hbone::double::open_inner(
+                    outer,
+                    gateway,
+                    &creds,
+                    &bundle,
+                    identities,
+                    &authority,
+                    &inner_headers,
+                    &Settings::default(),
+                )
+                .await
+                .map(Opened::Double)
+                .map_err(|e| {
+                    Refusal::Unavailable(format!("inner tunnel through the gateway {gateway}: {e}"))
+                })
+            }
+        }
+    }
+}
+
+/// What a waypoint opened to carry a connection on.
+pub(crate) enum Opened {
+    /// TCP, or one tunnel.
+    Direct(Upstream),
+    /// The inner tunnel of double HBONE through another network's gateway.
+    Double(ferry_hbone::double::Inner),
+}
+
+// === impl Opened ===
+
+impl Opened {
+    pub(crate) fn into_link(self) -> Link {
+        match self {
+            Self::Direct(u) => Box::new(u),
+            Self::Double(inner) => Box::new(inner),
+        }
+    }
+
+    /// A tunnel carried as it is: the HBONE server copies to a direct upstream; an inner
+    /// tunnel is relayed here.
+    fn into_forward(self) -> Forward {
+        match self {
+            Self::Direct(u) => Forward::Stream(u),
+            Self::Double(mut inner) => Forward::Serve(Box::new(move |mut tunnel| {
+                Box::pin(async move {
+                    let bounds = crate::upstream::waypoint_bounds();
+                    if let Err(e) = ferry_hbone::copy::relay(&mut tunnel, &mut inner, bounds).await
+                    {
+                        tracing::debug!(error = %e, "waypoint tunnel through a gateway ended");
+                    }
+                })
+            })),
         }
     }
 }
@@ -556,6 +641,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         identity: identity.clone(),
         ip,
         cluster: ClusterId::new(&config.cluster),
+        network: me.network.clone(),
         metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
         tunnels: Mutex::default(),
         netns: netns.clone(),

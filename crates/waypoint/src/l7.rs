@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-pub use crate::upstream::{Choice, Fixed, Refused, RequestCheck, Router};
+pub use crate::upstream::{Choice, Fixed, Io, Link, Refused, RequestCheck, Router};
 use crate::upstream::{Upstreams, plain};
 
 /// What each request's access-log line names.
@@ -298,7 +298,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 pub async fn serve_detected<C, R>(
     mut client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, String>>,
+    open_l4: impl std::future::Future<Output = Result<Link, String>>,
     l4: impl FnOnce() -> Result<(), String>,
     labels: Labels,
 ) -> Outcome
