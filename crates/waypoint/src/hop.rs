@@ -66,6 +66,8 @@ pub(crate) struct Waypoint {
     netns: Option<Arc<ferry_runtime::netns::Netns>>,
     /// Tunnels being served, for re-checks when the policy changes.
     tunnels: Mutex<Vec<OpenTunnel>>,
+    /// Turns true at the drain deadline: tunnels carried at L4 end cleanly then.
+    finish: tokio::sync::watch::Receiver<bool>,
     /// Accepts HBONE; refuses (and counts) when descriptors run out.
     acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// Itself, for the tasks that serve its tunnels.
@@ -180,7 +182,8 @@ impl Handler for Waypoint {
             baggage.cluster = Some(origin_cluster.to_string());
             let origin = baggage.to_pairs();
             let Some((judge, dst)) = filter else {
-                return Ok(self.open_upstream(plan, peer, origin).await?.into_forward());
+                let opened = self.open_upstream(plan, peer, origin).await?;
+                return Ok(opened.into_forward(self.finish.clone()));
             };
             let wp = self
                 .this
@@ -221,7 +224,7 @@ impl Handler for Waypoint {
                     verdict
                 }
             };
-            let metrics = self.metrics.clone();
+            let (metrics, finish) = (self.metrics.clone(), self.finish.clone());
             let stop = Arc::new(Stop::default());
             let stopping = stop.clone();
             // The filter reads the tunnel itself: no copy between the tunnel and the filter.
@@ -232,7 +235,14 @@ impl Handler for Waypoint {
                         dst_workload: dst.to_string(),
                         metrics: Some(metrics),
                     };
-                    let serving = crate::l7::serve_detected(tunnel, router, open_l4, l4, labels);
+                    let serving = crate::l7::serve_detected_until(
+                        tunnel,
+                        router,
+                        open_l4,
+                        l4,
+                        labels,
+                        Some(finish),
+                    );
                     let outcome = tokio::select! {
                         o = serving => o,
                         () = stopping.now.notified() => crate::l7::Outcome {
@@ -494,12 +504,15 @@ impl Opened {
 
     /// A tunnel carried as it is: the HBONE server copies to a direct upstream; an inner
     /// tunnel is relayed here.
-    fn into_forward(self) -> Forward {
+    fn into_forward(self, finish: tokio::sync::watch::Receiver<bool>) -> Forward {
         match self {
             Self::Direct(u) => Forward::Stream(u),
             Self::Double(mut inner) => Forward::Serve(Box::new(move |mut tunnel| {
                 Box::pin(async move {
-                    let bounds = crate::upstream::waypoint_bounds();
+                    let bounds = ferry_hbone::copy::Bounds {
+                        finish: Some(finish),
+                        ..crate::upstream::waypoint_bounds()
+                    };
                     if let Err(e) = ferry_hbone::copy::relay(&mut tunnel, &mut inner, bounds).await
                     {
                         tracing::debug!(error = %e, "waypoint tunnel through a gateway ended");
@@ -646,6 +659,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tunnels: Mutex::default(),
         netns: netns.clone(),
         acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
+        finish: drain.finish_signal(),
         this: this.clone(),
     });
     let listener = match &netns {

@@ -296,11 +296,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 /// request by request ([`serve_routed`]); anything else is carried at L4 (to what `open_l4`
 /// connects) if `l4` (the connection-level policy check) allows it. The client must speak first; a server-first protocol waits here.
 pub async fn serve_detected<C, R>(
+    client: C,
+    router: Arc<R>,
+    open_l4: impl std::future::Future<Output = Result<Link, String>>,
+    l4: impl FnOnce() -> Result<(), String>,
+    labels: Labels,
+) -> Outcome
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    R: Router,
+{
+    serve_detected_until(client, router, open_l4, l4, labels, None).await
+}
+
+/// [`serve_detected`], whose L4 copy ends cleanly (FIN both ways) when `finish` turns true (a
+/// drain deadline).
+pub async fn serve_detected_until<C, R>(
     mut client: C,
     router: Arc<R>,
     open_l4: impl std::future::Future<Output = Result<Link, String>>,
     l4: impl FnOnce() -> Result<(), String>,
     labels: Labels,
+    finish: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Outcome
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -353,7 +370,10 @@ where
                     error: ferry_hbone::copy::bidirectional_bounded(
                         &mut client,
                         &mut upstream,
-                        crate::upstream::waypoint_bounds(),
+                        ferry_hbone::copy::Bounds {
+                            finish,
+                            ..crate::upstream::waypoint_bounds()
+                        },
                     )
                     .await
                     .err()
