@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_core::hop::{Hop, Unclaimed, origin_cluster};
 use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::random::SplitMix64;
@@ -120,9 +121,24 @@ impl Handler for Waypoint {
             .workload(&self.uid)
             .cloned()
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
-        let origin = match self.origin_cluster(&snap, &me, req, &headers) {
+        // The cluster its source's node proxy claims, checked against the mesh wherever it can
+        // be (core's rule); a tunnel that claims none comes from this waypoint's own cluster.
+        let claim = headers.typed_baggage().cluster.map(ClusterId::new);
+        let hop = Hop {
+            cluster: &self.cluster,
+            network: &me.network,
+        };
+        let origin = match origin_cluster(
+            &snap,
+            hop,
+            claim.as_ref(),
+            req.peer_addr.ip(),
+            &req.peer,
+            Unclaimed::OwnCluster,
+        ) {
             Ok(c) => c,
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.to_string();
                 self.metrics.refused.inc();
                 tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, "waypoint refused the connection");
                 return Err(Refusal::Denied(reason));
@@ -287,41 +303,6 @@ impl Handler for Waypoint {
 }
 
 impl Waypoint {
-    /// The cluster of the tunnel's original source: the `k8s.cluster.name` its node proxy
-    /// claims, checked against the mesh wherever it can be. When the tunnel's TCP peer is a
-    /// workload on this waypoint's network presenting its own identity (a node proxy dials from
-    /// inside its pod), that workload's cluster is the answer, and a claim of another cluster
-    /// is refused.
-    fn origin_cluster(
-        &self,
-        snap: &ferry_core::snapshot::Snapshot,
-        me: &ferry_core::model::Workload,
-        req: &ConnectRequest,
-        headers: &ConnectHeaders,
-    ) -> Result<ClusterId, String> {
-        let claim = headers
-            .baggage
-            .iter()
-            .find(|(k, _)| k == "k8s.cluster.name")
-            .map(|(_, v)| ClusterId::new(v));
-        let at = ferry_core::model::NetworkAddress::new(me.network.clone(), req.peer_addr.ip());
-        let known = match snap.owner(&at) {
-            Some(ferry_core::snapshot::AddressOwner::Workload(uid)) => snap
-                .workload(uid)
-                .filter(|w| w.identity().ok().as_ref() == Some(&req.peer)),
-            _ => None,
-        };
-        match (known, claim) {
-            (Some(w), Some(c)) if c != w.cluster => Err(format!(
-                "the tunnel claims a source in cluster {c}, but it comes from {} in cluster {}",
-                w.uid, w.cluster
-            )),
-            (Some(w), _) => Ok(w.cluster.clone()),
-            (None, Some(c)) => Ok(c),
-            (None, None) => Ok(self.cluster.clone()),
-        }
-    }
-
     /// Every tunnel to a workload is inspected: HTTP is judged request by request, anything
     /// else once at L4, both with the original source (`None`: plain TCP from outside the mesh,
     /// relayed by the destination's node proxy).
