@@ -252,6 +252,12 @@ impl<S> Replay<S> {
     }
 }
 
+impl<S: ferry_hbone::copy::Reset> ferry_hbone::copy::Reset for Replay<S> {
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
@@ -303,7 +309,7 @@ pub async fn serve_detected<C, R>(
     labels: Labels,
 ) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: AsyncRead + AsyncWrite + ferry_hbone::copy::Reset + Unpin + Send + 'static,
     R: Router,
 {
     serve_detected_until(client, router, open_l4, l4, labels, None).await
@@ -320,7 +326,7 @@ pub async fn serve_detected_until<C, R>(
     finish: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: AsyncRead + AsyncWrite + ferry_hbone::copy::Reset + Unpin + Send + 'static,
     R: Router,
 {
     use tokio::io::AsyncReadExt;
@@ -366,8 +372,9 @@ where
                     error: Some(format!("upstream: {e}")),
                     ..Outcome::default()
                 },
+                // On an error, the side that did not fail is reset.
                 Ok(mut upstream) => Outcome {
-                    error: ferry_hbone::copy::bidirectional_bounded(
+                    error: ferry_hbone::copy::relay(
                         &mut client,
                         &mut upstream,
                         ferry_hbone::copy::Bounds {
