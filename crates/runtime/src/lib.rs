@@ -7,7 +7,6 @@
 //! - [`bootstrap`]: subscribe to the mesh (xDS) and get certificates (CA), once for all.
 //! - [`drain`]: one drain primitive, graceful then forced at a deadline.
 //! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.
-//! - [`baggage`]: Ferry's baggage keys on CONNECT requests.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.
 //! - [`telemetry`]: access log and Istio-named TCP metrics.
@@ -16,7 +15,6 @@
 
 pub mod accept;
 pub mod admin;
-pub mod baggage;
 pub mod bootstrap;
 pub mod drain;
 pub mod netns;
