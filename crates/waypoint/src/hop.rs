@@ -65,8 +65,8 @@ pub(crate) struct Waypoint {
     network: NetworkId,
     pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,
     netns: Option<Arc<ferry_runtime::netns::Netns>>,
-    /// Tunnels being served, for re-checks when the policy changes.
-    tunnels: Mutex<Vec<OpenTunnel>>,
+    /// Tells of each new snapshot: every tunnel judges itself again on it.
+    changes: tokio::sync::watch::Receiver<u64>,
     /// Turns true at the drain deadline: tunnels carried at L4 end cleanly then.
     finish: tokio::sync::watch::Receiver<bool>,
     /// Accepts HBONE; refuses (and counts) when descriptors run out.
@@ -75,32 +75,37 @@ pub(crate) struct Waypoint {
     this: std::sync::Weak<Self>,
 }
 
-/// One tunnel the waypoint is carrying.
-struct OpenTunnel {
+/// What one tunnel re-judges itself with when a new snapshot is applied.
+struct Rejudge {
     judge: Arc<Judge>,
-    /// Carried at L4 (not HTTP), so judged as a whole.
-    is_l4: Arc<std::sync::atomic::AtomicBool>,
-    stop: Arc<Stop>,
     /// Its HTTP decisions, and the upgraded requests to judge again.
     router: Arc<crate::router::TunnelRouter>,
+    /// Carried at L4 (not HTTP), so judged as a whole.
+    is_l4: Arc<std::sync::atomic::AtomicBool>,
+    changes: tokio::sync::watch::Receiver<u64>,
 }
 
-/// Ends a tunnel the waypoint serves, from outside it (a policy change).
-#[derive(Default)]
-struct Stop {
-    now: tokio::sync::Notify,
-    done: std::sync::atomic::AtomicBool,
-}
+// === impl Rejudge ===
 
-impl Stop {
-    /// Ended, or never started (the tunnel failed before it was served: only this handle is
-    /// left).
-    fn is_finished(self: &Arc<Self>) -> bool {
-        self.done.load(Ordering::Relaxed) || Arc::strong_count(self) == 1
-    }
-
-    fn abort(&self) {
-        self.now.notify_one();
+impl Rejudge {
+    /// Resolves, with the reason, once a snapshot no longer allows the bytes this tunnel
+    /// carries as they are (at L4, or as an upgraded request allowed them); HTTP requests are
+    /// judged one by one anyway. Never resolves if the snapshots stop coming.
+    async fn until_denied(mut self) -> String {
+        self.changes.borrow_and_update();
+        while self.changes.changed().await.is_ok() {
+            let verdict = if self.is_l4.load(Ordering::Relaxed) {
+                self.judge.judge(None)
+            } else if self.router.has_upgrades() {
+                self.router.recheck_upgrades()
+            } else {
+                continue;
+            };
+            if let Err(reason) = verdict {
+                return reason;
+            }
+        }
+        std::future::pending().await
     }
 }
 
@@ -222,7 +227,12 @@ impl Handler for Waypoint {
                 rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
                 upgrades: Mutex::default(),
             });
-            let router_for_recheck = router.clone();
+            let rejudge = Rejudge {
+                judge: judge.clone(),
+                router: router.clone(),
+                is_l4: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                changes: self.changes.clone(),
+            };
             let open_l4 = async move {
                 wp.open_upstream(plan, peer, origin)
                     .await
@@ -231,9 +241,8 @@ impl Handler for Waypoint {
             };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
             // on its other fields), and again whenever the policy changes.
-            let is_l4 = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let l4 = {
-                let (judge, is_l4) = (judge.clone(), is_l4.clone());
+                let (judge, is_l4) = (judge, rejudge.is_l4.clone());
                 move || {
                     let verdict = judge.judge(None);
                     is_l4.store(verdict.is_ok(), Ordering::Relaxed);
@@ -241,8 +250,6 @@ impl Handler for Waypoint {
                 }
             };
             let (metrics, finish) = (self.metrics.clone(), self.finish.clone());
-            let stop = Arc::new(Stop::default());
-            let stopping = stop.clone();
             // The filter reads the tunnel itself: no copy between the tunnel and the filter.
             let serve: ferry_hbone::upstream::Serve = Box::new(move |tunnel| {
                 Box::pin(async move {
@@ -261,25 +268,16 @@ impl Handler for Waypoint {
                     );
                     let outcome = tokio::select! {
                         o = serving => o,
-                        () = stopping.now.notified() => crate::l7::Outcome {
-                            error: Some("closed: no longer allowed by policy".into()),
-                            ..crate::l7::Outcome::default()
-                        },
+                        reason = rejudge.until_denied() => {
+                            tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, reason = %reason, "policy change closed a tunnel");
+                            crate::l7::Outcome {
+                                error: Some("closed: no longer allowed by policy".into()),
+                                ..crate::l7::Outcome::default()
+                            }
+                        }
                     };
-                    stopping.done.store(true, Ordering::Relaxed);
                     tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
                 })
-            });
-            let mut tunnels = self.tunnels.lock();
-            // Forget ended tunnels now and then, not only on policy changes.
-            if tunnels.len() >= 1024 && tunnels.len().is_power_of_two() {
-                tunnels.retain(|t| !t.stop.is_finished());
-            }
-            tunnels.push(OpenTunnel {
-                judge,
-                is_l4,
-                stop,
-                router: router_for_recheck,
             });
             Ok(Forward::Serve(serve))
         }
@@ -332,34 +330,6 @@ impl Waypoint {
             port,
         });
         Some((judge, uid))
-    }
-
-    /// Closes the open L4 tunnels the current policy no longer allows; forgets ended ones.
-    fn recheck(&self) -> usize {
-        let mut closed = 0;
-        self.tunnels.lock().retain(|t| {
-            if t.stop.is_finished() {
-                return false;
-            }
-            // Bytes carried as they are: at L4, or as an upgraded request allowed them.
-            let verdict = if t.is_l4.load(Ordering::Relaxed) {
-                t.judge.judge(None)
-            } else if t.router.has_upgrades() {
-                t.router.recheck_upgrades()
-            } else {
-                return true;
-            };
-            match verdict {
-                Ok(()) => true,
-                Err(reason) => {
-                    t.stop.abort();
-                    closed += 1;
-                    tracing::info!(target: "access", direction = "waypoint", dst.workload = %t.judge.landing, reason = %reason, "policy change closed a tunnel");
-                    false
-                }
-            }
-        });
-        closed
     }
 
     pub(crate) async fn open_upstream(
@@ -637,7 +607,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         cluster: ClusterId::new(&config.cluster),
         network: me.network.clone(),
         metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
-        tunnels: Mutex::default(),
+        changes: mesh.changes(),
         netns: netns.clone(),
         acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
         finish: drain.finish_signal(),
@@ -648,19 +618,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => tokio::net::TcpListener::bind(config.listen).await,
     }
     .with_context(|| format!("binding {}", config.listen))?;
-    // Re-judge open L4 tunnels whenever a new snapshot is applied (HTTP is judged per request).
-    {
-        let (wp, mut changes) = (wp.clone(), mesh.changes());
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                let version = *changes.borrow_and_update();
-                let closed = wp.recheck();
-                if closed > 0 {
-                    tracing::info!(closed, version, "policy change closed waypoint tunnels");
-                }
-            }
-        });
-    }
     if let Some(addr) = config.admin {
         let admin = match &netns {
             Some(ns) => ns.listen(addr).await,
