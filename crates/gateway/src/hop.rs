@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_core::hop::OriginError;
 use ferry_core::model::{ClusterId, Health, Locality, TunnelProtocol, Workload, WorkloadUid};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
@@ -98,26 +99,25 @@ impl Handler for Gateway {
         let me = self.as_workload().ok_or_else(|| {
             Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
         })?;
-        let origin = ConnectHeaders::read(&req.headers)
-            .baggage
-            .iter()
-            .find(|(k, _)| k == "k8s.cluster.name")
-            .map(|(_, v)| ClusterId::new(v))
-            .ok_or_else(|| {
-                self.refuse(
-                    req,
-                    "the caller did not say which cluster it is in (baggage k8s.cluster.name)"
-                        .into(),
-                )
-            })?;
         let snap = self.store.load();
+        // The cluster the caller's node proxy (or waypoint) claims, which scope is checked
+        // against; required here. Not checked against the caller's address as core's
+        // `hop::origin_cluster` does: the caller is on another network, and its address may
+        // belong to another workload on this one (pod addresses repeat across networks).
+        let origin = ConnectHeaders::read(&req.headers)
+            .typed_baggage()
+            .cluster
+            .map(ClusterId::new)
+            .ok_or(OriginError::Unclaimed)
+            .map_err(|e| self.refuse(req, e.to_string()))?;
         let dst = Destination::Host {
             hostname: hostname.clone(),
             port: *port,
         };
         match route::plan(
             &snap,
-            Source::on_behalf_of(&me, &origin),
+            // A tunnel a waypoint instance sent has passed that waypoint: not sent back to it.
+            Source::on_behalf_of(&me, &origin).sent_by(&req.peer),
             &dst,
             &mut SplitMix64::new(req.id),
         ) {

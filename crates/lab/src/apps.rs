@@ -183,6 +183,33 @@ async fn greeted(to: SocketAddr, direct: bool) -> std::io::Result<BufReader<TcpS
     Ok(s)
 }
 
+/// Sends `ping\n` every `every` and waits for its echo, printing `ping <k>`, until the far
+/// side ends the connection: `None` for a clean end (FIN), the error otherwise.
+async fn pinged(c: &mut BufReader<TcpStream>, every: Duration) -> Option<std::io::Error> {
+    for k in 1.. {
+        if let Err(e) = c.get_mut().write_all(b"ping\n").await {
+            return Some(e);
+        }
+        let mut line = String::new();
+        match c.read_line(&mut line).await {
+            Ok(0) => return None,
+            Ok(_) => println!("ping {k}"),
+            Err(e) => return Some(e),
+        }
+        // Waiting for the next ping, the far side may end the connection: seen at once.
+        let mut more = String::new();
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            r = c.read_line(&mut more) => match r {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return Some(e),
+            },
+        }
+    }
+    None
+}
+
 /// An HTTP/1.1 connection switched to echoing bytes (`GET /ws` with `Upgrade: echo`), after
 /// its `101`.
 async fn upgraded(to: SocketAddr) -> std::io::Result<BufReader<TcpStream>> {
@@ -272,7 +299,13 @@ pub fn bench(
 /// Opens `n` connections through Ferry to `target` and holds them until stdin closes, or, with
 /// `until_closed`, until the first of them is closed by the other side (then prints `closed`
 /// for a FIN, `closed by reset (<error>)` otherwise).
-pub fn hold(target: SocketAddr, n: usize, until_closed: bool, upgrade: bool) -> anyhow::Result<()> {
+pub fn hold(
+    target: SocketAddr,
+    n: usize,
+    until_closed: bool,
+    upgrade: bool,
+    ping: Option<Duration>,
+) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let mut held = Vec::with_capacity(n);
         for _ in 0..n {
@@ -287,6 +320,9 @@ pub fn hold(target: SocketAddr, n: usize, until_closed: bool, upgrade: bool) -> 
             let mut set = tokio::task::JoinSet::new();
             for mut c in held {
                 set.spawn(async move {
+                    if let Some(every) = ping {
+                        return pinged(&mut c, every).await;
+                    }
                     let mut b = [0u8; 1024];
                     loop {
                         match c.read(&mut b).await {

@@ -18,6 +18,10 @@ pub enum LabCommand {
         /// An extra argument for every node proxy (repeat), e.g. `--node-arg=--idle-bound-seconds=60`.
         #[arg(long = "node-arg", allow_hyphen_values = true)]
         node_args: Vec<String>,
+        /// An extra argument for every waypoint instance and east-west gateway (repeat), e.g.
+        /// `--hop-arg=--drain-seconds=5`.
+        #[arg(long = "hop-arg", allow_hyphen_values = true)]
+        hop_args: Vec<String>,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -182,6 +186,10 @@ pub enum LabCommand {
         /// HTTP/1.1 connections upgraded to echoing bytes instead of plain TCP.
         #[arg(long)]
         upgrade: bool,
+        /// With `--until-closed`: send a line every this many ms, wait for its echo and print
+        /// `ping <k>`, so the connection is seen to work until it closes.
+        #[arg(long)]
+        ping_ms: Option<u64>,
     },
     /// (inside the lab) open connections, then half-close them and wait for the far side.
     #[command(hide = true)]
@@ -265,8 +273,9 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Up {
             topology,
             node_args,
+            hop_args,
             lab,
-        } => done(session::up(lab, topology, node_args)),
+        } => done(session::up(lab, topology, node_args, hop_args)),
         LabCommand::Down { lab } => done(session::down(&lab.state_dir)),
         LabCommand::Status { lab } => done(session::status(&lab.state_dir)),
         LabCommand::Exec { pod, lab, command } => session::exec(&lab.state_dir, &pod, &command),
@@ -366,7 +375,14 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             n,
             until_closed,
             upgrade,
-        } => done(apps::hold(to, n, until_closed, upgrade)),
+            ping_ms,
+        } => done(apps::hold(
+            to,
+            n,
+            until_closed,
+            upgrade,
+            ping_ms.map(Duration::from_millis),
+        )),
         LabCommand::HalfClose { to, n, max_seconds } => {
             done(apps::half_close(to, n, Duration::from_secs(max_seconds)))
         }

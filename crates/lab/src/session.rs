@@ -23,12 +23,18 @@ pub struct LabArgs {
 }
 
 /// `ferry lab up`: builds the lab and prints what runs where.
-pub fn up(lab: LabArgs, topology: Option<PathBuf>, node_args: Vec<String>) -> anyhow::Result<()> {
+pub fn up(
+    lab: LabArgs,
+    topology: Option<PathBuf>,
+    node_args: Vec<String>,
+    hop_args: Vec<String>,
+) -> anyhow::Result<()> {
     let opts = Options {
         id: lab.id,
         state_dir: lab.state_dir,
         topology,
         node_args,
+        hop_args,
         ferry: std::env::current_exe()?,
     };
     let state = build::up(&opts)?;

@@ -8,7 +8,6 @@
 //! - [`conn`]: why a connection failed ([`conn::ConnError`]: side, response flag, cause).
 //! - [`drain`]: one drain primitive, graceful then forced at a deadline.
 //! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.
-//! - [`baggage`]: Ferry's baggage keys on CONNECT requests.
 //! - [`recheck`]: a connection's own policy re-check on each snapshot change.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.
@@ -18,7 +17,6 @@
 
 pub mod accept;
 pub mod admin;
-pub mod baggage;
 pub mod bootstrap;
 pub mod conn;
 pub mod drain;

@@ -13,8 +13,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_core::hop::{Hop, Unclaimed, origin_cluster};
 use ferry_core::identity::Identity;
-use ferry_core::model::{ClusterId, WorkloadUid};
+use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Plan, Source, Transport};
 use ferry_core::store::Store;
@@ -29,6 +30,8 @@ use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
+
+use crate::l7::Link;
 
 /// How a waypoint instance is run.
 #[derive(Clone, Debug)]
@@ -59,42 +62,50 @@ pub(crate) struct Waypoint {
     identity: Identity,
     ip: IpAddr,
     cluster: ClusterId,
+    network: NetworkId,
     pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,
     netns: Option<Arc<ferry_runtime::netns::Netns>>,
-    /// Tunnels being served, for re-checks when the policy changes.
-    tunnels: Mutex<Vec<OpenTunnel>>,
+    /// Tells of each new snapshot: every tunnel judges itself again on it.
+    changes: tokio::sync::watch::Receiver<u64>,
+    /// Turns true at the drain deadline: tunnels carried at L4 end cleanly then.
+    finish: tokio::sync::watch::Receiver<bool>,
     /// Accepts HBONE; refuses (and counts) when descriptors run out.
     acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// Itself, for the tasks that serve its tunnels.
     this: std::sync::Weak<Self>,
 }
 
-/// One tunnel the waypoint is carrying.
-struct OpenTunnel {
+/// What one tunnel re-judges itself with when a new snapshot is applied.
+struct Rejudge {
     judge: Arc<Judge>,
-    /// Carried at L4 (not HTTP), so judged as a whole.
-    is_l4: Arc<std::sync::atomic::AtomicBool>,
-    stop: Arc<Stop>,
     /// Its HTTP decisions, and the upgraded requests to judge again.
     router: Arc<crate::router::TunnelRouter>,
+    /// Carried at L4 (not HTTP), so judged as a whole.
+    is_l4: Arc<std::sync::atomic::AtomicBool>,
+    changes: tokio::sync::watch::Receiver<u64>,
 }
 
-/// Ends a tunnel the waypoint serves, from outside it (a policy change).
-#[derive(Default)]
-struct Stop {
-    now: tokio::sync::Notify,
-    done: std::sync::atomic::AtomicBool,
-}
+// === impl Rejudge ===
 
-impl Stop {
-    /// Ended, or never started (the tunnel failed before it was served: only this handle is
-    /// left).
-    fn is_finished(self: &Arc<Self>) -> bool {
-        self.done.load(Ordering::Relaxed) || Arc::strong_count(self) == 1
-    }
-
-    fn abort(&self) {
-        self.now.notify_one();
+impl Rejudge {
+    /// Resolves, with the reason, once a snapshot no longer allows the bytes this tunnel
+    /// carries as they are (at L4, or as an upgraded request allowed them); HTTP requests are
+    /// judged one by one anyway. Never resolves if the snapshots stop coming.
+    async fn until_denied(mut self) -> String {
+        self.changes.borrow_and_update();
+        while self.changes.changed().await.is_ok() {
+            let verdict = if self.is_l4.load(Ordering::Relaxed) {
+                self.judge.judge(None)
+            } else if self.router.has_upgrades() {
+                self.router.recheck_upgrades()
+            } else {
+                continue;
+            };
+            if let Err(reason) = verdict {
+                return reason;
+            }
+        }
+        std::future::pending().await
     }
 }
 
@@ -115,9 +126,24 @@ impl Handler for Waypoint {
             .workload(&self.uid)
             .cloned()
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
-        let origin = match self.origin_cluster(&snap, &me, req, &headers) {
+        // The cluster its source's node proxy claims, checked against the mesh wherever it can
+        // be (core's rule); a tunnel that claims none comes from this waypoint's own cluster.
+        let claim = headers.typed_baggage().cluster.map(ClusterId::new);
+        let hop = Hop {
+            cluster: &self.cluster,
+            network: &me.network,
+        };
+        let origin = match origin_cluster(
+            &snap,
+            hop,
+            claim.as_ref(),
+            req.peer_addr.ip(),
+            &req.peer,
+            Unclaimed::OwnCluster,
+        ) {
             Ok(c) => c,
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.to_string();
                 self.metrics.refused.inc();
                 tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, "waypoint refused the connection");
                 return Err(Refusal::Denied(reason));
@@ -147,11 +173,9 @@ impl Handler for Waypoint {
         let peer = req.peer_addr;
         let headers = ConnectHeaders::read(&req.headers);
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
-        let origin = headers.baggage;
+        let mut baggage = headers.typed_baggage();
         let source = req.peer.clone();
-        let relayed_plaintext = origin
-            .iter()
-            .any(|(k, v)| k == ferry_runtime::baggage::PLAINTEXT_KEY && v == "true");
+        let relayed_plaintext = baggage.plaintext;
         let peer_identity = if relayed_plaintext {
             format!("(none: plain TCP relayed by {})", req.peer)
         } else {
@@ -172,20 +196,15 @@ impl Handler for Waypoint {
                     .map_or("none".into(), ToString::to_string),
                 None => source.to_string(),
             };
-            let mut origin = origin;
-            origin.retain(|(k, _)| {
-                k != ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY
-                    && k != ferry_runtime::baggage::PLAINTEXT_KEY
-            });
-            origin.push((
-                ferry_runtime::baggage::SOURCE_PRINCIPAL_KEY.into(),
-                original,
-            ));
+            // And the cluster this waypoint decided for, which the next hop (a gateway) checks
+            // scope against.
+            baggage.source_principal = Some(original);
+            baggage.plaintext = false;
+            baggage.cluster = Some(origin_cluster.to_string());
+            let origin = baggage.to_pairs();
             let Some((judge, dst)) = filter else {
-                return self
-                    .open_upstream(plan, peer, origin)
-                    .await
-                    .map(Forward::Stream);
+                let opened = self.open_upstream(plan, peer, origin).await?;
+                return Ok(opened.into_forward(self.finish.clone()));
             };
             let wp = self
                 .this
@@ -208,26 +227,29 @@ impl Handler for Waypoint {
                 rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
                 upgrades: Mutex::default(),
             });
-            let router_for_recheck = router.clone();
+            let rejudge = Rejudge {
+                judge: judge.clone(),
+                router: router.clone(),
+                is_l4: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                changes: self.changes.clone(),
+            };
             let open_l4 = async move {
                 wp.open_upstream(plan, peer, origin)
                     .await
+                    .map(Opened::into_link)
                     .map_err(|e| e.to_string())
             };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
             // on its other fields), and again whenever the policy changes.
-            let is_l4 = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let l4 = {
-                let (judge, is_l4) = (judge.clone(), is_l4.clone());
+                let (judge, is_l4) = (judge, rejudge.is_l4.clone());
                 move || {
                     let verdict = judge.judge(None);
                     is_l4.store(verdict.is_ok(), Ordering::Relaxed);
                     verdict
                 }
             };
-            let metrics = self.metrics.clone();
-            let stop = Arc::new(Stop::default());
-            let stopping = stop.clone();
+            let (metrics, finish) = (self.metrics.clone(), self.finish.clone());
             // The filter reads the tunnel itself: no copy between the tunnel and the filter.
             let serve: ferry_hbone::upstream::Serve = Box::new(move |tunnel| {
                 Box::pin(async move {
@@ -236,28 +258,26 @@ impl Handler for Waypoint {
                         dst_workload: dst.to_string(),
                         metrics: Some(metrics),
                     };
-                    let serving = crate::l7::serve_detected(tunnel, router, open_l4, l4, labels);
+                    let serving = crate::l7::serve_detected_until(
+                        tunnel,
+                        router,
+                        open_l4,
+                        l4,
+                        labels,
+                        Some(finish),
+                    );
                     let outcome = tokio::select! {
                         o = serving => o,
-                        () = stopping.now.notified() => crate::l7::Outcome {
-                            error: Some("closed: no longer allowed by policy".into()),
-                            ..crate::l7::Outcome::default()
-                        },
+                        reason = rejudge.until_denied() => {
+                            tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, reason = %reason, "policy change closed a tunnel");
+                            crate::l7::Outcome {
+                                error: Some("closed: no longer allowed by policy".into()),
+                                ..crate::l7::Outcome::default()
+                            }
+                        }
                     };
-                    stopping.done.store(true, Ordering::Relaxed);
                     tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
                 })
-            });
-            let mut tunnels = self.tunnels.lock();
-            // Forget ended tunnels now and then, not only on policy changes.
-            if tunnels.len() >= 1024 && tunnels.len().is_power_of_two() {
-                tunnels.retain(|t| !t.stop.is_finished());
-            }
-            tunnels.push(OpenTunnel {
-                judge,
-                is_l4,
-                stop,
-                router: router_for_recheck,
             });
             Ok(Forward::Serve(serve))
         }
@@ -281,41 +301,6 @@ impl Handler for Waypoint {
 }
 
 impl Waypoint {
-    /// The cluster of the tunnel's original source: the `k8s.cluster.name` its node proxy
-    /// claims, checked against the mesh wherever it can be. When the tunnel's TCP peer is a
-    /// workload on this waypoint's network presenting its own identity (a node proxy dials from
-    /// inside its pod), that workload's cluster is the answer, and a claim of another cluster
-    /// is refused.
-    fn origin_cluster(
-        &self,
-        snap: &ferry_core::snapshot::Snapshot,
-        me: &ferry_core::model::Workload,
-        req: &ConnectRequest,
-        headers: &ConnectHeaders,
-    ) -> Result<ClusterId, String> {
-        let claim = headers
-            .baggage
-            .iter()
-            .find(|(k, _)| k == "k8s.cluster.name")
-            .map(|(_, v)| ClusterId::new(v));
-        let at = ferry_core::model::NetworkAddress::new(me.network.clone(), req.peer_addr.ip());
-        let known = match snap.owner(&at) {
-            Some(ferry_core::snapshot::AddressOwner::Workload(uid)) => snap
-                .workload(uid)
-                .filter(|w| w.identity().ok().as_ref() == Some(&req.peer)),
-            _ => None,
-        };
-        match (known, claim) {
-            (Some(w), Some(c)) if c != w.cluster => Err(format!(
-                "the tunnel claims a source in cluster {c}, but it comes from {} in cluster {}",
-                w.uid, w.cluster
-            )),
-            (Some(w), _) => Ok(w.cluster.clone()),
-            (None, Some(c)) => Ok(c),
-            (None, None) => Ok(self.cluster.clone()),
-        }
-    }
-
     /// Every tunnel to a workload is inspected: HTTP is judged request by request, anything
     /// else once at L4, both with the original source (`None`: plain TCP from outside the mesh,
     /// relayed by the destination's node proxy).
@@ -347,40 +332,12 @@ impl Waypoint {
         Some((judge, uid))
     }
 
-    /// Closes the open L4 tunnels the current policy no longer allows; forgets ended ones.
-    fn recheck(&self) -> usize {
-        let mut closed = 0;
-        self.tunnels.lock().retain(|t| {
-            if t.stop.is_finished() {
-                return false;
-            }
-            // Bytes carried as they are: at L4, or as an upgraded request allowed them.
-            let verdict = if t.is_l4.load(Ordering::Relaxed) {
-                t.judge.judge(None)
-            } else if t.router.has_upgrades() {
-                t.router.recheck_upgrades()
-            } else {
-                return true;
-            };
-            match verdict {
-                Ok(()) => true,
-                Err(reason) => {
-                    t.stop.abort();
-                    closed += 1;
-                    tracing::info!(target: "access", direction = "waypoint", dst.workload = %t.judge.landing, reason = %reason, "policy change closed a tunnel");
-                    false
-                }
-            }
-        });
-        closed
-    }
-
     pub(crate) async fn open_upstream(
         &self,
         plan: Plan,
         peer: SocketAddr,
         origin: Vec<(String, String)>,
-    ) -> Result<Upstream, Refusal> {
+    ) -> Result<Opened, Refusal> {
         match plan.transport {
             Transport::Hbone {
                 connect_to,
@@ -407,7 +364,7 @@ impl Waypoint {
                     .open(&key, &creds, &bundle, &authority, &headers)
                     .await
                     .map_err(|e| Refusal::Unavailable(e.to_string()))?;
-                Ok(Upstream::from(t))
+                Ok(Opened::Direct(Upstream::from(t)))
             }
             Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
                 let stream = match &self.netns {
@@ -415,12 +372,104 @@ impl Waypoint {
                     None => tokio::net::TcpStream::connect(connect_to).await,
                 };
                 stream
-                    .map(Upstream::from)
+                    .map(|s| Opened::Direct(Upstream::from(s)))
                     .map_err(|e| Refusal::Unavailable(format!("connect {connect_to}: {e}")))
             }
-            Transport::GatewayHbone { .. } => Err(Refusal::Unavailable(
-                "gateway hops are not implemented yet".into(),
-            )),
+            Transport::GatewayHbone {
+                gateway,
+                gateway_identity,
+                authority,
+                identities,
+            } => {
+                // Double HBONE: the outer tunnel (pooled) asks the endpoint network's gateway for
+                // `hostname:port`, which decides again (scope, for the cluster in the baggage);
+                // the inner one, end to end, must reach one of the endpoints' identities.
+                let creds = self
+                    .certs
+                    .fetch(&self.identity)
+                    .await
+                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                let key = PoolKey::new(
+                    self.identity.clone(),
+                    self.ip,
+                    gateway,
+                    vec![gateway_identity],
+                );
+                let headers = ConnectHeaders {
+                    baggage: origin,
+                    forwarded_for: Some(peer),
+                    ..ConnectHeaders::default()
+                };
+                let bundle = self
+                    .certs
+                    .trust_bundle()
+                    .unwrap_or_else(|| self.bundle.clone());
+                let outer = self
+                    .pool
+                    .open(&key, &creds, &bundle, &authority, &headers)
+                    .await
+                    .map_err(|e| {
+                        Refusal::Unavailable(format!("outer tunnel to the gateway {gateway}: {e}"))
+                    })?;
+                let inner_headers = ConnectHeaders {
+                    forwarded_network: Some(self.network.to_string()),
+                    ..headers
+                };
+                ferry_hbone::double::open_inner(
+                    outer,
+                    gateway,
+                    &creds,
+                    &bundle,
+                    identities,
+                    &authority,
+                    &inner_headers,
+                    &Settings::default(),
+                )
+                .await
+                .map(Opened::Double)
+                .map_err(|e| {
+                    Refusal::Unavailable(format!("inner tunnel through the gateway {gateway}: {e}"))
+                })
+            }
+        }
+    }
+}
+
+/// What a waypoint opened to carry a connection on.
+pub(crate) enum Opened {
+    /// TCP, or one tunnel.
+    Direct(Upstream),
+    /// The inner tunnel of double HBONE through another network's gateway.
+    Double(ferry_hbone::double::Inner),
+}
+
+// === impl Opened ===
+
+impl Opened {
+    pub(crate) fn into_link(self) -> Link {
+        match self {
+            Self::Direct(u) => Box::new(u),
+            Self::Double(inner) => Box::new(inner),
+        }
+    }
+
+    /// A tunnel carried as it is: the HBONE server copies to a direct upstream; an inner
+    /// tunnel is relayed here.
+    fn into_forward(self, finish: tokio::sync::watch::Receiver<bool>) -> Forward {
+        match self {
+            Self::Direct(u) => Forward::Stream(u),
+            Self::Double(mut inner) => Forward::Serve(Box::new(move |mut tunnel| {
+                Box::pin(async move {
+                    let bounds = ferry_hbone::copy::Bounds {
+                        finish: Some(finish),
+                        ..crate::upstream::waypoint_bounds()
+                    };
+                    if let Err(e) = ferry_hbone::copy::relay(&mut tunnel, &mut inner, bounds).await
+                    {
+                        tracing::debug!(error = %e, "waypoint tunnel through a gateway ended");
+                    }
+                })
+            })),
         }
     }
 }
@@ -556,10 +605,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         identity: identity.clone(),
         ip,
         cluster: ClusterId::new(&config.cluster),
+        network: me.network.clone(),
         metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
-        tunnels: Mutex::default(),
+        changes: mesh.changes(),
         netns: netns.clone(),
         acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
+        finish: drain.finish_signal(),
         this: this.clone(),
     });
     let listener = match &netns {
@@ -567,19 +618,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => tokio::net::TcpListener::bind(config.listen).await,
     }
     .with_context(|| format!("binding {}", config.listen))?;
-    // Re-judge open L4 tunnels whenever a new snapshot is applied (HTTP is judged per request).
-    {
-        let (wp, mut changes) = (wp.clone(), mesh.changes());
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                let version = *changes.borrow_and_update();
-                let closed = wp.recheck();
-                if closed > 0 {
-                    tracing::info!(closed, version, "policy change closed waypoint tunnels");
-                }
-            }
-        });
-    }
     if let Some(addr) = config.admin {
         let admin = match &netns {
             Some(ns) => ns.listen(addr).await,

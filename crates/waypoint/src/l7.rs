@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-pub use crate::upstream::{Choice, Fixed, Refused, RequestCheck, Router};
+pub use crate::upstream::{Choice, Fixed, Io, Link, Refused, RequestCheck, Router};
 use crate::upstream::{Upstreams, plain};
 
 /// What each request's access-log line names.
@@ -252,6 +252,12 @@ impl<S> Replay<S> {
     }
 }
 
+impl<S: ferry_hbone::copy::Reset> ferry_hbone::copy::Reset for Replay<S> {
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
@@ -296,14 +302,31 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 /// request by request ([`serve_routed`]); anything else is carried at L4 (to what `open_l4`
 /// connects) if `l4` (the connection-level policy check) allows it. The client must speak first; a server-first protocol waits here.
 pub async fn serve_detected<C, R>(
-    mut client: C,
+    client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, String>>,
+    open_l4: impl std::future::Future<Output = Result<Link, String>>,
     l4: impl FnOnce() -> Result<(), String>,
     labels: Labels,
 ) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: AsyncRead + AsyncWrite + ferry_hbone::copy::Reset + Unpin + Send + 'static,
+    R: Router,
+{
+    serve_detected_until(client, router, open_l4, l4, labels, None).await
+}
+
+/// [`serve_detected`], whose L4 copy ends cleanly (FIN both ways) when `finish` turns true (a
+/// drain deadline).
+pub async fn serve_detected_until<C, R>(
+    mut client: C,
+    router: Arc<R>,
+    open_l4: impl std::future::Future<Output = Result<Link, String>>,
+    l4: impl FnOnce() -> Result<(), String>,
+    labels: Labels,
+    finish: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Outcome
+where
+    C: AsyncRead + AsyncWrite + ferry_hbone::copy::Reset + Unpin + Send + 'static,
     R: Router,
 {
     use tokio::io::AsyncReadExt;
@@ -349,11 +372,15 @@ where
                     error: Some(format!("upstream: {e}")),
                     ..Outcome::default()
                 },
+                // On an error, the side that did not fail is reset.
                 Ok(mut upstream) => Outcome {
-                    error: ferry_hbone::copy::bidirectional_bounded(
+                    error: ferry_hbone::copy::relay(
                         &mut client,
                         &mut upstream,
-                        crate::upstream::waypoint_bounds(),
+                        ferry_hbone::copy::Bounds {
+                            finish,
+                            ..crate::upstream::waypoint_bounds()
+                        },
                     )
                     .await
                     .err()

@@ -12,11 +12,10 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, ServiceKey};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
-use ferry_hbone::upstream::Upstream;
 use parking_lot::Mutex;
 
 use crate::hop::{Judge, Waypoint};
-use crate::l7::{Choice, Refused, Router};
+use crate::l7::{Choice, Link, Refused, Router};
 
 /// How often a request's endpoint is drawn again to avoid one that already failed it.
 const REDRAWS: usize = 4;
@@ -217,10 +216,7 @@ impl Router for TunnelRouter {
         }
     }
 
-    fn open(
-        &self,
-        plan: &Plan,
-    ) -> impl std::future::Future<Output = Result<Upstream, String>> + Send {
+    fn open(&self, plan: &Plan) -> impl std::future::Future<Output = Result<Link, String>> + Send {
         let (wp, plan, peer, baggage) = (
             self.wp.clone(),
             plan.clone(),
@@ -230,6 +226,7 @@ impl Router for TunnelRouter {
         async move {
             wp.open_upstream(plan, peer, baggage)
                 .await
+                .map(crate::hop::Opened::into_link)
                 .map_err(|e| e.to_string())
         }
     }

@@ -11,13 +11,24 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
+use ferry_hbone::copy::Reset;
 use ferry_hbone::upstream::Upstream;
 use http::{Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// A byte stream a waypoint carries a connection on to: TCP, a tunnel, or the inner tunnel of
+/// double HBONE through another network's gateway.
+pub trait Io: AsyncRead + AsyncWrite + Reset + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Reset + Send + Unpin> Io for T {}
+
+/// An open [`Io`], whatever it is.
+pub type Link = Box<dyn Io>;
 
 /// Upstream connections kept per backend and downstream connection (more only while the ones
 /// there are busy with requests of the same client).
@@ -61,7 +72,7 @@ pub trait Router: Send + Sync + 'static {
     ) -> Result<Choice<Self::Ticket>, Refused>;
 
     /// Opens a byte stream to a chosen backend.
-    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Upstream, String>> + Send;
+    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Link, String>> + Send;
 
     /// A request switched protocols: from now on its connection carries the upgraded stream,
     /// allowed as `req` was (and to be judged again as `req` when the policy changes).
@@ -107,9 +118,13 @@ impl Router for Fixed {
         })
     }
 
-    fn open(&self, _: &()) -> impl Future<Output = Result<Upstream, String>> + Send {
+    fn open(&self, _: &()) -> impl Future<Output = Result<Link, String>> + Send {
         let taken = self.upstream.lock().take();
-        async move { taken.ok_or_else(|| "the one upstream connection has closed".to_string()) }
+        async move {
+            taken
+                .map(|u| Box::new(u) as Link)
+                .ok_or_else(|| "the one upstream connection has closed".to_string())
+        }
     }
 }
 

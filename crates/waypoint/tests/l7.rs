@@ -197,7 +197,7 @@ async fn detecting_filter(
         let open_l4 = async move {
             TcpStream::connect(up)
                 .await
-                .map(ferry_hbone::upstream::Upstream::from)
+                .map(|s| Box::new(s) as l7::Link)
                 .map_err(|e| e.to_string())
         };
         let l4 = move || {
@@ -468,14 +468,13 @@ impl l7::Router for PathRouter {
     fn open(
         &self,
         ticket: &Self::Ticket,
-    ) -> impl std::future::Future<Output = Result<ferry_hbone::upstream::Upstream, String>> + Send
-    {
+    ) -> impl std::future::Future<Output = Result<l7::Link, String>> + Send {
         self.opens.lock().push(ticket.0);
         let addr = ticket.1;
         async move {
             TcpStream::connect(addr)
                 .await
-                .map(ferry_hbone::upstream::Upstream::from)
+                .map(|s| Box::new(s) as l7::Link)
                 .map_err(|e| e.to_string())
         }
     }

@@ -138,3 +138,81 @@ fn pods_with_the_same_address_on_two_networks_are_never_confused() {
         ],
     );
 }
+
+/// A waypoint whose service has pods only on another network (waypoint-across-networks.yaml).
+static ACROSS: Shared = Shared::new(Some("waypoint-across-networks.yaml"), "fW", &[]);
+
+/// sleep-east -> search (waypoint in both clusters, pods only in west).
+#[test]
+fn a_waypoint_sends_to_another_network_through_its_gateway_which_checks_scope_again() {
+    let Some(lab) = ACROSS.get() else { return };
+    const WAYPOINT: &str = "spiffe://cluster.local/ns/default/sa/search-waypoint";
+    // Bytes: the east waypoint instance decides again and sends through west's gateway.
+    let r = lab
+        .send("sleep-east", "198.18.10.5:80", "across")
+        .expect("through the waypoint and the gateway");
+    assert!(
+        r.starts_with("search-west-1 port 7070") && r.contains("across"),
+        "{r}"
+    );
+    // The gateway carried the waypoint's tunnel to the pod, not back to the west waypoint.
+    lab.log_line(
+        "gateway-eastwest-west",
+        &[
+            Field("direction", "gateway"),
+            Field("src.identity", WAYPOINT),
+            Field("dst.addr", "search.default.svc.cluster.local:80"),
+            Text("connection complete"),
+        ],
+    );
+    lab.log_line(
+        "west-1",
+        &[
+            Field("direction", "inbound"),
+            Field("src.identity", WAYPOINT),
+            Field("dst.addr", "search.default.svc.cluster.local:80"),
+        ],
+    );
+    // HTTP: each request routed by the waypoint, through the gateway too.
+    let r = lab
+        .send(
+            "sleep-east",
+            "198.18.10.5:8081",
+            "GET /across HTTP/1.1\r\nhost: search\r\n\r\n",
+        )
+        .expect("HTTP through the waypoint and the gateway");
+    assert!(
+        r.contains("200") && r.contains("search-west-1 http GET /across"),
+        "{r}"
+    );
+    // Scope is the gateway's to check again: a tunnel from the waypoint's identity that claims
+    // an east source, for a service local to west, is refused there.
+    let refused = lab.craft(
+        "eastwest-east",
+        "east-1",
+        &[
+            "--identity",
+            WAYPOINT,
+            "--to",
+            "198.19.255.1:15008",
+            "--peer-identity",
+            "spiffe://cluster.local/ns/istio-system/sa/eastwest-west",
+            "--cluster",
+            "east",
+            "--authority",
+            "ledger.default.svc.cluster.local:80",
+        ],
+    );
+    assert!(
+        refused.contains("refused") && refused.contains("401"),
+        "{refused}"
+    );
+    lab.log_line(
+        "gateway-eastwest-west",
+        &[
+            Text("gateway refused the connection"),
+            Field("src.identity", WAYPOINT),
+            Field("dst.addr", "ledger.default.svc.cluster.local:80"),
+        ],
+    );
+}

@@ -100,6 +100,24 @@ impl Lab {
         id: &str,
         node_args: &[&str],
     ) -> Option<Self> {
+        Self::up_with_all(topology, id, node_args, &[])
+    }
+
+    /// A lab whose waypoints and gateways get `hop_args` (`ferry lab up --hop-arg`).
+    pub(crate) fn up_with_hop_args(
+        topology: Option<&str>,
+        id: &str,
+        hop_args: &[&str],
+    ) -> Option<Self> {
+        Self::up_with_all(topology, id, &[], hop_args)
+    }
+
+    fn up_with_all(
+        topology: Option<&str>,
+        id: &str,
+        node_args: &[&str],
+        hop_args: &[&str],
+    ) -> Option<Self> {
         if !nix_is_root() {
             eprintln!("skipping the lab test: it needs root to create network namespaces");
             return None;
@@ -129,6 +147,9 @@ impl Lab {
         }
         for a in node_args {
             cmd.arg(format!("--node-arg={a}"));
+        }
+        for a in hop_args {
+            cmd.arg(format!("--hop-arg={a}"));
         }
         let out = cmd
             .arg("--state-dir")
@@ -353,6 +374,62 @@ impl Lab {
             .collect()
     }
 
+    /// The pid of the lab's `ferry <what>` process (`waypoint`, `gateway`) for `name` (a
+    /// waypoint instance's or gateway's name), found by its command line.
+    pub(crate) fn hop_pid(&self, what: &str, name: &str) -> u32 {
+        self.pids()
+            .into_iter()
+            .find(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                args.get(1) == Some(&what.as_bytes())
+                    && args.iter().any(|a| {
+                        *a == name.as_bytes() || a.ends_with(format!("/{name}").as_bytes())
+                    })
+            })
+            .unwrap_or_else(|| panic!("no ferry {what} process for {name}"))
+    }
+
+    /// Holds one connection from `pod` to `to` that pings every 200 ms (`ferry lab hold
+    /// --ping-ms`); its lines (`ping <k>`, then `closed` or `closed by reset (...)`) arrive with
+    /// the time they were read.
+    pub(crate) fn hold_pinging(&self, pod: &str, to: &str) -> Held {
+        let mut child = ferry()
+            .args(["lab", "exec", pod, "--state-dir"])
+            .arg(&self.dir)
+            .args(["--id", &self.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "lab",
+                "hold",
+                to,
+                "--n",
+                "1",
+                "--until-closed",
+                "--ping-ms",
+                "200",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        assert_eq!(
+            lines.next().unwrap().unwrap(),
+            "held 1",
+            "holding {to} from {pod}"
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                if tx.send((Instant::now(), l)).is_err() {
+                    return;
+                }
+            }
+        });
+        Held { child, lines: rx }
+    }
+
     pub(crate) fn pids(&self) -> Vec<u32> {
         let state: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(self.dir.join("lab.json")).unwrap())
@@ -363,6 +440,20 @@ impl Lab {
             .iter()
             .map(|p| p.as_u64().unwrap() as u32)
             .collect()
+    }
+}
+
+/// A connection held by [`Lab::hold_pinging`]; the holder is killed when dropped.
+#[derive(Debug)]
+pub(crate) struct Held {
+    child: Child,
+    pub(crate) lines: std::sync::mpsc::Receiver<(Instant, String)>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -5,6 +5,7 @@
 //! scenarios that change a lab run one at a time on a lab of their group, or on their own lab.
 
 mod crash;
+mod drain;
 mod gateway;
 mod harness;
 mod idle;

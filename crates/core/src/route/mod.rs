@@ -45,6 +45,10 @@ pub struct Source<'a> {
     /// The cluster scope is checked against: the workload's own, or, at a waypoint, the cluster
     /// of the original source it acts for.
     pub origin_cluster: &'a ClusterId,
+    /// At an east-west gateway: the (verified) identity of the peer that sent the tunnel. A
+    /// waypoint one of whose instances presents it has already been passed, so it is skipped
+    /// (the waypoint sends to endpoints on other networks through their gateway).
+    pub sent_by: Option<&'a Identity>,
 }
 
 impl<'a> Source<'a> {
@@ -52,6 +56,7 @@ impl<'a> Source<'a> {
         Self {
             workload,
             origin_cluster: &workload.cluster,
+            sent_by: None,
         }
     }
 
@@ -60,6 +65,16 @@ impl<'a> Source<'a> {
         Self {
             workload,
             origin_cluster,
+            sent_by: None,
+        }
+    }
+
+    /// The tunnel was sent by `peer` (an east-west gateway's caller): a waypoint whose
+    /// instance `peer` is counts as passed.
+    pub fn sent_by(self, peer: &'a Identity) -> Self {
+        Self {
+            sent_by: Some(peer),
+            ..self
         }
     }
 }

@@ -773,3 +773,52 @@ fn any_trace_sink_sees_the_steps_explain_prints() {
     assert_eq!(outcome, d.outcome);
     assert_eq!(steps, d.steps);
 }
+
+#[test]
+fn a_waypoint_reaches_endpoints_on_another_network_and_their_gateway_does_not_loop_back() {
+    let mut m = two_networks();
+    m.waypoint("wp", WaypointFor::Service);
+    m.waypoint_pod("wp", "wp-east", "east-1", "198.18.1.50");
+    m.waypoint_pod("wp", "wp-west", "west-1", "198.19.1.50");
+    let s = m.service(
+        "echo",
+        &[("net-east", "198.18.100.1"), ("net-west", "198.19.100.1")],
+        80,
+        8080,
+    );
+    s.waypoint = Some(waypoint_ref("wp"));
+    m.pod("echo-west-1", "west-1", "198.19.1.40");
+    m.backs("echo-west-1", "echo");
+    let snap = m.build();
+    let by_name = |n: &str| snap.workloads().find(|w| w.name == n).unwrap().clone();
+    // The east instance, past itself, sends to the west pod through west's gateway.
+    let d = decide(&snap, "wp-east", "198.18.100.1:80");
+    assert!(
+        matches!(d.outcome, Ok(Plan { transport: Transport::GatewayHbone { ref authority, .. }, .. }) if authority == "echo.default.svc.cluster.local:80"),
+        "{:?}",
+        d.outcome
+    );
+    // At the gateway (standing on net-west), a tunnel sent by an instance of echo's waypoint
+    // lands on the pod, not on the waypoint again.
+    let (gw, wp_east, sleep) = (by_name("sleep-west"), by_name("wp-east"), by_name("sleep"));
+    let (wp_id, sleep_id) = (wp_east.identity().unwrap(), sleep.identity().unwrap());
+    let east: crate::model::ClusterId = "east".into();
+    let dst = Destination::Host {
+        hostname: hostname("echo"),
+        port: 80,
+    };
+    let at_gateway = |src: Source<'_>| route(&snap, src, &dst, &mut SplitMix64::new(1));
+    let d = at_gateway(Source::on_behalf_of(&gw, &east).sent_by(&wp_id));
+    assert_eq!(landing(&d), "west//v1/Pod/default/echo-west-1");
+    assert!(matches!(
+        d.outcome,
+        Ok(Plan {
+            waypoint: None,
+            transport: Transport::Hbone { .. },
+            ..
+        })
+    ));
+    // Sent by anyone else (the source's own node proxy), the waypoint still applies.
+    let d = at_gateway(Source::on_behalf_of(&gw, &east).sent_by(&sleep_id));
+    assert_eq!(landing(&d), "west//v1/Pod/default/wp-west");
+}

@@ -184,9 +184,19 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         })
     }
 
-    /// Is the source itself an instance of waypoint `wp`? Then it does not loop back to it.
+    /// Is the source itself an instance of waypoint `wp`, or did one send the tunnel (to a
+    /// gateway)? Then it does not loop back to it.
     pub(super) fn src_is_waypoint(&self, wp: &GatewayRef) -> bool {
         let src = self.src.workload;
+        if let Some(peer) = self.src.sent_by
+            && WaypointInstances::resolve(self.snap, wp).is_some_and(|set| {
+                set.instances
+                    .iter()
+                    .any(|i| i.identity().ok().as_ref() == Some(peer))
+            })
+        {
+            return true;
+        }
         match &wp.destination {
             GatewayDestination::Service(key) => src.services.contains_key(key),
             GatewayDestination::Address(addr) => {

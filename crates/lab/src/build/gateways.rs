@@ -64,16 +64,13 @@ fn interfaces(
     )?;
     // Replies go back out of the interface a connection came in on, so pod addresses may
     // repeat across networks: each interface marks what it receives, accepted sockets take
-    // the mark of their SYN, and each mark routes through its own interface.
-    run(Command::new("ip").args([
-        "netns",
-        "exec",
-        gns,
-        "sysctl",
-        "-q",
-        "-w",
-        "net.ipv4.tcp_fwmark_accept=1",
-    ]))?;
+    // the mark of their SYN, and each mark routes through its own interface. So do the
+    // kernel's own replies (a reset for a closed port, as while the gateway drains), which
+    // belong to no socket: without the mark they are lost, and a dial times out instead of
+    // being refused.
+    for sysctl in ["net.ipv4.tcp_fwmark_accept=1", "net.ipv4.fwmark_reflect=1"] {
+        run(Command::new("ip").args(["netns", "exec", gns, "sysctl", "-q", "-w", sysctl]))?;
+    }
     for (m, (net, net_ns)) in networks.iter().enumerate() {
         if net == g.network.as_str() {
             continue;
@@ -144,23 +141,21 @@ fn start_one(
         &token_file,
     )?;
     let log = lab.opts.state_dir.join(format!("gateway-{}.log", g.name));
-    spawn(
-        state,
-        gns,
-        &[
-            &lab.exe,
-            "gateway",
-            "--name",
-            &g.name,
-            "--control",
-            &format!("https://{}", control.listen),
-            "--token-file",
-            &token_file,
-            "--bundle-file",
-            &control.bundle,
-        ],
-        &log,
-    )?;
+    let control_url = format!("https://{}", control.listen);
+    let mut args = vec![
+        lab.exe.as_str(),
+        "gateway",
+        "--name",
+        &g.name,
+        "--control",
+        &control_url,
+        "--token-file",
+        &token_file,
+        "--bundle-file",
+        &control.bundle,
+    ];
+    args.extend(lab.opts.hop_args.iter().map(String::as_str));
+    spawn(state, gns, &args, &log)?;
     wait_for(
         &format!("gateway {}", g.name),
         Duration::from_secs(30),

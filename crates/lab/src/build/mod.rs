@@ -39,6 +39,8 @@ pub struct Options {
     pub ferry: PathBuf,
     /// Extra arguments for every node proxy.
     pub node_args: Vec<String>,
+    /// Extra arguments for every waypoint instance and east-west gateway.
+    pub hop_args: Vec<String>,
 }
 
 /// What every build step shares: the options, and the strings argument lists are made of.

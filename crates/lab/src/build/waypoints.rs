@@ -57,29 +57,27 @@ fn start_one(
     let token_file = format!("{}/{node}.token", lab.dir);
     // Admin (`/metrics`) on the pod's own address, port 15020.
     let admin = format!("{}:15020", pod.ip);
-    spawn(
-        state,
-        &ns,
-        &[
-            &lab.exe,
-            "waypoint",
-            "--uid",
-            w.uid.as_str(),
-            "--cluster",
-            w.cluster.as_str(),
-            "--control",
-            &format!("https://{}", control.listen),
-            "--token-file",
-            &token_file,
-            "--bundle-file",
-            &control.bundle,
-            "--netns",
-            &pod_ns,
-            "--admin",
-            &admin,
-        ],
-        &log,
-    )?;
+    let control_url = format!("https://{}", control.listen);
+    let mut args = vec![
+        lab.exe.as_str(),
+        "waypoint",
+        "--uid",
+        w.uid.as_str(),
+        "--cluster",
+        w.cluster.as_str(),
+        "--control",
+        &control_url,
+        "--token-file",
+        &token_file,
+        "--bundle-file",
+        &control.bundle,
+        "--netns",
+        &pod_ns,
+        "--admin",
+        &admin,
+    ];
+    args.extend(lab.opts.hop_args.iter().map(String::as_str));
+    spawn(state, &ns, &args, &log)?;
     if let Some(p) = state.pods.get_mut(&w.name) {
         p.waypoint = true;
     }
