@@ -89,26 +89,6 @@ const FORBIDDEN: &[(&[&str], &str, &str)] = &[
 
 /// `(crate, module, module, why)`: sibling modules that still refer to each other. Shrink only.
 const ALLOWED_CYCLES: &[(&str, &str, &str, &str)] = &[
-    // The node's god object: `Node` owns the listeners' state, and each listener takes `Node`.
-    // Being reshaped now (outbound plan/open/relay, per-connection re-checks).
-    (
-        "ferry-node",
-        "conns",
-        "node",
-        "Node holds Conns; Conns tracks node::Pod",
-    ),
-    (
-        "ferry-node",
-        "inbound",
-        "node",
-        "Node starts the inbound listeners, which take Node",
-    ),
-    (
-        "ferry-node",
-        "node",
-        "outbound",
-        "Node starts the outbound listener, which takes Node",
-    ),
     // The per-request router asks the hop's `Judge` for verdicts; the hop builds the router.
     (
         "ferry-waypoint",

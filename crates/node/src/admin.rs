@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::node::Node;
+use crate::state::Node;
 
 pub(crate) async fn serve(
     node: Arc<Node>,

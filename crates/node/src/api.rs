@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
-use crate::node::Node;
+use crate::state::Node;
 
 /// Serves the API on `path` (replacing a stale socket file).
 pub(crate) async fn serve(node: Arc<Node>, path: PathBuf) -> std::io::Result<()> {

@@ -14,7 +14,7 @@ use ferry_runtime::bootstrap::ControlPlane;
 use ferry_runtime::telemetry::Metrics;
 use parking_lot::Mutex;
 
-use crate::node::{Node, PodDialer};
+use crate::state::{Node, PodDialer};
 
 /// How a node proxy is run.
 #[derive(Clone, Debug)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ferry_core::model::WorkloadUid;
 
-use crate::node::Node;
+use crate::state::Node;
 
 /// How long a restored pod may wait for its workload to appear in the first xDS snapshot.
 const RESTORE_WAIT: Duration = Duration::from_secs(10);

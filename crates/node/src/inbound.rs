@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
-use crate::node::{Node, Open, Pod};
+use crate::state::{Node, Open, Pod};
 
 /// Authorizes a connection to `pod` (workload `dst` in `snap`) on `port`.
 fn authorize(

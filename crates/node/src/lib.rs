@@ -7,7 +7,8 @@
 //!
 //! # Layout
 //! - `app`: configuration and the composition root (xDS, certificates, pool, API, admin, drain).
-//! - `node`: state and pod enrollment; `api`: the node-local enrollment API;
+//! - `state`: the node's state (`Node`, `Pod`, the open-connection count); `pods`: pod
+//!   enrollment; `api`: the node-local enrollment API;
 //!   `enrollment`: enrolled pods kept across restarts.
 //! - `capture`: the iptables rules in each pod's namespace.
 //! - `outbound`, `inbound`: the two directions; a held inbound connection re-checks its own
@@ -25,7 +26,8 @@ mod capture;
 mod enrollment;
 mod inbound;
 mod memory;
-mod node;
 mod outbound;
+mod pods;
+mod state;
 
 pub use app::{Config, run};

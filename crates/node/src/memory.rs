@@ -4,8 +4,8 @@
 //! connections, has fallen to half of its peak since the last trim, `malloc_trim` hands the free
 //! pages back to the system (measured: 1.3x the idle footprint after the same spike).
 //!
-//! Event-driven: the [`crate::node::Open`] guard that takes the count of open connections to
-//! half its peak wakes [`give_back`] ([`crate::node::Node::halved`]), which trims once the
+//! Event-driven: the [`crate::state::Open`] guard that takes the count of open connections to
+//! half its peak wakes [`give_back`] ([`crate::state::Node::halved`]), which trims once the
 //! drop has settled ([`settle`]). The HBONE connections that carried them close later, with no
 //! event to wait on: they are counted every 2 s after a burst until they stop closing
 //! ([`follow_tunnels`]), and never between bursts.
@@ -16,18 +16,10 @@ use std::time::Duration;
 
 use ferry_hbone::pool::PoolConfig;
 
-use crate::node::Node;
+use crate::state::{Node, halved};
 
-/// Below this peak of open connections, a drop is not worth a walk over the heap.
-const CONNS_FLOOR: u64 = 64;
-/// Below this peak of HBONE connections, likewise.
+/// Below this peak of HBONE connections, a drop is not worth a walk over the heap.
 const HBONE_FLOOR: u64 = 4;
-
-/// Whether `open` connections, down from `peak`, are a drop worth trimming after; what
-/// [`crate::node::Open`]'s drop asks before waking [`give_back`].
-pub(crate) fn halved(open: u64, peak: u64) -> bool {
-    peak >= CONNS_FLOOR && open * 2 <= peak
-}
 
 /// Whether `hbone` connections, down from `peak`, are a drop worth trimming after.
 fn hbone_halved(hbone: u64, peak: u64) -> bool {

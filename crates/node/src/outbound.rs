@@ -24,7 +24,7 @@ use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::node::{Node, Open, Pod};
+use crate::state::{Node, Open, Pod};
 
 pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
     loop {

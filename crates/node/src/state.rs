@@ -1,0 +1,174 @@
+//! The node proxy's state: the mesh snapshot, certificates, the tunnel pool, enrolled pods, and
+//! the count of open connections. What changes it (enrollment) is in [`crate::pods`].
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferry_core::identity::Identity;
+use ferry_core::model::{NodeName, WorkloadUid};
+use ferry_core::store::Store;
+use ferry_hbone::client::Dialer;
+use ferry_hbone::pool::Pool;
+use ferry_runtime::drain::DrainWatcher;
+use ferry_tls::certs::CertManager;
+use ferry_tls::config::TrustBundle;
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+use ferry_runtime::netns::Netns;
+use ferry_runtime::telemetry::Metrics;
+
+/// One enrolled pod.
+#[derive(Debug)]
+pub(crate) struct Pod {
+    pub uid: WorkloadUid,
+    pub name: String,
+    pub ip: IpAddr,
+    pub identity: Identity,
+    pub netns: Netns,
+    pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Enrolled pods by source IP, shared with the tunnel pool's dialer.
+pub(crate) type PodsByIp = Arc<Mutex<HashMap<IpAddr, Arc<Pod>>>>;
+
+/// The node proxy.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub name: NodeName,
+    pub store: Arc<Store>,
+    pub certs: CertManager,
+    /// The configured roots; replaced by the roots that come with certificates.
+    pub bundle: Mutex<TrustBundle>,
+    pub pool: Pool,
+    pub metrics: Metrics,
+    /// Changes whenever a new snapshot is applied: each held inbound connection waits on it and
+    /// re-checks its own authorization ([`ferry_runtime::recheck`]).
+    pub(crate) changes: tokio::sync::watch::Receiver<u64>,
+    /// The drain: listeners stop when it starts (HBONE connections get a GOAWAY); at its
+    /// deadline every connection still open is ended with a FIN (and END_STREAM in its tunnel),
+    /// never a reset. Every connection's task is spawned through it.
+    pub(crate) drain: DrainWatcher,
+    /// HBONE connections being served (closed with a TLS close_notify when they end).
+    pub(crate) hbone_conns: Arc<AtomicU64>,
+    /// Where the enrolled pods are kept across restarts ([`crate::enrollment`]).
+    pub state_file: Option<PathBuf>,
+    /// One lock per pod being enrolled.
+    pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
+    /// Enrolled pods this process cannot serve, with their namespace and why.
+    pub unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
+    /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
+    pub capture_repairs: prometheus_client::metrics::counter::Counter,
+    /// Accepts on every listener; refuses (and counts) when descriptors run out.
+    pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
+    /// A half-closed connection quiet this long is ended; a vanished app peer is noticed
+    /// within it (keepalive, user timeout).
+    pub idle_bound: std::time::Duration,
+    pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
+    pub(crate) by_ip: PodsByIp,
+    pub(crate) connections: AtomicU64,
+    pub(crate) active: AtomicU64,
+    /// The most connections open at once since memory was last given back.
+    pub(crate) peak_active: AtomicU64,
+    /// Notified when the open connections fall to half of `peak_active`: memory is given
+    /// back then ([`crate::memory`]).
+    pub(crate) halved: tokio::sync::Notify,
+}
+
+/// Whether `open` connections, down from `peak`, are a drop worth giving memory back after
+/// ([`crate::memory`]): a peak of at least 64, halved.
+pub(crate) fn halved(open: u64, peak: u64) -> bool {
+    peak >= 64 && open * 2 <= peak
+}
+
+/// One open proxied connection of the node, counted until dropped (for the drain and memory).
+pub(crate) struct Open(Arc<Node>);
+
+impl Open {
+    pub(crate) fn new(node: &Arc<Node>) -> Self {
+        node.opened();
+        Self(node.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let node = &self.0;
+        let open = node
+            .active
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        if halved(open, node.peak_active.load(Ordering::Relaxed)) {
+            node.halved.notify_one();
+        }
+    }
+}
+
+/// Dials tunnels from inside the source pod's namespace.
+#[derive(Debug)]
+pub(crate) struct PodDialer(pub(crate) PodsByIp);
+
+impl Dialer for PodDialer {
+    fn dial(
+        &self,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<tokio::net::TcpStream>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            let pod = src.and_then(|ip| self.0.lock().get(&ip).cloned());
+            match pod {
+                Some(p) => p.netns.connect(None, dst).await,
+                None => Err(std::io::Error::other(format!(
+                    "no enrolled pod has address {src:?}"
+                ))),
+            }
+        })
+    }
+}
+
+impl Node {
+    /// The trust bundle to verify peers with.
+    pub(crate) fn bundle(&self) -> TrustBundle {
+        if let Some(b) = self.certs.trust_bundle() {
+            *self.bundle.lock() = b;
+        }
+        self.bundle.lock().clone()
+    }
+
+    /// The copy bounds of a connection through this node: its idle bound and drain deadline.
+    pub(crate) fn bounds(&self) -> ferry_hbone::copy::Bounds {
+        ferry_runtime::sockets::bounds(self.idle_bound, self.drain.finish_signal())
+    }
+
+    /// Open proxied connections.
+    pub(crate) fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Counts one more open connection (and the peak since memory was last given back).
+    pub(crate) fn opened(&self) {
+        let now = self.active.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_active.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.lock().values().cloned().collect()
+    }
+
+    /// The namespace paths of enrolled pods (for the API's `list`).
+    pub(crate) fn enrolled(&self) -> Vec<(String, PathBuf)> {
+        let mut v: Vec<_> = self
+            .pods
+            .lock()
+            .values()
+            .map(|p| (p.uid.to_string(), p.netns.path().to_path_buf()))
+            .collect();
+        v.sort();
+        v
+    }
+}
