@@ -38,7 +38,13 @@ fn handovers_of_both_nodes_on_the_path_refuse_no_connection() {
         .split(' ')
         .filter_map(|kv| kv.split('=').nth(1)?.parse().ok())
         .collect();
-    assert_eq!(counts.len(), 2, "{summary}");
+    assert_eq!(
+        counts.len(),
+        2,
+        "churn summary {summary:?} ({}), stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(counts[0] > 0, "no connection made it: {summary}");
     assert_eq!(
         counts[1],
