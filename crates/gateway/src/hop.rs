@@ -248,21 +248,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         g.identity,
         g.network
     );
-    ferry_runtime::shutdown_signal().await;
-    tracing::info!(drain_s = config.drain.as_secs(), "draining");
-    let drained = trigger.drain(config.drain, FINISH_GRACE).await;
+    trigger.on_signal("gateway", config.drain).await;
     let _ = serving.await;
-    tracing::info!(
-        left_at_deadline = drained.left_at_deadline,
-        left_after_grace = drained.left_after_grace,
-        "gateway stopped"
-    );
+    tracing::info!("gateway stopped");
     Ok(())
 }
-
-/// How long, past the drain deadline, peers get to finish their side of tunnels that were ended
-/// cleanly.
-const FINISH_GRACE: Duration = Duration::from_secs(6);
 
 #[cfg(test)]
 mod tests {

@@ -113,30 +113,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         admin = %admin_addr,
         "node proxy serving (admin: /ready /config_dump /certs /metrics)"
     );
-    ferry_runtime::shutdown_signal().await;
-    tracing::info!(
-        drain_s = config.drain.as_secs(),
-        active = node.active(),
-        "draining"
-    );
     // Listeners stop and HBONE peers get a GOAWAY; at the deadline what is still open ends with
     // a FIN (END_STREAM in tunnels) and the peers get a moment to finish their side.
-    let drained = trigger.drain(config.drain, FINISH_GRACE).await;
+    trigger.on_signal("node", config.drain).await;
     // Then the pooled HBONE connections close with close_notify.
     node.pool.shutdown(Duration::from_secs(2)).await;
-    tracing::info!(
-        left = node.active(),
-        left_at_deadline = drained.left_at_deadline,
-        left_after_grace = drained.left_after_grace,
-        "node proxy stopped"
-    );
+    tracing::info!(left = node.active(), "node proxy stopped");
     let _ = std::fs::remove_file(&config.api_socket);
     Ok(())
 }
-
-/// How long, past the drain deadline, peers get to finish their side of connections that were
-/// ended with a FIN (a tunnel waits up to 5 s for its peer's END_STREAM).
-const FINISH_GRACE: Duration = Duration::from_secs(6);
 
 /// Keeps certificates of this node's workloads fetched ahead of their first connection, and
 /// drops those of workloads that left: on every new snapshot.

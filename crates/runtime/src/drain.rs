@@ -65,9 +65,33 @@ pub fn new() -> (DrainTrigger, DrainWatcher) {
     )
 }
 
+/// How long, past the drain deadline, peers get to finish their side of connections that were
+/// ended with a FIN (a tunnel waits up to 5 s for its peer's END_STREAM).
+pub const FINISH_GRACE: Duration = Duration::from_secs(6);
+
 // === impl DrainTrigger ===
 
 impl DrainTrigger {
+    /// Waits for SIGTERM or SIGINT, then drains with `deadline` and [`FINISH_GRACE`], logging
+    /// the start and the end (`what` names the program).
+    pub async fn on_signal(self, what: &'static str, deadline: Duration) -> Drained {
+        crate::shutdown_signal().await;
+        tracing::info!(
+            program = what,
+            drain_s = deadline.as_secs(),
+            running = self.tasks.len(),
+            "draining"
+        );
+        let drained = self.drain(deadline, FINISH_GRACE).await;
+        tracing::info!(
+            program = what,
+            left_at_deadline = drained.left_at_deadline,
+            left_after_grace = drained.left_after_grace,
+            "drained"
+        );
+        drained
+    }
+
     /// Drains: tells every watcher to stop accepting, waits up to `deadline` for the tracked
     /// tasks to end, then tells them to finish and waits up to `grace` more.
     pub async fn drain(self, deadline: Duration, grace: Duration) -> Drained {

@@ -649,19 +649,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.uid,
         config.listen
     );
-    ferry_runtime::shutdown_signal().await;
-    tracing::info!(drain_s = config.drain.as_secs(), "draining");
-    let drained = trigger.drain(config.drain, FINISH_GRACE).await;
+    trigger.on_signal("waypoint", config.drain).await;
     let _ = serving.await;
     wp.pool.shutdown(Duration::from_secs(2)).await;
-    tracing::info!(
-        left_at_deadline = drained.left_at_deadline,
-        left_after_grace = drained.left_after_grace,
-        "waypoint stopped"
-    );
+    tracing::info!("waypoint stopped");
     Ok(())
 }
-
-/// How long, past the drain deadline, peers get to finish their side of tunnels that were ended
-/// cleanly.
-const FINISH_GRACE: Duration = Duration::from_secs(6);
