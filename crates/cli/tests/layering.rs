@@ -88,15 +88,7 @@ const FORBIDDEN: &[(&[&str], &str, &str)] = &[
 ];
 
 /// `(crate, module, module, why)`: sibling modules that still refer to each other. Shrink only.
-const ALLOWED_CYCLES: &[(&str, &str, &str, &str)] = &[
-    // The per-request router asks the hop's `Judge` for verdicts; the hop builds the router.
-    (
-        "ferry-waypoint",
-        "hop",
-        "router",
-        "router.rs judges requests with hop::Judge",
-    ),
-];
+const ALLOWED_CYCLES: &[(&str, &str, &str, &str)] = &[];
 
 // === crates ===
 

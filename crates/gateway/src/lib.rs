@@ -2,8 +2,8 @@
 //! HBONE and carries the inner one to the destination on its own network.
 //!
 //! # Layout
-//! - [`hop`]: the HBONE handler, its admin endpoint (optional) and `run`.
+//! - `hop`: the HBONE handler, its admin endpoint (optional) and `run`.
 
-pub mod hop;
+mod hop;
 
 pub use hop::{Config, run};

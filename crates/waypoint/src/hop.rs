@@ -15,23 +15,21 @@ use std::time::Duration;
 use anyhow::Context;
 use ferry_core::hop::{Hop, Unclaimed, origin_cluster};
 use ferry_core::identity::Identity;
-use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
+use ferry_core::model::{ClusterId, WorkloadUid};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Plan, Source, Transport};
-use ferry_core::store::Store;
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::{Forward, Upstream};
 use ferry_runtime::bootstrap::ControlPlane;
-use ferry_tls::certs::CertManager;
-use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
 
-use crate::l7::Link;
+use crate::judge::Judge;
+use crate::state::{Opened, Waypoint};
 
 /// How a waypoint instance is run.
 #[derive(Clone, Debug)]
@@ -51,28 +49,6 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
     /// How long open tunnels may finish after SIGTERM.
     pub drain: Duration,
-}
-
-pub(crate) struct Waypoint {
-    pub(crate) store: Arc<Store>,
-    certs: CertManager,
-    pool: Pool,
-    bundle: TrustBundle,
-    pub(crate) uid: WorkloadUid,
-    identity: Identity,
-    ip: IpAddr,
-    cluster: ClusterId,
-    network: NetworkId,
-    pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,
-    netns: Option<Arc<ferry_runtime::netns::Netns>>,
-    /// Tells of each new snapshot: every tunnel judges itself again on it.
-    changes: tokio::sync::watch::Receiver<u64>,
-    /// Turns true at the drain deadline: tunnels carried at L4 end cleanly then.
-    finish: tokio::sync::watch::Receiver<bool>,
-    /// Accepts HBONE; refuses (and counts) when descriptors run out.
-    acceptor: Arc<ferry_runtime::accept::Acceptor>,
-    /// Itself, for the tasks that serve its tunnels.
-    this: std::sync::Weak<Self>,
 }
 
 /// What one tunnel re-judges itself with when a new snapshot is applied.
@@ -435,45 +411,6 @@ impl Waypoint {
     }
 }
 
-/// What a waypoint opened to carry a connection on.
-pub(crate) enum Opened {
-    /// TCP, or one tunnel.
-    Direct(Upstream),
-    /// The inner tunnel of double HBONE through another network's gateway.
-    Double(ferry_hbone::double::Inner),
-}
-
-// === impl Opened ===
-
-impl Opened {
-    pub(crate) fn into_link(self) -> Link {
-        match self {
-            Self::Direct(u) => Box::new(u),
-            Self::Double(inner) => Box::new(inner),
-        }
-    }
-
-    /// A tunnel carried as it is: the HBONE server copies to a direct upstream; an inner
-    /// tunnel is relayed here.
-    fn into_forward(self, finish: tokio::sync::watch::Receiver<bool>) -> Forward {
-        match self {
-            Self::Direct(u) => Forward::Stream(u),
-            Self::Double(mut inner) => Forward::Serve(Box::new(move |mut tunnel| {
-                Box::pin(async move {
-                    let bounds = ferry_hbone::copy::Bounds {
-                        finish: Some(finish),
-                        ..crate::upstream::waypoint_bounds()
-                    };
-                    if let Err(e) = ferry_hbone::copy::relay(&mut tunnel, &mut inner, bounds).await
-                    {
-                        tracing::debug!(error = %e, "waypoint tunnel through a gateway ended");
-                    }
-                })
-            })),
-        }
-    }
-}
-
 /// `/ready`, `/config_dump`, `/certs` and `/metrics`, on the runtime's admin server.
 async fn serve_admin(
     listener: tokio::net::TcpListener,
@@ -514,45 +451,6 @@ async fn serve_admin(
         .route(&["/certs"], certs)
         .route(&["/metrics", "/stats/prometheus"], metrics);
     ferry_runtime::admin::serve(listener, routes).await;
-}
-
-/// What a waypoint knows to authorize the traffic of one tunnel.
-pub(crate) struct Judge {
-    pub(crate) store: Arc<Store>,
-    pub(crate) landing: WorkloadUid,
-    /// `None` for plain TCP from outside the mesh.
-    pub(crate) source: Option<Identity>,
-    pub(crate) source_ip: IpAddr,
-    pub(crate) port: u16,
-}
-
-impl Judge {
-    /// One HTTP request, or (`None`) the whole connection at L4; `Err` says why it is denied.
-    pub(crate) fn judge(
-        &self,
-        request: Option<&ferry_core::authz::HttpRequest<'_>>,
-    ) -> Result<(), String> {
-        let snap = self.store.load();
-        let dst = snap
-            .workload(&self.landing)
-            .ok_or_else(|| "the destination left the mesh".to_string())?;
-        let conn = ferry_core::authz::ConnInfo {
-            source_identity: self.source.as_ref(),
-            source_ip: self.source_ip,
-            destination_ip: dst.addresses.first().copied().unwrap_or(self.source_ip),
-            destination_port: self.port,
-            via_waypoint: false,
-        };
-        let verdict = match request {
-            Some(r) => ferry_core::authz::authorize_request(&snap, dst, &conn, r),
-            None => ferry_core::authz::authorize(&snap, dst, &conn),
-        };
-        if verdict.is_allowed() {
-            Ok(())
-        } else {
-            Err(verdict.to_string())
-        }
-    }
 }
 
 /// Runs a waypoint instance until SIGTERM, then drains.

@@ -14,8 +14,9 @@ use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
 use parking_lot::Mutex;
 
-use crate::hop::{Judge, Waypoint};
+use crate::judge::Judge;
 use crate::l7::{Choice, Link, Refused, Router};
+use crate::state::Waypoint;
 
 /// How often a request's endpoint is drawn again to avoid one that already failed it.
 const REDRAWS: usize = 4;
@@ -226,7 +227,7 @@ impl Router for TunnelRouter {
         async move {
             wp.open_upstream(plan, peer, baggage)
                 .await
-                .map(crate::hop::Opened::into_link)
+                .map(crate::state::Opened::into_link)
                 .map_err(|e| e.to_string())
         }
     }

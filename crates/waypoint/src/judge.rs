@@ -1,0 +1,47 @@
+//! Authorizing one tunnel's traffic at the waypoint: each HTTP request, or the connection at L4.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ferry_core::identity::Identity;
+use ferry_core::model::WorkloadUid;
+use ferry_core::store::Store;
+
+/// What a waypoint knows to authorize the traffic of one tunnel.
+pub(crate) struct Judge {
+    pub(crate) store: Arc<Store>,
+    pub(crate) landing: WorkloadUid,
+    /// `None` for plain TCP from outside the mesh.
+    pub(crate) source: Option<Identity>,
+    pub(crate) source_ip: IpAddr,
+    pub(crate) port: u16,
+}
+
+impl Judge {
+    /// One HTTP request, or (`None`) the whole connection at L4; `Err` says why it is denied.
+    pub(crate) fn judge(
+        &self,
+        request: Option<&ferry_core::authz::HttpRequest<'_>>,
+    ) -> Result<(), String> {
+        let snap = self.store.load();
+        let dst = snap
+            .workload(&self.landing)
+            .ok_or_else(|| "the destination left the mesh".to_string())?;
+        let conn = ferry_core::authz::ConnInfo {
+            source_identity: self.source.as_ref(),
+            source_ip: self.source_ip,
+            destination_ip: dst.addresses.first().copied().unwrap_or(self.source_ip),
+            destination_port: self.port,
+            via_waypoint: false,
+        };
+        let verdict = match request {
+            Some(r) => ferry_core::authz::authorize_request(&snap, dst, &conn, r),
+            None => ferry_core::authz::authorize(&snap, dst, &conn),
+        };
+        if verdict.is_allowed() {
+            Ok(())
+        } else {
+            Err(verdict.to_string())
+        }
+    }
+}
