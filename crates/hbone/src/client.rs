@@ -30,6 +30,8 @@ pub struct Connection {
     pub(crate) closed: Arc<AtomicBool>,
     /// Streams currently open (or reserved) on this connection.
     pub(crate) active: AtomicUsize,
+    /// Its sender is dropped when the connection's driver task ends (the connection is gone).
+    pub(crate) ended: tokio::sync::watch::Receiver<()>,
 }
 
 impl Connection {
@@ -189,21 +191,25 @@ where
     })
     .await?;
     let closed = Arc::new(AtomicBool::new(false));
-    tokio::spawn(drive(driver, addr, settings.clone(), closed.clone()));
+    let (alive, ended) = tokio::sync::watch::channel(());
+    tokio::spawn(drive(driver, addr, settings.clone(), closed.clone(), alive));
     Ok(Connection {
         addr,
         send,
         closed,
         active: AtomicUsize::new(0),
+        ended,
     })
 }
 
-/// Runs a client connection, with PING keepalive, until it ends; then sets `closed`.
+/// Runs a client connection, with PING keepalive, until it ends; then sets `closed` and drops
+/// `alive` (what [`crate::pool::Pool::shutdown`] waits on).
 async fn drive<IO>(
     mut driver: h2::client::Connection<IO, Bytes>,
     addr: SocketAddr,
     settings: Settings,
     closed: Arc<AtomicBool>,
+    alive: tokio::sync::watch::Sender<()>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -223,6 +229,7 @@ async fn drive<IO>(
         }
     }
     closed.store(true, Ordering::Release);
+    drop(alive);
 }
 
 /// `work`, or [`Error::Timeout`] once `deadline` passes.

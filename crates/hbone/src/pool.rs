@@ -131,11 +131,12 @@ impl Pool {
             .drain()
             .flat_map(|(_, list)| list)
             .collect();
-        let closed: Vec<_> = entries.iter().map(|e| e.conn.closed.clone()).collect();
+        let mut ended: Vec<_> = entries.iter().map(|e| e.conn.ended.clone()).collect();
         drop(entries);
-        let deadline = Instant::now() + max;
-        while closed.iter().any(|c| !c.load(Ordering::Acquire)) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let deadline = tokio::time::Instant::now() + max;
+        for rx in &mut ended {
+            // Resolves (with an error) when the connection's driver drops its sender.
+            let _ = tokio::time::timeout_at(deadline, rx.wait_for(|()| false)).await;
         }
     }
 
