@@ -24,6 +24,7 @@ use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::{Forward, Upstream};
 use ferry_runtime::bootstrap::ControlPlane;
+use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 
 use ferry_runtime::telemetry::AccessLog;
@@ -320,26 +321,11 @@ impl Waypoint {
                 authority,
                 identities,
             } => {
-                let creds = self
-                    .certs
-                    .fetch(&self.identity)
+                let headers = tunnel_headers(origin, peer);
+                let (t, ..) = self
+                    .pooled(connect_to, identities, &authority, &headers)
                     .await
-                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
-                let key = PoolKey::new(self.identity.clone(), self.ip, connect_to, identities);
-                let headers = ConnectHeaders {
-                    baggage: origin,
-                    forwarded_for: Some(peer),
-                    ..ConnectHeaders::default()
-                };
-                let bundle = self
-                    .certs
-                    .trust_bundle()
-                    .unwrap_or_else(|| self.bundle.clone());
-                let t = self
-                    .pool
-                    .open(&key, &creds, &bundle, &authority, &headers)
-                    .await
-                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                    .map_err(Refusal::Unavailable)?;
                 Ok(Opened::Direct(Upstream::from(t)))
             }
             Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
@@ -360,29 +346,9 @@ impl Waypoint {
                 // Double HBONE: the outer tunnel (pooled) asks the endpoint network's gateway for
                 // `hostname:port`, which decides again (scope, for the cluster in the baggage);
                 // the inner one, end to end, must reach one of the endpoints' identities.
-                let creds = self
-                    .certs
-                    .fetch(&self.identity)
-                    .await
-                    .map_err(|e| Refusal::Unavailable(e.to_string()))?;
-                let key = PoolKey::new(
-                    self.identity.clone(),
-                    self.ip,
-                    gateway,
-                    vec![gateway_identity],
-                );
-                let headers = ConnectHeaders {
-                    baggage: origin,
-                    forwarded_for: Some(peer),
-                    ..ConnectHeaders::default()
-                };
-                let bundle = self
-                    .certs
-                    .trust_bundle()
-                    .unwrap_or_else(|| self.bundle.clone());
-                let outer = self
-                    .pool
-                    .open(&key, &creds, &bundle, &authority, &headers)
+                let headers = tunnel_headers(origin, peer);
+                let (outer, creds, bundle) = self
+                    .pooled(gateway, vec![gateway_identity], &authority, &headers)
                     .await
                     .map_err(|e| {
                         Refusal::Unavailable(format!("outer tunnel to the gateway {gateway}: {e}"))
@@ -408,6 +374,45 @@ impl Waypoint {
                 })
             }
         }
+    }
+}
+
+/// The CONNECT metadata of a tunnel the waypoint opens: the original source's baggage and
+/// address.
+fn tunnel_headers(baggage: Vec<(String, String)>, peer: SocketAddr) -> ConnectHeaders {
+    ConnectHeaders {
+        baggage,
+        forwarded_for: Some(peer),
+        ..ConnectHeaders::default()
+    }
+}
+
+impl Waypoint {
+    /// A pooled tunnel to `to` under the waypoint's own identity, accepting `identities`; with
+    /// the credentials and trust bundle it was opened with (an inner tunnel reuses them).
+    async fn pooled(
+        &self,
+        to: SocketAddr,
+        identities: Vec<Identity>,
+        authority: &str,
+        headers: &ConnectHeaders,
+    ) -> Result<(ferry_hbone::pool::Tunnel, Credentials, TrustBundle), String> {
+        let creds = self
+            .certs
+            .fetch(&self.identity)
+            .await
+            .map_err(|e| e.to_string())?;
+        let key = PoolKey::new(self.identity.clone(), self.ip, to, identities);
+        let bundle = self
+            .certs
+            .trust_bundle()
+            .unwrap_or_else(|| self.bundle.clone());
+        let t = self
+            .pool
+            .open(&key, &creds, &bundle, authority, headers)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((t, creds, bundle))
     }
 }
 
