@@ -50,6 +50,16 @@ pub struct State {
 }
 
 impl State {
+    /// The pods a benchmark runs between, by name.
+    pub fn pod_pair(&self, from: &str, to: &str) -> anyhow::Result<(&Pod, &Pod)> {
+        let pod = |name: &str| {
+            self.pods
+                .get(name)
+                .ok_or_else(|| anyhow::anyhow!("no pod {name}"))
+        };
+        Ok((pod(from)?, pod(to)?))
+    }
+
     pub fn file(dir: &Path) -> PathBuf {
         dir.join("lab.json")
     }

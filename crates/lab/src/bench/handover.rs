@@ -24,11 +24,7 @@ pub fn run(
     streams: usize,
 ) -> anyhow::Result<()> {
     let state = State::load(state_dir).context("no lab is up")?;
-    let src = state
-        .pods
-        .get(from)
-        .with_context(|| format!("no pod {from}"))?;
-    let dst = state.pods.get(to).with_context(|| format!("no pod {to}"))?;
+    let (src, dst) = state.pod_pair(from, to)?;
     let node = node
         .or_else(|| src.node.clone())
         .context("which node to hand over")?;

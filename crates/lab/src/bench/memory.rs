@@ -57,11 +57,7 @@ fn settle(pids: &[(String, u32)], idle_fds: &[usize]) {
 /// memory with that many idle connections and after they closed.
 pub fn run(state_dir: &Path, from: &str, to: &str, counts: &[usize]) -> anyhow::Result<()> {
     let state = State::load(state_dir).context("no lab is up")?;
-    let src = state
-        .pods
-        .get(from)
-        .with_context(|| format!("no pod {from}"))?;
-    let dst = state.pods.get(to).with_context(|| format!("no pod {to}"))?;
+    let (src, dst) = state.pod_pair(from, to)?;
     let pids: Vec<(String, u32)> = [&src.node, &dst.node]
         .into_iter()
         .flatten()

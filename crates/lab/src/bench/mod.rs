@@ -30,11 +30,7 @@ pub struct Sizes {
 /// `idle` idle proxied connections, as `bench-memory` measures it.
 pub fn run(state_dir: &Path, from: &str, to: &str, sizes: Sizes) -> anyhow::Result<()> {
     let state = State::load(state_dir).context("no lab is up")?;
-    let src = state
-        .pods
-        .get(from)
-        .with_context(|| format!("no pod {from}"))?;
-    let dst = state.pods.get(to).with_context(|| format!("no pod {to}"))?;
+    let (src, dst) = state.pod_pair(from, to)?;
     let exe = std::env::current_exe()?;
     let status = Command::new("ip")
         .args(["netns", "exec", &src.netns])
