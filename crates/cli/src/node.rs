@@ -6,6 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_runtime::bootstrap::ControlPlane;
+
+/// Waypoints and gateways always talk to the control plane over TLS.
+const PLAINTEXT_NEVER: bool = false;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct NodeArgs {
@@ -55,17 +59,17 @@ struct ControlArgs {
 }
 
 impl ControlArgs {
-    /// The control plane's address, the credential and the trust bundle.
-    fn read(&self) -> anyhow::Result<(String, String, String)> {
+    /// The control plane, with the credential and the trust bundle read from their files.
+    fn read(&self, plaintext: bool) -> anyhow::Result<ControlPlane> {
         let read = |p: &Path| {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
         };
-        let token = read(&self.token_file)?;
-        Ok((
-            self.control.clone(),
-            token.trim().to_string(),
-            read(&self.bundle_file)?,
-        ))
+        Ok(ControlPlane {
+            endpoint: self.control.clone(),
+            token: read(&self.token_file)?.trim().to_string(),
+            bundle_pem: read(&self.bundle_file)?,
+            plaintext,
+        })
     }
 }
 
@@ -92,13 +96,11 @@ where
 
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     run_process("node", || {
-        let (control, token, bundle_pem) = args.control.read()?;
+        let control = args.control.read(args.plaintext)?;
         Ok(ferry_node::run(ferry_node::Config {
             name: args.name.clone(),
             cluster: args.cluster.clone(),
             control,
-            token,
-            bundle_pem,
             api_socket: args.api.clone(),
             admin: args.admin,
             drain: Duration::from_secs(args.drain_seconds),
@@ -108,7 +110,6 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
                 p.push(".pods");
                 PathBuf::from(p)
             })),
-            plaintext: args.plaintext,
         }))
     })
 }
@@ -138,13 +139,11 @@ pub(crate) struct WaypointArgs {
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
     run_process("waypoint", || {
-        let (control, token, bundle_pem) = args.control.read()?;
+        let control = args.control.read(PLAINTEXT_NEVER)?;
         Ok(ferry_waypoint::run(ferry_waypoint::Config {
             uid: args.uid.clone(),
             cluster: args.cluster.clone(),
             control,
-            token,
-            bundle_pem,
             listen: args.listen,
             netns: args.netns.clone(),
             admin: args.admin,
@@ -172,12 +171,10 @@ pub(crate) struct GatewayArgs {
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
     run_process("gateway", || {
-        let (control, token, bundle_pem) = args.control.read()?;
+        let control = args.control.read(PLAINTEXT_NEVER)?;
         Ok(ferry_gateway::run(ferry_gateway::Config {
             name: args.name.clone(),
             control,
-            token,
-            bundle_pem,
             listen: args.listen,
             drain: Duration::from_secs(args.drain_seconds),
             admin: args.admin,

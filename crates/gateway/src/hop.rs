@@ -32,10 +32,9 @@ use ferry_runtime::telemetry::AccessLog;
 pub struct Config {
     /// The gateway's name in the topology.
     pub name: String,
-    pub control: String,
-    /// The gateway's credential (`ferry control token --node gateway.<name>`).
-    pub token: String,
-    pub bundle_pem: String,
+    /// The control plane, with the gateway's credential (`ferry control token --node
+    /// gateway.<name>`).
+    pub control: ControlPlane,
     pub listen: SocketAddr,
     /// How long open tunnels may finish after SIGTERM.
     pub drain: Duration,
@@ -191,15 +190,10 @@ fn admin_routes(registry: Registry) -> ferry_runtime::admin::Routes {
 
 /// Runs the gateway until SIGTERM, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let control = ControlPlane {
-        endpoint: config.control.clone(),
-        token: config.token.clone(),
-        bundle_pem: config.bundle_pem.clone(),
-        plaintext: false,
-    };
+    let control = &config.control;
     let bundle = control.bundle()?;
     let mesh = control.subscribe(format!("ferry-gateway~{}", config.name), "");
-    mesh.wait_ready(&config.control).await?;
+    mesh.wait_ready(&control.endpoint).await?;
     let g = mesh
         .store
         .load()

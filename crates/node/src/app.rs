@@ -21,10 +21,8 @@ use crate::state::{Node, PodDialer};
 pub struct Config {
     pub name: String,
     pub cluster: String,
-    /// The control plane, `https://ip:port`.
-    pub control: String,
-    pub token: String,
-    pub bundle_pem: String,
+    /// The control plane, and this node's credential for it.
+    pub control: ControlPlane,
     pub api_socket: PathBuf,
     pub admin: SocketAddr,
     /// How long in-flight connections may finish after SIGTERM.
@@ -33,18 +31,12 @@ pub struct Config {
     pub idle_bound: Duration,
     /// See [`Node::state_file`].
     pub state_file: Option<PathBuf>,
-    pub plaintext: bool,
 }
 
 /// Runs the node proxy until SIGTERM or SIGINT, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     ferry_runtime::raise_fd_limit();
-    let control = ControlPlane {
-        endpoint: config.control.clone(),
-        token: config.token.clone(),
-        bundle_pem: config.bundle_pem.clone(),
-        plaintext: config.plaintext,
-    };
+    let control = &config.control;
     let bundle = control.bundle()?;
     let mesh = control.subscribe(format!("ferry~{}", config.name), &config.cluster);
     let certs = control.certificates(&config.cluster)?;

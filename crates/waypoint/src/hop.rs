@@ -38,10 +38,8 @@ pub struct Config {
     /// This instance's workload uid.
     pub uid: String,
     pub cluster: String,
-    pub control: String,
-    /// The credential of the node this instance runs on.
-    pub token: String,
-    pub bundle_pem: String,
+    /// The control plane, with the credential of the node this instance runs on.
+    pub control: ControlPlane,
     pub listen: SocketAddr,
     /// Listen and dial inside this network namespace (the waypoint pod's), while talking to
     /// the control plane from the process's own.
@@ -460,15 +458,10 @@ async fn serve_admin(
 
 /// Runs a waypoint instance until SIGTERM, then drains.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let control = ControlPlane {
-        endpoint: config.control.clone(),
-        token: config.token.clone(),
-        bundle_pem: config.bundle_pem.clone(),
-        plaintext: false,
-    };
+    let control = &config.control;
     let bundle = control.bundle()?;
     let mesh = control.subscribe(format!("ferry-waypoint~{}", config.uid), &config.cluster);
-    mesh.wait_ready(&config.control).await?;
+    mesh.wait_ready(&control.endpoint).await?;
     let uid = WorkloadUid::new(&config.uid);
     let me = mesh
         .store
