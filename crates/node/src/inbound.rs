@@ -1,6 +1,7 @@
 //! Inbound: HBONE terminated with the pod's own certificate, authorized, forwarded to the pod;
 //! and plain TCP from outside the mesh, authorized without an identity.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,8 +65,13 @@ struct Held {
 impl Held {
     /// Resolves with the first denial after a change on `changes` (see
     /// [`ferry_runtime::recheck::until_denied`]).
-    async fn until_denied(self, changes: watch::Receiver<u64>) -> Denial {
-        ferry_runtime::recheck::until_denied(changes, move || self.check()).await
+    fn until_denied(self, changes: watch::Receiver<u64>) -> impl Future<Output = Denial> + Send {
+        ferry_runtime::recheck::until_denied(changes, move || self.check())
+    }
+
+    /// The same, as what a tunnel's copy waits on.
+    fn interrupt(self, changes: watch::Receiver<u64>) -> Until {
+        ferry_runtime::recheck::interrupt_on_denial(changes, move || self.check())
     }
 
     fn check(&self) -> Result<(), Denial> {
@@ -145,15 +151,21 @@ struct Admitted {
     /// Why `connect` failed, if it did (the server reports only the refusal).
     error: Option<Box<ConnError>>,
     /// Snapshot changes since just before the one it was admitted on: each re-checks it.
-    changes: watch::Receiver<u64>,
+    /// Moved into the tunnel's re-check when it is connected.
+    changes: Option<watch::Receiver<u64>>,
     /// How the tunnel came, for the access log.
-    path: String,
+    path: Cow<'static, str>,
     /// The connection counted as open (for the drain and memory) until it is dropped.
     _open: Open,
 }
 
 impl Inbound {
-    fn access_log(&self, req: &ConnectRequest, dst_addr: String, path: String) -> AccessLog<'_> {
+    fn access_log(
+        &self,
+        req: &ConnectRequest,
+        dst_addr: String,
+        path: Cow<'static, str>,
+    ) -> AccessLog<'_> {
         AccessLog {
             direction: "inbound",
             src_addr: req.peer_addr.to_string(),
@@ -162,7 +174,7 @@ impl Inbound {
             dst_addr,
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
-            path,
+            path: path.into_owned(),
             ..AccessLog::default()
         }
     }
@@ -219,7 +231,7 @@ impl Handler for Inbound {
             to,
             labels: Counted::Pending(Box::new(labels)),
             error: None,
-            changes,
+            changes: Some(changes),
             path,
             _open: Open::new(&self.node),
         })
@@ -261,13 +273,11 @@ impl Handler for Inbound {
             if let Counted::Pending(l) = &admitted.labels {
                 admitted.labels = Counted::Opened(node.metrics.opened_shared((**l).clone()));
             }
-            let changes = admitted.changes.clone();
-            let until: Until = Box::pin(async move {
-                let denial: Box<dyn std::error::Error + Send + Sync> =
-                    Box::new(held.until_denied(changes).await);
-                denial
-            });
-            Ok(Forward::from(up).until(until))
+            let changes = admitted
+                .changes
+                .take()
+                .unwrap_or_else(|| ferry_runtime::recheck::from_now(&node.changes));
+            Ok(Forward::from(up).until(held.interrupt(changes)))
         }
     }
 
@@ -305,10 +315,10 @@ fn hbone_path(
     dst: &Workload,
     peer: &Identity,
     headers: &ConnectHeaders,
-) -> String {
+) -> Cow<'static, str> {
     match headers.typed_baggage().source_principal {
         Some(original) if authz::is_waypoint_of(snap, dst, Some(peer)) => {
-            format!("hbone from waypoint {peer} for {original}")
+            format!("hbone from waypoint {peer} for {original}").into()
         }
         _ => "hbone".into(),
     }

@@ -3,6 +3,7 @@
 //! its copy, and re-runs its own authorization each time the mesh changes; the first denial
 //! ends it. No registry of connections, no global task, no polling.
 
+use ferry_hbone::upstream::Until;
 use tokio::sync::watch;
 
 use crate::conn::Denial;
@@ -13,16 +14,38 @@ use crate::conn::Denial;
 /// `borrow_and_update`) *before* loading the snapshot the connection was admitted on, so that
 /// no change between that check and this wait is missed. If the sender is gone (no more
 /// changes can come), never resolves.
-pub async fn until_denied<C>(
+pub fn until_denied<C>(
+    changes: watch::Receiver<C>,
+    check: impl Fn() -> Result<(), Denial>,
+) -> impl Future<Output = Denial> {
+    denied_then(changes, check, std::convert::identity)
+}
+
+/// [`until_denied`] as the interruption an HBONE [`Forward`](ferry_hbone::upstream::Forward)
+/// waits on. Boxed once, with no future wrapped around another: a held connection keeps this
+/// for its whole life, and every layer of `async` would store the check's state again.
+pub fn interrupt_on_denial<C: Send + Sync + 'static>(
+    changes: watch::Receiver<C>,
+    check: impl Fn() -> Result<(), Denial> + Send + 'static,
+) -> Until {
+    Box::pin(denied_then(
+        changes,
+        check,
+        |d| -> Box<dyn std::error::Error + Send + Sync> { Box::new(d) },
+    ))
+}
+
+async fn denied_then<C, T>(
     mut changes: watch::Receiver<C>,
     check: impl Fn() -> Result<(), Denial>,
-) -> Denial {
+    wrap: impl FnOnce(Denial) -> T,
+) -> T {
     loop {
         if changes.changed().await.is_err() {
             return std::future::pending().await;
         }
         if let Err(denial) = check() {
-            return denial;
+            return wrap(denial);
         }
     }
 }
@@ -102,5 +125,16 @@ mod tests {
         )
         .await;
         assert!(waited.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_interruption_of_a_tunnel_carries_the_denial() {
+        let (tx, rx) = watch::channel(0u64);
+        let until = interrupt_on_denial(from_now(&rx), || Err(denial()));
+        tx.send(1).unwrap();
+        let reason = tokio::time::timeout(std::time::Duration::from_secs(5), until)
+            .await
+            .expect("ended by the denial");
+        assert_eq!(reason.to_string(), denial().to_string());
     }
 }
