@@ -166,14 +166,14 @@ async fn reconcile(node: Arc<Node>) {
                 }
                 continue;
             }
-            if !crate::capture::installed(&path).await {
+            if let Some(drift) = crate::capture::check(&path).await {
                 node.capture_repairs.inc();
                 match crate::capture::install(&path).await {
                     Ok(()) => {
-                        tracing::warn!(pod = %pod.uid, "capture rules were missing; restored")
+                        tracing::warn!(pod = %pod.uid, capture.drift = %drift, "capture rules were missing or altered; rewritten")
                     }
                     Err(e) => {
-                        tracing::error!(pod = %pod.uid, error = %e, "capture rules are missing and cannot be restored")
+                        tracing::error!(pod = %pod.uid, capture.drift = %drift, error = %e, "capture rules are missing or altered and cannot be rewritten")
                     }
                 }
             }

@@ -8,6 +8,13 @@
 //!                                     anything else       -> REDIRECT :15006 (inbound plain)
 //! ```
 //! Rules live in their own chains so removal is exact and leaves the pod's own rules alone.
+//!
+//! Enrolling a pod (also on a node proxy's start, for every pod it restores) rewrites both
+//! chains whole and puts each jump first, in one `iptables-restore` transaction. Every 2 s the
+//! node proxy compares the pod's whole nat table against that ([`drift`]: chain contents, one
+//! jump per hook, first) and rewrites it on any difference, so a flushed or edited chain is
+//! repaired within that bound. Nothing signals a change to another program's iptables rules,
+//! hence the periodic comparison.
 
 use std::path::Path;
 
@@ -26,45 +33,142 @@ pub(crate) struct CaptureError {
     pub detail: String,
 }
 
-fn rules() -> String {
-    format!(
-        "*nat\n\
-         :FERRY_OUT - [0:0]\n\
-         :FERRY_IN - [0:0]\n\
-         -A FERRY_OUT -m mark --mark {MARK:#x}/0xfff -j RETURN\n\
-         -A FERRY_OUT -d 127.0.0.0/8 -j RETURN\n\
-         -A FERRY_OUT -p tcp -j REDIRECT --to-ports {OUTBOUND_PORT}\n\
-         -A FERRY_IN -p tcp --dport {HBONE_PORT} -j RETURN\n\
-         -A FERRY_IN -p tcp -j REDIRECT --to-ports {INBOUND_PORT}\n\
-         -A OUTPUT -p tcp -j FERRY_OUT\n\
-         -A PREROUTING -p tcp -j FERRY_IN\n\
-         COMMIT\n"
-    )
+/// Ferry's chain of each hook, with the rules it holds, as `iptables-save` prints them.
+fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
+    [
+        (
+            "OUTPUT",
+            "FERRY_OUT",
+            vec![
+                format!("-m mark --mark {MARK:#x}/0xfff -j RETURN"),
+                "-d 127.0.0.0/8 -j RETURN".to_string(),
+                format!("-p tcp -j REDIRECT --to-ports {OUTBOUND_PORT}"),
+            ],
+        ),
+        (
+            "PREROUTING",
+            "FERRY_IN",
+            vec![
+                format!("-p tcp -m tcp --dport {HBONE_PORT} -j RETURN"),
+                format!("-p tcp -j REDIRECT --to-ports {INBOUND_PORT}"),
+            ],
+        ),
+    ]
 }
 
-/// Installs the capture rules. Rules already in place (a previous node proxy's, during a
-/// handover) are kept as they are: removing and adding them again would open a window in which
-/// the pod's traffic bypasses the proxy.
+/// The rules of `chain` in `saved` (the nat table as `iptables-save` prints it), in order.
+fn rules_of<'a>(saved: &'a str, chain: &str) -> Vec<&'a str> {
+    let prefix = format!("-A {chain} ");
+    saved
+        .lines()
+        .filter_map(|l| l.trim_end().strip_prefix(prefix.as_str()))
+        .collect()
+}
+
+fn jump(chain: &str) -> String {
+    format!("-p tcp -j {chain}")
+}
+
+/// How the capture rules in `saved` differ from Ferry's, if they do: each of Ferry's chains
+/// must hold exactly its rules, and each hook must jump to it once, as its first rule (a rule
+/// of the pod's before it could take traffic past the proxy).
+pub(crate) fn drift(saved: &str) -> Option<String> {
+    let mut found = Vec::new();
+    for (hook, chain, want) in chains() {
+        let have = rules_of(saved, chain);
+        if have != want {
+            found.push(format!(
+                "{chain} holds {} rule(s) that differ from Ferry's {}",
+                have.len(),
+                want.len()
+            ));
+        }
+        let hook_rules = rules_of(saved, hook);
+        let jumps = hook_rules.iter().filter(|r| **r == jump(chain)).count();
+        if jumps != 1 || hook_rules.first() != Some(&jump(chain).as_str()) {
+            found.push(format!(
+                "{hook} jumps to {chain} {jumps} time(s), {}",
+                if hook_rules.first() == Some(&jump(chain).as_str()) {
+                    "first"
+                } else {
+                    "not first"
+                }
+            ));
+        }
+    }
+    (!found.is_empty()).then(|| found.join("; "))
+}
+
+/// One `iptables-restore --noflush` transaction that makes the rules Ferry's, whatever `saved`
+/// holds now: declaring a chain empties it, every jump to it is deleted and one is put first.
+/// Applied at once, so traffic never sees a state in between (a handover from a previous node
+/// proxy leaves no window).
+fn rewrite(saved: &str) -> String {
+    let mut script = String::from("*nat\n");
+    for (_, chain, _) in chains() {
+        script.push_str(&format!(":{chain} - [0:0]\n"));
+    }
+    for (hook, chain, want) in chains() {
+        for rule in want {
+            script.push_str(&format!("-A {chain} {rule}\n"));
+        }
+        let jumps = rules_of(saved, hook)
+            .into_iter()
+            .filter(|r| *r == jump(chain))
+            .count();
+        for _ in 0..jumps {
+            script.push_str(&format!("-D {hook} {}\n", jump(chain)));
+        }
+        script.push_str(&format!("-I {hook} 1 {}\n", jump(chain)));
+    }
+    script.push_str("COMMIT\n");
+    script
+}
+
+fn nsenter(netns: &Path) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net={}", netns.display()));
+    c
+}
+
+/// The pod's nat table as `iptables-save` prints it.
+pub(crate) async fn saved(netns: &Path) -> Result<String, CaptureError> {
+    let out = nsenter(netns)
+        .args(["iptables-save", "-t", "nat"])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .map_err(|e| CaptureError {
+            netns: netns.display().to_string(),
+            detail: format!("cannot run nsenter/iptables-save: {e}"),
+        })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(CaptureError {
+            netns: netns.display().to_string(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// Writes the capture rules, whatever is in place: Ferry's chains are rewritten whole and the
+/// jumps put first, in one transaction (see [`rewrite`]).
 pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
     // Queued connections of a closing listener move to the other listeners of its port group
     // (the next node proxy's) instead of being reset.
-    let _ = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
+    let _ = nsenter(netns)
         .args(["sysctl", "-q", "-w", "net.ipv4.tcp_migrate_req=1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
         .await;
-    if installed(netns).await {
-        return Ok(());
-    }
-    remove(netns).await;
+    let script = rewrite(&saved(netns).await?);
     let err = |detail: String| CaptureError {
         netns: netns.display().to_string(),
         detail,
     };
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
+    let mut child = nsenter(netns)
         .args(["iptables-restore", "--noflush"])
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -72,7 +176,7 @@ pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
         .map_err(|e| err(format!("cannot run nsenter/iptables-restore: {e}")))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
-            .write_all(rules().as_bytes())
+            .write_all(script.as_bytes())
             .await
             .map_err(|e| err(e.to_string()))?;
     }
@@ -90,11 +194,8 @@ pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
 /// Removes the capture rules; missing rules are not an error.
 pub(crate) async fn remove(netns: &Path) {
     let ipt = |args: &[&str]| {
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--net={}", netns.display()))
-            .arg("iptables")
-            .args(["-w", "-t", "nat"])
-            .args(args);
+        let mut c = nsenter(netns);
+        c.arg("iptables").args(["-w", "-t", "nat"]).args(args);
         c.stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         c
@@ -112,20 +213,15 @@ pub(crate) async fn remove(netns: &Path) {
     }
 }
 
-/// Whether both jumps into Ferry's chains are in place.
-pub(crate) async fn installed(netns: &Path) -> bool {
-    let mut ok = true;
-    for (chain, hook) in [("FERRY_OUT", "OUTPUT"), ("FERRY_IN", "PREROUTING")] {
-        let status = Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .args([
-                "iptables", "-w", "-t", "nat", "-C", hook, "-p", "tcp", "-j", chain,
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .await;
-        ok &= status.is_ok_and(|s| s.success());
+/// How the pod's capture rules differ from Ferry's, if they do (see [`drift`]); rules that
+/// cannot be read count as differing.
+pub(crate) async fn check(netns: &Path) -> Option<String> {
+    match saved(netns).await {
+        Ok(saved) => drift(&saved),
+        Err(e) => Some(e.to_string()),
     }
-    ok
 }
+
+#[cfg(test)]
+#[path = "capture_tests.rs"]
+mod tests;

@@ -35,7 +35,17 @@ fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_state() {
     assert!(pods.contains("/Pod/default/sleep "), "{pods}");
     pods.push_str("alpha//v1/Pod/default/ghost /var/run/netns/ferry-test-no-such-netns\n");
     std::fs::write(&state_file, pods).unwrap();
+    // Its capture chain emptied while it is down: a node proxy starting up rewrites it.
+    assert!(lab.pod_nat("sleep", &["-F", "FERRY_OUT"]).is_some());
     lab.run(&["start-node", src]);
+    assert!(
+        eventually(Duration::from_secs(10), || lab.pod_chain_has(
+            "sleep",
+            "FERRY_OUT",
+            "-p tcp -j REDIRECT --to-ports 15001"
+        )),
+        "the started node proxy did not rewrite the flushed chain"
+    );
     let r = lab
         .send("sleep", "198.18.2.20:8080", "back")
         .expect("served again");

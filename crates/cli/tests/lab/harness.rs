@@ -353,6 +353,35 @@ impl Lab {
         v
     }
 
+    /// Runs `iptables -w -t nat ARGS` in a pod's network namespace: its output if it succeeded.
+    pub(crate) fn pod_nat(&self, pod: &str, args: &[&str]) -> Option<String> {
+        let ns = self.state(&["pods", pod, "netns"]);
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns.as_str().unwrap(),
+                "iptables",
+                "-w",
+                "-t",
+                "nat",
+            ])
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Whether a pod's chain `chain` holds `rule` (as `iptables -S` prints it, without `-A
+    /// CHAIN`).
+    pub(crate) fn pod_chain_has(&self, pod: &str, chain: &str, rule: &str) -> bool {
+        self.pod_nat(pod, &["-S", chain])
+            .is_some_and(|s| s.lines().any(|l| l == format!("-A {chain} {rule}")))
+    }
+
     /// Open file descriptors of a node proxy process.
     pub(crate) fn node_fds(&self, node: &str) -> usize {
         let pid = self.state(&["nodes", node, "pid"]).as_u64().unwrap();

@@ -75,38 +75,64 @@ fn new_connections_work_once_a_restarted_node_proxy_is_back() {
     );
 }
 
-/// Someone deletes sleep's capture jump.
+/// Someone deletes sleep's capture jump, then empties its chain, then edits a rule of it.
 #[test]
-fn removed_capture_rules_are_put_back_by_the_node_proxy() {
+fn removed_or_altered_capture_rules_are_rewritten_by_the_node_proxy() {
     let Some((lab, _one_at_a_time)) = CHANGING.one_at_a_time() else {
         return;
     };
-    // Someone removes a pod's capture rules: the node proxy puts them back.
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).unwrap()).unwrap();
-    let sleep_ns = state["pods"]["sleep"]["netns"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let ipt = |args: &[&str]| {
-        Command::new("ip")
-            .args(["netns", "exec", &sleep_ns, "iptables", "-w", "-t", "nat"])
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap()
-            .success()
+    let redirect = "-p tcp -j REDIRECT --to-ports 15001";
+    let rewritten = || {
+        eventually(Duration::from_secs(15), || {
+            lab.pod_nat("sleep", &["-C", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"])
+                .is_some()
+                && lab.pod_chain_has("sleep", "FERRY_OUT", redirect)
+                && lab
+                    .pod_nat("sleep", &["-S", "FERRY_OUT"])
+                    .is_some_and(|s| !s.contains("15009"))
+        })
     };
+    // The jump removed: put back.
     assert!(
-        ipt(&["-D", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"]),
+        lab.pod_nat("sleep", &["-D", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"])
+            .is_some(),
         "rules were in place"
     );
-    let end = Instant::now() + Duration::from_secs(15);
-    while !ipt(&["-C", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"]) {
-        assert!(Instant::now() < end, "capture rules were not restored");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    lab.log_line("alpha-1", &[Text("capture rules were missing; restored")]);
+    assert!(rewritten(), "the jump was not put back");
+    // The chain emptied (the jump left in place): rewritten.
+    assert!(lab.pod_nat("sleep", &["-F", "FERRY_OUT"]).is_some());
+    assert!(!lab.pod_chain_has("sleep", "FERRY_OUT", redirect));
+    assert!(rewritten(), "the flushed FERRY_OUT chain was not rewritten");
+    // A rule of it edited to send traffic elsewhere: rewritten.
+    assert!(
+        lab.pod_nat(
+            "sleep",
+            &[
+                "-R",
+                "FERRY_OUT",
+                "3",
+                "-p",
+                "tcp",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15009"
+            ]
+        )
+        .is_some()
+    );
+    assert!(rewritten(), "the edited FERRY_OUT chain was not rewritten");
+    let repairs = lab
+        .log_lines("alpha-1")
+        .into_iter()
+        .filter(|l| l.has(&Text("capture rules were missing or altered; rewritten")))
+        .count();
+    assert!(repairs >= 3, "{repairs} repairs logged");
+    // And the pod's traffic is captured again.
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "after repair")
+        .expect("served after the repair");
+    assert!(r.contains("after repair"), "{r}");
 }
 
 /// Its own lab: the control plane does not come back.
