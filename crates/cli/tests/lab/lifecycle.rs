@@ -4,7 +4,7 @@
 //! which does not come back). kill -9 is in `crash.rs`.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::harness::Has::Text;
 use crate::harness::{CHANGING, Lab, SHORT_BOUNDS, eventually, ferry};
