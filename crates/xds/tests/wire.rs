@@ -118,18 +118,23 @@ fn a_policy_built_byte_by_byte_decodes() {
 
 #[test]
 fn every_example_survives_the_wire_unchanged() {
-    for name in [
-        "single-cluster.yaml",
-        "two-clusters.yaml",
-        "flat-network.yaml",
-        // HTTP policy matches (methods, paths, headers) and HTTP routes ride Ferry's extension
-        // fields.
-        "lab.yaml",
-        "overlap.yaml",
-    ] {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples")
-            .join(name);
+    // Every file in examples/, so that a new example is covered without being listed here
+    // (HTTP policy matches and routes ride Ferry's extension fields: lab.yaml has them).
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut examples: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    examples.sort();
+    for want in ["lab.yaml", "overlap.yaml", "waypoint-across-networks.yaml"] {
+        assert!(
+            examples.iter().any(|p| p.ends_with(want)),
+            "{want} not found in {dir:?}"
+        );
+    }
+    for path in examples {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let snap = ferry_topology::load_file(&path).unwrap().snapshot;
         let set = ResourceSet::encode(&snap);
         let mut held = ferry_xds::assemble::Held::default();
