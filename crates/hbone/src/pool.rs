@@ -106,6 +106,8 @@ struct Inner {
     conns: Mutex<HashMap<PoolKey, Vec<Arc<Entry>>>>,
     dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     handshakes: AtomicU64,
+    /// Woken when the reaper lets connections go (idle, or their driver ended).
+    closed: tokio::sync::Notify,
 }
 
 impl Pool {
@@ -116,6 +118,7 @@ impl Pool {
             conns: Mutex::new(HashMap::new()),
             dialing: Mutex::new(HashMap::new()),
             handshakes: AtomicU64::new(0),
+            closed: tokio::sync::Notify::new(),
         });
         tokio::spawn(reap(Arc::downgrade(&inner)));
         Self { inner }
@@ -143,6 +146,12 @@ impl Pool {
     /// Handshakes performed so far (a new connection each).
     pub fn handshakes(&self) -> u64 {
         self.inner.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// Resolves the next time pooled connections are let go (idle past their timeout, or
+    /// broken), after this was created (and enabled, if polled late).
+    pub fn closed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.inner.closed.notified()
     }
 
     /// Open connections (not yet known to be broken).
@@ -297,6 +306,7 @@ async fn reap(inner: Weak<Inner>) {
         let timeout = inner.config.idle_timeout;
         let surplus = inner.config.surplus_idle_timeout.min(timeout);
         let mut conns = inner.conns.lock();
+        let before: usize = conns.values().map(Vec::len).sum();
         for list in conns.values_mut() {
             let mut idle_kept = 0;
             list.retain(|e| {
@@ -319,7 +329,11 @@ async fn reap(inner: Weak<Inner>) {
             });
         }
         conns.retain(|_, list| !list.is_empty());
+        let let_go = conns.values().map(Vec::len).sum::<usize>() < before;
         drop(conns);
+        if let_go {
+            inner.closed.notify_waiters();
+        }
         inner
             .dialing
             .lock()

@@ -6,9 +6,8 @@
 //!
 //! Event-driven: the [`crate::state::Open`] guard that takes the count of open connections to
 //! half its peak wakes [`give_back`] ([`crate::state::Node::halved`]), which trims once the
-//! drop has settled ([`settle`]). The HBONE connections that carried them close later, with no
-//! event to wait on: they are counted every 2 s after a burst until they stop closing
-//! ([`follow_tunnels`]), and never between bursts.
+//! drop has settled ([`settle`]). The HBONE connections that carried them close later: each of
+//! their closes wakes [`follow_tunnels`] after a burst, until they stop closing.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,24 +46,23 @@ pub(crate) async fn give_back(node: Arc<Node>) {
 
 /// HBONE connections being served or pooled.
 fn hbone(node: &Node) -> u64 {
-    node.pool.connections() as u64 + node.hbone_conns.load(Ordering::Relaxed)
+    node.pool.connections() as u64 + node.hbone_conns.count()
 }
 
 /// After a burst: the HBONE connections that carried it close later (the pool lets its surplus
-/// go after `surplus_idle_timeout`, peers likewise) and no event tells of it, so their count is
-/// looked at every [`FOLLOW`] until it has not fallen for that timeout and a little more;
-/// memory is given back each time it has halved. Nothing is looked at between bursts.
+/// go after `surplus_idle_timeout`, peers likewise). Each close of a served or pooled HBONE
+/// connection wakes this; memory is given back each time their count has halved, until none
+/// has closed for that timeout and a little more. Nothing runs between bursts.
 async fn follow_tunnels(node: &Node, mut peak: u64) {
     let patience = PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2);
-    let (mut last, mut quiet) = (peak, Duration::ZERO);
-    while quiet < patience {
-        tokio::time::sleep(FOLLOW).await;
+    loop {
+        // Registered before the count is read, so that a close in between is not missed.
+        let pooled = node.pool.closed();
+        let served = node.hbone_conns.closed();
+        tokio::pin!(pooled, served);
+        pooled.as_mut().enable();
+        served.as_mut().enable();
         let now = hbone(node);
-        if now < last {
-            (last, quiet) = (now, Duration::ZERO);
-        } else {
-            quiet += FOLLOW;
-        }
         if hbone_halved(now, peak) {
             let released = trim();
             tracing::debug!(
@@ -75,11 +73,16 @@ async fn follow_tunnels(node: &Node, mut peak: u64) {
             );
             peak = now;
         }
+        if now == 0 {
+            return;
+        }
+        tokio::select! {
+            () = pooled => {}
+            () = served => {}
+            () = tokio::time::sleep(patience) => return,
+        }
     }
 }
-
-/// How often a burst's leftover HBONE connections are counted while they close.
-const FOLLOW: Duration = Duration::from_secs(2);
 
 /// A burst's connections close over a moment: trimming once they have (no drop below half for
 /// [`SETTLE`]) gives all of it back, where trimming at the first halving gave back half. Waits

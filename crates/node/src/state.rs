@@ -53,7 +53,7 @@ pub(crate) struct Node {
     /// never a reset. Every connection's task is spawned through it.
     pub(crate) drain: DrainWatcher,
     /// HBONE connections being served (closed with a TLS close_notify when they end).
-    pub(crate) hbone_conns: Arc<AtomicU64>,
+    pub(crate) hbone_conns: Arc<ferry_runtime::serve::Served>,
     /// Where the enrolled pods are kept across restarts ([`crate::enrollment`]).
     pub state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.

@@ -10,6 +10,8 @@ use ferry_hbone::settings::Settings;
 use ferry_tls::certs::CertManager;
 use ferry_tls::config::TrustBundle;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 
 use crate::accept::Acceptor;
 use crate::drain::DrainWatcher;
@@ -27,15 +29,44 @@ pub struct Hbone {
     pub acceptor: Arc<Acceptor>,
     pub drain: DrainWatcher,
     /// HBONE connections being served (a gauge for memory and admin).
-    pub open: Arc<AtomicU64>,
+    pub open: Arc<Served>,
+}
+
+/// How many HBONE connections are being served, and a signal each time one closes.
+#[derive(Debug, Default)]
+pub struct Served {
+    count: AtomicU64,
+    closed: Notify,
+}
+
+// === impl Served ===
+
+impl Served {
+    /// Connections being served now.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Resolves when a connection closes after this was created (and enabled, if polled late).
+    pub fn closed(&self) -> Notified<'_> {
+        self.closed.notified()
+    }
 }
 
 /// Counts one served connection for as long as it lives.
-struct Open(Arc<AtomicU64>);
+struct Open(Arc<Served>);
+
+impl Open {
+    fn new(served: &Arc<Served>) -> Self {
+        served.count.fetch_add(1, Ordering::Relaxed);
+        Self(served.clone())
+    }
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
+        self.0.closed.notify_waiters();
     }
 }
 
@@ -80,13 +111,30 @@ pub async fn serve_hbone<H: Handler>(listener: TcpListener, hbone: Hbone, handle
                 }
             }
         };
-        hbone.open.fetch_add(1, Ordering::Relaxed);
-        let (open, handler, what) = (Open(hbone.open.clone()), handler.clone(), hbone.what);
+        let (open, handler, what) = (Open::new(&hbone.open), handler.clone(), hbone.what);
         hbone.drain.spawn(async move {
             let _open = open;
             if let Err(e) = server.serve_connection(tcp, peer, handler).await {
                 tracing::debug!(listener = what, peer.addr = %peer, error = %e, "HBONE connection ended with an error");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_served_connection_is_counted_while_it_lives_and_its_close_wakes_followers() {
+        let served = Arc::new(Served::default());
+        let open = Open::new(&served);
+        assert_eq!(served.count(), 1);
+        let closed = served.closed();
+        drop(open);
+        tokio::time::timeout(std::time::Duration::from_secs(5), closed)
+            .await
+            .expect("woken by the close");
+        assert_eq!(served.count(), 0);
     }
 }
