@@ -62,7 +62,9 @@ pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
     let result = match cmd {
         ControlCommand::Serve(args) => serve(args),
         ControlCommand::Token { state_dir, node } => {
-            ferry_control::app::node_token(&state_dir, &node).map(|t| println!("{t}"))
+            // No newline: the token is a header value as written, and a file made with `>`
+            // must hold nothing else (Istio's node proxy sends a token file verbatim).
+            ferry_control::app::node_token(&state_dir, &node).map(|t| print!("{t}"))
         }
         ControlCommand::Bundle {
             state_dir,

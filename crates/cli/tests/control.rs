@@ -110,6 +110,10 @@ async fn the_control_plane_signs_for_colocated_workloads_and_keeps_its_root_acro
     let cp = serve(&state.0);
     let bundle = output(&["control", "bundle"], &state.0);
     let token = output(&["control", "token", "--node", "east-1"], &state.0);
+    assert!(
+        !token.is_empty() && token.trim() == token,
+        "a token is printed with nothing around it: {token:?}"
+    );
     // sleep-east (service account `sleep`) runs on east-1.
     sign(
         &cp,

@@ -19,6 +19,7 @@
 //!   the node credential; the [`ca_client::CertificateSource`] seam tests replace.
 //! - [`error`]: [`error::TlsError`] (set-up problems) and [`error::IdentityMismatch`] (a valid
 //!   peer with an unexpected identity).
+//! - [`secret_file`]: keys and credentials written 0600.
 //! - [`testkit`] (feature `testkit`): a throwaway CA (rcgen) for tests of every crate.
 
 pub mod ca_client;
@@ -26,6 +27,7 @@ pub mod certs;
 pub mod config;
 pub mod error;
 mod san;
+pub mod secret_file;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -120,3 +120,24 @@ fn the_waypoint_serves_the_node_admin_endpoints_without_private_keys() {
         "{certs}"
     );
 }
+
+/// The credentials the lab hands its node proxies and gateways.
+#[test]
+fn the_labs_credentials_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(lab) = MESH.get() else { return };
+    let tokens: Vec<_> = std::fs::read_dir(&lab.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "token"))
+        .collect();
+    // (Gateways' tokens are written the same way; this lab has none.)
+    assert!(
+        tokens.iter().any(|p| p.ends_with("alpha-1.token")),
+        "{tokens:?}"
+    );
+    for t in tokens {
+        let mode = std::fs::metadata(&t).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:o}", t.display());
+    }
+}

@@ -19,14 +19,4 @@ pub mod service;
 pub mod signer;
 pub mod token;
 
-/// Writes a secret file readable only by its owner.
-pub(crate) fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(data)
-}
+pub(crate) use ferry_tls::secret_file::write_private;

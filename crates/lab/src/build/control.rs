@@ -100,6 +100,6 @@ pub(super) fn token(
     if !token.status.success() {
         bail!("ferry control token failed for {what}");
     }
-    std::fs::write(token_file, &token.stdout)?;
+    ferry_tls::secret_file::replace_private(token_file.as_ref(), &token.stdout)?;
     Ok(())
 }
