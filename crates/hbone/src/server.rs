@@ -230,15 +230,31 @@ impl Server {
                 reason,
             },
         )?;
-        let mut conn = h2::server::Builder::new()
+        // HBONE is HTTP/2 only: a client that offered no ALPN (rustls lets that through) is
+        // refused here, as one offering only others is refused in the handshake.
+        let alpn = tls.get_ref().1.alpn_protocol();
+        if alpn != Some(ferry_tls::config::ALPN_H2) {
+            return Err(Error::Alpn {
+                addr: peer_addr,
+                found: alpn.map(|p| String::from_utf8_lossy(p).into_owned()),
+            });
+        }
+        // The client preface and SETTINGS are bounded like the TLS handshake: an authenticated
+        // peer that never sends them does not hold a connection open.
+        let handshake = h2::server::Builder::new()
             .initial_window_size(self.settings.stream_window)
             .initial_connection_window_size(self.settings.connection_window)
             .max_frame_size(self.settings.max_frame_size)
             .max_concurrent_streams(self.settings.max_concurrent_streams)
             .max_header_list_size(64 << 10)
             .max_send_buffer_size(400 << 10)
-            .handshake::<_, Bytes>(tls)
+            .handshake::<_, Bytes>(tls);
+        let mut conn = tokio::time::timeout(timeout, handshake)
             .await
+            .map_err(|_| Error::Timeout {
+                doing: "waiting for the HTTP/2 preface after TLS",
+                after_ms: timeout.as_millis() as u64,
+            })?
             .map_err(|source| Error::H2 {
                 addr: peer_addr,
                 source,

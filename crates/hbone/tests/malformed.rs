@@ -4,6 +4,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use ferry_hbone::headers::{self, ConnectHeaders, Refusal, Target};
@@ -135,4 +136,66 @@ async fn garbage_before_and_after_tls_does_not_stop_the_server() {
     let mut b = [0u8; 4];
     t.read_exact(&mut b).await.unwrap();
     assert_eq!(&b, b"fine");
+}
+
+/// A mutual-TLS session to `hbone` with the client's certificate, offering `alpn`.
+async fn tls_session(
+    ca: &TestCa,
+    hbone: std::net::SocketAddr,
+    alpn: Option<Vec<Vec<u8>>>,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let config =
+        ferry_tls::config::client_config(&ca.issue_str(CLIENT), &ca.bundle(), vec![id(SERVER)])
+            .unwrap();
+    let mut config = (*config).clone();
+    if let Some(alpn) = alpn {
+        config.alpn_protocols = alpn;
+    }
+    let tcp = tokio::net::TcpStream::connect(hbone).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ferry_tls::config::server_name(hbone), tcp)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_offering_no_alpn_is_refused_before_http2() {
+    let ca = Arc::new(TestCa::new("root"));
+    let hbone = hbone_server(
+        &ca,
+        SERVER,
+        Arc::new(Recorder::default()),
+        Settings::default(),
+    )
+    .await;
+    let mut tls = tls_session(&ca, hbone, Some(Vec::new())).await;
+    // (The server may already have closed: a write can fail.)
+    let _ = tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let _ = tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await; // empty SETTINGS
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut got)).await;
+    assert!(closed.is_ok(), "the server kept the connection open");
+    assert!(got.is_empty(), "the server spoke HTTP/2: {got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_client_that_never_sends_the_preface_is_closed() {
+    let ca = Arc::new(TestCa::new("root"));
+    let hbone = hbone_server(
+        &ca,
+        SERVER,
+        Arc::new(Recorder::default()),
+        Settings {
+            connect_timeout: Duration::from_millis(300),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let mut tls = tls_session(&ca, hbone, None).await;
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut got)).await;
+    assert!(
+        closed.is_ok(),
+        "a connection without a preface was kept open"
+    );
 }
