@@ -34,6 +34,17 @@ pub(crate) fn capture_repairs(registry: &mut Registry) -> Counter {
     c
 }
 
+/// The connect retries counter, registered in `registry`.
+pub(crate) fn connect_retries(registry: &mut Registry) -> Counter {
+    let c = Counter::default();
+    registry.register(
+        "ferry_connect_retries",
+        "Outbound connects that failed before any byte was sent and were tried on another endpoint",
+        c.clone(),
+    );
+    c
+}
+
 /// The pods gauges, set from the node's state at each scrape.
 #[derive(Debug)]
 struct Pods {

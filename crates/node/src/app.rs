@@ -61,6 +61,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         unserved: Mutex::default(),
         enrolling: Mutex::default(),
         capture_repairs: crate::admin::capture_repairs(&mut registry),
+        connect_retries: crate::admin::connect_retries(&mut registry),
         acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),

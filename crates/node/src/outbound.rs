@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferry_core::identity::Identity;
-use ferry_core::model::Workload;
+use ferry_core::model::{Workload, WorkloadUid};
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::snapshot::Snapshot;
@@ -71,6 +71,8 @@ struct Ctx {
     /// The CONNECT metadata of its tunnel (unused by plain TCP).
     headers: ConnectHeaders,
     log: LogFields,
+    /// The workload it lands on (an endpoint, or a waypoint instance), if it lands on one.
+    landing: Option<WorkloadUid>,
 }
 
 /// What the access log says about where a connection goes.
@@ -134,42 +136,84 @@ async fn set_up(
         .map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
     ferry_core::ports::refuse_recursion(pod.ip, orig)?;
-    let planned = {
-        // Not held while the connection lives: a long connection must not pin an old snapshot.
-        let snap = node.store.load();
-        let src = snap.workload(&pod.uid).ok_or_else(ConnError::source_left)?;
-        let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
-        plan(&snap, src, &pod.identity, peer, orig, &mut rng)
-    };
-    let ctx = match planned {
-        Ok(ctx) => ctx,
-        Err(refused) => {
-            count_failed(node, &refused.labels);
-            log.path = "refused at the source".into();
-            return Err(refused.error);
-        }
-    };
-    let Ctx {
-        transport,
-        mut labels,
-        headers,
-        log: fields,
-    } = ctx;
-    log.dst_workload = fields.dst_workload;
-    log.dst_service = fields.dst_service;
-    log.dst_hbone_addr = fields.dst_hbone_addr;
-    log.dst_identity = fields.dst_identity;
-    log.path = fields.path;
-    match open(node, pod, &transport, &headers, &labels.source_network).await {
-        // Opened and closed are counted under one label set, shared with the other connections
-        // that carry it.
-        Ok(up) => Ok((node.metrics.opened_shared(labels), up)),
-        Err(e) => {
-            labels.response_flags = e.flag.into();
-            count_failed(node, &labels);
-            Err(e)
+    // The landings a connect failed to, before any byte was sent: a retry sets them aside.
+    let mut failed: Vec<WorkloadUid> = Vec::new();
+    let mut last: Option<(ConnError, Labels)> = None;
+    loop {
+        let planned = {
+            // Not held while the connection lives: a long connection must not pin an old
+            // snapshot.
+            let snap = node.store.load();
+            let src = snap.workload(&pod.uid).ok_or_else(ConnError::source_left)?;
+            let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
+            plan(&snap, src, &pod.identity, peer, orig, &failed, &mut rng)
+        };
+        let ctx = match (planned, last.take()) {
+            (Ok(ctx), _) => ctx,
+            // No other endpoint: the connection fails as its last attempt did.
+            (Err(_), Some((e, labels))) => {
+                count_failed(node, &labels);
+                return Err(e);
+            }
+            (Err(refused), None) => {
+                count_failed(node, &refused.labels);
+                log.path = "refused at the source".into();
+                return Err(refused.error);
+            }
+        };
+        let Ctx {
+            transport,
+            mut labels,
+            headers,
+            log: fields,
+            landing,
+        } = ctx;
+        log.dst_workload = fields.dst_workload;
+        log.dst_service = fields.dst_service;
+        log.dst_hbone_addr = fields.dst_hbone_addr;
+        log.dst_identity = fields.dst_identity;
+        log.path = match failed.as_slice() {
+            [] => fields.path,
+            tried => format!(
+                "{} (after a failed connect to {})",
+                fields.path,
+                join(tried)
+            ),
+        };
+        match open(node, pod, &transport, &headers, &labels.source_network).await {
+            // Opened and closed are counted under one label set, shared with the other
+            // connections that carry it.
+            Ok(up) => return Ok((node.metrics.opened_shared(labels), up)),
+            // Nothing was read from the app yet, so nothing is replayed: the same decision
+            // again, without the landing that failed.
+            Err(e) => {
+                match landing.filter(|_| e.retryable() && failed.len() + 1 < CONNECT_ATTEMPTS) {
+                    Some(landing) => {
+                        tracing::info!(src.workload = %pod.name, dst.addr = %orig, dst.workload = %landing, error = %e, "connect failed before any byte was sent; trying another endpoint");
+                        node.connect_retries.inc();
+                        failed.push(landing);
+                        labels.response_flags = e.flag.into();
+                        last = Some((e, labels));
+                    }
+                    None => {
+                        labels.response_flags = e.flag.into();
+                        count_failed(node, &labels);
+                        return Err(e);
+                    }
+                }
+            }
         }
     }
+}
+
+/// How many endpoints one outbound connection tries before it fails: one retry.
+const CONNECT_ATTEMPTS: usize = 2;
+
+fn join(uids: &[WorkloadUid]) -> String {
+    uids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A connection that failed before it was counted opened: opened and closed at once.
@@ -187,6 +231,7 @@ fn plan(
     identity: &Identity,
     peer: SocketAddr,
     orig: SocketAddr,
+    failed: &[WorkloadUid],
     rng: &mut dyn Random,
 ) -> Result<Ctx, Refused> {
     let unknown = || "unknown".to_string();
@@ -204,7 +249,8 @@ fn plan(
         response_flags: ResponseFlag::None.into(),
     };
     // The data path asks for the plan alone: no trace is built.
-    let plan = match route::plan(snap, Source::new(src), &Destination::Addr(orig), rng) {
+    let source = Source::new(src).excluding(failed);
+    let plan = match route::plan(snap, source, &Destination::Addr(orig), rng) {
         Ok(p) => p,
         Err(e) => {
             let error = ConnError::from(e);
@@ -274,6 +320,7 @@ fn plan(
         labels,
         headers,
         log,
+        landing: plan.landing,
     })
 }
 

@@ -62,6 +62,8 @@ pub(crate) struct Node {
     pub unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
     /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
     pub capture_repairs: prometheus_client::metrics::counter::Counter,
+    /// Outbound connects tried again on another endpoint (`ferry_connect_retries_total`).
+    pub(crate) connect_retries: prometheus_client::metrics::counter::Counter,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
     pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed

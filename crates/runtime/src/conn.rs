@@ -175,6 +175,35 @@ impl ConnError {
         )
     }
 
+    /// Whether another endpoint of the same decision may be tried after this failure: only
+    /// when the next hop could not be reached or would not carry the tunnel before any byte
+    /// went to it (refused, reset or timed out while connecting or in the handshake, HBONE
+    /// 502/503/504). Never after a denial (403), a wrong peer identity, or a failure of our
+    /// own side, and never once bytes have moved.
+    pub fn retryable(&self) -> bool {
+        fn hbone(e: &HboneError) -> bool {
+            match e {
+                HboneError::Connect { .. }
+                | HboneError::Handshake { .. }
+                | HboneError::H2 { .. }
+                | HboneError::Timeout { .. } => true,
+                HboneError::Refused { status, .. } => matches!(status, 502..=504),
+                HboneError::PeerIdentity { .. }
+                | HboneError::PeerCertificate { .. }
+                | HboneError::Alpn { .. }
+                | HboneError::BadAuthority(_)
+                | HboneError::Config(_) => false,
+            }
+        }
+        self.side == Side::Upstream
+            && self.flag == ResponseFlag::ConnectionFailure
+            && match &self.kind {
+                ConnErrorKind::Connect { .. } => true,
+                ConnErrorKind::Hbone(e) | ConnErrorKind::Tunnel { source: e, .. } => hbone(e),
+                _ => false,
+            }
+    }
+
     /// The bytes moved (sent, received) before a copy failed; none for any other failure.
     pub fn moved(&self) -> (u64, u64) {
         match &self.kind {

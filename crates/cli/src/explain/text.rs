@@ -257,6 +257,7 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
             ("network", format!("on network {network}: {why}"))
         }
         DropReason::PortNotMapped { port } => ("port", format!("does not serve port {port}")),
+        DropReason::FailedBefore => ("retry", "an earlier attempt failed to connect".to_string()),
         DropReason::NotInSubset { subset } => ("subset", format!("not in subset {subset}")),
         DropReason::Balancer(LbDrop::Unhealthy) => ("health", "unhealthy".to_string()),
         DropReason::Balancer(LbDrop::NoCapacity) => ("capacity", "capacity 0".to_string()),

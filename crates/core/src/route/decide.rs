@@ -279,6 +279,8 @@ pub(super) enum SetAside<'s> {
     Unreachable(&'static str),
     PortNotMapped(u16),
     NotInSubset(&'s BTreeMap<String, String>),
+    /// A connect to it failed, before any byte was sent, on an earlier attempt.
+    FailedBefore,
 }
 
 // === impl SetAside ===
@@ -299,6 +301,7 @@ impl SetAside<'_> {
                 why,
             },
             Self::PortNotMapped(port) => DropReason::PortNotMapped { port },
+            Self::FailedBefore => DropReason::FailedBefore,
             Self::NotInSubset(labels) => DropReason::NotInSubset {
                 subset: labels
                     .iter()

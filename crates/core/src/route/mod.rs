@@ -49,6 +49,9 @@ pub struct Source<'a> {
     /// waypoint one of whose instances presents it has already been passed, so it is skipped
     /// (the waypoint sends to endpoints on other networks through their gateway).
     pub sent_by: Option<&'a Identity>,
+    /// Endpoints and waypoint instances a connect to has just failed, before any byte was sent:
+    /// set aside, so that a retry picks another from the same decision.
+    pub excluded: &'a [WorkloadUid],
 }
 
 impl<'a> Source<'a> {
@@ -57,6 +60,7 @@ impl<'a> Source<'a> {
             workload,
             origin_cluster: &workload.cluster,
             sent_by: None,
+            excluded: &[],
         }
     }
 
@@ -66,6 +70,7 @@ impl<'a> Source<'a> {
             workload,
             origin_cluster,
             sent_by: None,
+            excluded: &[],
         }
     }
 
@@ -74,6 +79,14 @@ impl<'a> Source<'a> {
     pub fn sent_by(self, peer: &'a Identity) -> Self {
         Self {
             sent_by: Some(peer),
+            ..self
+        }
+    }
+
+    /// A retry: `failed` (the landings of earlier attempts) are set aside.
+    pub fn excluding(self, failed: &'a [WorkloadUid]) -> Self {
+        Self {
+            excluded: failed,
             ..self
         }
     }

@@ -822,3 +822,78 @@ fn a_waypoint_reaches_endpoints_on_another_network_and_their_gateway_does_not_lo
     let d = at_gateway(Source::on_behalf_of(&gw, &east).sent_by(&sleep_id));
     assert_eq!(landing(&d), "west//v1/Pod/default/wp-west");
 }
+
+/// A retry after a failed connect: the same decision with the failed landings set aside.
+fn retry(snap: &Snapshot, from: &str, to: SocketAddr, failed: &[WorkloadUid]) -> Decision {
+    let src = snap.workloads().find(|w| w.name == from).unwrap().clone();
+    let dst = Destination::Addr(to);
+    let d = route(
+        snap,
+        Source::new(&src).excluding(failed),
+        &dst,
+        &mut SplitMix64::new(1),
+    );
+    let planned = plan(
+        snap,
+        Source::new(&src).excluding(failed),
+        &dst,
+        &mut SplitMix64::new(1),
+    );
+    assert_eq!(planned, d.outcome, "plan() and route() disagree");
+    d
+}
+
+#[test]
+fn a_retry_picks_another_endpoint_of_the_same_decision_never_one_out_of_scope() {
+    let mut m = flat();
+    m.service("ledger", &[("net", "198.18.100.1")], 80, 8080)
+        .scope = ServiceScope::local();
+    m.pod("ledger-east", "east-1", "198.18.1.20");
+    m.pod("ledger-east-2", "east-1", "198.18.1.21");
+    m.pod("ledger-west", "west-1", "198.18.2.20");
+    m.backs("ledger-east", "ledger")
+        .backs("ledger-east-2", "ledger")
+        .backs("ledger-west", "ledger");
+    let snap = m.build();
+    let to: SocketAddr = "198.18.100.1:80".parse().unwrap();
+    let first = landing(&retry(&snap, "sleep", to, &[]));
+    let failed = [WorkloadUid::new(first.clone())];
+    let second = retry(&snap, "sleep", to, &failed);
+    let other = landing(&second);
+    assert_ne!(other, first);
+    assert!(
+        other.starts_with("east//"),
+        "{other}: out of the local scope"
+    );
+    assert!(second.steps.iter().any(|s| matches!(
+        s,
+        Step::Dropped { candidate, reason: DropReason::FailedBefore, .. } if *candidate == first
+    )));
+    // Both local endpoints failed: the connection fails; west's endpoint is never tried.
+    let both = [WorkloadUid::new(first), WorkloadUid::new(other)];
+    assert!(matches!(
+        retry(&snap, "sleep", to, &both).outcome,
+        Err(RouteError::NoEndpoint { .. })
+    ));
+}
+
+#[test]
+fn a_retry_after_a_failed_waypoint_instance_picks_another_instance_in_scope() {
+    let mut m = flat();
+    local_service_global_waypoint(&mut m);
+    m.waypoint_pod("shared-wp", "wp-east-2", "east-1", "198.18.1.51");
+    let snap = m.build();
+    let to: SocketAddr = "198.18.100.1:80".parse().unwrap();
+    let first = landing(&retry(&snap, "sleep", to, &[]));
+    assert!(first.starts_with("east//"), "{first}");
+    let failed = [WorkloadUid::new(first.clone())];
+    let other = landing(&retry(&snap, "sleep", to, &failed));
+    assert_ne!(other, first);
+    assert!(other.starts_with("east//v1/Pod/default/wp-east"), "{other}");
+    // Both east instances failed: the local service fails rather than use west's instance.
+    let both = [WorkloadUid::new(first), WorkloadUid::new(other)];
+    assert!(matches!(
+        retry(&snap, "sleep", to, &both).outcome,
+        Err(RouteError::NoWaypointEndpoint { .. })
+    ));
+}

@@ -79,6 +79,8 @@ pub enum DropReason {
     NotInSubset {
         subset: String,
     },
+    /// An earlier attempt of this connection failed to connect to it (a retry).
+    FailedBefore,
     Balancer(LbDrop),
 }
 

@@ -29,6 +29,7 @@ fn plan_from_sleep(snap: &Snapshot, to: &str) -> Result<Ctx, Refused> {
         &identity,
         "198.18.1.10:40000".parse().unwrap(),
         to.parse().unwrap(),
+        &[],
         &mut SplitMix64::new(7),
     )
 }

@@ -192,3 +192,49 @@ fn refusals_keep_their_http_mapping() {
         503
     );
 }
+
+#[test]
+fn only_a_next_hop_that_could_not_be_reached_is_retried() {
+    let refused = |status| HboneError::Refused {
+        addr: addr(),
+        authority: "x".into(),
+        status,
+    };
+    let retried: Vec<ConnError> = vec![
+        ConnError::connect(addr(), io::Error::from(ErrorKind::ConnectionRefused)),
+        HboneError::Connect {
+            addr: addr(),
+            source: io::Error::from(ErrorKind::ConnectionReset),
+        }
+        .into(),
+        HboneError::Handshake {
+            addr: addr(),
+            source: io::Error::from(ErrorKind::ConnectionReset),
+        }
+        .into(),
+        HboneError::Timeout {
+            doing: "connecting",
+            after_ms: 5,
+        }
+        .into(),
+        refused(503).into(),
+        ConnError::tunnel("inner tunnel through the gateway", refused(503)),
+    ];
+    for e in &retried {
+        assert!(e.retryable(), "{e}");
+    }
+    let kept: Vec<ConnError> = vec![
+        refused(403).into(),
+        refused(400).into(),
+        ConnError::from(denial()),
+        RouteError::UnknownHost {
+            hostname: "a.b".into(),
+        }
+        .into(),
+        HboneError::BadAuthority("x".into()).into(),
+        ConnError::from(copy(Failed::B, ErrorKind::ConnectionReset)),
+    ];
+    for e in &kept {
+        assert!(!e.retryable(), "{e}");
+    }
+}
