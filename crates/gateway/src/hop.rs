@@ -22,6 +22,7 @@ use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::Forward;
 use ferry_runtime::bootstrap::ControlPlane;
+use ferry_runtime::conn::ConnError;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
@@ -84,11 +85,18 @@ impl Gateway {
     }
 }
 
-impl Handler for Gateway {
+/// One admitted tunnel: where it goes, carried to `connect`; how it failed, to `finished`.
+struct Admitted {
     /// The endpoint's HBONE address the inner tunnel goes to.
-    type Admit = SocketAddr;
+    to: SocketAddr,
+    /// Why `connect` failed, if it did (the server reports only the refusal).
+    error: Option<Box<ConnError>>,
+}
 
-    fn admit(&self, req: &ConnectRequest) -> Result<SocketAddr, Refusal> {
+impl Handler for Gateway {
+    type Admit = Admitted;
+
+    fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
         let Target::Host { hostname, port } = &req.target else {
             return Err(self.refuse(
                 req,
@@ -121,7 +129,10 @@ impl Handler for Gateway {
             &mut SplitMix64::new(req.id),
         ) {
             Ok(plan) => match plan.transport {
-                Transport::Hbone { connect_to, .. } => Ok(connect_to),
+                Transport::Hbone { connect_to, .. } => Ok(Admitted {
+                    to: connect_to,
+                    error: None,
+                }),
                 _ => Err(self.refuse(
                     req,
                     format!(
@@ -136,32 +147,44 @@ impl Handler for Gateway {
     fn connect(
         &self,
         _req: &ConnectRequest,
-        to: &mut SocketAddr,
+        admitted: &mut Admitted,
     ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
-        let to = *to;
+        let to = admitted.to;
         async move {
             // The inner tunnel's bytes go to the endpoint's HBONE port untouched.
-            tokio::net::TcpStream::connect(to)
-                .await
-                .map(Forward::from)
-                .map_err(|e| Refusal::Unavailable(format!("connect {to}: {e}")))
+            match tokio::net::TcpStream::connect(to).await {
+                Ok(tcp) => Ok(Forward::from(tcp)),
+                Err(e) => {
+                    let e = ConnError::connect(to, e);
+                    let refusal = e.refusal();
+                    admitted.error = Some(Box::new(e));
+                    Err(refusal)
+                }
+            }
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, _: SocketAddr, outcome: &Outcome<'_>) {
-        AccessLog {
+    fn finished(&self, req: &ConnectRequest, admitted: Admitted, outcome: &Outcome<'_>) {
+        let error = admitted
+            .error
+            .map(|e| *e)
+            .or_else(|| ConnError::from_outcome(outcome));
+        let mut log = AccessLog {
             direction: "gateway",
             src_addr: req.peer_addr.to_string(),
             src_workload: "",
             src_identity: req.peer.to_string(),
             dst_addr: req.target.to_string(),
+            dst_hbone_addr: admitted.to.to_string(),
             path: "forwarded to its network, inner tunnel untouched".into(),
             bytes_sent: outcome.sent,
             bytes_recv: outcome.received,
-            error: outcome.error(),
             ..AccessLog::default()
+        };
+        if let Some(e) = &error {
+            log.fail(e);
         }
-        .emit();
+        log.emit();
     }
 }
 

@@ -4,8 +4,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ferry_core::identity::Identity;
+use ferry_core::inbound::InboundError;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
+use ferry_runtime::conn::{ConnError, Denial};
 
 /// What a waypoint knows to authorize the traffic of one tunnel.
 pub(crate) struct Judge {
@@ -18,15 +20,16 @@ pub(crate) struct Judge {
 }
 
 impl Judge {
-    /// One HTTP request, or (`None`) the whole connection at L4; `Err` says why it is denied.
+    /// One HTTP request, or (`None`) the whole connection at L4; `Err` says why it is denied
+    /// (a [`Denial`], or the destination left the mesh).
     pub(crate) fn judge(
         &self,
         request: Option<&ferry_core::authz::HttpRequest<'_>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConnError> {
         let snap = self.store.load();
         let dst = snap
             .workload(&self.landing)
-            .ok_or_else(|| "the destination left the mesh".to_string())?;
+            .ok_or_else(|| ConnError::from(InboundError::LeftMesh))?;
         let conn = ferry_core::authz::ConnInfo {
             source_identity: self.source.as_ref(),
             source_ip: self.source_ip,
@@ -41,7 +44,7 @@ impl Judge {
         if verdict.is_allowed() {
             Ok(())
         } else {
-            Err(verdict.to_string())
+            Err(Denial(verdict).into())
         }
     }
 }

@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
+use ferry_hbone::Side;
+use ferry_runtime::conn::ConnError;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -29,12 +31,12 @@ pub struct Labels {
 }
 
 /// What happened on one connection, for the access log.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Outcome {
     pub allowed: u64,
     pub denied: u64,
-    /// Why the connection ended early, if it did.
-    pub error: Option<String>,
+    /// Why the connection ended early, if it did: which side failed, and how.
+    pub error: Option<ConnError>,
 }
 
 /// Serves HTTP from `client` with one upstream for every request allowed by `check`.
@@ -181,7 +183,13 @@ where
     Outcome {
         allowed,
         denied,
-        error: served.err().map(|e| format!("client: {e}")),
+        error: served.err().map(|e| {
+            ConnError::io(
+                Side::Downstream,
+                "serving HTTP to the client",
+                std::io::Error::other(e),
+            )
+        }),
     }
 }
 
@@ -304,8 +312,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
 pub async fn serve_detected<C, R>(
     client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<Link, String>>,
-    l4: impl FnOnce() -> Result<(), String>,
+    open_l4: impl std::future::Future<Output = Result<Link, ConnError>>,
+    l4: impl FnOnce() -> Result<(), ConnError>,
     labels: Labels,
 ) -> Outcome
 where
@@ -320,8 +328,8 @@ where
 pub async fn serve_detected_until<C, R>(
     mut client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<Link, String>>,
-    l4: impl FnOnce() -> Result<(), String>,
+    open_l4: impl std::future::Future<Output = Result<Link, ConnError>>,
+    l4: impl FnOnce() -> Result<(), ConnError>,
     labels: Labels,
     finish: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Outcome
@@ -349,7 +357,11 @@ where
         Ok(Ok(kind)) => kind,
         Ok(Err(e)) => {
             return Outcome {
-                error: Some(format!("client: {e}")),
+                error: Some(ConnError::io(
+                    Side::Downstream,
+                    "reading the client's first bytes",
+                    e,
+                )),
                 ..Outcome::default()
             };
         }
@@ -359,17 +371,17 @@ where
     match kind {
         Sniffed::Http => serve_routed(client, router, labels).await,
         Sniffed::Other => match l4() {
-            Err(reason) => {
-                tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %reason, "waypoint denied a connection that is not HTTP");
+            Err(e) => {
+                tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %e.kind, error.side = ferry_runtime::conn::side_name(e.side), response_flags = e.flag.as_str(), "waypoint denied a connection that is not HTTP");
                 Outcome {
                     denied: 1,
-                    error: Some(reason),
+                    error: Some(e),
                     ..Outcome::default()
                 }
             }
             Ok(()) => match open_l4.await {
                 Err(e) => Outcome {
-                    error: Some(format!("upstream: {e}")),
+                    error: Some(e),
                     ..Outcome::default()
                 },
                 // On an error, the side that did not fail is reset.
@@ -384,7 +396,7 @@ where
                     )
                     .await
                     .err()
-                    .map(|e| e.to_string()),
+                    .map(ConnError::from),
                     ..Outcome::default()
                 },
             },

@@ -12,6 +12,7 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, ServiceKey};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
+use ferry_runtime::conn::ConnError;
 use parking_lot::Mutex;
 
 use crate::judge::Judge;
@@ -52,7 +53,7 @@ pub(crate) struct Upgraded {
 impl TunnelRouter {
     /// Judges the tunnel's upgraded requests again (the policy changed); `Err` says why one is
     /// no longer allowed. `Ok` too when there is none.
-    pub(crate) fn recheck_upgrades(&self) -> Result<(), String> {
+    pub(crate) fn recheck_upgrades(&self) -> Result<(), ConnError> {
         for u in self.upgrades.lock().iter() {
             let headers: Vec<(&str, &str)> = u
                 .headers
@@ -188,7 +189,9 @@ impl Router for TunnelRouter {
                 source_ip: self.source_ip,
                 port: plan.landing_port,
             };
-            judge.judge(Some(req)).map_err(Refused::Denied)?;
+            judge
+                .judge(Some(req))
+                .map_err(|e| Refused::Denied(e.kind.to_string()))?;
         }
         Ok(Choice {
             key,
@@ -217,7 +220,10 @@ impl Router for TunnelRouter {
         }
     }
 
-    fn open(&self, plan: &Plan) -> impl std::future::Future<Output = Result<Link, String>> + Send {
+    fn open(
+        &self,
+        plan: &Plan,
+    ) -> impl std::future::Future<Output = Result<Link, ConnError>> + Send {
         let (wp, plan, peer, baggage) = (
             self.wp.clone(),
             plan.clone(),
@@ -228,7 +234,6 @@ impl Router for TunnelRouter {
             wp.open_upstream(plan, peer, baggage)
                 .await
                 .map(crate::state::Opened::into_link)
-                .map_err(|e| e.to_string())
         }
     }
 }

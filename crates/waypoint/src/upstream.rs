@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
+use ferry_hbone::Side;
 use ferry_hbone::copy::Reset;
 use ferry_hbone::upstream::Upstream;
+use ferry_runtime::conn::ConnError;
 use http::{Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
 use hyper::client::conn::http1::SendRequest;
@@ -72,7 +74,7 @@ pub trait Router: Send + Sync + 'static {
     ) -> Result<Choice<Self::Ticket>, Refused>;
 
     /// Opens a byte stream to a chosen backend.
-    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Link, String>> + Send;
+    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Link, ConnError>> + Send;
 
     /// A request switched protocols: from now on its connection carries the upgraded stream,
     /// allowed as `req` was (and to be judged again as `req` when the policy changes).
@@ -118,12 +120,16 @@ impl Router for Fixed {
         })
     }
 
-    fn open(&self, _: &()) -> impl Future<Output = Result<Link, String>> + Send {
+    fn open(&self, _: &()) -> impl Future<Output = Result<Link, ConnError>> + Send {
         let taken = self.upstream.lock().take();
         async move {
-            taken
-                .map(|u| Box::new(u) as Link)
-                .ok_or_else(|| "the one upstream connection has closed".to_string())
+            taken.map(|u| Box::new(u) as Link).ok_or_else(|| {
+                ConnError::io(
+                    Side::Upstream,
+                    "taking the one upstream connection",
+                    std::io::ErrorKind::NotConnected.into(),
+                )
+            })
         }
     }
 }
@@ -139,10 +145,28 @@ pub(crate) struct Upstreams {
     pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<()>>,
 }
 
-/// How sending one request failed.
+/// How sending one request failed. Nothing came back either way: the request may be tried
+/// again if it is safe to.
 enum SendError {
-    /// Nothing came back: the request may be tried again if it is safe to.
-    BeforeResponse(String),
+    /// No connection to the backend could be opened.
+    Open(ConnError),
+    /// The backend's HTTP connection failed while `doing` this.
+    Http {
+        doing: &'static str,
+        source: hyper::Error,
+    },
+}
+
+// === impl SendError ===
+
+impl std::fmt::Display for SendError {
+    /// The text the client's `502` says, and the access log's reason.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Open(e) => write!(f, "{}", e.kind),
+            Self::Http { doing, source } => write!(f, "{doing}: {source}"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -174,23 +198,21 @@ impl Upstreams {
             }
             list.len() < MAX_PER_BACKEND
         };
-        let io = router
-            .open(&choice.ticket)
-            .await
-            .map_err(SendError::BeforeResponse)?;
+        let io = router.open(&choice.ticket).await.map_err(SendError::Open)?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
-            .map_err(|e| SendError::BeforeResponse(format!("upstream handshake: {e}")))?;
+            .map_err(|source| SendError::Http {
+                doing: "upstream handshake",
+                source,
+            })?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "waypoint upstream connection ended");
             }
         });
         let shared: Shared = Arc::new(tokio::sync::Mutex::new(sender));
-        let guard = shared
-            .clone()
-            .try_lock_owned()
-            .map_err(|_| SendError::BeforeResponse("a new upstream connection was taken".into()))?;
+        // Nothing else has seen it yet: locked at once.
+        let guard = shared.clone().lock_owned().await;
         if keep {
             self.by_key
                 .lock()
@@ -208,12 +230,16 @@ impl Upstreams {
         req: Request<Body>,
     ) -> Result<Response<Body>, SendError> {
         let mut s = self.sender(router, choice).await?;
-        s.ready()
-            .await
-            .map_err(|e| SendError::BeforeResponse(format!("upstream connection: {e}")))?;
+        s.ready().await.map_err(|source| SendError::Http {
+            doing: "upstream connection",
+            source,
+        })?;
         match s.send_request(req).await {
             Ok(resp) => Ok(resp.map(BodyExt::boxed)),
-            Err(e) => Err(SendError::BeforeResponse(format!("upstream: {e}"))),
+            Err(source) => Err(SendError::Http {
+                doing: "upstream",
+                source,
+            }),
         }
     }
 }
@@ -346,7 +372,8 @@ pub(crate) async fn forward<R: Router>(
                     Some(why),
                 );
             }
-            Some(Err(SendError::BeforeResponse(why))) => {
+            Some(Err(failed)) => {
+                let why = failed.to_string();
                 if replayable && tries <= choice.retries {
                     tracing::debug!(backend = %choice.backend, tries, error = %why, "retrying a request on another backend");
                     avoid.push(choice.key.clone());

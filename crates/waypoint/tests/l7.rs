@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferry_runtime::conn::ConnError;
 use ferry_waypoint::l7::{self, Outcome, RequestCheck};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -198,13 +199,17 @@ async fn detecting_filter(
             TcpStream::connect(up)
                 .await
                 .map(|s| Box::new(s) as l7::Link)
-                .map_err(|e| e.to_string())
+                .map_err(|e| ConnError::connect(up, e))
         };
         let l4 = move || {
             if l4_allows {
                 Ok(())
             } else {
-                Err("denied at L4".to_string())
+                Err(ConnError::io(
+                    ferry_hbone::Side::Local,
+                    "denied at L4",
+                    std::io::ErrorKind::PermissionDenied.into(),
+                ))
             }
         };
         let outcome = l7::serve_detected(client, router, open_l4, l4, l7::Labels::default()).await;
@@ -235,6 +240,47 @@ async fn tcp_echo(got: Arc<Mutex<usize>>) -> std::net::SocketAddr {
         }
     });
     addr
+}
+
+#[tokio::test]
+async fn an_l4_upstream_that_cannot_be_reached_fails_the_connection_on_the_upstream_side() {
+    // A port nothing listens on: the L4 connect fails.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let http = upstream(Arc::default()).await;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let serving = tokio::spawn(async move {
+        let (client, _) = l.accept().await.unwrap();
+        let check: RequestCheck = Arc::new(|_| Ok(()));
+        let router = Arc::new(l7::Fixed::new(
+            TcpStream::connect(http).await.unwrap(),
+            check,
+        ));
+        let open_l4 = async move {
+            TcpStream::connect(dead)
+                .await
+                .map(|s| Box::new(s) as l7::Link)
+                .map_err(|e| ConnError::connect(dead, e))
+        };
+        l7::serve_detected(client, router, open_l4, || Ok(()), l7::Labels::default()).await
+    });
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"\x16\x03\x01 hello").await.unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("an outcome")
+        .unwrap();
+    let e = o.error.expect("the connection failed");
+    assert_eq!(e.side, ferry_hbone::Side::Upstream, "{e}");
+    assert_eq!(
+        e.flag,
+        ferry_runtime::conn::ResponseFlag::ConnectionFailure,
+        "{e}"
+    );
+    assert_eq!(o.denied, 0);
 }
 
 #[tokio::test]
@@ -468,14 +514,14 @@ impl l7::Router for PathRouter {
     fn open(
         &self,
         ticket: &Self::Ticket,
-    ) -> impl std::future::Future<Output = Result<l7::Link, String>> + Send {
+    ) -> impl std::future::Future<Output = Result<l7::Link, ConnError>> + Send {
         self.opens.lock().push(ticket.0);
         let addr = ticket.1;
         async move {
             TcpStream::connect(addr)
                 .await
                 .map(|s| Box::new(s) as l7::Link)
-                .map_err(|e| e.to_string())
+                .map_err(|e| ConnError::connect(addr, e))
         }
     }
 }
