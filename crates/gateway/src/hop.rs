@@ -6,14 +6,13 @@
 //! its own network*, and forwards the inner tunnel's bytes to that endpoint's HBONE port without
 //! terminating them: the destination sees the original identity end to end.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use ferry_core::hop::OriginError;
-use ferry_core::model::{ClusterId, Health, Locality, TunnelProtocol, Workload, WorkloadUid};
+use ferry_core::model::ClusterId;
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::store::Store;
@@ -51,32 +50,6 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// The gateway as a source for routing decisions: on its network, in its cluster.
-    fn as_workload(&self) -> Option<Workload> {
-        let snap = self.store.load();
-        let g = snap.gateways().find(|g| g.name == self.name)?.clone();
-        Some(Workload {
-            uid: WorkloadUid::new(format!("gateway/{}", g.name)),
-            name: g.name.clone(),
-            namespace: g.identity.namespace().to_string(),
-            service_account: g.identity.service_account().to_string(),
-            trust_domain: g.identity.trust_domain().to_string(),
-            addresses: vec![g.address],
-            network: g.network.clone(),
-            cluster: g.cluster.clone(),
-            node: None,
-            locality: Locality::default(),
-            tunnel: TunnelProtocol::Hbone,
-            health: Health::Healthy,
-            capacity: 1,
-            waypoint: None,
-            network_gateway: None,
-            services: BTreeMap::new(),
-            authorization_policies: Vec::new(),
-            labels: BTreeMap::new(),
-        })
-    }
-
     fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
         self.refused.inc();
         let (peer, target) = (req.peer.to_string(), req.target.to_string());
@@ -103,10 +76,14 @@ impl Handler for Gateway {
                 "a gateway serves service hostnames, never pod addresses".into(),
             ));
         };
-        let me = self.as_workload().ok_or_else(|| {
-            Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
-        })?;
+        // One snapshot for the whole decision: where the gateway stands, and the route.
         let snap = self.store.load();
+        let me = snap
+            .gateways()
+            .find(|g| g.name == self.name)
+            .ok_or_else(|| {
+                Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
+            })?;
         // The cluster the caller's node proxy (or waypoint) claims, which scope is checked
         // against; required here. Not checked against the caller's address as core's
         // `hop::origin_cluster` does: the caller is on another network, and its address may
@@ -123,8 +100,10 @@ impl Handler for Gateway {
         };
         match route::plan(
             &snap,
-            // A tunnel a waypoint instance sent has passed that waypoint: not sent back to it.
-            Source::on_behalf_of(&me, &origin).sent_by(&req.peer),
+            // The gateway is no workload: it routes from where it stands (its network and
+            // cluster). A tunnel a waypoint instance sent has passed that waypoint: not sent
+            // back to it.
+            Source::hop(&me.network, &me.cluster, &me.identity, &origin).sent_by(&req.peer),
             &dst,
             &mut SplitMix64::new(req.id),
         ) {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ferry_core::identity::Identity;
 use ferry_core::inbound::InboundError;
 use ferry_core::model::WorkloadUid;
+use ferry_core::snapshot::Snapshot;
 use ferry_core::store::Store;
 use ferry_runtime::conn::{ConnError, Denial};
 
@@ -26,7 +27,15 @@ impl Judge {
         &self,
         request: Option<&ferry_core::authz::HttpRequest<'_>>,
     ) -> Result<(), ConnError> {
-        let snap = self.store.load();
+        self.judge_in(&self.store.load(), request)
+    }
+
+    /// [`Judge::judge`] in `snap`, the snapshot the caller decided the rest in.
+    pub(crate) fn judge_in(
+        &self,
+        snap: &Snapshot,
+        request: Option<&ferry_core::authz::HttpRequest<'_>>,
+    ) -> Result<(), ConnError> {
         let dst = snap
             .workload(&self.landing)
             .ok_or_else(|| ConnError::from(InboundError::LeftMesh))?;
@@ -38,8 +47,8 @@ impl Judge {
             via_waypoint: false,
         };
         let verdict = match request {
-            Some(r) => ferry_core::authz::authorize_request(&snap, dst, &conn, r),
-            None => ferry_core::authz::authorize(&snap, dst, &conn),
+            Some(r) => ferry_core::authz::authorize_request(snap, dst, &conn, r),
+            None => ferry_core::authz::authorize(snap, dst, &conn),
         };
         if verdict.is_allowed() {
             Ok(())

@@ -158,8 +158,8 @@ impl Router for TunnelRouter {
         };
         let mut picked = None;
         for _ in 0..REDRAWS {
-            let decision = route::route_within(&snap, src, &dst, &within, &mut *rng);
-            let plan = decision.outcome.map_err(|e| {
+            // The data path's decision: no trace is built.
+            let plan = route::plan_within(&snap, src, &dst, &within, &mut *rng).map_err(|e| {
                 self.wp.metrics.refused.inc();
                 Refused::Unroutable(e.to_string())
             })?;
@@ -189,8 +189,9 @@ impl Router for TunnelRouter {
                 source_ip: self.source_ip,
                 port: plan.landing_port,
             };
+            // In the snapshot the request was routed in: one load per request.
             judge
-                .judge(Some(req))
+                .judge_in(&snap, Some(req))
                 .map_err(|e| Refused::Denied(e.kind.to_string()))?;
         }
         Ok(Choice {
