@@ -9,7 +9,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -51,53 +50,11 @@ pub struct Config {
     pub drain: Duration,
 }
 
-/// What one tunnel re-judges itself with when a new snapshot is applied.
-struct Rejudge {
-    judge: Arc<Judge>,
-    /// Its HTTP decisions, and the upgraded requests to judge again.
-    router: Arc<crate::router::TunnelRouter>,
-    /// Carried at L4 (not HTTP), so judged as a whole.
-    is_l4: Arc<std::sync::atomic::AtomicBool>,
-    changes: tokio::sync::watch::Receiver<u64>,
-}
-
-// === impl Rejudge ===
-
-impl Rejudge {
-    /// Resolves, with the reason, once a snapshot no longer allows the bytes this tunnel
-    /// carries as they are (at L4, or as an upgraded request allowed them); HTTP requests are
-    /// judged one by one anyway. Never resolves if the snapshots stop coming.
-    async fn until_denied(mut self) -> ConnError {
-        self.changes.borrow_and_update();
-        while self.changes.changed().await.is_ok() {
-            let verdict = if self.is_l4.load(Ordering::Relaxed) {
-                self.judge.judge(None)
-            } else if self.router.has_upgrades() {
-                self.router.recheck_upgrades()
-            } else {
-                continue;
-            };
-            if let Err(e) = verdict {
-                return closed_by_policy(e);
-            }
-        }
-        std::future::pending().await
-    }
-}
-
-/// A denial found by a re-check, as how the open tunnel ended (a policy change closed it).
-fn closed_by_policy(e: ConnError) -> ConnError {
-    match e.kind {
-        ConnErrorKind::Denied(denial) => ConnError::policy_changed(denial, (0, 0)),
-        _ => e,
-    }
-}
-
-/// Why a re-check closed a tunnel, in the words of the policy that denied it.
-fn policy_reason(e: &ConnError) -> String {
+/// The denial that closed an open tunnel (a policy change), in the words of the policy.
+fn closed_by_policy(e: &ConnError) -> Option<&ferry_runtime::conn::Denial> {
     match &e.kind {
-        ConnErrorKind::PolicyChanged { denial, .. } => denial.to_string(),
-        other => other.to_string(),
+        ConnErrorKind::PolicyChanged { denial, .. } => Some(denial),
+        _ => None,
     }
 }
 
@@ -234,14 +191,7 @@ impl Handler for Waypoint {
                 source: judge.source.clone(),
                 source_ip,
                 rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
-                upgrades: Mutex::default(),
             });
-            let rejudge = Rejudge {
-                judge: judge.clone(),
-                router: router.clone(),
-                is_l4: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                changes: self.changes.clone(),
-            };
             let open_l4 = async move {
                 wp.open_upstream(plan, peer, origin)
                     .await
@@ -250,11 +200,14 @@ impl Handler for Waypoint {
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
             // on its other fields), and again whenever the policy changes.
             let l4 = {
-                let (judge, is_l4) = (judge, rejudge.is_l4.clone());
+                let changes = self.changes.clone();
                 move || {
-                    let verdict = judge.judge(None);
-                    is_l4.store(verdict.is_ok(), Ordering::Relaxed);
-                    verdict
+                    // Taken before the snapshot it is judged in: no change is missed.
+                    let changes = ferry_runtime::recheck::from_now(&changes);
+                    judge.judge(None)?;
+                    Ok(ferry_runtime::recheck::until_denied(changes, move || {
+                        judge.recheck(None)
+                    }))
                 }
             };
             let (metrics, finish) = (self.metrics.clone(), self.finish.clone());
@@ -266,24 +219,20 @@ impl Handler for Waypoint {
                         dst_workload: dst.to_string(),
                         metrics: Some(metrics),
                     };
-                    let serving = crate::l7::serve_detected_until(
+                    // At L4 and for upgraded requests, a policy change or the drain deadline ends
+                    // the copy; HTTP requests are judged one by one anyway.
+                    let outcome = crate::l7::serve_detected_until(
                         tunnel,
                         router,
                         open_l4,
                         l4,
                         labels,
                         Some(finish),
-                    );
-                    let outcome = tokio::select! {
-                        o = serving => o,
-                        e = rejudge.until_denied() => {
-                            tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, reason = %policy_reason(&e), "policy change closed a tunnel");
-                            crate::l7::Outcome {
-                                error: Some(e),
-                                ..crate::l7::Outcome::default()
-                            }
-                        }
-                    };
+                    )
+                    .await;
+                    if let Some(denial) = outcome.error.as_ref().and_then(closed_by_policy) {
+                        tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, reason = %denial, "policy change closed a tunnel");
+                    }
                     let error = outcome.error.as_ref().map(|e| e.kind.to_string());
                     tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = error.as_deref().unwrap_or(""), "waypoint http connection closed");
                     *served.lock() = outcome.error;

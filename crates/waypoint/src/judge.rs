@@ -8,7 +8,7 @@ use ferry_core::inbound::InboundError;
 use ferry_core::model::WorkloadUid;
 use ferry_core::snapshot::Snapshot;
 use ferry_core::store::Store;
-use ferry_runtime::conn::{ConnError, Denial};
+use ferry_runtime::conn::{ConnError, ConnErrorKind, Denial};
 
 /// What a waypoint knows to authorize the traffic of one tunnel.
 pub(crate) struct Judge {
@@ -28,6 +28,21 @@ impl Judge {
         request: Option<&ferry_core::authz::HttpRequest<'_>>,
     ) -> Result<(), ConnError> {
         self.judge_in(&self.store.load(), request)
+    }
+
+    /// Judges again what was allowed (the policy changed): `Err` with the denial if it is no
+    /// longer. A destination that left the mesh keeps what it has (it ends with it).
+    pub(crate) fn recheck(
+        &self,
+        request: Option<&ferry_core::authz::HttpRequest<'_>>,
+    ) -> Result<(), Denial> {
+        match self.judge(request) {
+            Err(ConnError {
+                kind: ConnErrorKind::Denied(denial),
+                ..
+            }) => Err(denial),
+            _ => Ok(()),
+        }
     }
 
     /// [`Judge::judge`] in `snap`, the snapshot the caller decided the rest in.

@@ -12,11 +12,11 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, ServiceKey};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
-use ferry_runtime::conn::ConnError;
+use ferry_runtime::conn::{ConnError, Denial};
 use parking_lot::Mutex;
 
 use crate::judge::Judge;
-use crate::l7::{Choice, Link, Refused, Router};
+use crate::l7::{Choice, Link, Recheck, Refused, Router};
 use crate::state::Waypoint;
 
 /// How often a request's endpoint is drawn again to avoid one that already failed it.
@@ -36,50 +36,32 @@ pub(crate) struct TunnelRouter {
     pub(crate) source: Option<Identity>,
     pub(crate) source_ip: IpAddr,
     pub(crate) rng: Mutex<SplitMix64>,
-    /// Requests of this tunnel that switched protocols: judged again on policy changes.
-    pub(crate) upgrades: Mutex<Vec<Upgraded>>,
 }
 
 /// An upgrade request as it was allowed, kept to be judged again.
-pub(crate) struct Upgraded {
-    landing: ferry_core::model::WorkloadUid,
-    port: u16,
+struct Upgraded {
     method: String,
     path: String,
     host: String,
     headers: Vec<(String, String)>,
 }
 
-impl TunnelRouter {
-    /// Judges the tunnel's upgraded requests again (the policy changed); `Err` says why one is
-    /// no longer allowed. `Ok` too when there is none.
-    pub(crate) fn recheck_upgrades(&self) -> Result<(), ConnError> {
-        for u in self.upgrades.lock().iter() {
-            let headers: Vec<(&str, &str)> = u
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str()))
-                .collect();
-            let req = HttpRequest {
-                method: &u.method,
-                path: &u.path,
-                host: &u.host,
-                headers: &headers,
-            };
-            Judge {
-                store: self.wp.store.clone(),
-                landing: u.landing.clone(),
-                source: self.source.clone(),
-                source_ip: self.source_ip,
-                port: u.port,
-            }
-            .judge(Some(&req))?;
-        }
-        Ok(())
-    }
+// === impl Upgraded ===
 
-    pub(crate) fn has_upgrades(&self) -> bool {
-        !self.upgrades.lock().is_empty()
+impl Upgraded {
+    /// Judges the request again, as it was allowed.
+    fn recheck(&self, judge: &Judge) -> Result<(), Denial> {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        judge.recheck(Some(&HttpRequest {
+            method: &self.method,
+            path: &self.path,
+            host: &self.host,
+            headers: &headers,
+        }))
     }
 }
 
@@ -204,21 +186,32 @@ impl Router for TunnelRouter {
         })
     }
 
-    fn upgraded(&self, plan: &Plan, req: &HttpRequest<'_>) {
-        if let Some(landing) = &plan.landing {
-            self.upgrades.lock().push(Upgraded {
-                landing: landing.clone(),
-                port: plan.landing_port,
-                method: req.method.to_string(),
-                path: req.path.to_string(),
-                host: req.host.to_string(),
-                headers: req
-                    .headers
-                    .iter()
-                    .map(|(n, v)| ((*n).to_string(), (*v).to_string()))
-                    .collect(),
-            });
-        }
+    fn upgraded(&self, plan: &Plan, req: &HttpRequest<'_>) -> Recheck {
+        let Some(landing) = plan.landing.clone() else {
+            return Box::pin(std::future::pending());
+        };
+        // Taken before the snapshot of the first re-check: no change is missed.
+        let changes = ferry_runtime::recheck::from_now(&self.wp.changes);
+        let judge = Judge {
+            store: self.wp.store.clone(),
+            landing,
+            source: self.source.clone(),
+            source_ip: self.source_ip,
+            port: plan.landing_port,
+        };
+        let upgraded = Upgraded {
+            method: req.method.to_string(),
+            path: req.path.to_string(),
+            host: req.host.to_string(),
+            headers: req
+                .headers
+                .iter()
+                .map(|(n, v)| ((*n).to_string(), (*v).to_string()))
+                .collect(),
+        };
+        Box::pin(ferry_runtime::recheck::until_denied(changes, move || {
+            upgraded.recheck(&judge)
+        }))
     }
 
     fn open(

@@ -6,20 +6,24 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
 use ferry_hbone::Side;
-use ferry_hbone::copy::Reset;
+use ferry_hbone::copy::{self, Interrupted, Reset};
 use ferry_hbone::upstream::Upstream;
-use ferry_runtime::conn::ConnError;
+use ferry_runtime::conn::{ConnError, Denial};
 use http::{Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+
+use crate::replay::Replay;
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -31,6 +35,10 @@ impl<T: AsyncRead + AsyncWrite + Reset + Send + Unpin> Io for T {}
 
 /// An open [`Io`], whatever it is.
 pub type Link = Box<dyn Io>;
+
+/// Resolves, with the denial, once a policy change no longer allows an upgraded connection:
+/// the connection then ends, both sides reset.
+pub type Recheck = Pin<Box<dyn Future<Output = Denial> + Send>>;
 
 /// Upstream connections kept per backend and downstream connection (more only while the ones
 /// there are busy with requests of the same client).
@@ -77,8 +85,11 @@ pub trait Router: Send + Sync + 'static {
     fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Link, ConnError>> + Send;
 
     /// A request switched protocols: from now on its connection carries the upgraded stream,
-    /// allowed as `req` was (and to be judged again as `req` when the policy changes).
-    fn upgraded(&self, _ticket: &Self::Ticket, _req: &HttpRequest<'_>) {}
+    /// allowed as `req` was, until what this returns resolves (`req` judged again when the
+    /// policy changes). By default, never.
+    fn upgraded(&self, _ticket: &Self::Ticket, _req: &HttpRequest<'_>) -> Recheck {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// Decides one request: `Err` carries the reason it was denied.
@@ -137,12 +148,15 @@ impl Router for Fixed {
 type Shared = Arc<tokio::sync::Mutex<SendRequest<Body>>>;
 
 /// One downstream connection's upstream connections, by backend key.
-#[derive(Default)]
 pub(crate) struct Upstreams {
     by_key: parking_lot::Mutex<HashMap<String, Vec<Shared>>>,
-    /// Upgraded connections being carried: they live as long as the client connection's
-    /// serving does (and end with it, on a policy change or a drain).
-    pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<()>>,
+    /// Upgraded connections being carried, each ending with how it failed (if it did): the
+    /// client connection's serving waits for them.
+    pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<Option<ConnError>>>,
+    /// Turns true at the drain deadline: upgraded connections end cleanly then.
+    finish: Option<watch::Receiver<bool>>,
+    /// Takes the client's own stream back from hyper once a request upgraded it.
+    downstream: fn(hyper::upgrade::Upgraded) -> Option<Link>,
 }
 
 /// How sending one request failed. Nothing came back either way: the request may be tried
@@ -179,6 +193,18 @@ impl std::fmt::Debug for Upstreams {
 }
 
 impl Upstreams {
+    pub(crate) fn new(
+        finish: Option<watch::Receiver<bool>>,
+        downstream: fn(hyper::upgrade::Upgraded) -> Option<Link>,
+    ) -> Self {
+        Self {
+            by_key: parking_lot::Mutex::default(),
+            upgraded: parking_lot::Mutex::default(),
+            finish,
+            downstream,
+        }
+    }
+
     /// A connection for `choice` that is free now, or a new one (kept for later requests below
     /// the limit, used once above it: a request never waits behind another's response).
     async fn sender<R: Router>(
@@ -343,20 +369,22 @@ pub(crate) async fn forward<R: Router>(
                 if let (Some(down), StatusCode::SWITCHING_PROTOCOLS) =
                     (upgrade.take(), response.status())
                 {
-                    router.upgraded(&choice.ticket, facts);
+                    let recheck = router.upgraded(&choice.ticket, facts);
                     let up = hyper::upgrade::on(&mut response);
+                    let bounds = copy::Bounds {
+                        finish: upstreams.finish.clone(),
+                        ..waypoint_bounds()
+                    };
+                    let downstream = upstreams.downstream;
                     upstreams.upgraded.lock().spawn(async move {
                         match tokio::try_join!(down, up) {
-                            Ok((d, u)) => {
-                                let (mut d, mut u) = (TokioIo::new(d), TokioIo::new(u));
-                                let _ = ferry_hbone::copy::bidirectional_bounded(
-                                    &mut d,
-                                    &mut u,
-                                    waypoint_bounds(),
-                                )
-                                .await;
+                            Ok((d, u)) => carry_upgraded(downstream(d), u, bounds, recheck)
+                                .await
+                                .err(),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "an upgrade did not complete");
+                                None
                             }
-                            Err(e) => tracing::debug!(error = %e, "an upgrade did not complete"),
                         }
                     });
                 }
@@ -386,6 +414,40 @@ pub(crate) async fn forward<R: Router>(
             }
         }
     }
+}
+
+/// Carries an upgraded connection as bytes, as every other copy: on a failure the side that
+/// did not fail is reset; when `recheck` resolves (a policy change) both are; at the drain
+/// deadline (`bounds.finish`) both end cleanly.
+async fn carry_upgraded(
+    down: Option<Link>,
+    up: hyper::upgrade::Upgraded,
+    bounds: copy::Bounds,
+    recheck: Recheck,
+) -> Result<(u64, u64), ConnError> {
+    // Both sides as the streams they were before hyper took them (with what it read ahead),
+    // so that they can be reset.
+    let up = up
+        .downcast::<TokioIo<Link>>()
+        .ok()
+        .map(|parts| Box::new(Replay::new(parts.read_buf, parts.io.into_inner())) as Link);
+    let (Some(mut down), Some(mut up)) = (down, up) else {
+        return Err(ConnError::io(
+            Side::Local,
+            "taking over an upgraded connection",
+            std::io::Error::other("not the stream it was served on"),
+        ));
+    };
+    copy::relay_until(&mut down, &mut up, bounds, recheck)
+        .await
+        .map_err(|e| match e {
+            Interrupted::Failed(e) => ConnError::from(e),
+            Interrupted::Until {
+                reason,
+                a_to_b,
+                b_to_a,
+            } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
+        })
 }
 
 /// The bounds on bytes a waypoint carries as they are (L4 tunnels, upgraded connections): a
