@@ -565,3 +565,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!("waypoint stopped");
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "hop_tests.rs"]
+mod tests;
