@@ -154,7 +154,7 @@ fn classify(snap: &Snapshot, network: &NetworkId, addr: SocketAddr) -> Class {
 
 /// The service `hostname` names for a source in `namespace`: the only one, or the one in
 /// that namespace.
-fn resolve_host(
+pub(crate) fn resolve_host(
     snap: &Snapshot,
     namespace: &str,
     hostname: &str,
