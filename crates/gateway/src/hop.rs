@@ -16,12 +16,13 @@ use ferry_core::model::ClusterId;
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::store::Store;
+use ferry_hbone::Side;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::Forward;
 use ferry_runtime::bootstrap::ControlPlane;
-use ferry_runtime::conn::ConnError;
+use ferry_runtime::conn::{ConnError, ResponseFlag, side_name};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
@@ -53,7 +54,8 @@ impl Gateway {
     fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
         self.refused.inc();
         let (peer, target) = (req.peer.to_string(), req.target.to_string());
-        tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, "gateway refused the connection");
+        // Every refusal here is of what the caller asked for, before anything was dialled.
+        tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, error.side = side_name(Side::Downstream), response_flags = ResponseFlag::Deny.as_str(), "gateway refused the connection");
         Refusal::Denied(why)
     }
 }

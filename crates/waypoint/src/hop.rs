@@ -78,7 +78,6 @@ impl Handler for Waypoint {
         let snap = self.store.load();
         let me = snap
             .workload(&self.uid)
-            .cloned()
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
         // The cluster its source's node proxy claims, checked against the mesh wherever it can
         // be (core's rule); a tunnel that claims none comes from this waypoint's own cluster.
@@ -104,7 +103,7 @@ impl Handler for Waypoint {
             }
         };
         let mut rng = SplitMix64::new(req.id);
-        match route::plan(&snap, Source::on_behalf_of(&me, &origin), dst, &mut rng) {
+        match route::plan(&snap, Source::on_behalf_of(me, &origin), dst, &mut rng) {
             Ok(plan) => Ok(Admitted {
                 plan: Some(plan),
                 origin,
