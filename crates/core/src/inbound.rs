@@ -7,10 +7,12 @@
 use std::net::{IpAddr, SocketAddr};
 
 use crate::identity::Identity;
-use crate::model::{ClusterId, Health, ServiceKey, Workload, WorkloadUid};
+use crate::model::{
+    ClusterId, GatewayRef, Health, NetworkAddress, NetworkId, ServiceKey, Workload, WorkloadUid,
+};
 use crate::ports::{RecursiveCall, refuse_recursion};
 use crate::route::{Destination, WaypointInstances};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{AddressOwner, Snapshot};
 
 /// Why a connection arriving for a pod is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -170,12 +172,7 @@ pub fn resolve_target(
 /// cluster first, then the lowest uid, so the choice is stable (no load balancing: the traffic
 /// comes from outside the mesh, there is no source to balance for).
 pub fn waypoint_instance(snap: &Snapshot, dst: &Workload) -> Option<WaypointInstance> {
-    let wp = dst.waypoint.as_ref().or_else(|| {
-        dst.services
-            .keys()
-            .filter_map(|k| snap.service(k))
-            .find_map(|s| s.waypoint.as_ref())
-    })?;
+    let wp = waypoint_of(snap, dst)?;
     let set = WaypointInstances::resolve(snap, wp)?;
     let key = set.key?;
     set.instances
@@ -192,6 +189,132 @@ pub fn waypoint_instance(snap: &Snapshot, dst: &Workload) -> Option<WaypointInst
             waypoint: key.clone(),
             cluster: dst.cluster.clone(),
         })
+}
+
+/// The waypoint in front of a workload: its own, else the first of its services' that has one.
+fn waypoint_of<'a>(snap: &'a Snapshot, dst: &'a Workload) -> Option<&'a GatewayRef> {
+    dst.waypoint.as_ref().or_else(|| {
+        dst.services
+            .keys()
+            .filter_map(|k| snap.service(k))
+            .find_map(|s| s.waypoint.as_ref())
+    })
+}
+
+/// The instances of waypoint `wp`, if `me` is one of them.
+fn instances_with<'a>(
+    snap: &'a Snapshot,
+    wp: Option<&'a GatewayRef>,
+    me: &Workload,
+) -> Option<WaypointInstances<'a>> {
+    let set = WaypointInstances::resolve(snap, wp?)?;
+    set.instances.iter().any(|i| i.uid == me.uid).then_some(set)
+}
+
+/// What a waypoint instance serves a tunnel's target as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fronted {
+    /// A service whose waypoint it is.
+    Service(ServiceKey),
+    /// A workload whose waypoint (its own, or its services') it is.
+    Workload(WorkloadUid),
+}
+
+/// Why a waypoint instance does not serve a tunnel's target.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotFronted {
+    #[error(
+        "{target} is no service or workload of the mesh: a waypoint serves only what it fronts"
+    )]
+    Unknown { target: String },
+    #[error("{target} is not served by this waypoint: a waypoint serves only what it fronts")]
+    NotThisWaypoint { target: String },
+    #[error(
+        "this waypoint instance (cluster {instance}) is out of scope for {target} for a source in cluster {origin}"
+    )]
+    OutOfScope {
+        target: String,
+        instance: ClusterId,
+        origin: ClusterId,
+    },
+    #[error(
+        "this waypoint instance (network {instance}) does not serve {target} on network {workload} for a source on network {from_network}"
+    )]
+    OtherNetwork {
+        target: String,
+        instance: NetworkId,
+        workload: NetworkId,
+        from_network: NetworkId,
+    },
+}
+
+/// Whether waypoint instance `me` serves a tunnel to `target` for a source in cluster `origin`
+/// on network `source_network`: the check a waypoint makes before it decides anything else.
+///
+/// - The target names (on `me`'s network, or by hostname) a service whose waypoint `me` is an
+///   instance of, or a workload whose waypoint ([`waypoint_instance`]'s: its own, else its
+///   services') `me` is an instance of. Anything else is not `me`'s to serve, whatever a hop
+///   before it decided.
+/// - `me` must be an instance routing could have picked for that origin: the waypoint's own
+///   scope admits it ([`WaypointInstances::admits`]) and, for a service, the service's scope
+///   admits `me`'s cluster for `origin` (the rule for waypoint endpoints).
+/// - A workload's waypoint serves its own network only: `me`, the workload and the source are
+///   on one network (as routing picks workload waypoints only on the source's network).
+pub fn fronted_by(
+    snap: &Snapshot,
+    me: &Workload,
+    target: &Destination,
+    origin: &ClusterId,
+    source_network: &NetworkId,
+) -> Result<Fronted, NotFronted> {
+    let name = || target.to_string();
+    let owner = match target {
+        Destination::Addr(a) => snap
+            .owner(&NetworkAddress::new(me.network.clone(), a.ip()))
+            .cloned(),
+        Destination::Host { hostname, .. } => {
+            crate::route::resolve_host(snap, &me.namespace, hostname)
+                .ok()
+                .map(AddressOwner::Service)
+        }
+    };
+    let not_ours = || NotFronted::NotThisWaypoint { target: name() };
+    let out_of_scope = || NotFronted::OutOfScope {
+        target: name(),
+        instance: me.cluster.clone(),
+        origin: origin.clone(),
+    };
+    match owner {
+        Some(AddressOwner::Service(key)) => {
+            let svc = snap
+                .service(&key)
+                .ok_or_else(|| NotFronted::Unknown { target: name() })?;
+            let set = instances_with(snap, svc.waypoint.as_ref(), me).ok_or_else(not_ours)?;
+            if !set.admits(me, origin) || !svc.scope.admits(&me.cluster, origin) {
+                return Err(out_of_scope());
+            }
+            Ok(Fronted::Service(key))
+        }
+        Some(AddressOwner::Workload(uid)) => {
+            let w = snap
+                .workload(&uid)
+                .ok_or_else(|| NotFronted::Unknown { target: name() })?;
+            let set = instances_with(snap, waypoint_of(snap, w), me).ok_or_else(not_ours)?;
+            if !set.admits(me, origin) {
+                return Err(out_of_scope());
+            }
+            if me.network != w.network || *source_network != me.network {
+                return Err(NotFronted::OtherNetwork {
+                    target: name(),
+                    instance: me.network.clone(),
+                    workload: w.network.clone(),
+                    from_network: source_network.clone(),
+                });
+            }
+            Ok(Fronted::Workload(uid))
+        }
+        Some(AddressOwner::Gateway(_)) | None => Err(NotFronted::Unknown { target: name() }),
+    }
 }
 
 #[cfg(test)]

@@ -254,3 +254,187 @@ fn a_service_waypoint_serves_plain_traffic_to_its_endpoints() {
         InboundPlan::Refuse(InboundError::LeftMesh)
     );
 }
+
+/// Two clusters on one flat network (as the lab's), waypoint `wp` with an instance in each,
+/// `front` (global) and `near` (local) behind it, `bare` with no waypoint, `elsewhere` behind
+/// another waypoint; pods `app` (serving `front`), `solo` (its own waypoint `wp`), `plain`
+/// (none).
+fn fronting() -> MeshBuilder {
+    let mut m = MeshBuilder::new();
+    m.cluster("alpha", "flat").cluster("beta", "flat");
+    m.node("alpha-1", "alpha", "r/z/s")
+        .node("beta-1", "beta", "r/z/s");
+    m.waypoint("wp", WaypointFor::All);
+    m.waypoint_pod("wp", "wp-alpha", "alpha-1", "198.18.1.50");
+    m.waypoint_pod("wp", "wp-beta", "beta-1", "198.18.3.50");
+    m.waypoint("other-wp", WaypointFor::All);
+    m.waypoint_pod("other-wp", "other-wp-1", "alpha-1", "198.18.1.60");
+    m.pod("app", "beta-1", "198.18.3.20");
+    m.pod("solo", "beta-1", "198.18.3.21").waypoint = Some(waypoint_ref("wp"));
+    m.pod("plain", "beta-1", "198.18.3.22");
+    m.service("front", &[("flat", "198.18.10.1")], 80, 8080)
+        .waypoint = Some(waypoint_ref("wp"));
+    let near = m.service("near", &[("flat", "198.18.10.2")], 80, 8080);
+    near.waypoint = Some(waypoint_ref("wp"));
+    near.scope = ServiceScope::local();
+    m.service("bare", &[("flat", "198.18.10.3")], 80, 8080);
+    m.service("elsewhere", &[("flat", "198.18.10.4")], 80, 8080)
+        .waypoint = Some(waypoint_ref("other-wp"));
+    m.backs("app", "front").backs("app", "near");
+    m
+}
+
+#[test]
+fn a_waypoint_serves_only_what_it_fronts_and_only_where_it_is_admissible() {
+    let snap = fronting().build();
+    let by = |name: &str| snap.workloads().find(|w| w.name == name).unwrap().clone();
+    let (alpha, beta): (ClusterId, ClusterId) = ("alpha".into(), "beta".into());
+    let flat: NetworkId = "flat".into();
+    let other: NetworkId = "elsewhere".into();
+    let addr = |s: &str| Destination::Addr(at(s));
+    let host = |n: &str| Destination::Host {
+        hostname: hostname(n),
+        port: 80,
+    };
+    let wp_beta = by("wp-beta");
+    let check = |target: &Destination, origin: &ClusterId, network: &NetworkId| {
+        fronted_by(&snap, &wp_beta, target, origin, network)
+    };
+    let not_ours = |t: &Destination| NotFronted::NotThisWaypoint {
+        target: t.to_string(),
+    };
+    let cases: Vec<(
+        Destination,
+        &ClusterId,
+        &NetworkId,
+        Result<Fronted, NotFronted>,
+    )> = vec![
+        // A global service it fronts, by VIP or hostname, for either cluster.
+        (
+            addr("198.18.10.1:80"),
+            &alpha,
+            &flat,
+            Ok(Fronted::Service(key("front"))),
+        ),
+        (
+            host("front"),
+            &beta,
+            &flat,
+            Ok(Fronted::Service(key("front"))),
+        ),
+        // A local service it fronts: only for its own cluster's sources.
+        (
+            addr("198.18.10.2:80"),
+            &beta,
+            &flat,
+            Ok(Fronted::Service(key("near"))),
+        ),
+        (
+            addr("198.18.10.2:80"),
+            &alpha,
+            &flat,
+            Err(NotFronted::OutOfScope {
+                target: "198.18.10.2:80".into(),
+                instance: beta.clone(),
+                origin: alpha.clone(),
+            }),
+        ),
+        // Services it does not front: none, or another waypoint.
+        (
+            addr("198.18.10.3:80"),
+            &beta,
+            &flat,
+            Err(not_ours(&addr("198.18.10.3:80"))),
+        ),
+        (
+            addr("198.18.10.4:80"),
+            &beta,
+            &flat,
+            Err(not_ours(&addr("198.18.10.4:80"))),
+        ),
+        // Pods: its own workload waypoint's, or behind a service it fronts; not one with none.
+        (
+            addr("198.18.3.21:8080"),
+            &beta,
+            &flat,
+            Ok(Fronted::Workload(uid(&snap, "solo"))),
+        ),
+        (
+            addr("198.18.3.20:8080"),
+            &alpha,
+            &flat,
+            Ok(Fronted::Workload(uid(&snap, "app"))),
+        ),
+        (
+            addr("198.18.3.22:8080"),
+            &beta,
+            &flat,
+            Err(not_ours(&addr("198.18.3.22:8080"))),
+        ),
+        // A pod's waypoint serves its own network's sources only.
+        (
+            addr("198.18.3.21:8080"),
+            &beta,
+            &other,
+            Err(NotFronted::OtherNetwork {
+                target: "198.18.3.21:8080".into(),
+                instance: flat.clone(),
+                workload: flat.clone(),
+                from_network: other.clone(),
+            }),
+        ),
+        // Nothing of the mesh.
+        (
+            addr("198.18.9.9:80"),
+            &beta,
+            &flat,
+            Err(NotFronted::Unknown {
+                target: "198.18.9.9:80".into(),
+            }),
+        ),
+        (
+            host("nowhere"),
+            &beta,
+            &flat,
+            Err(NotFronted::Unknown {
+                target: host("nowhere").to_string(),
+            }),
+        ),
+    ];
+    for (target, origin, network, want) in cases {
+        assert_eq!(
+            check(&target, origin, network),
+            want,
+            "{target} for {origin} on {network}"
+        );
+    }
+    // Another waypoint's instance fronts none of these.
+    let stranger = by("other-wp-1");
+    assert_eq!(
+        fronted_by(&snap, &stranger, &addr("198.18.10.1:80"), &alpha, &flat),
+        Err(not_ours(&addr("198.18.10.1:80")))
+    );
+}
+
+#[test]
+fn a_waypoint_instance_its_own_scope_leaves_out_is_not_admissible() {
+    let mut m = fronting();
+    m.service_mut("wp").scope = ServiceScope::local();
+    let snap = m.build();
+    let wp_beta = snap.workloads().find(|w| w.name == "wp-beta").unwrap();
+    let target = Destination::Addr(at("198.18.10.1:80"));
+    let (alpha, beta): (ClusterId, ClusterId) = ("alpha".into(), "beta".into());
+    let flat: NetworkId = "flat".into();
+    assert_eq!(
+        fronted_by(&snap, wp_beta, &target, &beta, &flat),
+        Ok(Fronted::Service(key("front")))
+    );
+    assert_eq!(
+        fronted_by(&snap, wp_beta, &target, &alpha, &flat),
+        Err(NotFronted::OutOfScope {
+            target: target.to_string(),
+            instance: beta,
+            origin: alpha,
+        })
+    );
+}

@@ -6,22 +6,23 @@
 //! its own network*, and forwards the inner tunnel's bytes to that endpoint's HBONE port without
 //! terminating them: the destination sees the original identity end to end.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use ferry_core::hop::OriginError;
-use ferry_core::model::{ClusterId, Health, Locality, TunnelProtocol, Workload, WorkloadUid};
+use ferry_core::model::ClusterId;
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::store::Store;
+use ferry_hbone::Side;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::Forward;
 use ferry_runtime::bootstrap::ControlPlane;
+use ferry_runtime::conn::{ConnError, ResponseFlag, side_name};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
@@ -50,55 +51,41 @@ struct Gateway {
 }
 
 impl Gateway {
-    /// The gateway as a source for routing decisions: on its network, in its cluster.
-    fn as_workload(&self) -> Option<Workload> {
-        let snap = self.store.load();
-        let g = snap.gateways().find(|g| g.name == self.name)?.clone();
-        Some(Workload {
-            uid: WorkloadUid::new(format!("gateway/{}", g.name)),
-            name: g.name.clone(),
-            namespace: g.identity.namespace().to_string(),
-            service_account: g.identity.service_account().to_string(),
-            trust_domain: g.identity.trust_domain().to_string(),
-            addresses: vec![g.address],
-            network: g.network.clone(),
-            cluster: g.cluster.clone(),
-            node: None,
-            locality: Locality::default(),
-            tunnel: TunnelProtocol::Hbone,
-            health: Health::Healthy,
-            capacity: 1,
-            waypoint: None,
-            network_gateway: None,
-            services: BTreeMap::new(),
-            authorization_policies: Vec::new(),
-            labels: BTreeMap::new(),
-        })
-    }
-
     fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
         self.refused.inc();
         let (peer, target) = (req.peer.to_string(), req.target.to_string());
-        tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, "gateway refused the connection");
+        // Every refusal here is of what the caller asked for, before anything was dialled.
+        tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, error.side = side_name(Side::Downstream), response_flags = ResponseFlag::Deny.as_str(), "gateway refused the connection");
         Refusal::Denied(why)
     }
 }
 
-impl Handler for Gateway {
+/// One admitted tunnel: where it goes, carried to `connect`; how it failed, to `finished`.
+struct Admitted {
     /// The endpoint's HBONE address the inner tunnel goes to.
-    type Admit = SocketAddr;
+    to: SocketAddr,
+    /// Why `connect` failed, if it did (the server reports only the refusal).
+    error: Option<Box<ConnError>>,
+}
 
-    fn admit(&self, req: &ConnectRequest) -> Result<SocketAddr, Refusal> {
+impl Handler for Gateway {
+    type Admit = Admitted;
+
+    fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
         let Target::Host { hostname, port } = &req.target else {
             return Err(self.refuse(
                 req,
                 "a gateway serves service hostnames, never pod addresses".into(),
             ));
         };
-        let me = self.as_workload().ok_or_else(|| {
-            Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
-        })?;
+        // One snapshot for the whole decision: where the gateway stands, and the route.
         let snap = self.store.load();
+        let me = snap
+            .gateways()
+            .find(|g| g.name == self.name)
+            .ok_or_else(|| {
+                Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
+            })?;
         // The cluster the caller's node proxy (or waypoint) claims, which scope is checked
         // against; required here. Not checked against the caller's address as core's
         // `hop::origin_cluster` does: the caller is on another network, and its address may
@@ -115,13 +102,18 @@ impl Handler for Gateway {
         };
         match route::plan(
             &snap,
-            // A tunnel a waypoint instance sent has passed that waypoint: not sent back to it.
-            Source::on_behalf_of(&me, &origin).sent_by(&req.peer),
+            // The gateway is no workload: it routes from where it stands (its network and
+            // cluster). A tunnel a waypoint instance sent has passed that waypoint: not sent
+            // back to it.
+            Source::hop(&me.network, &me.cluster, &me.identity, &origin).sent_by(&req.peer),
             &dst,
             &mut SplitMix64::new(req.id),
         ) {
             Ok(plan) => match plan.transport {
-                Transport::Hbone { connect_to, .. } => Ok(connect_to),
+                Transport::Hbone { connect_to, .. } => Ok(Admitted {
+                    to: connect_to,
+                    error: None,
+                }),
                 _ => Err(self.refuse(
                     req,
                     format!(
@@ -136,32 +128,44 @@ impl Handler for Gateway {
     fn connect(
         &self,
         _req: &ConnectRequest,
-        to: &mut SocketAddr,
+        admitted: &mut Admitted,
     ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
-        let to = *to;
+        let to = admitted.to;
         async move {
             // The inner tunnel's bytes go to the endpoint's HBONE port untouched.
-            tokio::net::TcpStream::connect(to)
-                .await
-                .map(Forward::from)
-                .map_err(|e| Refusal::Unavailable(format!("connect {to}: {e}")))
+            match tokio::net::TcpStream::connect(to).await {
+                Ok(tcp) => Ok(Forward::from(tcp)),
+                Err(e) => {
+                    let e = ConnError::connect(to, e);
+                    let refusal = e.refusal();
+                    admitted.error = Some(Box::new(e));
+                    Err(refusal)
+                }
+            }
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, _: SocketAddr, outcome: &Outcome<'_>) {
-        AccessLog {
+    fn finished(&self, req: &ConnectRequest, admitted: Admitted, outcome: &Outcome<'_>) {
+        let error = admitted
+            .error
+            .map(|e| *e)
+            .or_else(|| ConnError::from_outcome(outcome));
+        let mut log = AccessLog {
             direction: "gateway",
             src_addr: req.peer_addr.to_string(),
             src_workload: "",
             src_identity: req.peer.to_string(),
             dst_addr: req.target.to_string(),
+            dst_hbone_addr: admitted.to.to_string(),
             path: "forwarded to its network, inner tunnel untouched".into(),
             bytes_sent: outcome.sent,
             bytes_recv: outcome.received,
-            error: outcome.error(),
             ..AccessLog::default()
+        };
+        if let Some(e) = &error {
+            log.fail(e);
         }
-        .emit();
+        log.emit();
     }
 }
 

@@ -274,38 +274,51 @@ impl Server {
         tokio::pin!(keepalive);
         let mut drain = self.drain.clone();
         let mut goaway_sent = false;
-        loop {
-            let draining = async {
-                match drain.as_mut() {
-                    Some(d) if !goaway_sent => {
-                        let _ = d.wait_for(|v| *v).await;
+        // Its streams' tasks: the connection is served until they have ended too, so that
+        // whoever waits on it (a drain) also waits for every handler's `finished`, even when
+        // the peer closed the connection under them.
+        let streams = tokio_util::task::TaskTracker::new();
+        let served: Result<(), Error> = async {
+            loop {
+                let draining = async {
+                    match drain.as_mut() {
+                        Some(d) if !goaway_sent => {
+                            let _ = d.wait_for(|v| *v).await;
+                        }
+                        _ => std::future::pending::<()>().await,
                     }
-                    _ => std::future::pending::<()>().await,
-                }
-            };
-            let next = tokio::select! {
-                next = conn.accept() => next,
-                () = draining => {
-                    conn.graceful_shutdown();
-                    goaway_sent = true;
-                    continue;
-                }
-                why = &mut keepalive => {
-                    tracing::info!(peer.addr = %peer_addr, src.identity = %peer, reason = why, "closing HBONE connection");
-                    return Ok(());
-                }
-            };
-            let Some(next) = next else { break };
-            let (request, respond) = next.map_err(|source| Error::H2 {
-                addr: peer_addr,
-                source,
-            })?;
-            let (peer, handler, bounds) = (peer.clone(), handler.clone(), bounds.clone());
-            tokio::spawn(serve_stream(
-                request, respond, peer, peer_addr, handler, bounds,
-            ));
+                };
+                let next = tokio::select! {
+                    next = conn.accept() => next,
+                    () = draining => {
+                        conn.graceful_shutdown();
+                        goaway_sent = true;
+                        continue;
+                    }
+                    why = &mut keepalive => {
+                        tracing::info!(peer.addr = %peer_addr, src.identity = %peer, reason = why, "closing HBONE connection");
+                        return Ok(());
+                    }
+                };
+                let Some(next) = next else { break };
+                let (request, respond) = next.map_err(|source| Error::H2 {
+                    addr: peer_addr,
+                    source,
+                })?;
+                let (peer, handler, bounds) = (peer.clone(), handler.clone(), bounds.clone());
+                streams.spawn(serve_stream(
+                    request, respond, peer, peer_addr, handler, bounds,
+                ));
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        // Without its driver the streams still open fail at once (they are told the
+        // connection ended) instead of waiting on it.
+        drop(conn);
+        streams.close();
+        streams.wait().await;
+        served
     }
 }
 

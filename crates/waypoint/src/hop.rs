@@ -9,7 +9,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -23,11 +22,12 @@ use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::{Forward, Upstream};
+use ferry_hbone::{Error as HboneError, Side};
 use ferry_runtime::bootstrap::ControlPlane;
+use ferry_runtime::conn::{ConnError, ConnErrorKind, side_name};
+use ferry_runtime::telemetry::AccessLog;
 use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
-
-use ferry_runtime::telemetry::AccessLog;
 
 use crate::judge::Judge;
 use crate::state::{Opened, Waypoint};
@@ -50,44 +50,23 @@ pub struct Config {
     pub drain: Duration,
 }
 
-/// What one tunnel re-judges itself with when a new snapshot is applied.
-struct Rejudge {
-    judge: Arc<Judge>,
-    /// Its HTTP decisions, and the upgraded requests to judge again.
-    router: Arc<crate::router::TunnelRouter>,
-    /// Carried at L4 (not HTTP), so judged as a whole.
-    is_l4: Arc<std::sync::atomic::AtomicBool>,
-    changes: tokio::sync::watch::Receiver<u64>,
-}
-
-// === impl Rejudge ===
-
-impl Rejudge {
-    /// Resolves, with the reason, once a snapshot no longer allows the bytes this tunnel
-    /// carries as they are (at L4, or as an upgraded request allowed them); HTTP requests are
-    /// judged one by one anyway. Never resolves if the snapshots stop coming.
-    async fn until_denied(mut self) -> String {
-        self.changes.borrow_and_update();
-        while self.changes.changed().await.is_ok() {
-            let verdict = if self.is_l4.load(Ordering::Relaxed) {
-                self.judge.judge(None)
-            } else if self.router.has_upgrades() {
-                self.router.recheck_upgrades()
-            } else {
-                continue;
-            };
-            if let Err(reason) = verdict {
-                return reason;
-            }
-        }
-        std::future::pending().await
+/// The denial that closed an open tunnel (a policy change), in the words of the policy.
+fn closed_by_policy(e: &ConnError) -> Option<&ferry_runtime::conn::Denial> {
+    match &e.kind {
+        ConnErrorKind::PolicyChanged { denial, .. } => Some(denial),
+        _ => None,
     }
 }
 
-/// One admitted tunnel: the decision taken for it and its original source's cluster.
+/// One admitted tunnel: the decision taken for it and its original source's cluster, carried
+/// to `connect`; how it failed, carried to `finished`.
 pub(crate) struct Admitted {
     plan: Option<Plan>,
     origin: ClusterId,
+    /// Why `connect` failed, if it did (the server reports only the refusal).
+    error: Option<Box<ConnError>>,
+    /// How a tunnel served here (HTTP, or L4 after detection) ended, told by its server.
+    served: Arc<Mutex<Option<ConnError>>>,
 }
 
 impl Handler for Waypoint {
@@ -99,7 +78,6 @@ impl Handler for Waypoint {
         let snap = self.store.load();
         let me = snap
             .workload(&self.uid)
-            .cloned()
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
         // The cluster its source's node proxy claims, checked against the mesh wherever it can
         // be (core's rule); a tunnel that claims none comes from this waypoint's own cluster.
@@ -120,21 +98,24 @@ impl Handler for Waypoint {
             Err(e) => {
                 let reason = e.to_string();
                 self.metrics.refused.inc();
-                tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, "waypoint refused the connection");
+                tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, error.side = side_name(Side::Downstream), response_flags = ferry_runtime::conn::ResponseFlag::Deny.as_str(), "waypoint refused the connection");
                 return Err(Refusal::Denied(reason));
             }
         };
         let mut rng = SplitMix64::new(req.id);
-        match route::plan(&snap, Source::on_behalf_of(&me, &origin), dst, &mut rng) {
+        match route::plan(&snap, Source::on_behalf_of(me, &origin), dst, &mut rng) {
             Ok(plan) => Ok(Admitted {
                 plan: Some(plan),
                 origin,
+                error: None,
+                served: Arc::default(),
             }),
             Err(e) => {
                 self.metrics.refused.inc();
-                let (peer, reason) = (req.peer.to_string(), e.to_string());
-                tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, "waypoint refused the connection");
-                Err(Refusal::Unavailable(e.to_string()))
+                let e = ConnError::from(e);
+                let peer = req.peer.to_string();
+                tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %e.kind, error.side = side_name(e.side), response_flags = e.flag.as_str(), "waypoint refused the connection");
+                Err(e.refusal())
             }
         }
     }
@@ -145,6 +126,7 @@ impl Handler for Waypoint {
         admitted: &mut Admitted,
     ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
         let (plan, origin_cluster) = (admitted.plan.take(), admitted.origin.clone());
+        let served = admitted.served.clone();
         let peer = req.peer_addr;
         let headers = ConnectHeaders::read(&req.headers);
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
@@ -158,9 +140,14 @@ impl Handler for Waypoint {
         };
         let target = req.target.clone();
         let seed = req.id;
-        async move {
-            let plan =
-                plan.ok_or_else(|| Refusal::Unavailable("no decision for this tunnel".into()))?;
+        let carrying = async move {
+            let plan = plan.ok_or_else(|| {
+                ConnError::io(
+                    Side::Local,
+                    "connecting",
+                    std::io::Error::other("no decision for this tunnel"),
+                )
+            })?;
             let filter = self.http_filter(&plan, source.clone(), relayed_plaintext, source_ip);
             // The original source travels on in the tunnel's metadata (for the destination's
             // logs; it authorizes the waypoint), replacing whatever the peer claimed.
@@ -179,12 +166,15 @@ impl Handler for Waypoint {
             let origin = baggage.to_pairs();
             let Some((judge, dst)) = filter else {
                 let opened = self.open_upstream(plan, peer, origin).await?;
-                return Ok(opened.into_forward(self.finish.clone()));
+                return Ok(opened.into_forward(self.finish.clone(), served));
             };
-            let wp = self
-                .this
-                .upgrade()
-                .ok_or_else(|| Refusal::Unavailable("the waypoint is stopping".into()))?;
+            let wp = self.this.upgrade().ok_or_else(|| {
+                ConnError::io(
+                    Side::Local,
+                    "connecting",
+                    std::io::Error::other("the waypoint is stopping"),
+                )
+            })?;
             // HTTP: every request is routed and judged on its own. Anything else goes where
             // this tunnel's decision says, opened only then.
             let router = Arc::new(crate::router::TunnelRouter {
@@ -200,28 +190,23 @@ impl Handler for Waypoint {
                 source: judge.source.clone(),
                 source_ip,
                 rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
-                upgrades: Mutex::default(),
             });
-            let rejudge = Rejudge {
-                judge: judge.clone(),
-                router: router.clone(),
-                is_l4: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                changes: self.changes.clone(),
-            };
             let open_l4 = async move {
                 wp.open_upstream(plan, peer, origin)
                     .await
                     .map(Opened::into_link)
-                    .map_err(|e| e.to_string())
             };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
             // on its other fields), and again whenever the policy changes.
             let l4 = {
-                let (judge, is_l4) = (judge, rejudge.is_l4.clone());
+                let changes = self.changes.clone();
                 move || {
-                    let verdict = judge.judge(None);
-                    is_l4.store(verdict.is_ok(), Ordering::Relaxed);
-                    verdict
+                    // Taken before the snapshot it is judged in: no change is missed.
+                    let changes = ferry_runtime::recheck::from_now(&changes);
+                    judge.judge(None)?;
+                    Ok(ferry_runtime::recheck::until_denied(changes, move || {
+                        judge.recheck(None)
+                    }))
                 }
             };
             let (metrics, finish) = (self.metrics.clone(), self.finish.clone());
@@ -233,33 +218,43 @@ impl Handler for Waypoint {
                         dst_workload: dst.to_string(),
                         metrics: Some(metrics),
                     };
-                    let serving = crate::l7::serve_detected_until(
+                    // At L4 and for upgraded requests, a policy change or the drain deadline ends
+                    // the copy; HTTP requests are judged one by one anyway.
+                    let outcome = crate::l7::serve_detected_until(
                         tunnel,
                         router,
                         open_l4,
                         l4,
                         labels,
                         Some(finish),
-                    );
-                    let outcome = tokio::select! {
-                        o = serving => o,
-                        reason = rejudge.until_denied() => {
-                            tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, reason = %reason, "policy change closed a tunnel");
-                            crate::l7::Outcome {
-                                error: Some("closed: no longer allowed by policy".into()),
-                                ..crate::l7::Outcome::default()
-                            }
-                        }
-                    };
-                    tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = outcome.error.as_deref().unwrap_or(""), "waypoint http connection closed");
+                    )
+                    .await;
+                    if let Some(denial) = outcome.error.as_ref().and_then(closed_by_policy) {
+                        tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, reason = %denial, "policy change closed a tunnel");
+                    }
+                    let error = outcome.error.as_ref().map(|e| e.kind.to_string());
+                    tracing::info!(target: "access", direction = "waypoint", dst.workload = %dst, http.allowed = outcome.allowed, http.denied = outcome.denied, error = error.as_deref().unwrap_or(""), "waypoint http connection closed");
+                    *served.lock() = outcome.error;
                 })
             });
             Ok(Forward::Serve(serve))
+        };
+        async move {
+            carrying.await.map_err(|e: ConnError| {
+                let refusal = e.refusal();
+                admitted.error = Some(Box::new(e));
+                refusal
+            })
         }
     }
 
-    fn finished(&self, req: &ConnectRequest, _: Admitted, outcome: &Outcome<'_>) {
-        AccessLog {
+    fn finished(&self, req: &ConnectRequest, admitted: Admitted, outcome: &Outcome<'_>) {
+        let error = admitted
+            .error
+            .map(|e| *e)
+            .or_else(|| admitted.served.lock().take())
+            .or_else(|| ConnError::from_outcome(outcome));
+        let mut log = AccessLog {
             direction: "waypoint",
             src_addr: req.peer_addr.to_string(),
             src_workload: "",
@@ -268,10 +263,12 @@ impl Handler for Waypoint {
             path: "hbone via this waypoint".into(),
             bytes_sent: outcome.sent,
             bytes_recv: outcome.received,
-            error: outcome.error(),
             ..AccessLog::default()
+        };
+        if let Some(e) = &error {
+            log.fail(e);
         }
-        .emit();
+        log.emit();
     }
 }
 
@@ -312,7 +309,7 @@ impl Waypoint {
         plan: Plan,
         peer: SocketAddr,
         origin: Vec<(String, String)>,
-    ) -> Result<Opened, Refusal> {
+    ) -> Result<Opened, ConnError> {
         match plan.transport {
             Transport::Hbone {
                 connect_to,
@@ -323,7 +320,7 @@ impl Waypoint {
                 let (t, ..) = self
                     .pooled(connect_to, identities, &authority, &headers)
                     .await
-                    .map_err(Refusal::Unavailable)?;
+                    .map_err(|e| e.into_conn(None))?;
                 Ok(Opened::Direct(Upstream::from(t)))
             }
             Transport::Tcp { connect_to } | Transport::Passthrough { connect_to } => {
@@ -333,7 +330,7 @@ impl Waypoint {
                 };
                 stream
                     .map(|s| Opened::Direct(Upstream::from(s)))
-                    .map_err(|e| Refusal::Unavailable(format!("connect {connect_to}: {e}")))
+                    .map_err(|e| ConnError::connect(connect_to, e))
             }
             Transport::GatewayHbone {
                 gateway,
@@ -348,9 +345,7 @@ impl Waypoint {
                 let (outer, creds, bundle) = self
                     .pooled(gateway, vec![gateway_identity], &authority, &headers)
                     .await
-                    .map_err(|e| {
-                        Refusal::Unavailable(format!("outer tunnel to the gateway {gateway}: {e}"))
-                    })?;
+                    .map_err(|e| e.into_conn(Some("outer tunnel to the gateway")))?;
                 let inner_headers = ConnectHeaders {
                     forwarded_network: Some(self.network.to_string()),
                     ..headers
@@ -367,9 +362,7 @@ impl Waypoint {
                 )
                 .await
                 .map(Opened::Double)
-                .map_err(|e| {
-                    Refusal::Unavailable(format!("inner tunnel through the gateway {gateway}: {e}"))
-                })
+                .map_err(|e| ConnError::tunnel("inner tunnel through the gateway", e))
             }
         }
     }
@@ -394,12 +387,12 @@ impl Waypoint {
         identities: Vec<Identity>,
         authority: &str,
         headers: &ConnectHeaders,
-    ) -> Result<(ferry_hbone::pool::Tunnel, Credentials, TrustBundle), String> {
+    ) -> Result<(ferry_hbone::pool::Tunnel, Credentials, TrustBundle), Pooled> {
         let creds = self
             .certs
             .fetch(&self.identity)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Pooled::Certificate)?;
         let key = PoolKey::new(self.identity.clone(), self.ip, to, identities);
         let bundle = self
             .certs
@@ -409,8 +402,28 @@ impl Waypoint {
             .pool
             .open(&key, &creds, &bundle, authority, headers)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Pooled::Tunnel)?;
         Ok((t, creds, bundle))
+    }
+}
+
+/// Why a pooled tunnel could not be opened.
+enum Pooled {
+    /// No certificate of the waypoint's own.
+    Certificate(ferry_tls::certs::CertError),
+    Tunnel(HboneError),
+}
+
+// === impl Pooled ===
+
+impl Pooled {
+    /// As a connection's failure; `hop` names the tunnel when it is one of several.
+    fn into_conn(self, hop: Option<&'static str>) -> ConnError {
+        match (self, hop) {
+            (Self::Certificate(e), _) => ConnError::from(e),
+            (Self::Tunnel(e), Some(hop)) => ConnError::tunnel(hop, e),
+            (Self::Tunnel(e), None) => ConnError::from(e),
+        }
     }
 }
 
@@ -551,3 +564,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!("waypoint stopped");
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "hop_tests.rs"]
+mod tests;

@@ -9,13 +9,16 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
+use ferry_hbone::Side;
+use ferry_hbone::copy::Interrupted;
+use ferry_runtime::conn::{ConnError, Denial};
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncWrite};
 
-pub use crate::upstream::{Choice, Fixed, Io, Link, Refused, RequestCheck, Router};
+pub use crate::replay::Replay;
+pub use crate::upstream::{Choice, Fixed, Io, Link, Recheck, Refused, RequestCheck, Router};
 use crate::upstream::{Upstreams, plain};
 
 /// What each request's access-log line names.
@@ -29,12 +32,12 @@ pub struct Labels {
 }
 
 /// What happened on one connection, for the access log.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Outcome {
     pub allowed: u64,
     pub denied: u64,
-    /// Why the connection ended early, if it did.
-    pub error: Option<String>,
+    /// Why the connection ended early, if it did: which side failed, and how.
+    pub error: Option<ConnError>,
 }
 
 /// Serves HTTP from `client` with one upstream for every request allowed by `check`.
@@ -45,7 +48,7 @@ pub async fn serve<C>(
     labels: Labels,
 ) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: Io + 'static,
 {
     serve_routed(client, Arc::new(Fixed::new(upstream, check)), labels).await
 }
@@ -54,10 +57,26 @@ where
 /// form, then routed and authorized by `router` on its own, and sent on as HTTP/1.1.
 pub async fn serve_routed<C, R>(client: C, router: Arc<R>, labels: Labels) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: Io + 'static,
     R: Router,
 {
-    let upstreams = Arc::new(Upstreams::default());
+    serve_routed_until(client, router, labels, None).await
+}
+
+/// [`serve_routed`], ended gracefully when `finish` turns true (a drain deadline): HTTP/2 gets a
+/// GOAWAY and its streams finish, HTTP/1.1 closes once the response in flight is sent (at once
+/// if none is); upgraded connections end cleanly (FIN both ways).
+pub async fn serve_routed_until<C, R>(
+    client: C,
+    router: Arc<R>,
+    labels: Labels,
+    finish: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Outcome
+where
+    C: Io + 'static,
+    R: Router,
+{
+    let upstreams = Arc::new(Upstreams::new(finish.clone(), take_back::<C>));
     let counts = Arc::new(parking_lot::Mutex::new((0u64, 0u64)));
     let svc = {
         let counts = counts.clone();
@@ -171,18 +190,52 @@ where
         .half_close(true)
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(std::time::Duration::from_secs(30));
-    let served = builder
-        .serve_connection_with_upgrades(TokioIo::new(client), svc)
-        .await;
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(client), svc);
+    let mut conn = std::pin::pin!(conn);
+    let served = tokio::select! {
+        served = conn.as_mut() => served,
+        () = finished(finish) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
     // An upgraded connection outlives the HTTP exchange that started it: serving ends with it.
     let mut upgraded = std::mem::take(&mut *upstreams.upgraded.lock());
-    while upgraded.join_next().await.is_some() {}
+    let mut upgrade_error = None;
+    while let Some(ended) = upgraded.join_next().await {
+        if let Ok(Some(e)) = ended {
+            upgrade_error.get_or_insert(e);
+        }
+    }
     let (allowed, denied) = *counts.lock();
+    let served = served.err().map(|e| {
+        ConnError::io(
+            Side::Downstream,
+            "serving HTTP to the client",
+            std::io::Error::other(e),
+        )
+    });
     Outcome {
         allowed,
         denied,
-        error: served.err().map(|e| format!("client: {e}")),
+        error: served.or(upgrade_error),
     }
+}
+
+/// Resolves once `finish` turns true; never without one (or once its sender is gone).
+async fn finished(finish: Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(mut rx) = finish
+        && rx.wait_for(|v| *v).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// The client's own stream (`C`), with what hyper read ahead, taken back from an upgrade.
+fn take_back<C: Io + 'static>(upgraded: hyper::upgrade::Upgraded) -> Option<Link> {
+    let parts = hyper_util::server::conn::auto::upgrade::downcast::<TokioIo<C>>(upgraded).ok()?;
+    Some(Box::new(Replay::new(parts.read_buf, parts.io.into_inner())))
 }
 
 /// The request's host, in lower case: the target's authority if it has one, else its one
@@ -239,95 +292,41 @@ pub fn sniff(head: &[u8]) -> Option<Sniffed> {
     }
 }
 
-/// A stream that replays the bytes already read from it before reading on.
-#[derive(Debug)]
-pub struct Replay<S> {
-    head: Bytes,
-    inner: S,
-}
-
-impl<S> Replay<S> {
-    pub fn new(head: Bytes, inner: S) -> Self {
-        Self { head, inner }
-    }
-}
-
-impl<S: ferry_hbone::copy::Reset> ferry_hbone::copy::Reset for Replay<S> {
-    fn reset(&mut self) {
-        self.inner.reset();
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Replay<S> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if !this.head.is_empty() {
-            let n = this.head.len().min(buf.remaining());
-            buf.put_slice(&this.head.split_to(n));
-            return std::task::Poll::Ready(Ok(()));
-        }
-        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Replay<S> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 /// Tells HTTP from anything else by the client's first bytes: HTTP is routed and judged
 /// request by request ([`serve_routed`]); anything else is carried at L4 (to what `open_l4`
-/// connects) if `l4` (the connection-level policy check) allows it. The client must speak first; a server-first protocol waits here.
+/// connects) if `l4` (the connection-level policy check) allows it. The client must speak
+/// first; a server-first protocol waits here.
 pub async fn serve_detected<C, R>(
     client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<Link, String>>,
-    l4: impl FnOnce() -> Result<(), String>,
+    open_l4: impl std::future::Future<Output = Result<Link, ConnError>>,
+    l4: impl FnOnce() -> Result<(), ConnError>,
     labels: Labels,
 ) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + ferry_hbone::copy::Reset + Unpin + Send + 'static,
+    C: Io + 'static,
     R: Router,
 {
+    let l4 = move || l4().map(|()| std::future::pending::<Denial>());
     serve_detected_until(client, router, open_l4, l4, labels, None).await
 }
 
-/// [`serve_detected`], whose L4 copy ends cleanly (FIN both ways) when `finish` turns true (a
-/// drain deadline).
-pub async fn serve_detected_until<C, R>(
+/// [`serve_detected`], ended as every other copy is: `l4`, when it allows the connection,
+/// gives the future that resolves once a policy change no longer does (the L4 copy then ends,
+/// both sides reset); when `finish` turns true (a drain deadline), HTTP ends gracefully
+/// ([`serve_routed_until`]) and the L4 copy cleanly (FIN both ways).
+pub async fn serve_detected_until<C, R, U>(
     mut client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<Link, String>>,
-    l4: impl FnOnce() -> Result<(), String>,
+    open_l4: impl std::future::Future<Output = Result<Link, ConnError>>,
+    l4: impl FnOnce() -> Result<U, ConnError>,
     labels: Labels,
     finish: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Outcome
 where
-    C: AsyncRead + AsyncWrite + ferry_hbone::copy::Reset + Unpin + Send + 'static,
+    C: Io + 'static,
     R: Router,
+    U: std::future::Future<Output = Denial>,
 {
     use tokio::io::AsyncReadExt;
     let mut head = Vec::with_capacity(64);
@@ -349,7 +348,11 @@ where
         Ok(Ok(kind)) => kind,
         Ok(Err(e)) => {
             return Outcome {
-                error: Some(format!("client: {e}")),
+                error: Some(ConnError::io(
+                    Side::Downstream,
+                    "reading the client's first bytes",
+                    e,
+                )),
                 ..Outcome::default()
             };
         }
@@ -357,34 +360,42 @@ where
     };
     let mut client = Replay::new(Bytes::from(head), client);
     match kind {
-        Sniffed::Http => serve_routed(client, router, labels).await,
+        Sniffed::Http => serve_routed_until(client, router, labels, finish).await,
         Sniffed::Other => match l4() {
-            Err(reason) => {
-                tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %reason, "waypoint denied a connection that is not HTTP");
+            Err(e) => {
+                tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %e.kind, error.side = ferry_runtime::conn::side_name(e.side), response_flags = e.flag.as_str(), "waypoint denied a connection that is not HTTP");
                 Outcome {
                     denied: 1,
-                    error: Some(reason),
+                    error: Some(e),
                     ..Outcome::default()
                 }
             }
-            Ok(()) => match open_l4.await {
+            Ok(until) => match open_l4.await {
                 Err(e) => Outcome {
-                    error: Some(format!("upstream: {e}")),
+                    error: Some(e),
                     ..Outcome::default()
                 },
-                // On an error, the side that did not fail is reset.
+                // On an error, the side that did not fail is reset; on a policy change, both.
                 Ok(mut upstream) => Outcome {
-                    error: ferry_hbone::copy::relay(
+                    error: ferry_hbone::copy::relay_until(
                         &mut client,
                         &mut upstream,
                         ferry_hbone::copy::Bounds {
                             finish,
                             ..crate::upstream::waypoint_bounds()
                         },
+                        until,
                     )
                     .await
                     .err()
-                    .map(|e| e.to_string()),
+                    .map(|e| match e {
+                        Interrupted::Failed(e) => ConnError::from(e),
+                        Interrupted::Until {
+                            reason,
+                            a_to_b,
+                            b_to_a,
+                        } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
+                    }),
                     ..Outcome::default()
                 },
             },

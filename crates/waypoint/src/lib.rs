@@ -6,12 +6,14 @@
 //!   to carry a connection; `judge`: authorization of one tunnel's requests or connection.
 //! - `router`: per-request routing decisions for a tunnel's HTTP traffic.
 //! - [`l7`]: the HTTP filter (detection, per-request authorization, normalization);
-//!   `upstream`: upstream HTTP connections, retries, upgrades; `metrics`: request metrics.
+//!   `upstream`: upstream HTTP connections, retries, upgrades; `replay`: a stream that gives
+//!   back bytes read ahead; `metrics`: request metrics.
 
 mod hop;
 mod judge;
 pub mod l7;
 mod metrics;
+mod replay;
 mod router;
 mod state;
 mod upstream;

@@ -12,10 +12,11 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, ServiceKey};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
+use ferry_runtime::conn::{ConnError, Denial};
 use parking_lot::Mutex;
 
 use crate::judge::Judge;
-use crate::l7::{Choice, Link, Refused, Router};
+use crate::l7::{Choice, Link, Recheck, Refused, Router};
 use crate::state::Waypoint;
 
 /// How often a request's endpoint is drawn again to avoid one that already failed it.
@@ -35,50 +36,32 @@ pub(crate) struct TunnelRouter {
     pub(crate) source: Option<Identity>,
     pub(crate) source_ip: IpAddr,
     pub(crate) rng: Mutex<SplitMix64>,
-    /// Requests of this tunnel that switched protocols: judged again on policy changes.
-    pub(crate) upgrades: Mutex<Vec<Upgraded>>,
 }
 
 /// An upgrade request as it was allowed, kept to be judged again.
-pub(crate) struct Upgraded {
-    landing: ferry_core::model::WorkloadUid,
-    port: u16,
+struct Upgraded {
     method: String,
     path: String,
     host: String,
     headers: Vec<(String, String)>,
 }
 
-impl TunnelRouter {
-    /// Judges the tunnel's upgraded requests again (the policy changed); `Err` says why one is
-    /// no longer allowed. `Ok` too when there is none.
-    pub(crate) fn recheck_upgrades(&self) -> Result<(), String> {
-        for u in self.upgrades.lock().iter() {
-            let headers: Vec<(&str, &str)> = u
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str()))
-                .collect();
-            let req = HttpRequest {
-                method: &u.method,
-                path: &u.path,
-                host: &u.host,
-                headers: &headers,
-            };
-            Judge {
-                store: self.wp.store.clone(),
-                landing: u.landing.clone(),
-                source: self.source.clone(),
-                source_ip: self.source_ip,
-                port: u.port,
-            }
-            .judge(Some(&req))?;
-        }
-        Ok(())
-    }
+// === impl Upgraded ===
 
-    pub(crate) fn has_upgrades(&self) -> bool {
-        !self.upgrades.lock().is_empty()
+impl Upgraded {
+    /// Judges the request again, as it was allowed.
+    fn recheck(&self, judge: &Judge) -> Result<(), Denial> {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        judge.recheck(Some(&HttpRequest {
+            method: &self.method,
+            path: &self.path,
+            host: &self.host,
+            headers: &headers,
+        }))
     }
 }
 
@@ -157,8 +140,8 @@ impl Router for TunnelRouter {
         };
         let mut picked = None;
         for _ in 0..REDRAWS {
-            let decision = route::route_within(&snap, src, &dst, &within, &mut *rng);
-            let plan = decision.outcome.map_err(|e| {
+            // The data path's decision: no trace is built.
+            let plan = route::plan_within(&snap, src, &dst, &within, &mut *rng).map_err(|e| {
                 self.wp.metrics.refused.inc();
                 Refused::Unroutable(e.to_string())
             })?;
@@ -188,7 +171,10 @@ impl Router for TunnelRouter {
                 source_ip: self.source_ip,
                 port: plan.landing_port,
             };
-            judge.judge(Some(req)).map_err(Refused::Denied)?;
+            // In the snapshot the request was routed in: one load per request.
+            judge
+                .judge_in(&snap, Some(req))
+                .map_err(|e| Refused::Denied(e.kind.to_string()))?;
         }
         Ok(Choice {
             key,
@@ -200,24 +186,38 @@ impl Router for TunnelRouter {
         })
     }
 
-    fn upgraded(&self, plan: &Plan, req: &HttpRequest<'_>) {
-        if let Some(landing) = &plan.landing {
-            self.upgrades.lock().push(Upgraded {
-                landing: landing.clone(),
-                port: plan.landing_port,
-                method: req.method.to_string(),
-                path: req.path.to_string(),
-                host: req.host.to_string(),
-                headers: req
-                    .headers
-                    .iter()
-                    .map(|(n, v)| ((*n).to_string(), (*v).to_string()))
-                    .collect(),
-            });
-        }
+    fn upgraded(&self, plan: &Plan, req: &HttpRequest<'_>) -> Recheck {
+        let Some(landing) = plan.landing.clone() else {
+            return Box::pin(std::future::pending());
+        };
+        // Taken before the snapshot of the first re-check: no change is missed.
+        let changes = ferry_runtime::recheck::from_now(&self.wp.changes);
+        let judge = Judge {
+            store: self.wp.store.clone(),
+            landing,
+            source: self.source.clone(),
+            source_ip: self.source_ip,
+            port: plan.landing_port,
+        };
+        let upgraded = Upgraded {
+            method: req.method.to_string(),
+            path: req.path.to_string(),
+            host: req.host.to_string(),
+            headers: req
+                .headers
+                .iter()
+                .map(|(n, v)| ((*n).to_string(), (*v).to_string()))
+                .collect(),
+        };
+        Box::pin(ferry_runtime::recheck::until_denied(changes, move || {
+            upgraded.recheck(&judge)
+        }))
     }
 
-    fn open(&self, plan: &Plan) -> impl std::future::Future<Output = Result<Link, String>> + Send {
+    fn open(
+        &self,
+        plan: &Plan,
+    ) -> impl std::future::Future<Output = Result<Link, ConnError>> + Send {
         let (wp, plan, peer, baggage) = (
             self.wp.clone(),
             plan.clone(),
@@ -228,7 +228,6 @@ impl Router for TunnelRouter {
             wp.open_upstream(plan, peer, baggage)
                 .await
                 .map(crate::state::Opened::into_link)
-                .map_err(|e| e.to_string())
         }
     }
 }

@@ -8,6 +8,7 @@ use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::store::Store;
 use ferry_hbone::pool::Pool;
 use ferry_hbone::upstream::{Forward, Upstream};
+use ferry_runtime::conn::ConnError;
 use ferry_tls::certs::CertManager;
 use ferry_tls::config::TrustBundle;
 
@@ -55,8 +56,12 @@ impl Opened {
     }
 
     /// A tunnel carried as it is: the HBONE server copies to a direct upstream; an inner
-    /// tunnel is relayed here.
-    pub(crate) fn into_forward(self, finish: tokio::sync::watch::Receiver<bool>) -> Forward {
+    /// tunnel is relayed here, and how that ended is told to `served`.
+    pub(crate) fn into_forward(
+        self,
+        finish: tokio::sync::watch::Receiver<bool>,
+        served: Arc<parking_lot::Mutex<Option<ConnError>>>,
+    ) -> Forward {
         match self {
             Self::Direct(u) => Forward::Stream(u),
             Self::Double(mut inner) => Forward::Serve(Box::new(move |mut tunnel| {
@@ -68,6 +73,7 @@ impl Opened {
                     if let Err(e) = ferry_hbone::copy::relay(&mut tunnel, &mut inner, bounds).await
                     {
                         tracing::debug!(error = %e, "waypoint tunnel through a gateway ended");
+                        *served.lock() = Some(ConnError::from(e));
                     }
                 })
             })),

@@ -6,18 +6,24 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
-use ferry_hbone::copy::Reset;
+use ferry_hbone::Side;
+use ferry_hbone::copy::{self, Interrupted, Reset};
 use ferry_hbone::upstream::Upstream;
+use ferry_runtime::conn::{ConnError, Denial};
 use http::{Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+
+use crate::replay::Replay;
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -29,6 +35,10 @@ impl<T: AsyncRead + AsyncWrite + Reset + Send + Unpin> Io for T {}
 
 /// An open [`Io`], whatever it is.
 pub type Link = Box<dyn Io>;
+
+/// Resolves, with the denial, once a policy change no longer allows an upgraded connection:
+/// the connection then ends, both sides reset.
+pub type Recheck = Pin<Box<dyn Future<Output = Denial> + Send>>;
 
 /// Upstream connections kept per backend and downstream connection (more only while the ones
 /// there are busy with requests of the same client).
@@ -72,11 +82,14 @@ pub trait Router: Send + Sync + 'static {
     ) -> Result<Choice<Self::Ticket>, Refused>;
 
     /// Opens a byte stream to a chosen backend.
-    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Link, String>> + Send;
+    fn open(&self, ticket: &Self::Ticket) -> impl Future<Output = Result<Link, ConnError>> + Send;
 
     /// A request switched protocols: from now on its connection carries the upgraded stream,
-    /// allowed as `req` was (and to be judged again as `req` when the policy changes).
-    fn upgraded(&self, _ticket: &Self::Ticket, _req: &HttpRequest<'_>) {}
+    /// allowed as `req` was, until what this returns resolves (`req` judged again when the
+    /// policy changes). By default, never.
+    fn upgraded(&self, _ticket: &Self::Ticket, _req: &HttpRequest<'_>) -> Recheck {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// Decides one request: `Err` carries the reason it was denied.
@@ -118,12 +131,16 @@ impl Router for Fixed {
         })
     }
 
-    fn open(&self, _: &()) -> impl Future<Output = Result<Link, String>> + Send {
+    fn open(&self, _: &()) -> impl Future<Output = Result<Link, ConnError>> + Send {
         let taken = self.upstream.lock().take();
         async move {
-            taken
-                .map(|u| Box::new(u) as Link)
-                .ok_or_else(|| "the one upstream connection has closed".to_string())
+            taken.map(|u| Box::new(u) as Link).ok_or_else(|| {
+                ConnError::io(
+                    Side::Upstream,
+                    "taking the one upstream connection",
+                    std::io::ErrorKind::NotConnected.into(),
+                )
+            })
         }
     }
 }
@@ -131,18 +148,39 @@ impl Router for Fixed {
 type Shared = Arc<tokio::sync::Mutex<SendRequest<Body>>>;
 
 /// One downstream connection's upstream connections, by backend key.
-#[derive(Default)]
 pub(crate) struct Upstreams {
     by_key: parking_lot::Mutex<HashMap<String, Vec<Shared>>>,
-    /// Upgraded connections being carried: they live as long as the client connection's
-    /// serving does (and end with it, on a policy change or a drain).
-    pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<()>>,
+    /// Upgraded connections being carried, each ending with how it failed (if it did): the
+    /// client connection's serving waits for them.
+    pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<Option<ConnError>>>,
+    /// Turns true at the drain deadline: upgraded connections end cleanly then.
+    finish: Option<watch::Receiver<bool>>,
+    /// Takes the client's own stream back from hyper once a request upgraded it.
+    downstream: fn(hyper::upgrade::Upgraded) -> Option<Link>,
 }
 
-/// How sending one request failed.
+/// How sending one request failed. Nothing came back either way: the request may be tried
+/// again if it is safe to.
 enum SendError {
-    /// Nothing came back: the request may be tried again if it is safe to.
-    BeforeResponse(String),
+    /// No connection to the backend could be opened.
+    Open(ConnError),
+    /// The backend's HTTP connection failed while `doing` this.
+    Http {
+        doing: &'static str,
+        source: hyper::Error,
+    },
+}
+
+// === impl SendError ===
+
+impl std::fmt::Display for SendError {
+    /// The text the client's `502` says, and the access log's reason.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Open(e) => write!(f, "{}", e.kind),
+            Self::Http { doing, source } => write!(f, "{doing}: {source}"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Upstreams {
@@ -155,6 +193,18 @@ impl std::fmt::Debug for Upstreams {
 }
 
 impl Upstreams {
+    pub(crate) fn new(
+        finish: Option<watch::Receiver<bool>>,
+        downstream: fn(hyper::upgrade::Upgraded) -> Option<Link>,
+    ) -> Self {
+        Self {
+            by_key: parking_lot::Mutex::default(),
+            upgraded: parking_lot::Mutex::default(),
+            finish,
+            downstream,
+        }
+    }
+
     /// A connection for `choice` that is free now, or a new one (kept for later requests below
     /// the limit, used once above it: a request never waits behind another's response).
     async fn sender<R: Router>(
@@ -174,23 +224,21 @@ impl Upstreams {
             }
             list.len() < MAX_PER_BACKEND
         };
-        let io = router
-            .open(&choice.ticket)
-            .await
-            .map_err(SendError::BeforeResponse)?;
+        let io = router.open(&choice.ticket).await.map_err(SendError::Open)?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
-            .map_err(|e| SendError::BeforeResponse(format!("upstream handshake: {e}")))?;
+            .map_err(|source| SendError::Http {
+                doing: "upstream handshake",
+                source,
+            })?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "waypoint upstream connection ended");
             }
         });
         let shared: Shared = Arc::new(tokio::sync::Mutex::new(sender));
-        let guard = shared
-            .clone()
-            .try_lock_owned()
-            .map_err(|_| SendError::BeforeResponse("a new upstream connection was taken".into()))?;
+        // Nothing else has seen it yet: locked at once.
+        let guard = shared.clone().lock_owned().await;
         if keep {
             self.by_key
                 .lock()
@@ -208,12 +256,16 @@ impl Upstreams {
         req: Request<Body>,
     ) -> Result<Response<Body>, SendError> {
         let mut s = self.sender(router, choice).await?;
-        s.ready()
-            .await
-            .map_err(|e| SendError::BeforeResponse(format!("upstream connection: {e}")))?;
+        s.ready().await.map_err(|source| SendError::Http {
+            doing: "upstream connection",
+            source,
+        })?;
         match s.send_request(req).await {
             Ok(resp) => Ok(resp.map(BodyExt::boxed)),
-            Err(e) => Err(SendError::BeforeResponse(format!("upstream: {e}"))),
+            Err(source) => Err(SendError::Http {
+                doing: "upstream",
+                source,
+            }),
         }
     }
 }
@@ -317,20 +369,22 @@ pub(crate) async fn forward<R: Router>(
                 if let (Some(down), StatusCode::SWITCHING_PROTOCOLS) =
                     (upgrade.take(), response.status())
                 {
-                    router.upgraded(&choice.ticket, facts);
+                    let recheck = router.upgraded(&choice.ticket, facts);
                     let up = hyper::upgrade::on(&mut response);
+                    let bounds = copy::Bounds {
+                        finish: upstreams.finish.clone(),
+                        ..waypoint_bounds()
+                    };
+                    let downstream = upstreams.downstream;
                     upstreams.upgraded.lock().spawn(async move {
                         match tokio::try_join!(down, up) {
-                            Ok((d, u)) => {
-                                let (mut d, mut u) = (TokioIo::new(d), TokioIo::new(u));
-                                let _ = ferry_hbone::copy::bidirectional_bounded(
-                                    &mut d,
-                                    &mut u,
-                                    waypoint_bounds(),
-                                )
-                                .await;
+                            Ok((d, u)) => carry_upgraded(downstream(d), u, bounds, recheck)
+                                .await
+                                .err(),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "an upgrade did not complete");
+                                None
                             }
-                            Err(e) => tracing::debug!(error = %e, "an upgrade did not complete"),
                         }
                     });
                 }
@@ -346,7 +400,8 @@ pub(crate) async fn forward<R: Router>(
                     Some(why),
                 );
             }
-            Some(Err(SendError::BeforeResponse(why))) => {
+            Some(Err(failed)) => {
+                let why = failed.to_string();
                 if replayable && tries <= choice.retries {
                     tracing::debug!(backend = %choice.backend, tries, error = %why, "retrying a request on another backend");
                     avoid.push(choice.key.clone());
@@ -359,6 +414,40 @@ pub(crate) async fn forward<R: Router>(
             }
         }
     }
+}
+
+/// Carries an upgraded connection as bytes, as every other copy: on a failure the side that
+/// did not fail is reset; when `recheck` resolves (a policy change) both are; at the drain
+/// deadline (`bounds.finish`) both end cleanly.
+async fn carry_upgraded(
+    down: Option<Link>,
+    up: hyper::upgrade::Upgraded,
+    bounds: copy::Bounds,
+    recheck: Recheck,
+) -> Result<(u64, u64), ConnError> {
+    // Both sides as the streams they were before hyper took them (with what it read ahead),
+    // so that they can be reset.
+    let up = up
+        .downcast::<TokioIo<Link>>()
+        .ok()
+        .map(|parts| Box::new(Replay::new(parts.read_buf, parts.io.into_inner())) as Link);
+    let (Some(mut down), Some(mut up)) = (down, up) else {
+        return Err(ConnError::io(
+            Side::Local,
+            "taking over an upgraded connection",
+            std::io::Error::other("not the stream it was served on"),
+        ));
+    };
+    copy::relay_until(&mut down, &mut up, bounds, recheck)
+        .await
+        .map_err(|e| match e {
+            Interrupted::Failed(e) => ConnError::from(e),
+            Interrupted::Until {
+                reason,
+                a_to_b,
+                b_to_a,
+            } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
+        })
 }
 
 /// The bounds on bytes a waypoint carries as they are (L4 tunnels, upgraded connections): a

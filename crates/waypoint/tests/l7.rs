@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ferry_core::authz::{Effect, Reason, Verdict};
+use ferry_runtime::conn::{ConnError, Denial};
 use ferry_waypoint::l7::{self, Outcome, RequestCheck};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -198,13 +200,17 @@ async fn detecting_filter(
             TcpStream::connect(up)
                 .await
                 .map(|s| Box::new(s) as l7::Link)
-                .map_err(|e| e.to_string())
+                .map_err(|e| ConnError::connect(up, e))
         };
         let l4 = move || {
             if l4_allows {
                 Ok(())
             } else {
-                Err("denied at L4".to_string())
+                Err(ConnError::io(
+                    ferry_hbone::Side::Local,
+                    "denied at L4",
+                    std::io::ErrorKind::PermissionDenied.into(),
+                ))
             }
         };
         let outcome = l7::serve_detected(client, router, open_l4, l4, l7::Labels::default()).await;
@@ -235,6 +241,47 @@ async fn tcp_echo(got: Arc<Mutex<usize>>) -> std::net::SocketAddr {
         }
     });
     addr
+}
+
+#[tokio::test]
+async fn an_l4_upstream_that_cannot_be_reached_fails_the_connection_on_the_upstream_side() {
+    // A port nothing listens on: the L4 connect fails.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let http = upstream(Arc::default()).await;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let serving = tokio::spawn(async move {
+        let (client, _) = l.accept().await.unwrap();
+        let check: RequestCheck = Arc::new(|_| Ok(()));
+        let router = Arc::new(l7::Fixed::new(
+            TcpStream::connect(http).await.unwrap(),
+            check,
+        ));
+        let open_l4 = async move {
+            TcpStream::connect(dead)
+                .await
+                .map(|s| Box::new(s) as l7::Link)
+                .map_err(|e| ConnError::connect(dead, e))
+        };
+        l7::serve_detected(client, router, open_l4, || Ok(()), l7::Labels::default()).await
+    });
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"\x16\x03\x01 hello").await.unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("an outcome")
+        .unwrap();
+    let e = o.error.expect("the connection failed");
+    assert_eq!(e.side, ferry_hbone::Side::Upstream, "{e}");
+    assert_eq!(
+        e.flag,
+        ferry_runtime::conn::ResponseFlag::ConnectionFailure,
+        "{e}"
+    );
+    assert_eq!(o.denied, 0);
 }
 
 #[tokio::test]
@@ -468,14 +515,14 @@ impl l7::Router for PathRouter {
     fn open(
         &self,
         ticket: &Self::Ticket,
-    ) -> impl std::future::Future<Output = Result<l7::Link, String>> + Send {
+    ) -> impl std::future::Future<Output = Result<l7::Link, ConnError>> + Send {
         self.opens.lock().push(ticket.0);
         let addr = ticket.1;
         async move {
             TcpStream::connect(addr)
                 .await
                 .map(|s| Box::new(s) as l7::Link)
-                .map_err(|e| e.to_string())
+                .map_err(|e| ConnError::connect(addr, e))
         }
     }
 }
@@ -669,4 +716,205 @@ async fn headers_for_one_connection_only_are_not_sent_on() {
     let body = String::from_utf8_lossy(&got);
     let names = body.rsplit("\r\n\r\n").next().unwrap();
     assert_eq!(names, "host,x-kept", "{body}");
+}
+
+/// One upstream for every request (an upgrade agreed to by `up`), whose upgraded connections
+/// end when `recheck` fires (a policy change, as the waypoint's router re-judges them).
+struct UpgradeRouter {
+    up: std::net::SocketAddr,
+    recheck: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+
+impl l7::Router for UpgradeRouter {
+    type Ticket = ();
+
+    fn decide(
+        &self,
+        _req: &ferry_core::authz::HttpRequest<'_>,
+        _avoid: &[String],
+    ) -> Result<l7::Choice<()>, l7::Refused> {
+        Ok(l7::Choice {
+            key: "up".into(),
+            backend: "up".into(),
+            route: None,
+            timeout: None,
+            retries: 0,
+            ticket: (),
+        })
+    }
+
+    fn open(
+        &self,
+        _: &(),
+    ) -> impl std::future::Future<Output = Result<l7::Link, ConnError>> + Send {
+        let up = self.up;
+        async move {
+            TcpStream::connect(up)
+                .await
+                .map(|s| Box::new(s) as l7::Link)
+                .map_err(|e| ConnError::connect(up, e))
+        }
+    }
+
+    fn upgraded(&self, _: &(), _req: &ferry_core::authz::HttpRequest<'_>) -> l7::Recheck {
+        let rx = self.recheck.lock().take();
+        Box::pin(async move {
+            let fired = match rx {
+                Some(rx) => rx.await.is_ok(),
+                None => false,
+            };
+            if !fired {
+                std::future::pending::<()>().await;
+            }
+            Denial(Verdict {
+                effect: Effect::Deny,
+                reason: Reason::NoAllowMatched { allow_policies: 1 },
+                audited: Vec::new(),
+                dry_run: Vec::new(),
+            })
+        })
+    }
+}
+
+/// An HTTP/1.1 server that agrees to every upgrade (101), then echoes what it gets.
+async fn upgrading_echo() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: test\r\n\r\n")
+                    .await;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A routed filter with a drain deadline (`finish`) in front of `router`, and a raw client.
+async fn draining_filter<R: l7::Router>(
+    router: Arc<R>,
+) -> (
+    TcpStream,
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Outcome>,
+) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (finish_tx, finish) = tokio::sync::watch::channel(false);
+    let serving = tokio::spawn(async move {
+        let (client, _) = l.accept().await.unwrap();
+        l7::serve_routed_until(client, router, l7::Labels::default(), Some(finish)).await
+    });
+    (TcpStream::connect(addr).await.unwrap(), finish_tx, serving)
+}
+
+/// Reads from `s` until `want` has come (or the stream ends).
+async fn read_until(s: &mut TcpStream, want: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(want.len()).any(|w| w == want) {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    got
+}
+
+const UPGRADE: &[u8] =
+    b"GET /ws HTTP/1.1\r\nHost: echo.default.svc\r\nConnection: upgrade\r\nUpgrade: test\r\n\r\n";
+
+#[tokio::test]
+async fn at_the_drain_deadline_an_idle_http_connection_is_closed_after_its_last_response() {
+    let up = upstream(Arc::default()).await;
+    let check: RequestCheck = Arc::new(|_| Ok(()));
+    let router = Arc::new(l7::Fixed::new(TcpStream::connect(up).await.unwrap(), check));
+    let (mut s, finish, serving) = draining_filter(router).await;
+    s.write_all(b"GET /a HTTP/1.1\r\nHost: echo.default.svc\r\n\r\n")
+        .await
+        .unwrap();
+    let got = read_until(&mut s, b"seen GET /a").await;
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{got:?}");
+    finish.send_replace(true);
+    // Closed gracefully: an end of stream (a FIN), not a reset, and the filter is done.
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("the connection ends at the deadline");
+    assert!(end.is_ok(), "{end:?}");
+    let o = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the filter ends")
+        .unwrap();
+    assert_eq!(o.allowed, 1, "{o:?}");
+    assert!(o.error.is_none(), "{o:?}");
+}
+
+#[tokio::test]
+async fn an_upgraded_connection_ends_cleanly_at_the_drain_deadline() {
+    let router = Arc::new(UpgradeRouter {
+        up: upgrading_echo().await,
+        recheck: Mutex::default(),
+    });
+    let (mut s, finish, serving) = draining_filter(router).await;
+    s.write_all(UPGRADE).await.unwrap();
+    let got = read_until(&mut s, b"\r\n\r\n").await;
+    assert!(got.starts_with(b"HTTP/1.1 101"), "{got:?}");
+    s.write_all(b"ping").await.unwrap();
+    assert_eq!(read_until(&mut s, b"ping").await, b"ping");
+    finish.send_replace(true);
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("the upgraded connection ends at the deadline");
+    assert!(end.is_ok(), "ended with a FIN, not a reset: {end:?}");
+    let o = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the filter ends")
+        .unwrap();
+    assert!(o.error.is_none(), "{o:?}");
+}
+
+#[tokio::test]
+async fn a_policy_change_resets_an_upgraded_connection_and_says_why() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let router = Arc::new(UpgradeRouter {
+        up: upgrading_echo().await,
+        recheck: Mutex::new(Some(rx)),
+    });
+    let (mut s, _finish, serving) = draining_filter(router).await;
+    s.write_all(UPGRADE).await.unwrap();
+    let got = read_until(&mut s, b"\r\n\r\n").await;
+    assert!(got.starts_with(b"HTTP/1.1 101"), "{got:?}");
+    s.write_all(b"ping").await.unwrap();
+    assert_eq!(read_until(&mut s, b"ping").await, b"ping");
+    tx.send(()).unwrap();
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("the upgraded connection ends on the policy change");
+    assert!(end.is_err(), "reset, not a clean end: {end:?}");
+    let o = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the filter ends")
+        .unwrap();
+    let e = o.error.expect("ended by the policy change");
+    assert_eq!(e.flag, ferry_runtime::conn::ResponseFlag::Deny, "{e}");
+    assert_eq!(e.moved(), (4, 4), "{e}");
 }

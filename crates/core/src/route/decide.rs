@@ -92,9 +92,9 @@ pub fn route_traced<T: Trace + ?Sized>(
     trace: &mut T,
 ) -> Result<Plan, RouteError> {
     let (class, vip) = match dst {
-        Destination::Addr(addr) => (classify(snap, src.workload, *addr), Some(*addr)),
+        Destination::Addr(addr) => (classify(snap, src.placement.network, *addr), Some(*addr)),
         Destination::Host { hostname, port } => {
-            let service = resolve_host(snap, src.workload, hostname)?;
+            let service = resolve_host(snap, src.namespace, hostname)?;
             let class = Class::Service {
                 service,
                 port: *port,
@@ -123,7 +123,7 @@ pub fn route_traced<T: Trace + ?Sized>(
                 .workload(workload)
                 .ok_or_else(|| RouteError::NoAddress {
                     workload: workload.clone(),
-                    network: src.workload.network.clone(),
+                    network: src.placement.network.clone(),
                 })?;
             cx.workload(w, *port)
         }
@@ -136,8 +136,8 @@ pub fn route_traced<T: Trace + ?Sized>(
 }
 
 /// What the address `addr`, dialled from `src`, belongs to.
-fn classify(snap: &Snapshot, src: &Workload, addr: SocketAddr) -> Class {
-    let na = NetworkAddress::new(src.network.clone(), addr.ip());
+fn classify(snap: &Snapshot, network: &NetworkId, addr: SocketAddr) -> Class {
+    let na = NetworkAddress::new(network.clone(), addr.ip());
     match snap.owner(&na) {
         Some(AddressOwner::Service(key)) => Class::Service {
             service: key.clone(),
@@ -152,8 +152,13 @@ fn classify(snap: &Snapshot, src: &Workload, addr: SocketAddr) -> Class {
     }
 }
 
-/// The service `hostname` names for `src`: the only one, or the one in `src`'s namespace.
-fn resolve_host(snap: &Snapshot, src: &Workload, hostname: &str) -> Result<ServiceKey, RouteError> {
+/// The service `hostname` names for a source in `namespace`: the only one, or the one in
+/// that namespace.
+pub(crate) fn resolve_host(
+    snap: &Snapshot,
+    namespace: &str,
+    hostname: &str,
+) -> Result<ServiceKey, RouteError> {
     match snap.services_by_hostname(hostname) {
         [] => Err(RouteError::UnknownHost {
             hostname: hostname.to_string(),
@@ -161,7 +166,7 @@ fn resolve_host(snap: &Snapshot, src: &Workload, hostname: &str) -> Result<Servi
         [one] => Ok(one.clone()),
         many => many
             .iter()
-            .find(|k| k.namespace == src.namespace)
+            .find(|k| k.namespace == namespace)
             .cloned()
             .ok_or_else(|| RouteError::AmbiguousHost {
                 hostname: hostname.to_string(),
@@ -371,13 +376,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         lb_cfg: &LoadBalancing,
         cands: &[Cand<'a>],
     ) -> Option<usize> {
-        let w = self.src.workload;
-        let src = Placement {
-            cluster: &w.cluster,
-            network: &w.network,
-            node: w.node.as_ref(),
-            locality: &w.locality,
-        };
+        let src = self.src.placement;
         let lb_cands: Vec<Candidate<'_>> = cands.iter().map(Cand::lb).collect();
         let choice = lb::choose(lb_cfg, &src, &lb_cands, self.rng);
         for (i, drop) in choice.dropped {

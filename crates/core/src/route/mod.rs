@@ -30,18 +30,27 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
+pub(crate) use decide::resolve_host;
 pub use decide::{MAX_NESTING, Within, plan, plan_within, route, route_traced, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
 pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
 pub use waypoint::WaypointInstances;
 
 use crate::identity::Identity;
-use crate::model::{ClusterId, NetworkId, ServiceKey, Workload, WorkloadUid};
+use crate::lb::Placement;
+use crate::model::{ClusterId, Locality, NetworkId, ServiceKey, Workload, WorkloadUid};
 
 /// Who is connecting.
 #[derive(Clone, Copy, Debug)]
 pub struct Source<'a> {
-    pub workload: &'a Workload,
+    /// The workload connecting; `None` for a hop that is no workload (an east-west gateway),
+    /// which is then never taken for an instance of a waypoint by its addresses or services.
+    pub workload: Option<&'a Workload>,
+    /// Where it stands: the network it dials on (reachability, addresses), and its cluster,
+    /// node and locality (load-balancing preferences).
+    pub placement: Placement<'a>,
+    /// The namespace a hostname naming several services resolves in.
+    pub namespace: &'a str,
     /// The cluster scope is checked against: the workload's own, or, at a waypoint, the cluster
     /// of the original source it acts for.
     pub origin_cluster: &'a ClusterId,
@@ -54,20 +63,53 @@ pub struct Source<'a> {
     pub excluded: &'a [WorkloadUid],
 }
 
+/// The locality of a hop that is no workload: none, so no locality preference matches it.
+static NO_LOCALITY: Locality = Locality {
+    region: String::new(),
+    zone: String::new(),
+    subzone: String::new(),
+};
+
 impl<'a> Source<'a> {
     pub fn new(workload: &'a Workload) -> Self {
-        Self {
-            workload,
-            origin_cluster: &workload.cluster,
-            sent_by: None,
-            excluded: &[],
-        }
+        Self::on_behalf_of(workload, &workload.cluster)
     }
 
     /// A hop (a waypoint) acting for a source in `origin_cluster`.
     pub fn on_behalf_of(workload: &'a Workload, origin_cluster: &'a ClusterId) -> Self {
         Self {
-            workload,
+            workload: Some(workload),
+            placement: Placement {
+                cluster: &workload.cluster,
+                network: &workload.network,
+                node: workload.node.as_ref(),
+                locality: &workload.locality,
+            },
+            namespace: &workload.namespace,
+            origin_cluster,
+            sent_by: None,
+            excluded: &[],
+        }
+    }
+
+    /// A hop that is no workload (an east-west gateway), standing on `network` in `cluster`
+    /// under `identity` (whose namespace resolves ambiguous hostnames), acting for a source in
+    /// `origin_cluster`. On no node and in no locality.
+    pub fn hop(
+        network: &'a NetworkId,
+        cluster: &'a ClusterId,
+        identity: &'a Identity,
+        origin_cluster: &'a ClusterId,
+    ) -> Self {
+        Self {
+            workload: None,
+            placement: Placement {
+                cluster,
+                network,
+                node: None,
+                locality: &NO_LOCALITY,
+            },
+            namespace: identity.namespace(),
             origin_cluster,
             sent_by: None,
             excluded: &[],

@@ -897,3 +897,71 @@ fn a_retry_after_a_failed_waypoint_instance_picks_another_instance_in_scope() {
         Err(RouteError::NoWaypointEndpoint { .. })
     ));
 }
+
+#[test]
+fn a_hop_that_is_no_workload_routes_from_where_it_stands() {
+    let mut m = two_networks();
+    m.waypoint("wp", WaypointFor::Service);
+    m.waypoint_pod("wp", "wp-east", "east-1", "198.18.1.50");
+    m.waypoint_pod("wp", "wp-west", "west-1", "198.19.1.50");
+    let s = m.service(
+        "echo",
+        &[("net-east", "198.18.100.1"), ("net-west", "198.19.100.1")],
+        80,
+        8080,
+    );
+    s.waypoint = Some(waypoint_ref("wp"));
+    m.pod("echo-west-1", "west-1", "198.19.1.40");
+    m.backs("echo-west-1", "echo");
+    let snap = m.build();
+    let by_name = |n: &str| snap.workloads().find(|w| w.name == n).unwrap().clone();
+    let (wp_east, sleep_west) = (by_name("wp-east"), by_name("sleep-west"));
+    let wp_id = wp_east.identity().unwrap();
+    let gw_id: Identity = "spiffe://cluster.local/ns/default/sa/eastwest"
+        .parse()
+        .unwrap();
+    let east: crate::model::ClusterId = "east".into();
+    let dst = Destination::Host {
+        hostname: hostname("echo"),
+        port: 80,
+    };
+    // A gateway standing on net-west in west's cluster, no workload of the mesh.
+    let gw = Source::hop(&sleep_west.network, &sleep_west.cluster, &gw_id, &east);
+    assert!(gw.workload.is_none());
+    assert_eq!(gw.namespace, "default");
+    let at_gateway = |src: Source<'_>| route(&snap, src, &dst, &mut SplitMix64::new(1));
+    // Past echo's waypoint (sent by an instance): the pod on the gateway's own network.
+    let d = at_gateway(gw.sent_by(&wp_id));
+    assert_eq!(landing(&d), "west//v1/Pod/default/echo-west-1");
+    assert!(matches!(
+        d.outcome,
+        Ok(Plan {
+            waypoint: None,
+            transport: Transport::Hbone { .. },
+            ..
+        })
+    ));
+    // Sent by anyone else: echo's waypoint on that network, as a workload standing there gets.
+    let d = at_gateway(gw);
+    assert_eq!(landing(&d), "west//v1/Pod/default/wp-west");
+    let as_workload = at_gateway(Source::on_behalf_of(&sleep_west, &east));
+    assert_eq!(d.outcome, as_workload.outcome);
+    // A pod address on the gateway's network is classified there.
+    let d = route(
+        &snap,
+        gw,
+        &Destination::Addr("198.19.1.40:8080".parse().unwrap()),
+        &mut SplitMix64::new(1),
+    );
+    assert!(
+        matches!(
+            d.outcome,
+            Ok(Plan {
+                class: Class::Workload { .. },
+                ..
+            })
+        ),
+        "{:?}",
+        d.outcome
+    );
+}

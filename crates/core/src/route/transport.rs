@@ -21,7 +21,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         target_port: u16,
         cands: &[Cand<'a>],
     ) -> Result<Plan, RouteError> {
-        let transport = if w.network == self.src.workload.network {
+        let transport = if w.network == *self.src.placement.network {
             let ip = self.address_on_source_network(w)?;
             self.direct_transport(w, ip, target_port, &svc.subject_alt_names)
         } else {
@@ -98,7 +98,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         {
             return Some(SetAside::FailedBefore);
         }
-        if cand.network == &self.src.workload.network {
+        if cand.network == self.src.placement.network {
             return None;
         }
         let why = match cand.target {

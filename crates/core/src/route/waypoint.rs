@@ -95,7 +95,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         let wp_svc = set.service;
 
         let origin = self.src.origin_cluster;
-        let src_network = &self.src.workload.network;
+        let src_network = self.src.placement.network;
         let mut cands = Vec::new();
         for inst in &set.instances {
             let cand = Cand::workload(inst, wp.hbone_port);
@@ -187,7 +187,6 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
     /// Is the source itself an instance of waypoint `wp`, or did one send the tunnel (to a
     /// gateway)? Then it does not loop back to it.
     pub(super) fn src_is_waypoint(&self, wp: &GatewayRef) -> bool {
-        let src = self.src.workload;
         if let Some(peer) = self.src.sent_by
             && WaypointInstances::resolve(self.snap, wp).is_some_and(|set| {
                 set.instances
@@ -197,6 +196,9 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         {
             return true;
         }
+        let Some(src) = self.src.workload else {
+            return false;
+        };
         match &wp.destination {
             GatewayDestination::Service(key) => src.services.contains_key(key),
             GatewayDestination::Address(addr) => {

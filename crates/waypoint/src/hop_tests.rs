@@ -1,0 +1,201 @@
+//! The waypoint's HBONE handler in process, over loopback sockets: a tunnel it carries as
+//! bytes (a service whose endpoint is a plain address) is answered only once its upstream is
+//! connected.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::identity::Identity;
+use ferry_core::model::{AddressEndpoint, NetworkAddress, PortMapping, WaypointFor};
+use ferry_core::store::Store;
+use ferry_core::testing::{MeshBuilder, waypoint_ref};
+use ferry_hbone::headers::ConnectHeaders;
+use ferry_hbone::pool::{Pool, PoolConfig};
+use ferry_hbone::server::Server;
+use ferry_hbone::settings::Settings;
+use ferry_runtime::conn::ResponseFlag;
+use ferry_tls::ca_client::{CertificateSource, FetchError};
+use ferry_tls::certs::{CertManager, ManagerConfig};
+use ferry_tls::config::Credentials;
+use ferry_tls::testkit::TestCa;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// The service `ext`, fronted by waypoint `wp`, whose one endpoint is `upstream` (no workload).
+const EXT: &str = "198.18.100.1:80";
+
+/// Signs with a test CA.
+struct Signer(Arc<TestCa>);
+
+impl CertificateSource for Signer {
+    fn sign<'a>(
+        &'a self,
+        identity: &'a Identity,
+        _lifetime: Duration,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<Credentials, FetchError>> + Send + 'a>>
+    {
+        let creds = self.0.issue(identity);
+        Box::pin(async move { Ok(creds) })
+    }
+}
+
+/// A waypoint instance serving HBONE on loopback.
+struct Fixture {
+    addr: SocketAddr,
+    identity: Identity,
+    wp: Arc<Waypoint>,
+    /// The mesh never changes here: held for the test's length.
+    _changes: tokio::sync::watch::Sender<u64>,
+}
+
+/// A waypoint instance `wp-1` serving HBONE on loopback.
+async fn waypoint(ca: &Arc<TestCa>, upstream: SocketAddr) -> Fixture {
+    let mut m = MeshBuilder::new();
+    m.cluster("east", "net-east");
+    m.node("east-1", "east", "us-east/a/r1");
+    m.waypoint("wp", WaypointFor::Service);
+    m.waypoint_pod("wp", "wp-1", "east-1", "198.18.1.50");
+    let ext = m.service("ext", &[("net-east", "198.18.100.1")], 80, upstream.port());
+    ext.waypoint = Some(waypoint_ref("wp"));
+    ext.address_endpoints = vec![AddressEndpoint {
+        address: NetworkAddress::new("net-east".into(), upstream.ip()),
+        cluster: "east".into(),
+        ports: vec![PortMapping {
+            service_port: 80,
+            target_port: upstream.port(),
+        }],
+    }];
+    let snap = m.build();
+    let me = snap
+        .workloads()
+        .find(|w| w.name == "wp-1")
+        .expect("the waypoint pod")
+        .clone();
+    let identity = me.identity().unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (_, drain) = ferry_runtime::drain::new();
+    let (changes_tx, changes) = tokio::sync::watch::channel(0u64);
+    let certs = CertManager::new(Arc::new(Signer(ca.clone())), ManagerConfig::default());
+    let wp = Arc::new_cyclic(|this| Waypoint {
+        store: Arc::new(Store::new(snap)),
+        certs,
+        pool: Pool::new(PoolConfig::default()),
+        bundle: ca.bundle(),
+        uid: me.uid.clone(),
+        identity: identity.clone(),
+        ip: me.addresses[0],
+        cluster: me.cluster.clone(),
+        network: me.network.clone(),
+        metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
+        netns: None,
+        changes,
+        finish: drain.finish_signal(),
+        acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
+        this: this.clone(),
+    });
+    let server = Server::new(&ca.issue(&identity), &ca.bundle(), Settings::default()).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(Arc::new(server).serve(listener, wp.clone()));
+    Fixture {
+        addr,
+        identity,
+        wp,
+        _changes: changes_tx,
+    }
+}
+
+/// A port nothing listens on.
+async fn dead_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
+
+/// Opens a CONNECT to `EXT` through the waypoint at `to`, as `sleep`.
+async fn connect(
+    ca: &TestCa,
+    to: SocketAddr,
+    wp: &Identity,
+) -> Result<ferry_hbone::stream::H2Stream, HboneError> {
+    let creds = ca.issue_str("spiffe://cluster.local/ns/default/sa/sleep");
+    let conn = ferry_hbone::client::Connection::connect_with(
+        &ferry_hbone::client::DirectDialer,
+        None,
+        to,
+        &creds,
+        &ca.bundle(),
+        vec![wp.clone()],
+        &Settings::default(),
+    )
+    .await
+    .unwrap();
+    conn.open(EXT, &ConnectHeaders::default()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_carried_as_bytes_is_answered_503_when_its_upstream_cannot_be_reached() {
+    let ca = Arc::new(TestCa::new("root"));
+    let f = waypoint(&ca, dead_port().await).await;
+    let refused = connect(&ca, f.addr, &f.identity).await;
+    assert!(
+        matches!(refused, Err(HboneError::Refused { status: 503, .. })),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_carried_as_bytes_is_answered_200_once_its_upstream_is_connected() {
+    let ca = Arc::new(TestCa::new("root"));
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let f = waypoint(&ca, upstream.local_addr().unwrap()).await;
+    let mut tunnel = connect(&ca, f.addr, &f.identity)
+        .await
+        .expect("the tunnel is open");
+    // Already connected when the 200 came: the connection waits in the listener's queue (read
+    // straight from the kernel, without waiting).
+    let upstream = upstream.into_std().unwrap();
+    upstream.set_nonblocking(true).unwrap();
+    let (app, _) = upstream
+        .accept()
+        .expect("the upstream was connected before the 200");
+    app.set_nonblocking(true).unwrap();
+    let mut app = tokio::net::TcpStream::from_std(app).unwrap();
+    tunnel.write_all(b"hello").await.unwrap();
+    let mut got = [0u8; 5];
+    app.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"hello");
+}
+
+#[tokio::test]
+async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_side_s() {
+    let ca = Arc::new(TestCa::new("root"));
+    let dead = dead_port().await;
+    let f = waypoint(&ca, dead).await;
+    let req = ConnectRequest {
+        id: 1,
+        peer: "spiffe://cluster.local/ns/default/sa/sleep"
+            .parse()
+            .unwrap(),
+        peer_addr: "127.0.0.1:40000".parse().unwrap(),
+        target: ferry_hbone::headers::Target::Addr(EXT.parse().unwrap()),
+        headers: http::HeaderMap::new(),
+    };
+    let mut admitted = f.wp.admit(&req).expect("admitted");
+    let refused = f.wp.connect(&req, &mut admitted).await;
+    assert!(
+        matches!(&refused, Err(r) if r.status() == 503),
+        "{refused:?}"
+    );
+    // What `finished` writes to the access log (error.side, response_flags).
+    let e = admitted.error.as_deref().expect("the failure is kept");
+    assert_eq!(e.side, Side::Upstream, "{e}");
+    assert_eq!(e.flag, ResponseFlag::ConnectionFailure, "{e}");
+    assert!(
+        matches!(&e.kind, ConnErrorKind::Connect { addr, .. } if *addr == dead),
+        "{e}"
+    );
+}
