@@ -14,14 +14,11 @@ use tokio::net::TcpListener;
 use crate::ca::service::{CaService, Lifetimes};
 use crate::ca::signer::Ca;
 use crate::ca::token::NodeTokens;
-use crate::source::Reloads;
+use crate::source::{Reloads, TopologyWatch, WatchConfig};
 use crate::xds_server::XdsServer;
 
 /// The name node proxies expect in the control plane's certificate.
 pub const SERVER_NAME: &str = "ferry-control";
-
-/// How often the topology file is checked for edits.
-const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 /// Lifetime of the control plane's own serving certificate.
 const SERVER_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -45,6 +42,8 @@ pub struct Config {
     pub metrics_listen: SocketAddr,
     /// LOCAL EXPERIMENTS ONLY: no TLS, and xDS without node authentication.
     pub plaintext: bool,
+    /// How the topology file is read: size and nesting limits, the parse's time budget.
+    pub watch: WatchConfig,
 }
 
 /// Where the control plane listens, once both ports are bound.
@@ -75,7 +74,10 @@ pub async fn serve(
     ready: impl FnOnce(&Listening),
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let topology = ferry_topology::load_file(&config.topology)?;
+    // Watch first, so an edit made while the first state loads is not missed.
+    let watch = TopologyWatch::new(config.topology.clone(), config.watch)?;
+    let topology =
+        crate::source::load(&config.topology, config.watch.limits, config.watch.budget).await?;
     let ca = Arc::new(load_ca(config, &topology.trust_domain)?);
     std::fs::create_dir_all(&config.state_dir)?;
     let tokens = Arc::new(
@@ -95,13 +97,7 @@ pub async fn serve(
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (reload_tx, _reloads) = tokio::sync::watch::channel(Reloads::default());
-    tokio::spawn(crate::source::watch_file(
-        config.topology.clone(),
-        store.clone(),
-        res_tx,
-        WATCH_EVERY,
-        reload_tx,
-    ));
+    tokio::spawn(watch.run(store.clone(), res_tx, reload_tx));
     let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()));
     let metrics_listener = TcpListener::bind(config.metrics_listen)
         .await
