@@ -338,10 +338,17 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// An anchor, alias or tag: up to a blank (or, in a flow collection, a flow indicator).
+    /// An anchor or alias (`&name`, `*name`: letters, digits, `-`, `_`), or a tag (`!...`: up
+    /// to a blank or, in a flow collection, a flow indicator).
     fn property(&mut self) {
+        let tag = self.at(0) == Some(b'!');
+        self.advance();
         while !self.blankz(0) {
-            if self.in_flow() && matches!(self.at(0), Some(b',' | b'[' | b']' | b'{' | b'}')) {
+            let c = self.at(0).unwrap_or(b' ');
+            if !(tag || c.is_ascii_alphanumeric() || c == b'-' || c == b'_') {
+                return;
+            }
+            if self.in_flow() && matches!(c, b',' | b'[' | b']' | b'{' | b'}') {
                 return;
             }
             self.advance();

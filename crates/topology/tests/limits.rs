@@ -14,14 +14,16 @@ fn limits(max_depth: usize) -> Limits {
     }
 }
 
-/// How deep the YAML parser nests `v` (a scalar is 0).
+/// How deep the YAML parser nests `v` (a scalar is 0). A mapping's keys count one level up:
+/// libyaml (and the pre-scan) opens a block mapping only at the `:` after its first key, so
+/// a collection as a key is scanned before the mapping around it is open.
 fn depth(v: &serde_yaml_ng::Value) -> usize {
     match v {
         serde_yaml_ng::Value::Sequence(s) => 1 + s.iter().map(depth).max().unwrap_or(0),
         serde_yaml_ng::Value::Mapping(m) => {
             1 + m
                 .iter()
-                .map(|(k, v)| depth(k).max(depth(v)))
+                .map(|(k, v)| depth(k).saturating_sub(1).max(depth(v)))
                 .max()
                 .unwrap_or(0)
         }
