@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ferry_control::app::{Config, Listening};
+use ferry_control::app::{Config, Listening, ServeLimits};
 use ferry_control::source::WatchConfig;
 
 #[derive(Debug, clap::Subcommand)]
@@ -68,6 +68,13 @@ pub(crate) struct ServeArgs {
     /// (parsing runs off the serving threads; the last good state keeps being served).
     #[arg(long, default_value_t = 30)]
     topology_parse_budget: u64,
+    /// Concurrent HTTP/2 streams one connection may have open (CA requests and xDS streams);
+    /// a client queues the rest.
+    #[arg(long, default_value_t = ServeLimits::default().streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Connections one peer IP may have open; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = ServeLimits::default().connections_per_peer)]
+    max_connections_per_peer: usize,
 }
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
@@ -110,6 +117,10 @@ impl ServeArgs {
                 },
                 budget: Duration::from_secs(self.topology_parse_budget),
                 ..WatchConfig::default()
+            },
+            limits: ServeLimits {
+                streams_per_connection: self.max_streams_per_connection,
+                connections_per_peer: self.max_connections_per_peer,
             },
         }
     }
