@@ -173,6 +173,12 @@ impl Control {
 
     /// A first full xDS sync of east-1, with a deadline.
     async fn sync(&self) {
+        self.synced().await.abort();
+    }
+
+    /// A first full xDS sync of east-1, with a deadline; the client stays connected until the
+    /// task is aborted.
+    async fn synced(&self) -> tokio::task::JoinHandle<()> {
         let store = Arc::new(ferry_core::store::Store::default());
         let client = ferry_xds::client::XdsClient::new(
             ferry_xds::client::ClientConfig {
@@ -195,7 +201,7 @@ impl Control {
             .expect("xDS answers in time")
             .unwrap();
         assert!(store.load().workloads().count() > 0);
-        task.abort();
+        task
     }
 
     /// The process's CPU time (user + system) so far.
@@ -301,9 +307,12 @@ async fn a_parse_that_runs_long_blocks_neither_the_ca_xds_nor_sigterm() {
         Duration::from_secs(30),
     );
     cp.sign().await;
-    // SIGTERM ends it within the drain deadline, the parse thread still running.
+    // SIGTERM ends it within the drain deadline, the parse thread still running and a node's
+    // xDS stream still open.
+    let node = cp.synced().await;
     let took = cp.terminate(ferry_control::app::DRAIN_DEADLINE + Duration::from_secs(5));
     eprintln!("exited {took:?} after SIGTERM");
+    node.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
