@@ -122,7 +122,7 @@ pub async fn serve(
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (reload_tx, _reloads) = tokio::sync::watch::channel(Reloads::default());
-    tokio::spawn(watch.run(store.clone(), res_tx, reload_tx));
+    let watcher = tokio::spawn(watch.run(store.clone(), res_tx, reload_tx));
     let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()));
     let metrics = xds.metrics();
     let metrics_listener = TcpListener::bind(config.metrics_listen)
@@ -170,10 +170,13 @@ pub async fn serve(
         .add_service(xds.into_server())
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
+            // Ending the watcher drops the resources' sender: every xDS stream then ends, so
+            // the graceful shutdown need not wait for node proxies to hang up.
+            watcher.abort();
             let _ = signalled_tx.send(());
         });
-    // Graceful shutdown waits for every stream to end, and a node proxy's xDS stream does not
-    // end by itself: give them the drain deadline, then close what is left.
+    // Graceful shutdown waits for every stream to end: give what is left (a CA request in
+    // flight, a stream that would not end) the drain deadline, then close it.
     let deadline = async move {
         if signalled.await.is_ok() {
             tokio::time::sleep(DRAIN_DEADLINE).await;
