@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ferry_control::app::{Config, Listening};
+use ferry_control::app::{Config, Listening, ServeLimits};
+use ferry_control::source::WatchConfig;
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ControlCommand {
@@ -56,6 +57,24 @@ pub(crate) struct ServeArgs {
     /// LOCAL EXPERIMENTS ONLY: serve without TLS, and xDS without node authentication.
     #[arg(long)]
     plaintext: bool,
+    /// Largest topology file read, in bytes; a larger edit is rejected before it is parsed.
+    #[arg(long, default_value_t = ferry_topology::Limits::DEFAULT_MAX_BYTES)]
+    topology_max_bytes: usize,
+    /// Deepest nesting of the topology file (flow collections `[`, `{` and indented blocks
+    /// together), checked in one linear pass before the YAML parser runs; real files nest 6-8.
+    #[arg(long, default_value_t = ferry_topology::Limits::DEFAULT_MAX_DEPTH)]
+    topology_max_depth: usize,
+    /// Longest a topology edit may take to read and parse, in seconds, before it is rejected
+    /// (parsing runs off the serving threads; the last good state keeps being served).
+    #[arg(long, default_value_t = 30)]
+    topology_parse_budget: u64,
+    /// Concurrent HTTP/2 streams one connection may have open (CA requests and xDS streams);
+    /// a client queues the rest.
+    #[arg(long, default_value_t = ServeLimits::default().streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Connections one peer IP may have open; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = ServeLimits::default().connections_per_peer)]
+    max_connections_per_peer: usize,
 }
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
@@ -93,6 +112,18 @@ impl ServeArgs {
             max_lifetime: Duration::from_secs(self.max_lifetime),
             metrics_listen: self.metrics_listen,
             plaintext: self.plaintext,
+            watch: WatchConfig {
+                limits: ferry_topology::Limits {
+                    max_bytes: self.topology_max_bytes,
+                    max_depth: self.topology_max_depth,
+                },
+                budget: Duration::from_secs(self.topology_parse_budget),
+                ..WatchConfig::default()
+            },
+            limits: ServeLimits {
+                streams_per_connection: self.max_streams_per_connection,
+                connections_per_peer: self.max_connections_per_peer,
+            },
         }
     }
 }

@@ -11,17 +11,18 @@ use anyhow::{Context, bail};
 use ferry_core::store::Store;
 use tokio::net::TcpListener;
 
+use crate::admission::PeerLimited;
 use crate::ca::service::{CaService, Lifetimes};
 use crate::ca::signer::Ca;
 use crate::ca::token::NodeTokens;
-use crate::source::Reloads;
+use crate::source::{Reloads, TopologyWatch, WatchConfig};
 use crate::xds_server::XdsServer;
 
 /// The name node proxies expect in the control plane's certificate.
 pub const SERVER_NAME: &str = "ferry-control";
 
-/// How often the topology file is checked for edits.
-const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// How long open streams (node proxies' xDS) get to end after the shutdown signal.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Lifetime of the control plane's own serving certificate.
 const SERVER_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -45,6 +46,29 @@ pub struct Config {
     pub metrics_listen: SocketAddr,
     /// LOCAL EXPERIMENTS ONLY: no TLS, and xDS without node authentication.
     pub plaintext: bool,
+    /// How the topology file is read: size and nesting limits, the parse's time budget.
+    pub watch: WatchConfig,
+    /// What one client may open.
+    pub limits: ServeLimits,
+}
+
+/// What one client may open on the gRPC port (CA and xDS alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Concurrent HTTP/2 streams on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`); a
+    /// client queues the rest.
+    pub streams_per_connection: u32,
+    /// Open connections from one peer IP; more are closed at accept.
+    pub connections_per_peer: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            streams_per_connection: 32,
+            connections_per_peer: 16,
+        }
+    }
 }
 
 /// Where the control plane listens, once both ports are bound.
@@ -75,7 +99,10 @@ pub async fn serve(
     ready: impl FnOnce(&Listening),
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let topology = ferry_topology::load_file(&config.topology)?;
+    // Watch first, so an edit made while the first state loads is not missed.
+    let watch = TopologyWatch::new(config.topology.clone(), config.watch)?;
+    let topology =
+        crate::source::load(&config.topology, config.watch.limits, config.watch.budget).await?;
     let ca = Arc::new(load_ca(config, &topology.trust_domain)?);
     std::fs::create_dir_all(&config.state_dir)?;
     let tokens = Arc::new(
@@ -95,24 +122,22 @@ pub async fn serve(
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (reload_tx, _reloads) = tokio::sync::watch::channel(Reloads::default());
-    tokio::spawn(crate::source::watch_file(
-        config.topology.clone(),
-        store.clone(),
-        res_tx,
-        WATCH_EVERY,
-        reload_tx,
-    ));
+    let watcher = tokio::spawn(watch.run(store.clone(), res_tx, reload_tx));
     let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()));
+    let metrics = xds.metrics();
     let metrics_listener = TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding the metrics address {}", config.metrics_listen))?;
     let metrics_addr = metrics_listener.local_addr()?;
     tokio::spawn(crate::metrics::serve(
         metrics_listener,
-        Arc::new(xds.metrics().registry()),
+        Arc::new(metrics.registry()),
     ));
-    let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes).into_server();
-    let mut builder = tonic::transport::Server::builder();
+    let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes)
+        .with_metrics(metrics.clone())
+        .into_server();
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(config.limits.streams_per_connection));
     if !config.plaintext {
         let ips = if addr.ip().is_unspecified() {
             vec![]
@@ -134,14 +159,35 @@ pub async fn serve(
         metrics_addr,
         plaintext: config.plaintext,
     });
-    builder
+    let incoming = PeerLimited::new(
+        listener,
+        config.limits.connections_per_peer,
+        metrics.connections_refused.clone(),
+    );
+    let (signalled_tx, signalled) = tokio::sync::oneshot::channel::<()>();
+    let served = builder
         .add_service(ca_service)
         .add_service(xds.into_server())
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await?;
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            // Ending the watcher drops the resources' sender: every xDS stream then ends, so
+            // the graceful shutdown need not wait for node proxies to hang up.
+            watcher.abort();
+            let _ = signalled_tx.send(());
+        });
+    // Graceful shutdown waits for every stream to end: give what is left (a CA request in
+    // flight, a stream that would not end) the drain deadline, then close it.
+    let deadline = async move {
+        if signalled.await.is_ok() {
+            tokio::time::sleep(DRAIN_DEADLINE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        r = served => r?,
+        () = deadline => tracing::warn!(deadline_s = DRAIN_DEADLINE.as_secs(), "streams still open at the drain deadline; closing them"),
+    }
     Ok(())
 }
 

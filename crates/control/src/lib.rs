@@ -2,6 +2,7 @@
 //! fed by a watched topology file.
 //!
 //! # Layout
+//! - [`admission`]: connections per peer address, capped at accept.
 //! - [`ca`]: the mesh CA (root, CSRs, node tokens, the co-location rule, the gRPC service).
 //! - [`xds_server`]: `DeltaAggregatedResources`: initial state on subscribe, then differences.
 //! - [`flatten`]: nested service addresses resolved once, before they go on the wire.
@@ -11,6 +12,7 @@
 //!
 //! The wire conversion, resource sets and the client are in `ferry-xds`.
 
+pub mod admission;
 pub mod app;
 pub mod ca;
 pub mod flatten;

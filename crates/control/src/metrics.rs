@@ -1,4 +1,4 @@
-//! The control plane's Prometheus endpoint for its xDS counters.
+//! The control plane's Prometheus endpoint for its xDS, CA and connection counters.
 //!
 //! Answers every HTTP/1.1 request on its port, whatever the path, with the counters in the
 //! OpenMetrics text format (prometheus-client) and closes the connection. Bind it to loopback or
@@ -29,6 +29,12 @@ pub struct Metrics {
     pub acks: Counter,
     pub nacks: Counter,
     pub refused: Counter,
+    /// Certificate requests decoded and judged (signed or refused after reading the body).
+    pub ca_requests: Counter,
+    /// Certificate requests refused from their headers, before the body was read.
+    pub ca_refused: Counter,
+    /// Connections closed at accept: too many open from the same peer address.
+    pub connections_refused: Counter,
 }
 
 // === impl Metrics ===
@@ -55,6 +61,21 @@ impl Metrics {
                 "ferry_xds_refused",
                 "xDS streams refused for a missing or bad node credential",
                 &self.refused,
+            ),
+            (
+                "ferry_ca_requests",
+                "certificate requests decoded and judged",
+                &self.ca_requests,
+            ),
+            (
+                "ferry_ca_refused",
+                "certificate requests refused for a missing or bad node credential, before the body was read",
+                &self.ca_refused,
+            ),
+            (
+                "ferry_control_connections_refused",
+                "connections closed at accept: too many open from one peer address",
+                &self.connections_refused,
             ),
         ] {
             r.register(name, help, c.clone());

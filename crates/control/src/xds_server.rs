@@ -18,8 +18,10 @@ use ferry_xds::resources::{ResourceSet, diff};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::ca::auth::{Authenticate, Caller};
 use crate::ca::token::NodeTokens;
 use crate::metrics::Metrics;
 
@@ -53,12 +55,31 @@ impl XdsServer {
         self.metrics.clone()
     }
 
-    pub fn into_server(self) -> AggregatedDiscoveryServiceServer<Self> {
-        AggregatedDiscoveryServiceServer::new(self)
-            .max_decoding_message_size(200 << 20)
-            .max_encoding_message_size(200 << 20)
+    /// The tonic server: the credential checked from the headers before any request on the
+    /// stream is decoded (requests carry a reconnecting client's resource versions, so they may
+    /// be large, but only for a node with a valid credential).
+    pub fn into_server(self) -> XdsServerService {
+        let auth = Authenticate::new(
+            self.tokens.clone(),
+            tonic::Code::Unauthenticated,
+            "xDS stream",
+            self.metrics.refused.clone(),
+        );
+        InterceptedService::new(
+            AggregatedDiscoveryServiceServer::new(self)
+                .max_decoding_message_size(MAX_REQUEST_BYTES)
+                .max_encoding_message_size(200 << 20),
+            auth,
+        )
     }
 }
+
+/// The largest xDS request decoded from an authenticated node.
+pub const MAX_REQUEST_BYTES: usize = 200 << 20;
+
+/// The service as served.
+pub type XdsServerService =
+    InterceptedService<AggregatedDiscoveryServiceServer<XdsServer>, Authenticate>;
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
@@ -70,22 +91,17 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let node = match &self.tokens {
-            Some(tokens) => {
-                let auth = request
-                    .metadata()
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok());
-                match NodeTokens::from_metadata(auth).and_then(|t| tokens.verify(t)) {
-                    Ok(n) => n.to_string(),
-                    Err(e) => {
-                        self.metrics.refused.inc();
-                        tracing::warn!(reason = %e, "xDS stream refused");
-                        return Err(Status::unauthenticated(e.to_string()));
-                    }
+        let node = match (&self.tokens, request.extensions().get::<Caller>()) {
+            (Some(_), Some(Caller(n))) => n.to_string(),
+            (Some(tokens), None) => match Authenticate::verify(tokens, &request) {
+                Ok(n) => n.to_string(),
+                Err(e) => {
+                    self.metrics.refused.inc();
+                    tracing::warn!(reason = %e.message(), "xDS stream refused");
+                    return Err(e);
                 }
-            }
-            None => "(unauthenticated)".to_string(),
+            },
+            (None, _) => "(unauthenticated)".to_string(),
         };
         let cluster = request
             .metadata()

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_control::ca::signer::Ca;
 use ferry_control::ca::token::NodeTokens;
-use ferry_control::source::{Reloads, watch_file};
+use ferry_control::source::{Reloads, TopologyWatch, WatchConfig};
 use ferry_control::xds_server::XdsServer;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
@@ -74,6 +74,7 @@ struct ControlPlane {
 
 impl ControlPlane {
     async fn start(file: &TopologyFile, ca: Arc<Ca>, addr: Option<SocketAddr>) -> Self {
+        let watch = TopologyWatch::new(file.0.clone(), WatchConfig::default()).unwrap();
         let topo = ferry_topology::load_file(&file.0).unwrap();
         let store = Arc::new(Store::new(topo.snapshot));
         let (res_tx, res_rx) = watch::channel(Arc::new(ferry_control::flatten::resource_set(
@@ -87,13 +88,7 @@ impl ControlPlane {
         let (reload_tx, reloads) = watch::channel(Reloads::default());
         let server = XdsServer::new(res_rx, Some(tokens.clone()));
         let mut tasks = JoinSet::new();
-        tasks.spawn(watch_file(
-            file.0.clone(),
-            store,
-            res_tx.clone(),
-            Duration::from_millis(20),
-            reload_tx,
-        ));
+        tasks.spawn(watch.run(store, res_tx.clone(), reload_tx));
         let (chain, key) = ca
             .issue_server_cert(
                 &[SERVER_NAME.into()],

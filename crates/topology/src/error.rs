@@ -22,7 +22,8 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A problem without a place in the text, at `path` of the document (empty for all of it).
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             location: None,
             path: path.into(),

@@ -41,13 +41,16 @@
 
 mod convert;
 mod error;
+mod limits;
 mod schema;
 
+use std::io::Read as _;
 use std::path::Path;
 
 use ferry_core::snapshot::Snapshot;
 
 pub use error::{Location, Problem, TopologyError};
+pub use limits::Limits;
 
 /// A converted topology file.
 #[derive(Debug)]
@@ -58,12 +61,25 @@ pub struct Topology {
     pub trust_domain: String,
 }
 
-/// Parses and converts the topology in `text`; `source_name` names it in errors.
+/// Parses and converts the topology in `text`, within the default [`Limits`]; `source_name`
+/// names it in errors.
 pub fn parse(source_name: &str, text: &str) -> Result<Topology, TopologyError> {
+    parse_within(source_name, text, &Limits::default())
+}
+
+/// Parses and converts the topology in `text`. The size and the nesting depth are checked
+/// against `limits` in one linear pass before the YAML parser runs (it is quadratic in the
+/// nesting of flow collections), so a hostile file is refused in time linear in its size.
+pub fn parse_within(
+    source_name: &str,
+    text: &str,
+    limits: &Limits,
+) -> Result<Topology, TopologyError> {
     let fail = |problems| TopologyError {
         file: source_name.to_string(),
         problems,
     };
+    limits::check(text, limits).map_err(|p| fail(vec![p]))?;
     let de = serde_yaml_ng::Deserializer::from_str(text);
     let file: schema::File =
         serde_path_to_error::deserialize(de).map_err(|e| fail(vec![error::from_yaml(&e)]))?;
@@ -74,31 +90,44 @@ pub fn parse(source_name: &str, text: &str) -> Result<Topology, TopologyError> {
     })
 }
 
-/// Reads and converts the topology file at `path`. A file that cannot be read is reported as a
-/// [`TopologyError`] too.
+/// Reads and converts the topology file at `path`, within the default [`Limits`].
 pub fn load_file(path: &Path) -> Result<Topology, TopologyError> {
-    let name = path.display().to_string();
+    load_file_within(path, &Limits::default())
+}
+
+/// Reads and converts the topology file at `path`, within `limits` (see [`read_file_within`]).
+pub fn load_file_within(path: &Path, limits: &Limits) -> Result<Topology, TopologyError> {
+    let text = read_file_within(path, limits)?;
+    parse_within(&path.display().to_string(), &text, limits)
+}
+
+/// Reads the text of the topology file at `path`, no more than `limits.max_bytes` (and one)
+/// bytes of it. A file that cannot be read, is larger or is not UTF-8 is a [`TopologyError`].
+pub fn read_file_within(path: &Path, limits: &Limits) -> Result<String, TopologyError> {
     let fail = |message: String| TopologyError {
-        file: name.clone(),
+        file: path.display().to_string(),
         problems: vec![Problem::new("", message)],
     };
-    // Deeply nested YAML parses in quadratic time: refuse files far larger than any real mesh.
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() > MAX_FILE_BYTES => {
-            return Err(fail(format!(
-                "expected a topology file of at most {MAX_FILE_BYTES} bytes, found {} bytes",
-                m.len()
-            )));
-        }
-        _ => {}
-    }
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse(&name, &text),
-        Err(e) => Err(fail(format!(
+    let unreadable = |e: std::io::Error| {
+        fail(format!(
             "expected a readable UTF-8 topology file, found an error: {e}"
-        ))),
+        ))
+    };
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let cap = u64::try_from(limits.max_bytes)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
+    let mut bytes = Vec::new();
+    file.take(cap).read_to_end(&mut bytes).map_err(unreadable)?;
+    if bytes.len() > limits.max_bytes {
+        return Err(fail(format!(
+            "expected a topology file of at most {} bytes, found more",
+            limits.max_bytes
+        )));
     }
+    String::from_utf8(bytes)
+        .map_err(|e| unreadable(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 /// The largest topology file `load_file` reads (64 MiB: about a million workloads).
-pub const MAX_FILE_BYTES: u64 = 64 << 20;
+pub const MAX_FILE_BYTES: u64 = Limits::DEFAULT_MAX_BYTES as u64;

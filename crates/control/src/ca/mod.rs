@@ -10,9 +10,12 @@
 //! - [`signer`]: the root (loaded, or created and persisted), signing of CSRs.
 //! - [`csr`]: CSR parsing, SPIFFE SAN, key strength.
 //! - [`token`]: per-node bootstrap tokens.
+//! - [`auth`]: the token checked from a request's headers, before its body is decoded (the
+//!   CA's and xDS's).
 //! - [`authz`]: the co-location check (pure).
 //! - [`service`]: `istio.v1.auth.IstioCertificateService` over gRPC.
 
+pub mod auth;
 pub mod authz;
 pub mod csr;
 pub mod service;

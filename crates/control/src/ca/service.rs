@@ -1,20 +1,36 @@
 //! `istio.v1.auth.IstioCertificateService` over gRPC.
+//!
+//! The node credential is checked from the headers by [`Authenticate`] before the body is
+//! decoded, and a request body may be at most [`MAX_REQUEST_BYTES`] (a CSR is about 1 KB): a
+//! caller without a credential costs no buffered body, one with a credential at most that.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::citadel::istio_certificate_service_server::IstioCertificateService;
+use ferry_api::citadel::istio_certificate_service_server::{
+    IstioCertificateService, IstioCertificateServiceServer,
+};
 use ferry_api::citadel::{IstioCertificateRequest, IstioCertificateResponse};
 use ferry_core::identity::Identity;
 use ferry_core::store::Store;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use crate::ca::auth::{Authenticate, Caller};
 use crate::ca::authz;
 use crate::ca::signer::Ca;
 use crate::ca::token::NodeTokens;
+use crate::metrics::Metrics;
 
 /// The metadata key a node proxy sets to the workload identity it asks for.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+
+/// The largest certificate request body decoded (a CSR and its metadata are about 1 KB); a
+/// larger one is refused with `OutOfRange` from its length prefix, before it is buffered.
+pub const MAX_REQUEST_BYTES: usize = 64 << 10;
+
+/// The service as served: the credential checked from the headers, then the body decoded.
+pub type CaServer = InterceptedService<IstioCertificateServiceServer<CaService>, Authenticate>;
 
 /// Lifetimes the CA grants.
 #[derive(Clone, Debug)]
@@ -41,6 +57,7 @@ pub struct CaService {
     tokens: Arc<NodeTokens>,
     store: Arc<Store>,
     lifetimes: Lifetimes,
+    metrics: Arc<Metrics>,
 }
 
 impl CaService {
@@ -55,16 +72,34 @@ impl CaService {
             tokens,
             store,
             lifetimes,
+            metrics: Arc::new(Metrics::default()),
         }
     }
 
-    /// The tonic server wrapper for this service.
-    pub fn into_server(
-        self,
-    ) -> ferry_api::citadel::istio_certificate_service_server::IstioCertificateServiceServer<Self>
-    {
-        ferry_api::citadel::istio_certificate_service_server::IstioCertificateServiceServer::new(
-            self,
+    /// Counts into `metrics` (the control plane's one registry) instead of its own.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// What it counts: `ca_requests` decoded, `ca_refused` before decoding.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// The tonic server for this service: the credential checked before the body is decoded,
+    /// bodies of at most [`MAX_REQUEST_BYTES`].
+    pub fn into_server(self) -> CaServer {
+        let auth = Authenticate::new(
+            Some(self.tokens.clone()),
+            tonic::Code::PermissionDenied,
+            "certificate request",
+            self.metrics.ca_refused.clone(),
+        );
+        InterceptedService::new(
+            IstioCertificateServiceServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES),
+            auth,
         )
     }
 
@@ -73,14 +108,13 @@ impl CaService {
             tracing::warn!(reason = %what, "certificate request refused");
             Status::permission_denied(what)
         };
-        // 1. Who is asking: the node credential.
-        let auth = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let node = NodeTokens::from_metadata(auth)
-            .and_then(|t| self.tokens.verify(t))
-            .map_err(|e| deny(e.to_string()))?;
+        // 1. Who is asking: the node credential (checked from the headers already when served
+        // through `into_server`).
+        let node = match request.extensions().get::<Caller>() {
+            Some(Caller(node)) => node.clone(),
+            None => Authenticate::verify(&self.tokens, request)
+                .map_err(|e| deny(e.message().to_string()))?,
+        };
         let body = request.get_ref();
         // 2. For whom: the impersonated identity, or else the CSR's own.
         let parsed =
@@ -133,6 +167,7 @@ impl IstioCertificateService for CaService {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
+        self.metrics.ca_requests.inc();
         let cert_chain = self.handle(&request)?;
         Ok(Response::new(IstioCertificateResponse { cert_chain }))
     }
