@@ -10,7 +10,8 @@
 //! - [`route`]: the routing decision (scope, waypoints, nesting, load balancing, transport).
 //! - [`inbound`]: a destination node proxy's decisions: a tunnel's target in the pod, and plain
 //!   TCP through the pod's waypoint.
-//! - [`hop`]: what a waypoint or gateway trusts of the origin a tunnel claims.
+//! - [`hop`]: the origin cluster every hop takes from the peer's certificate (never the
+//!   baggage), and the destination's scope check.
 //! - [`ports`]: the proxy's own ports in a pod, and the guard against calling them.
 //! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_core::hop::OriginError;
+use ferry_core::hop::{Hop, origin_cluster};
 use ferry_core::model::ClusterId;
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Source, Transport};
@@ -86,20 +86,27 @@ impl Handler for Gateway {
             .ok_or_else(|| {
                 Refusal::Unavailable(format!("gateway {} is not in the mesh", self.name))
             })?;
-        // The cluster the caller's node proxy (or waypoint) claims, which scope is checked
-        // against; required here. Not checked against the caller's address as core's
-        // `hop::origin_cluster` does: the caller is on another network, and its address may
-        // belong to another workload on this one (pod addresses repeat across networks).
-        let origin = ConnectHeaders::read(&req.headers)
-            .typed_baggage()
-            .cluster
-            .map(ClusterId::new)
-            .ok_or(OriginError::Unclaimed)
-            .map_err(|e| self.refuse(req, e.to_string()))?;
         let dst = Destination::Host {
             hostname: hostname.clone(),
             port: *port,
         };
+        // The cluster the caller's certificate proves (core's rule; a waypoint's own, for a
+        // tunnel a waypoint sends), which scope is checked against; the baggage's claim is only
+        // logged when it disagrees.
+        let claim = ConnectHeaders::read(&req.headers)
+            .typed_baggage()
+            .cluster
+            .map(ClusterId::new);
+        let hop = Hop {
+            cluster: &me.cluster,
+            network: &me.network,
+        };
+        let origin = origin_cluster(&snap, hop, &req.peer_cluster, claim.as_ref(), &dst)
+            .map_err(|e| self.refuse(req, e.to_string()))?;
+        if let Some(claimed) = &origin.disputed_claim {
+            tracing::info!(src.identity = %req.peer, src.addr = %req.peer_addr, origin.cluster = %origin.cluster, claimed.cluster = %claimed, "the baggage claims another cluster than the certificate proves; ignored");
+        }
+        let origin = origin.cluster;
         match route::plan(
             &snap,
             // The gateway is no workload: it routes from where it stands (its network and

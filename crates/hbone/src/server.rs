@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferry_core::hop::PeerCluster;
 use ferry_core::identity::Identity;
-use ferry_tls::config::{Credentials, TrustBundle, peer_identity, server_config};
+use ferry_tls::config::{Credentials, TrustBundle, peer_cluster, peer_identity, server_config};
 use http::{HeaderMap, Response};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -32,6 +33,11 @@ pub struct ConnectRequest {
     pub id: u64,
     /// The mutual-TLS peer's SPIFFE identity (verified, same trust domain as ours).
     pub peer: Identity,
+    /// The cluster the mesh CA bound into that same verified certificate, or
+    /// [`PeerCluster::Unproven`] if it carries none (another trust source). This connection's
+    /// own peer: at the destination of double HBONE, the inner tunnel's client (the gateway
+    /// only forwards its bytes). What scope is checked against; never the baggage.
+    pub peer_cluster: PeerCluster,
     /// The TCP address the tunnel connection came from.
     pub peer_addr: SocketAddr,
     pub target: Target,
@@ -224,12 +230,13 @@ impl Server {
                 addr: peer_addr,
                 source,
             })?;
-        let peer = peer_identity(tls.get_ref().1.peer_certificates(), &self.trust_domain).map_err(
-            |reason| Error::PeerCertificate {
-                addr: peer_addr,
-                reason,
-            },
-        )?;
+        let certs = tls.get_ref().1.peer_certificates();
+        let bad_peer = |reason| Error::PeerCertificate {
+            addr: peer_addr,
+            reason,
+        };
+        let peer = peer_identity(certs, &self.trust_domain).map_err(bad_peer)?;
+        let cluster = PeerCluster::from_certificate(peer_cluster(certs).map_err(bad_peer)?);
         // HBONE is HTTP/2 only: a client that offered no ALPN (rustls lets that through) is
         // refused here, as one offering only others is refused in the handshake.
         let alpn = tls.get_ref().1.alpn_protocol();
@@ -305,10 +312,9 @@ impl Server {
                     addr: peer_addr,
                     source,
                 })?;
-                let (peer, handler, bounds) = (peer.clone(), handler.clone(), bounds.clone());
-                streams.spawn(serve_stream(
-                    request, respond, peer, peer_addr, handler, bounds,
-                ));
+                let (handler, bounds) = (handler.clone(), bounds.clone());
+                let peer = (peer.clone(), cluster.clone(), peer_addr);
+                streams.spawn(serve_stream(request, respond, peer, handler, bounds));
             }
             Ok(())
         }
@@ -322,11 +328,11 @@ impl Server {
     }
 }
 
+/// One CONNECT stream from the peer `(identity, proven cluster, address)`.
 async fn serve_stream<H: Handler>(
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
-    peer: Identity,
-    peer_addr: SocketAddr,
+    (peer, peer_cluster, peer_addr): (Identity, PeerCluster, SocketAddr),
     handler: Arc<H>,
     bounds: copy::Bounds,
 ) {
@@ -348,6 +354,7 @@ async fn serve_stream<H: Handler>(
     let req = ConnectRequest {
         id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         peer: peer.clone(),
+        peer_cluster,
         peer_addr,
         target,
         headers: parts.headers,

@@ -5,6 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use ferry_core::hop::PeerCluster;
+use ferry_core::model::ClusterId;
 use ferry_hbone::double::open_inner;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
@@ -21,6 +23,7 @@ const GATEWAY: &str = "spiffe://cluster.local/ns/istio-system/sa/eastwest";
 struct Gateway {
     next_hop: std::net::SocketAddr,
     seen: Mutex<Vec<(String, String)>>,
+    clusters: Mutex<Vec<PeerCluster>>,
 }
 
 impl Handler for Gateway {
@@ -29,6 +32,7 @@ impl Handler for Gateway {
     fn admit(&self, req: &ConnectRequest) -> Result<(), Refusal> {
         match &req.target {
             Target::Host { .. } => {
+                self.clusters.lock().push(req.peer_cluster.clone());
                 self.seen
                     .lock()
                     .push((req.peer.to_string(), req.target.to_string()));
@@ -59,6 +63,7 @@ impl Handler for Gateway {
 struct Destination {
     echo: std::net::SocketAddr,
     seen: Mutex<Vec<(String, String, Option<String>)>>,
+    clusters: Mutex<Vec<PeerCluster>>,
 }
 
 impl Handler for Destination {
@@ -66,6 +71,7 @@ impl Handler for Destination {
 
     fn admit(&self, req: &ConnectRequest) -> Result<(), Refusal> {
         let h = ConnectHeaders::read(&req.headers);
+        self.clusters.lock().push(req.peer_cluster.clone());
         self.seen.lock().push((
             req.peer.to_string(),
             req.target.to_string(),
@@ -96,11 +102,13 @@ async fn the_destination_sees_the_original_identity_through_the_gateway() {
     let dest = Arc::new(Destination {
         echo,
         seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
     });
     let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
     let gw = Arc::new(Gateway {
         next_hop: dest_addr,
         seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
     });
     let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
 
@@ -165,11 +173,13 @@ async fn the_inner_handshake_checks_the_destination_identity() {
     let dest = Arc::new(Destination {
         echo,
         seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
     });
     let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
     let gw = Arc::new(Gateway {
         next_hop: dest_addr,
         seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
     });
     let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
     let pool = Pool::new(PoolConfig::default());
@@ -216,6 +226,7 @@ async fn the_inner_connection_detects_a_vanished_destination_by_ping() {
     let dest = Arc::new(Destination {
         echo,
         seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
     });
     let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
     // Between the gateway and the destination: a path that can go silent without a FIN or RST.
@@ -223,6 +234,7 @@ async fn the_inner_connection_detects_a_vanished_destination_by_ping() {
     let gw = Arc::new(Gateway {
         next_hop: relay,
         seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
     });
     let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
     let pool = Pool::new(PoolConfig::default());
@@ -271,4 +283,70 @@ async fn the_inner_connection_detects_a_vanished_destination_by_ping() {
         .await
         .expect("the inner connection notices the silent destination by PING, not hang");
     assert!(r.is_err(), "the inner tunnel fails: {r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_hop_learns_the_cluster_its_own_peer_certificate_proves() {
+    // The outer tunnel under a certificate proving "outer", the inner one under a certificate
+    // proving "east": the gateway is told "outer", the destination "east" (the inner
+    // tunnel's certificate decides there, whatever the outer one said).
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let dest = Arc::new(Destination {
+        echo,
+        seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
+    });
+    let dest_addr = hbone_server(&ca, SERVER, dest.clone(), Settings::default()).await;
+    let gw = Arc::new(Gateway {
+        next_hop: dest_addr,
+        seen: Mutex::new(Vec::new()),
+        clusters: Mutex::default(),
+    });
+    let gw_addr = hbone_server(&ca, GATEWAY, gw.clone(), Settings::default()).await;
+    let outer_creds = ca.issue_in(&id(CLIENT), &ClusterId::new("outer"));
+    let inner_creds = ca.issue_in(&id(CLIENT), &ClusterId::new("east"));
+    let authority = "echo.default.svc.cluster.local:80";
+    let pool = Pool::new(PoolConfig::default());
+    let key = PoolKey::new(
+        id(CLIENT),
+        "127.0.0.1".parse().unwrap(),
+        gw_addr,
+        vec![id(GATEWAY)],
+    );
+    let outer = pool
+        .open(
+            &key,
+            &outer_creds,
+            &ca.bundle(),
+            authority,
+            &ConnectHeaders::default(),
+        )
+        .await
+        .expect("outer tunnel");
+    let mut inner = open_inner(
+        outer,
+        gw_addr,
+        &inner_creds,
+        &ca.bundle(),
+        vec![id(SERVER)],
+        authority,
+        &ConnectHeaders::default(),
+        &Settings::default(),
+    )
+    .await
+    .expect("inner tunnel");
+    inner.write_all(b"x").await.unwrap();
+    inner.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    inner.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"x");
+    assert_eq!(
+        *gw.clusters.lock(),
+        [PeerCluster::Proven(ClusterId::new("outer"))]
+    );
+    assert_eq!(
+        *dest.clusters.lock(),
+        [PeerCluster::Proven(ClusterId::new("east"))]
+    );
 }

@@ -30,7 +30,8 @@ pub struct Request {
     /// The CONNECT authority.
     #[arg(long)]
     pub authority: String,
-    /// The cluster the request claims (baggage) and the credential is for.
+    /// The cluster the request claims in its baggage (sent as `clusterid` to the CA too, which
+    /// ignores it: the certificate carries the cluster of the node whose credential asked).
     #[arg(long)]
     pub cluster: String,
     /// Dial the tunnel from this network namespace (a name under /run/netns) instead of the

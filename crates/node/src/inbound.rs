@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferry_core::authz::{self, ConnInfo, Verdict};
+use ferry_core::hop;
 use ferry_core::identity::Identity;
 use ferry_core::inbound::{self, InboundPlan};
 use ferry_core::model::Workload;
@@ -195,17 +196,25 @@ impl Handler for Inbound {
             .ok_or_else(|| ConnError::from(inbound::InboundError::LeftMesh).refusal())?;
         let headers = ConnectHeaders::read(&req.headers);
         let path = hbone_path(&snap, dst, &req.peer, &headers);
-        let verdict = authorize(
-            &snap,
-            dst,
-            &self.pod,
-            Some(&req.peer),
-            req.peer_addr,
-            to.port(),
-            false,
-        );
-        if !verdict.is_allowed() {
-            let e = ConnError::from(Denial(verdict));
+        // The last hop checks scope too, against the cluster the peer's certificate proves
+        // (the baggage's is a hint for the metrics' labels), then policy.
+        let scope = hop::destination_admits(&snap, dst, &req.target, to.port(), &req.peer_cluster);
+        let denied = match scope {
+            Err(e) => Some(ConnError::from(e)),
+            Ok(()) => {
+                let verdict = authorize(
+                    &snap,
+                    dst,
+                    &self.pod,
+                    Some(&req.peer),
+                    req.peer_addr,
+                    to.port(),
+                    false,
+                );
+                (!verdict.is_allowed()).then(|| ConnError::from(Denial(verdict)))
+            }
+        };
+        if let Some(e) = denied {
             let l = labels(
                 Some(dst),
                 &self.pod,

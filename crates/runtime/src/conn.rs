@@ -13,6 +13,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use ferry_core::authz::Verdict;
+use ferry_core::hop::OriginError;
 use ferry_core::inbound::InboundError;
 use ferry_core::ports::RecursiveCall;
 use ferry_core::route::RouteError;
@@ -68,6 +69,9 @@ pub enum ConnErrorKind {
     Recursive(#[from] RecursiveCall),
     #[error(transparent)]
     Denied(#[from] Denial),
+    /// The scope of what the tunnel asks for does not admit the cluster its peer proves.
+    #[error(transparent)]
+    OutOfScope(#[from] OriginError),
     /// Allowed when it opened, denied by a policy change while open (after moving these bytes).
     #[error("connection closed: no longer allowed by policy ({denial})")]
     PolicyChanged {
@@ -287,9 +291,9 @@ impl ConnError {
     /// The HTTP refusal a CONNECT gets for this failure.
     pub fn refusal(&self) -> Refusal {
         match &self.kind {
-            ConnErrorKind::Denied(_) | ConnErrorKind::PolicyChanged { .. } => {
-                Refusal::Denied(self.kind.to_string())
-            }
+            ConnErrorKind::Denied(_)
+            | ConnErrorKind::PolicyChanged { .. }
+            | ConnErrorKind::OutOfScope(_) => Refusal::Denied(self.kind.to_string()),
             ConnErrorKind::Inbound(e) if e.is_bad_request() => {
                 Refusal::BadRequest(self.kind.to_string())
             }
@@ -334,6 +338,13 @@ impl From<RecursiveCall> for ConnError {
 impl From<Denial> for ConnError {
     fn from(d: Denial) -> Self {
         Self::new(Side::Local, ResponseFlag::Deny, d)
+    }
+}
+
+impl From<OriginError> for ConnError {
+    /// Refused for scope: flagged as a denial (Istio has no flag of its own for it).
+    fn from(e: OriginError) -> Self {
+        Self::new(Side::Local, ResponseFlag::Deny, e)
     }
 }
 

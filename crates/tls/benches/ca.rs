@@ -48,7 +48,8 @@ async fn run() {
         .collect();
     let start = Instant::now();
     for (csr, id) in &csrs {
-        ca.sign(csr, id, Duration::from_secs(3600)).unwrap();
+        ca.sign(csr, id, &"c".into(), Duration::from_secs(3600))
+            .unwrap();
     }
     let local = n as f64 / start.elapsed().as_secs_f64();
 

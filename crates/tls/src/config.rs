@@ -222,6 +222,21 @@ pub fn peer_identity(
     Ok(id)
 }
 
+/// The cluster the mesh CA bound into a verified TLS peer's certificate (a client of our
+/// server), or `None` if it carries none (another trust source, such as istiod).
+///
+/// `peer_certs` must be what rustls verified: a server's `peer_certificates()` after the
+/// handshake (the client verifier has checked the chain to the bundle by then). Only the
+/// end-entity certificate is read; see [`crate::cluster`].
+pub fn peer_cluster(
+    peer_certs: Option<&[CertificateDer<'static>]>,
+) -> Result<Option<ferry_core::model::ClusterId>, TlsError> {
+    let leaf = peer_certs
+        .and_then(|c| c.first())
+        .ok_or_else(|| TlsError::Certificate("the peer presented no certificate".into()))?;
+    crate::cluster::cluster_of(leaf)
+}
+
 /// Serves one fixed certificate, on both the client and the server side.
 #[derive(Debug)]
 struct Fixed(Arc<CertifiedKey>);

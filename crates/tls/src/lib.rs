@@ -13,6 +13,8 @@
 //! - [`config`]: rustls client and server configurations (TLS 1.3, AES-GCM, ALPN `h2`); SPIFFE
 //!   identity verification on both sides; [`config::Credentials`] and [`config::TrustBundle`].
 //!   `san` (private) reads SPIFFE identities out of certificates.
+//! - [`cluster`]: the cluster the mesh CA binds into every certificate it signs (a private,
+//!   non-critical X.509 extension), read back from verified peer certificates.
 //! - [`certs`]: [`certs::CertManager`], one worker per identity: single-flight, rotation,
 //!   backoff, expiry.
 //! - [`ca_client`]: [`ca_client::GrpcCa`], a fresh key and CSR per certificate, over gRPC with
@@ -24,6 +26,7 @@
 
 pub mod ca_client;
 pub mod certs;
+pub mod cluster;
 pub mod config;
 pub mod error;
 mod san;

@@ -1,9 +1,10 @@
 //! A throwaway CA and per-identity certificate factory for tests (feature `testkit`).
 
 use ferry_core::identity::Identity;
+use ferry_core::model::ClusterId;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CustomExtension, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -61,8 +62,19 @@ impl TestCa {
         self.issue(&id.parse().expect("test identity"))
     }
 
+    /// Workload credentials for `id` with `cluster` bound in, as the mesh CA issues them
+    /// ([`crate::cluster`]).
+    pub fn issue_in(&self, id: &Identity, cluster: &ClusterId) -> Credentials {
+        self.issue_with(&[id.to_string()], Some(cluster))
+    }
+
     /// Credentials with the given URI SANs (which must include exactly one SPIFFE identity).
     pub fn issue_sans(&self, uris: &[String]) -> Credentials {
+        self.issue_with(uris, None)
+    }
+
+    /// Credentials with the given URI SANs and, if `cluster` is given, the cluster extension.
+    pub fn issue_with(&self, uris: &[String], cluster: Option<&ClusterId>) -> Credentials {
         let key = KeyPair::generate().expect("generate key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
         params.subject_alt_names = uris
@@ -74,6 +86,12 @@ impl TestCa {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if let Some(c) = cluster {
+            params.custom_extensions = vec![CustomExtension::from_oid_content(
+                crate::cluster::CLUSTER_OID,
+                crate::cluster::extension_value(c),
+            )];
+        }
         let cert = params.signed_by(&key, &self.issuer).expect("sign");
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         Credentials::from_der(vec![cert.der().clone(), self.root()], key)

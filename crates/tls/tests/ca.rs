@@ -10,12 +10,14 @@ use ferry_control::ca::service::{CaService, Lifetimes};
 use ferry_control::ca::signer::Ca;
 use ferry_control::ca::token::NodeTokens;
 use ferry_core::identity::Identity;
+use ferry_core::model::ClusterId;
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;
 use ferry_tls::ca_client::{CertificateSource, GrpcCa, validity};
 use ferry_tls::certs::{CertManager, ManagerConfig};
 use ferry_tls::config::{
-    Credentials, TrustBundle, client_config, peer_identity, server_config, server_name,
+    Credentials, TrustBundle, client_config, peer_cluster, peer_identity, server_config,
+    server_name,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -25,20 +27,24 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Server, ServerTls
 
 const A: &str = "spiffe://cluster.local/ns/default/sa/a";
 const B: &str = "spiffe://cluster.local/ns/default/sa/b";
+const D: &str = "spiffe://cluster.local/ns/default/sa/d";
 const SERVER_NAME: &str = "ferry-control";
 
 fn id(s: &str) -> Identity {
     s.parse().unwrap()
 }
 
-/// Two nodes; workload `a` on n1, `b` on n2.
+/// Two nodes in cluster `c`, workload `a` on n1, `b` on n2; `d` on n3 in cluster `d`.
 fn store() -> Arc<Store> {
     let mut m = MeshBuilder::new();
     m.cluster("c", "net")
+        .cluster("d", "net")
         .node("n1", "c", "r/z/s")
-        .node("n2", "c", "r/z/s");
+        .node("n2", "c", "r/z/s")
+        .node("n3", "d", "r/z/s");
     m.pod("a", "n1", "198.18.1.1");
     m.pod("b", "n2", "198.18.1.2");
+    m.pod("d", "n3", "198.18.1.3");
     Arc::new(Store::new(m.build()))
 }
 
@@ -294,11 +300,12 @@ async fn echo_over_mutual_tls(client: &Credentials, server: &Credentials, bundle
             .expect("server side of the handshake");
         let peer = peer_identity(tls.get_ref().1.peer_certificates(), &trust_domain)
             .expect("the client's identity");
+        let cluster = peer_cluster(tls.get_ref().1.peer_certificates()).expect("readable");
         let mut b = [0u8; 5];
         tls.read_exact(&mut b).await.unwrap();
         tls.write_all(&b).await.unwrap();
         tls.flush().await.unwrap();
-        peer
+        (peer, cluster)
     });
     let config = client_config(client, bundle, vec![server.identity().clone()]).unwrap();
     let tcp = TcpStream::connect(addr).await.unwrap();
@@ -310,7 +317,47 @@ async fn echo_over_mutual_tls(client: &Credentials, server: &Credentials, bundle
     let mut back = [0u8; 5];
     t.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"hello");
-    assert_eq!(&served.await.unwrap(), client.identity());
+    let (peer, cluster) = served.await.unwrap();
+    assert_eq!(&peer, client.identity());
+    // The server reads, from the certificate it verified, the cluster the CA bound into it.
+    assert_eq!(
+        cluster,
+        ferry_tls::cluster::cluster_of(client.leaf()).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_certificate_carries_the_cluster_of_the_node_that_asked_for_it() {
+    let cp = ControlPlane::start(Lifetimes::default()).await;
+    let a = cp
+        .client("n1")
+        .sign(&id(A), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let d = cp
+        .client("n3")
+        .sign(&id(D), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let cluster = |c: &Credentials| ferry_tls::cluster::cluster_of(c.leaf()).unwrap();
+    assert_eq!(cluster(&a), Some(ClusterId::new("c")));
+    assert_eq!(cluster(&d), Some(ClusterId::new("d")));
+    // The `clusterid` header a client sends is not what decides: n3's client says "c" too.
+    // And a CSR that asks for its own cluster extension is refused outright.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::URI(D.try_into().unwrap())];
+    params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
+        ferry_tls::cluster::CLUSTER_OID,
+        ferry_tls::cluster::extension_value(&ClusterId::new("c")),
+    )];
+    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+    let token = cp.tokens.issue(&"n3".into());
+    let refused = cp
+        .raw(csr, None, Some(token))
+        .await
+        .expect_err("a CSR bringing its own cluster");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,7 +502,11 @@ fn a_restarted_control_plane_keeps_its_trust_root_and_node_secret() {
     let again = Ca::load_or_create(&dir, "cluster.local").unwrap();
     assert_eq!(first.cert_pem(), again.cert_pem());
     let csr = csr_for(A);
-    assert!(again.sign(&csr, &id(A), Duration::from_secs(60)).is_ok());
+    assert!(
+        again
+            .sign(&csr, &id(A), &"c".into(), Duration::from_secs(60))
+            .is_ok()
+    );
     let tokens_again = NodeTokens::load_or_create(&dir.join("node-token.key")).unwrap();
     assert_eq!(tokens_again.verify(&token).unwrap().as_str(), "n1");
     use std::os::unix::fs::PermissionsExt;
@@ -484,7 +535,7 @@ async fn a_root_rotation_reaches_nodes_with_their_next_certificate() {
     // A peer already on the new root (step 2 elsewhere in the mesh) is trusted, and trusts us.
     let (b_csr, b_key) = ferry_tls::ca_client::new_csr(&id(B)).unwrap();
     let b_chain = new_root
-        .sign(&b_csr, &id(B), Duration::from_secs(3600))
+        .sign(&b_csr, &id(B), &"c".into(), Duration::from_secs(3600))
         .unwrap();
     let b = ferry_tls::ca_client::credentials(&id(B), &b_chain, b_key).unwrap();
     echo_over_mutual_tls(&a, &b, &bundle).await;

@@ -40,7 +40,7 @@ impl CertificateSource for LocalCa {
             let (csr, key) = new_csr(identity)?;
             let chain = self
                 .ca
-                .sign(&csr, identity, lifetime)
+                .sign(&csr, identity, &"c".into(), lifetime)
                 .map_err(|e| FetchError::Refused(e.to_string()))?;
             self.signed.fetch_add(1, Ordering::SeqCst);
             credentials(identity, &chain, key)

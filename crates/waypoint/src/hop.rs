@@ -1,7 +1,7 @@
 //! `ferry waypoint`: the HBONE hop in front of a service or workload.
 //!
 //! It terminates HBONE with its own identity, decides again for the tunnel's target *on behalf
-//! of the original source's cluster* (from the tunnel's `baggage`), so the service's scope is
+//! of the original source's cluster* (proven by its certificate), so the service's scope is
 //! enforced here too whatever the hop before did, and carries the bytes on in a new HBONE tunnel
 //! under its own identity. When a policy on the destination names HTTP facts (methods, paths,
 //! hosts), the bytes go through [`crate::l7`] instead, which judges each HTTP/1 request on its
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_core::hop::{Hop, Unclaimed, origin_cluster};
+use ferry_core::hop::{Hop, origin_cluster};
 use ferry_core::identity::Identity;
 use ferry_core::model::{ClusterId, WorkloadUid};
 use ferry_core::random::SplitMix64;
@@ -79,22 +79,20 @@ impl Handler for Waypoint {
         let me = snap
             .workload(&self.uid)
             .ok_or_else(|| Refusal::Unavailable("this waypoint left the mesh".into()))?;
-        // The cluster its source's node proxy claims, checked against the mesh wherever it can
-        // be (core's rule); a tunnel that claims none comes from this waypoint's own cluster.
+        // The origin cluster is the one the peer's certificate proves (core's rule); the
+        // baggage's claim is only logged when it disagrees.
         let claim = headers.typed_baggage().cluster.map(ClusterId::new);
         let hop = Hop {
             cluster: &self.cluster,
             network: &me.network,
         };
-        let origin = match origin_cluster(
-            &snap,
-            hop,
-            claim.as_ref(),
-            req.peer_addr.ip(),
-            &req.peer,
-            Unclaimed::OwnCluster,
-        ) {
-            Ok(c) => c,
+        let origin = match origin_cluster(&snap, hop, &req.peer_cluster, claim.as_ref(), dst) {
+            Ok(o) => {
+                if let Some(claimed) = &o.disputed_claim {
+                    tracing::info!(src.identity = %req.peer, src.addr = %req.peer_addr, origin.cluster = %o.cluster, claimed.cluster = %claimed, "the baggage claims another cluster than the certificate proves; ignored");
+                }
+                o.cluster
+            }
             Err(e) => {
                 let reason = e.to_string();
                 self.metrics.refused.inc();
@@ -158,8 +156,8 @@ impl Handler for Waypoint {
                     .map_or("none".into(), ToString::to_string),
                 None => source.to_string(),
             };
-            // And the cluster this waypoint decided for, which the next hop (a gateway) checks
-            // scope against.
+            // And the cluster this waypoint decided for: a hint for the next hop's logs (it
+            // checks scope against this waypoint's own certificate).
             baggage.source_principal = Some(original);
             baggage.plaintext = false;
             baggage.cluster = Some(origin_cluster.to_string());

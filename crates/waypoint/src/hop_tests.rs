@@ -181,6 +181,7 @@ async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_si
             .parse()
             .unwrap(),
         peer_addr: "127.0.0.1:40000".parse().unwrap(),
+        peer_cluster: ferry_core::hop::PeerCluster::Proven("east".into()),
         target: ferry_hbone::headers::Target::Addr(EXT.parse().unwrap()),
         headers: http::HeaderMap::new(),
     };

@@ -88,6 +88,63 @@ fn the_gateway_refuses_a_crafted_tunnel_for_a_cluster_local_service_and_carries_
     assert!(allowed.contains("status 200"), "{allowed}");
 }
 
+/// From a west identity, straight to east's gateway, claiming east (the baggage is the caller's
+/// word; the certificate is the CA's).
+#[test]
+fn a_west_certificate_claiming_east_is_refused_at_east_gateway_and_nothing_reaches_the_pod() {
+    let Some(lab) = NETWORKS.get() else { return };
+    let craft = |authority: &str, claim: &str| {
+        lab.craft(
+            "eastwest-west",
+            "west-1",
+            &[
+                "--identity",
+                "spiffe://cluster.local/ns/default/sa/sleep",
+                "--to",
+                "198.18.255.1:15008",
+                "--peer-identity",
+                "spiffe://cluster.local/ns/istio-system/sa/eastwest-east",
+                "--cluster",
+                claim,
+                "--authority",
+                authority,
+            ],
+        )
+    };
+    let ledger = lab.probe("ledger-east-1", 9080);
+    // The attack: a certificate west's node proxy holds, claiming east, for ledger
+    // (local to each cluster). Refused at the gateway, which decides for west.
+    let refused = craft("ledger.default.svc.cluster.local:80", "east");
+    assert!(
+        refused.contains("refused") && refused.contains("401"),
+        "{refused}"
+    );
+    lab.log_line(
+        "gateway-eastwest-east",
+        &[
+            Text("the baggage claims another cluster than the certificate proves"),
+            Field("origin.cluster", "west"),
+            Field("claimed.cluster", "east"),
+        ],
+    );
+    lab.log_line(
+        "gateway-eastwest-east",
+        &[
+            Text("gateway refused the connection"),
+            Field("dst.addr", "ledger.default.svc.cluster.local:80"),
+        ],
+    );
+    assert_eq!(ledger.packets(), 0, "a packet reached ledger-east-1's app");
+    // For a global service the same tunnels pass, the claim true or not.
+    for claim in ["east", "west"] {
+        let allowed = craft("echo.default.svc.cluster.local:80", claim);
+        assert!(
+            allowed.contains("status 200"),
+            "claiming {claim}: {allowed}"
+        );
+    }
+}
+
 /// No way around the gateway.
 #[test]
 fn a_pod_address_of_another_network_is_unreachable() {

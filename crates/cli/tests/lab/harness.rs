@@ -403,6 +403,32 @@ impl Lab {
             .collect()
     }
 
+    /// Counts, from now on, the TCP packets to `port` that arrive in `pod`'s network namespace
+    /// (an nft counter in a table of its own, removed when the probe is dropped): what reaches
+    /// the pod's app, whoever sent it.
+    pub(crate) fn probe(&self, pod: &str, port: u16) -> Probe {
+        let netns = self
+            .state(&["pods", pod, "netns"])
+            .as_str()
+            .unwrap()
+            .to_string();
+        let table = format!("ferry_probe_{port}");
+        let rules = format!(
+            "table inet {table} {{}}\n\
+             delete table inet {table}\n\
+             table inet {table} {{\n\
+             chain input {{\n\
+             type filter hook input priority -300; policy accept;\n\
+             tcp dport {port} counter\n\
+             }}\n\
+             }}\n"
+        );
+        let probe = Probe { netns, table };
+        probe.nft(&["-f", "-"], Some(&rules));
+        assert_eq!(probe.packets(), 0, "a fresh counter");
+        probe
+    }
+
     /// The pid of the lab's `ferry <what>` process (`waypoint`, `gateway`) for `name` (a
     /// waypoint instance's or gateway's name), found by its command line.
     pub(crate) fn hop_pid(&self, what: &str, name: &str) -> u32 {
@@ -586,5 +612,69 @@ pub(crate) fn eventually(max: Duration, mut f: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An nft packet counter in a pod's network namespace ([`Lab::probe`]).
+#[derive(Debug)]
+pub(crate) struct Probe {
+    netns: String,
+    table: String,
+}
+
+// === impl Probe ===
+
+impl Probe {
+    fn nft(&self, args: &[&str], stdin: Option<&str>) -> String {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "nft"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Packets counted so far.
+    pub(crate) fn packets(&self) -> u64 {
+        let listed = self.nft(&["list", "table", "inet", &self.table], None);
+        listed
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter in:\n{listed}"))
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.netns,
+                "nft",
+                "delete",
+                "table",
+                "inet",
+            ])
+            .arg(&self.table)
+            .stderr(Stdio::null())
+            .status();
     }
 }

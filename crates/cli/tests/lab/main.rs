@@ -11,6 +11,7 @@ mod harness;
 mod idle;
 mod l4;
 mod lifecycle;
+mod origin;
 mod policy;
 mod trust;
 mod waypoint;

@@ -136,7 +136,7 @@ impl CaService {
         }
         // 3. Co-location: the identity must run on the caller's node, now.
         let snap = self.store.load();
-        authz::authorize(&snap, &node, &requested)
+        let cluster = authz::authorize(&snap, &node, &requested)
             .map_err(|e| deny(format!("node {node}: {e}")))?;
         // 4. Sign, for at most the configured lifetime.
         let lifetime = match u64::try_from(body.validity_duration) {
@@ -146,9 +146,9 @@ impl CaService {
         .min(self.lifetimes.max);
         let chain = self
             .ca
-            .sign(&body.csr, &requested, lifetime)
+            .sign(&body.csr, &requested, &cluster, lifetime)
             .map_err(|e| deny(format!("node {node}: {e}")))?;
-        tracing::info!(node = %node, identity = %requested, lifetime_s = lifetime.as_secs(), "certificate signed");
+        tracing::info!(node = %node, identity = %requested, cluster = %cluster, lifetime_s = lifetime.as_secs(), "certificate signed");
         Ok(chain)
     }
 }

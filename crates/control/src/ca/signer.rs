@@ -4,9 +4,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use ferry_core::identity::Identity;
+use ferry_core::model::ClusterId;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, CustomExtension,
+    DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    SanType, SerialNumber,
 };
 use rustls_pki_types::CertificateSigningRequestDer;
 use time::OffsetDateTime;
@@ -127,12 +129,16 @@ impl Ca {
         &self.bundle
     }
 
-    /// Signs `csr_pem` for `identity` (which the CSR must name, and nothing else) for `lifetime`.
+    /// Signs `csr_pem` for `identity` (which the CSR must name, and nothing else) for `lifetime`,
+    /// binding `cluster` (the cluster of the node or gateway that holds the key, as
+    /// [`crate::ca::authz::authorize`] found it) into the certificate: a non-critical extension
+    /// under [`ferry_tls::cluster::CLUSTER_OID`] that peers not knowing it ignore.
     /// Returns the chain: the new leaf, then the trust bundle's roots.
     pub fn sign(
         &self,
         csr_pem: &str,
         identity: &Identity,
+        cluster: &ClusterId,
         lifetime: Duration,
     ) -> Result<Vec<String>, SignError> {
         let parsed = csr::parse(csr_pem)?;
@@ -146,7 +152,8 @@ impl Ca {
         let der = CertificateSigningRequestDer::from(parsed.der);
         let mut req =
             CertificateSigningRequestParams::from_der(&der).map_err(SignError::Request)?;
-        // The CA decides everything but the key: names, usages, validity.
+        // The CA decides everything but the key: names, usages, validity, cluster. Extensions
+        // the CSR asked for are dropped, so a requester cannot bring its own cluster.
         let now = OffsetDateTime::now_utc();
         let p = &mut req.params;
         p.subject_alt_names =
@@ -167,6 +174,10 @@ impl Ca {
         p.not_after = now + lifetime;
         p.serial_number = Some(SerialNumber::from_slice(&random_serial()));
         p.use_authority_key_identifier_extension = true;
+        p.custom_extensions = vec![CustomExtension::from_oid_content(
+            ferry_tls::cluster::CLUSTER_OID,
+            ferry_tls::cluster::extension_value(cluster),
+        )];
         let leaf = req.signed_by(&self.issuer).map_err(SignError::Sign)?;
         let mut chain = vec![leaf.pem()];
         chain.extend(self.bundle.iter().cloned());
