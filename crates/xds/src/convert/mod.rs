@@ -4,6 +4,7 @@
 //! every field and names what is wrong; its errors become NACK details.
 
 mod from_wire;
+mod project;
 mod to_wire;
 
 pub use from_wire::{Decoded, InvalidResource, decode_address, decode_authorization};
