@@ -82,7 +82,15 @@ impl Exemption {
                     .extend(w.addresses.iter().copied());
             }
         }
-        let mut groups: Vec<_> = groups.into_iter().collect();
+        // Sorted: the encoding (and so the resource's version) must not depend on hash order.
+        let mut groups: Vec<_> = groups
+            .into_iter()
+            .map(|(ids, mut ips)| {
+                ips.sort_unstable();
+                ips.dedup();
+                (ids, ips)
+            })
+            .collect();
         match groups.as_slice() {
             [] => Self::None,
             [(ids, _)] if ids.is_empty() => Self::None,

@@ -226,6 +226,35 @@ fn a_deny_post_spares_the_waypoints_connection_at_a_stock_destination() {
 }
 
 #[test]
+fn the_projection_does_not_depend_on_hash_order() {
+    // Two destinations with different waypoints: the DENY is split by destination address.
+    let build = || {
+        let mut m = sleep_and_echo();
+        for i in 0..6 {
+            m.pod(&format!("echo{i}"), "n", &format!("198.18.2.{}", i + 1));
+            m.backs(&format!("echo{i}"), "echo");
+        }
+        m.waypoint("wp", WaypointFor::All);
+        m.waypoint_pod("wp", "wp-1", "n", "198.18.1.3");
+        m.workload_mut("echo").waypoint = Some(waypoint_ref("wp"));
+        m.policy(policy(
+            "deny-post",
+            Action::Deny,
+            Match {
+                methods: vec![StringMatch::Exact("POST".into())],
+                ..Match::default()
+            },
+        ));
+        ResourceSet::encode(&m.build()).by_type[ferry_api::AUTHORIZATION_TYPE]["default/deny-post"]
+            .clone()
+    };
+    let first = build();
+    for _ in 0..8 {
+        assert_eq!(build().version, first.version);
+    }
+}
+
+#[test]
 fn audit_decodes_at_a_stock_peer_and_changes_nothing() {
     let mut m = sleep_and_echo();
     let mut p = policy(
