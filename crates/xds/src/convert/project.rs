@@ -21,7 +21,7 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{Action, Clause, Match, Policy, StringMatch};
 use ferry_core::snapshot::Snapshot;
 
-use super::to_wire::{cidr, l4_match, string_match};
+use super::fields::{cidr, ip_bytes, l4_match, string_match};
 
 /// The upstream action, rules and dry_run of `p`.
 pub(super) fn upstream(snap: &Snapshot, p: &Policy) -> (sec::Action, Vec<sec::Rule>, bool) {
@@ -174,7 +174,7 @@ fn namespace(m: &StringMatch) -> sec::StringMatch {
 fn host(ip: IpAddr) -> sec::Address {
     let prefix = if ip.is_ipv4() { 32 } else { 128 };
     sec::Address {
-        address: super::to_wire::ip_bytes(ip),
+        address: ip_bytes(ip),
         length: prefix,
     }
 }
