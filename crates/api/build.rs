@@ -1,5 +1,6 @@
 //! Generates the wire types from `proto/` with protox (a pure-Rust protobuf compiler), so the
-//! build needs no system `protoc`.
+//! build needs no system `protoc`. With the `stock` feature, also Istio's upstream messages
+//! without Ferry's extensions (`proto/stock/`), into `$OUT_DIR/stock`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
@@ -20,5 +21,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
+
+    if std::env::var_os("CARGO_FEATURE_STOCK").is_some() {
+        let stock = [
+            "proto/stock/workload.proto",
+            "proto/stock/authorization.proto",
+        ];
+        for p in &stock {
+            println!("cargo:rerun-if-changed={p}");
+        }
+        let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("stock");
+        std::fs::create_dir_all(&out)?;
+        let fds = protox::compile(stock, ["proto/stock"])?;
+        tonic_prost_build::configure()
+            .btree_map(".")
+            .build_server(false)
+            .build_client(false)
+            .out_dir(out)
+            .compile_fds(fds)?;
+    }
     Ok(())
 }

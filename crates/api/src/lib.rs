@@ -47,6 +47,20 @@ pub mod google {
     }
 }
 
+/// Istio's upstream messages without Ferry's extension fields (feature `stock`): what a stock
+/// peer such as ztunnel decodes from Ferry's resources. Same packages and type URLs.
+#[cfg(feature = "stock")]
+pub mod stock {
+    /// `istio.workload`, upstream fields only.
+    pub mod workload {
+        include!(concat!(env!("OUT_DIR"), "/stock/istio.workload.rs"));
+    }
+    /// `istio.security`, upstream fields only (`Action` has ALLOW and DENY only).
+    pub mod security {
+        include!(concat!(env!("OUT_DIR"), "/stock/istio.security.rs"));
+    }
+}
+
 pub use envoy::service::discovery::v3 as discovery;
 pub use istio::security;
 pub use istio::v1::auth as citadel;

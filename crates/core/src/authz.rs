@@ -30,33 +30,41 @@ pub struct ConnInfo<'a> {
 
 /// Whether `peer` is an instance of the waypoint that serves `dst` (its own, or its services').
 pub fn is_waypoint_of(snap: &Snapshot, dst: &Workload, peer: Option<&Identity>) -> bool {
+    peer.is_some_and(|peer| waypoint_identities(snap, dst).contains(peer))
+}
+
+/// The identities of the instances of every waypoint that serves `dst` (its own, or its
+/// services'), sorted and without repeats: the peers [`is_waypoint_of`] recognizes.
+pub fn waypoint_identities(snap: &Snapshot, dst: &Workload) -> Vec<Identity> {
     use crate::model::GatewayDestination;
     use crate::snapshot::{AddressOwner, Endpoint};
-    let Some(peer) = peer else {
-        return false;
-    };
     let refs = dst.waypoint.iter().chain(
         dst.services
             .keys()
             .filter_map(|k| snap.service(k))
             .filter_map(|s| s.waypoint.as_ref()),
     );
-    refs.filter_map(|wp| match &wp.destination {
-        GatewayDestination::Service(k) => Some(k.clone()),
-        GatewayDestination::Address(a) => match snap.owner(a) {
-            Some(AddressOwner::Service(k)) => Some(k.clone()),
-            _ => None,
-        },
-    })
-    .any(|key| {
-        snap.endpoints(&key).iter().any(|e| match e {
-            Endpoint::Workload(u) => snap
-                .workload(u)
-                .and_then(|w| w.identity().ok())
-                .is_some_and(|id| &id == peer),
-            Endpoint::Address(_) => false,
+    let mut ids: Vec<Identity> = refs
+        .filter_map(|wp| match &wp.destination {
+            GatewayDestination::Service(k) => Some(k.clone()),
+            GatewayDestination::Address(a) => match snap.owner(a) {
+                Some(AddressOwner::Service(k)) => Some(k.clone()),
+                _ => None,
+            },
         })
-    })
+        .flat_map(|key| {
+            snap.endpoints(&key)
+                .iter()
+                .filter_map(|e| match e {
+                    Endpoint::Workload(u) => snap.workload(u).and_then(|w| w.identity().ok()),
+                    Endpoint::Address(_) => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// The HTTP facts of one request, for waypoints.

@@ -346,8 +346,11 @@ fn service(s: &wl::Service) -> R<Service> {
                 })
             })
             .collect::<R<_>>()?,
+        // Ferry's own SANs when it sent them; the upstream list also names endpoints' identities.
         subject_alt_names: s
-            .subject_alt_names
+            .ferry_subject_alt_names
+            .as_ref()
+            .map_or(&s.subject_alt_names, |f| &f.names)
             .iter()
             .map(|n| {
                 n.parse::<Identity>()
@@ -404,6 +407,32 @@ fn cidr(a: &sec::Address) -> R<Cidr> {
 }
 
 fn policy(p: &sec::Authorization) -> R<Policy> {
+    // Ferry's policy when it sent one; the upstream fields are then a stock peer's projection.
+    let (action, rules, dry_run) = match &p.ferry_policy {
+        Some(f) => (f.action, &f.rules, f.dry_run),
+        None => (p.action, &p.rules, p.dry_run),
+    };
+    Ok(Policy {
+        name: nonempty(&p.name, "name")?.to_string(),
+        namespace: p.namespace.clone(),
+        scope: match sec::Scope::try_from(p.scope) {
+            Ok(sec::Scope::Global) => PolicyScope::Mesh,
+            Ok(sec::Scope::Namespace) => PolicyScope::Namespace,
+            Ok(sec::Scope::WorkloadSelector) => PolicyScope::WorkloadSelector,
+            Err(_) => return Err(format!("unknown scope {}", p.scope)),
+        },
+        action: match sec::Action::try_from(action) {
+            Ok(sec::Action::Allow) => Action::Allow,
+            Ok(sec::Action::Deny) => Action::Deny,
+            Ok(sec::Action::Audit) => Action::Audit,
+            Err(_) => return Err(format!("unknown action {action}")),
+        },
+        rules: policy_rules(rules)?,
+        dry_run,
+    })
+}
+
+fn policy_rules(rules: &[sec::Rule]) -> R<Vec<Rule>> {
     let sm = |v: &[sec::StringMatch]| v.iter().map(string_match).collect::<R<Vec<_>>>();
     let ci = |v: &[sec::Address]| v.iter().map(cidr).collect::<R<Vec<_>>>();
     let ports = |v: &[u32]| {
@@ -419,79 +448,62 @@ fn policy(p: &sec::Authorization) -> R<Policy> {
             })
             .collect::<Vec<_>>()
     };
-    Ok(Policy {
-        name: nonempty(&p.name, "name")?.to_string(),
-        namespace: p.namespace.clone(),
-        scope: match sec::Scope::try_from(p.scope) {
-            Ok(sec::Scope::Global) => PolicyScope::Mesh,
-            Ok(sec::Scope::Namespace) => PolicyScope::Namespace,
-            Ok(sec::Scope::WorkloadSelector) => PolicyScope::WorkloadSelector,
-            Err(_) => return Err(format!("unknown scope {}", p.scope)),
-        },
-        action: match sec::Action::try_from(p.action) {
-            Ok(sec::Action::Allow) => Action::Allow,
-            Ok(sec::Action::Deny) => Action::Deny,
-            Ok(sec::Action::Audit) => Action::Audit,
-            Err(_) => return Err(format!("unknown action {}", p.action)),
-        },
-        rules: p
-            .rules
-            .iter()
-            .map(|r| {
-                Ok(Rule {
-                    clauses: r
-                        .clauses
-                        .iter()
-                        .map(|c| {
-                            Ok(Clause {
-                                matches: c
-                                    .matches
-                                    .iter()
-                                    .map(|m| {
-                                        Ok(Match {
-                                            namespaces: sm(&m.namespaces)?,
-                                            not_namespaces: sm(&m.not_namespaces)?,
-                                            principals: sm(&m.principals)?,
-                                            not_principals: sm(&m.not_principals)?,
-                                            service_accounts: sa(&m.service_accounts),
-                                            not_service_accounts: sa(&m.not_service_accounts),
-                                            source_ips: ci(&m.source_ips)?,
-                                            not_source_ips: ci(&m.not_source_ips)?,
-                                            destination_ips: ci(&m.destination_ips)?,
-                                            not_destination_ips: ci(&m.not_destination_ips)?,
-                                            destination_ports: ports(&m.destination_ports)?,
-                                            not_destination_ports: ports(&m.not_destination_ports)?,
-                                            methods: sm(&m.ferry_methods)?,
-                                            not_methods: sm(&m.ferry_not_methods)?,
-                                            paths: sm(&m.ferry_paths)?,
-                                            not_paths: sm(&m.ferry_not_paths)?,
-                                            hosts: sm(&m.ferry_hosts)?,
-                                            not_hosts: sm(&m.ferry_not_hosts)?,
-                                            headers: m
-                                                .ferry_headers
-                                                .iter()
-                                                .map(|h| {
-                                                    if h.name.is_empty() {
-                                                        return Err("a header match has no name"
-                                                            .to_string());
-                                                    }
-                                                    Ok(ferry_core::model::HeaderMatch {
-                                                        name: h.name.to_ascii_lowercase(),
-                                                        values: sm(&h.values)?,
-                                                    })
+    rules
+        .iter()
+        .map(|r| {
+            Ok(Rule {
+                clauses: r
+                    .clauses
+                    .iter()
+                    .map(|c| {
+                        Ok(Clause {
+                            matches: c
+                                .matches
+                                .iter()
+                                .map(|m| {
+                                    Ok(Match {
+                                        namespaces: sm(&m.namespaces)?,
+                                        not_namespaces: sm(&m.not_namespaces)?,
+                                        principals: sm(&m.principals)?,
+                                        not_principals: sm(&m.not_principals)?,
+                                        service_accounts: sa(&m.service_accounts),
+                                        not_service_accounts: sa(&m.not_service_accounts),
+                                        source_ips: ci(&m.source_ips)?,
+                                        not_source_ips: ci(&m.not_source_ips)?,
+                                        destination_ips: ci(&m.destination_ips)?,
+                                        not_destination_ips: ci(&m.not_destination_ips)?,
+                                        destination_ports: ports(&m.destination_ports)?,
+                                        not_destination_ports: ports(&m.not_destination_ports)?,
+                                        methods: sm(&m.ferry_methods)?,
+                                        not_methods: sm(&m.ferry_not_methods)?,
+                                        paths: sm(&m.ferry_paths)?,
+                                        not_paths: sm(&m.ferry_not_paths)?,
+                                        hosts: sm(&m.ferry_hosts)?,
+                                        not_hosts: sm(&m.ferry_not_hosts)?,
+                                        headers: m
+                                            .ferry_headers
+                                            .iter()
+                                            .map(|h| {
+                                                if h.name.is_empty() {
+                                                    return Err(
+                                                        "a header match has no name".to_string()
+                                                    );
+                                                }
+                                                Ok(ferry_core::model::HeaderMatch {
+                                                    name: h.name.to_ascii_lowercase(),
+                                                    values: sm(&h.values)?,
                                                 })
-                                                .collect::<R<Vec<_>>>()?,
-                                        })
+                                            })
+                                            .collect::<R<Vec<_>>>()?,
                                     })
-                                    .collect::<R<_>>()?,
-                            })
+                                })
+                                .collect::<R<_>>()?,
                         })
-                        .collect::<R<_>>()?,
-                })
+                    })
+                    .collect::<R<_>>()?,
             })
-            .collect::<R<_>>()?,
-        dry_run: p.dry_run,
-    })
+        })
+        .collect()
 }
 
 fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {

@@ -3,7 +3,9 @@
 //! `to_wire` is total: everything in a validated snapshot has a wire form. `from_wire` checks
 //! every field and names what is wrong; its errors become NACK details.
 
+mod fields;
 mod from_wire;
+mod project;
 mod to_wire;
 
 pub use from_wire::{Decoded, InvalidResource, decode_address, decode_authorization};

@@ -1,15 +1,18 @@
 //! Model -> wire.
 
-use std::net::IpAddr;
+use std::collections::BTreeSet;
 
 use ferry_api::security as sec;
 use ferry_api::workload as wl;
+use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, Cidr, GatewayDestination, GatewayRef, Health, HealthPolicy, HttpRoute, LbMode,
-    LocalityScope, NetworkAddress, PathMatch, Policy, PolicyScope, ScopeRule, Service,
-    ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
+    Action, GatewayDestination, GatewayRef, Health, HealthPolicy, HttpRoute, LbMode, LocalityScope,
+    Match, NetworkAddress, PathMatch, Policy, PolicyScope, ScopeRule, Service, ServiceScope,
+    StringMatch, TunnelProtocol, WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
+
+use super::fields::{ip_bytes, l4_match, string_match};
 
 /// Every `istio.workload.Address` resource of the snapshot: (name, message).
 pub fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
@@ -53,7 +56,7 @@ pub fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
         out.push((
             s.key().to_string(),
             wl::Address {
-                r#type: Some(wl::address::Type::Service(service(s))),
+                r#type: Some(wl::address::Type::Service(service(snap, s))),
             },
         ));
     }
@@ -63,15 +66,8 @@ pub fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
 /// Every `istio.security.Authorization` resource: (name, message).
 pub fn authorization_resources(snap: &Snapshot) -> Vec<(String, sec::Authorization)> {
     snap.policies()
-        .map(|p| (p.key().to_string(), policy(p)))
+        .map(|p| (p.key().to_string(), policy(snap, p)))
         .collect()
-}
-
-pub(crate) fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
 }
 
 fn network_address(a: &NetworkAddress) -> wl::NetworkAddress {
@@ -182,7 +178,7 @@ fn scope(s: &ServiceScope) -> wl::FerryScope {
     }
 }
 
-fn service(s: &Service) -> wl::Service {
+fn service(snap: &Snapshot, s: &Service) -> wl::Service {
     let lb = s.load_balancing.as_ref().map(|lb| wl::LoadBalancing {
         routing_preference: lb
             .routing_preference
@@ -222,11 +218,7 @@ fn service(s: &Service) -> wl::Service {
                 app_protocol: 0,
             })
             .collect(),
-        subject_alt_names: s
-            .subject_alt_names
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        subject_alt_names: upstream_sans(snap, s),
         waypoint: s.waypoint.as_ref().map(gateway),
         load_balancing: lb,
         ferry_scope: Some(scope(&s.scope)),
@@ -254,8 +246,45 @@ fn service(s: &Service) -> wl::Service {
             Some(WaypointFor::All) => wl::FerryWaypointFor::All,
         }) as i32,
         ferry_http_routes: s.http_routes.iter().map(http_route).collect(),
+        ferry_subject_alt_names: Some(wl::FerrySubjectAltNames {
+            names: s
+                .subject_alt_names
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        }),
         ..Default::default()
     }
+}
+
+/// The SANs a stock peer expects of the service's endpoints: the configured ones and, as istiod
+/// fills them, the identities of its endpoints (through nested service addresses too), so the
+/// inner handshake of a connection through an east-west gateway verifies.
+fn upstream_sans(snap: &Snapshot, s: &Service) -> Vec<String> {
+    use ferry_core::snapshot::{AddressOwner, Endpoint};
+    let mut ids: BTreeSet<Identity> = s.subject_alt_names.iter().cloned().collect();
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![s.key()];
+    while let Some(key) = todo.pop() {
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        for e in snap.endpoints(&key) {
+            let uid = match e {
+                Endpoint::Workload(u) => u,
+                Endpoint::Address(a) => match snap.owner(&a.address) {
+                    Some(AddressOwner::Workload(u)) => u,
+                    Some(AddressOwner::Service(k)) => {
+                        todo.push(k.clone());
+                        continue;
+                    }
+                    _ => continue,
+                },
+            };
+            ids.extend(snap.workload(uid).and_then(|w| w.identity().ok()));
+        }
+    }
+    ids.iter().map(ToString::to_string).collect()
 }
 
 fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
@@ -301,35 +330,8 @@ fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
     }
 }
 
-fn string_match(m: &StringMatch) -> sec::StringMatch {
-    use sec::string_match::MatchType;
-    let t = match m {
-        StringMatch::Exact(s) => MatchType::Exact(s.clone()),
-        StringMatch::Prefix(s) => MatchType::Prefix(s.clone()),
-        StringMatch::Suffix(s) => MatchType::Suffix(s.clone()),
-        StringMatch::Presence => MatchType::Presence(()),
-    };
-    sec::StringMatch {
-        match_type: Some(t),
-    }
-}
-
-fn cidr(c: &Cidr) -> sec::Address {
-    sec::Address {
-        address: ip_bytes(c.addr),
-        length: u32::from(c.prefix),
-    }
-}
-
-fn policy(p: &Policy) -> sec::Authorization {
-    let sa = |v: &[ferry_core::model::ServiceAccountMatch]| {
-        v.iter()
-            .map(|m| sec::ServiceAccountMatch {
-                namespace: m.namespace.clone(),
-                service_account: m.service_account.clone(),
-            })
-            .collect()
-    };
+fn policy(snap: &Snapshot, p: &Policy) -> sec::Authorization {
+    let (action, rules, dry_run) = super::project::upstream(snap, p);
     sec::Authorization {
         name: p.name.clone(),
         namespace: p.namespace.clone(),
@@ -338,69 +340,51 @@ fn policy(p: &Policy) -> sec::Authorization {
             PolicyScope::Namespace => sec::Scope::Namespace,
             PolicyScope::WorkloadSelector => sec::Scope::WorkloadSelector,
         }) as i32,
-        action: (match p.action {
-            Action::Allow => sec::Action::Allow,
-            Action::Deny => sec::Action::Deny,
-            Action::Audit => sec::Action::Audit,
-        }) as i32,
-        rules: p
-            .rules
+        action: action as i32,
+        rules,
+        dry_run,
+        extensions: vec![],
+        ferry_policy: Some(sec::FerryPolicy {
+            action: (match p.action {
+                Action::Allow => sec::Action::Allow,
+                Action::Deny => sec::Action::Deny,
+                Action::Audit => sec::Action::Audit,
+            }) as i32,
+            rules: p
+                .rules
+                .iter()
+                .map(|r| sec::Rule {
+                    clauses: r
+                        .clauses
+                        .iter()
+                        .map(|c| sec::Clause {
+                            matches: c.matches.iter().map(ferry_match).collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            dry_run: p.dry_run,
+        }),
+    }
+}
+
+/// The whole match, HTTP facts in Ferry's extension fields.
+fn ferry_match(m: &Match) -> sec::Match {
+    sec::Match {
+        ferry_methods: m.methods.iter().map(string_match).collect(),
+        ferry_not_methods: m.not_methods.iter().map(string_match).collect(),
+        ferry_paths: m.paths.iter().map(string_match).collect(),
+        ferry_not_paths: m.not_paths.iter().map(string_match).collect(),
+        ferry_hosts: m.hosts.iter().map(string_match).collect(),
+        ferry_not_hosts: m.not_hosts.iter().map(string_match).collect(),
+        ferry_headers: m
+            .headers
             .iter()
-            .map(|r| sec::Rule {
-                clauses: r
-                    .clauses
-                    .iter()
-                    .map(|c| sec::Clause {
-                        matches: c
-                            .matches
-                            .iter()
-                            .map(|m| sec::Match {
-                                namespaces: m.namespaces.iter().map(string_match).collect(),
-                                not_namespaces: m.not_namespaces.iter().map(string_match).collect(),
-                                principals: m.principals.iter().map(string_match).collect(),
-                                not_principals: m.not_principals.iter().map(string_match).collect(),
-                                source_ips: m.source_ips.iter().map(cidr).collect(),
-                                not_source_ips: m.not_source_ips.iter().map(cidr).collect(),
-                                destination_ips: m.destination_ips.iter().map(cidr).collect(),
-                                not_destination_ips: m
-                                    .not_destination_ips
-                                    .iter()
-                                    .map(cidr)
-                                    .collect(),
-                                destination_ports: m
-                                    .destination_ports
-                                    .iter()
-                                    .map(|p| u32::from(*p))
-                                    .collect(),
-                                not_destination_ports: m
-                                    .not_destination_ports
-                                    .iter()
-                                    .map(|p| u32::from(*p))
-                                    .collect(),
-                                service_accounts: sa(&m.service_accounts),
-                                not_service_accounts: sa(&m.not_service_accounts),
-                                extensions: vec![],
-                                ferry_methods: m.methods.iter().map(string_match).collect(),
-                                ferry_not_methods: m.not_methods.iter().map(string_match).collect(),
-                                ferry_paths: m.paths.iter().map(string_match).collect(),
-                                ferry_not_paths: m.not_paths.iter().map(string_match).collect(),
-                                ferry_hosts: m.hosts.iter().map(string_match).collect(),
-                                ferry_not_hosts: m.not_hosts.iter().map(string_match).collect(),
-                                ferry_headers: m
-                                    .headers
-                                    .iter()
-                                    .map(|h| sec::HeaderMatch {
-                                        name: h.name.clone(),
-                                        values: h.values.iter().map(string_match).collect(),
-                                    })
-                                    .collect(),
-                            })
-                            .collect(),
-                    })
-                    .collect(),
+            .map(|h| sec::HeaderMatch {
+                name: h.name.clone(),
+                values: h.values.iter().map(string_match).collect(),
             })
             .collect(),
-        dry_run: p.dry_run,
-        extensions: vec![],
+        ..l4_match(m)
     }
 }
