@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use anyhow::Context as _;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
@@ -244,6 +244,24 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
     v[((v.len() as f64 * p) as usize).min(v.len() - 1)].as_secs_f64() * 1e6
 }
 
+/// Times `n` 1 KiB round trips on `s` (write, then read the echo back); returns the p50 and
+/// p99 in microseconds.
+async fn timed_round_trips<S>(s: &mut S, n: usize) -> std::io::Result<(f64, f64)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let msg = [0x42u8; 1024];
+    let mut back = [0u8; 1024];
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(&msg).await?;
+        s.read_exact(&mut back).await?;
+        lat.push(t.elapsed());
+    }
+    Ok((pct(&mut lat, 0.5), pct(&mut lat, 0.99)))
+}
+
 /// Measures from this pod to `target` (an echo pod), through Ferry and direct, side by side.
 pub fn bench(
     target: std::net::IpAddr,
@@ -267,24 +285,14 @@ pub fn bench(
             let mut n = [0u8; 8];
             s.read_exact(&mut n).await?;
             let gbps = u64::from_le_bytes(n) as f64 / start.elapsed().as_secs_f64() / 1e9;
-            // 1 KiB round trips.
-            let mut s = greeted(echo, direct).await?;
-            let msg = [0x42u8; 1024];
-            let mut back = [0u8; 1024];
-            let mut lat = Vec::with_capacity(round_trips);
-            for _ in 0..round_trips {
-                let t = Instant::now();
-                s.write_all(&msg).await?;
-                s.read_exact(&mut back).await?;
-                lat.push(t.elapsed());
-            }
+            let (p50, p99) = timed_round_trips(&mut greeted(echo, direct).await?, round_trips).await?;
             // New connections: connect, greeting, close.
             let start = Instant::now();
             for _ in 0..conns {
                 drop(greeted(echo, direct).await?);
             }
             let cps = conns as f64 / start.elapsed().as_secs_f64();
-            results.push((gbps, pct(&mut lat, 0.5), pct(&mut lat, 0.99), cps));
+            results.push((gbps, p50, p99, cps));
         }
         let (d, f) = (results[0], results[1]);
         println!("A -> B on another node, {bulk_mib} MiB bulk, {round_trips} round trips, {conns} connections");
@@ -511,17 +519,8 @@ pub fn paths(
             }
             let (r, got) = reader.await??;
             let gbps = got as f64 / start.elapsed().as_secs_f64() / 1e9;
-            let mut s = r.unsplit(w);
-            let msg = [0x42u8; 1024];
-            let mut back = [0u8; 1024];
-            let mut lat = Vec::with_capacity(round_trips);
-            for _ in 0..round_trips {
-                let t = Instant::now();
-                s.write_all(&msg).await?;
-                s.read_exact(&mut back).await?;
-                lat.push(t.elapsed());
-            }
-            out[i] = (gbps, pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+            let (p50, p99) = timed_round_trips(&mut r.unsplit(w), round_trips).await?;
+            out[i] = (gbps, p50, p99);
         }
         Ok(out)
     })

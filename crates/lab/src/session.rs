@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::build::{self, Options};
 use crate::state::State;
@@ -54,14 +54,14 @@ pub fn down(state_dir: &Path) -> anyhow::Result<()> {
 
 /// `ferry lab status`.
 pub fn status(state_dir: &Path) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     print_status(&state);
     Ok(())
 }
 
 /// `ferry lab exec`: runs `command` in the namespace of `pod`; exits with its code.
 pub fn exec(state_dir: &Path, pod: &str, command: &[String]) -> anyhow::Result<ExitCode> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, pod)?;
     // Replaced by the command, not its parent: a signal to this process (a test that kills the
     // client it started) reaches the command itself.
@@ -75,7 +75,7 @@ pub fn exec(state_dir: &Path, pod: &str, command: &[String]) -> anyhow::Result<E
 
 /// `ferry lab send`: `ferry lab connect` inside `pod`; exits with its code.
 pub fn send(state_dir: &Path, pod: &str, to: SocketAddr, data: &str) -> anyhow::Result<ExitCode> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, pod)?;
     let exe = std::env::current_exe()?;
     let status = Command::new("ip")

@@ -60,6 +60,18 @@ impl State {
         Ok((pod(from)?, pod(to)?))
     }
 
+    /// The node proxy of `node`.
+    pub fn node(&self, node: &str) -> anyhow::Result<&NodeProc> {
+        self.nodes
+            .get(node)
+            .ok_or_else(|| anyhow::anyhow!("no node {node}"))
+    }
+
+    /// The state of the lab that is up in `dir`.
+    pub fn up(dir: &Path) -> anyhow::Result<Self> {
+        Self::load(dir).ok_or_else(|| anyhow::anyhow!("no lab is up"))
+    }
+
     pub fn file(dir: &Path) -> PathBuf {
         dir.join("lab.json")
     }

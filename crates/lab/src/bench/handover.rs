@@ -23,7 +23,7 @@ pub fn run(
     node: Option<String>,
     streams: usize,
 ) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
     let node = node
         .or_else(|| src.node.clone())

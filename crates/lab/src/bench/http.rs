@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::procs::{cpu_ticks, running};
 use crate::session::netns_of;
@@ -19,7 +19,7 @@ pub fn run(
     waypoint: SocketAddr,
     requests: usize,
 ) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, from)?;
     let waypoints = running(&state.pids, "waypoint");
     let before: u64 = waypoints.iter().map(|p| cpu_ticks(*p)).sum();

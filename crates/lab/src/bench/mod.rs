@@ -9,7 +9,7 @@ pub mod paths;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::state::State;
 
@@ -29,7 +29,7 @@ pub struct Sizes {
 /// `ferry lab bench`: A -> B through Ferry against A -> B direct; then node proxy memory with
 /// `idle` idle proxied connections, as `bench-memory` measures it.
 pub fn run(state_dir: &Path, from: &str, to: &str, sizes: Sizes) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
     let exe = std::env::current_exe()?;
     let status = Command::new("ip")

@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use anyhow::Context;
-
 use crate::session::netns_of;
 use crate::state::State;
 
@@ -19,7 +17,7 @@ pub fn run(
     bulk_mib: usize,
     round_trips: usize,
 ) -> anyhow::Result<ExitCode> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, from)?;
     let status = Command::new("ip")
         .args(["netns", "exec", &ns])
