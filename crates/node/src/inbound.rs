@@ -23,6 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
+use ferry_runtime::serve::serve_tcp;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 use crate::state::{Node, Open, Pod};
@@ -335,14 +336,14 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
 
 /// Serves plain TCP captured on the pod's inbound port (sources outside the mesh).
 pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            c = node.acceptor.accept(&listener, "inbound plain") => c,
-            () = node.drain.draining() => return,
-        };
-        let (n, pod) = (node.clone(), pod.clone());
-        node.drain.spawn(plain(n, pod, tcp, peer));
-    }
+    serve_tcp(
+        listener,
+        &node.acceptor,
+        &node.drain,
+        "inbound plain",
+        |tcp, peer| plain(node.clone(), pod.clone(), tcp, peer),
+    )
+    .await;
 }
 
 async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {

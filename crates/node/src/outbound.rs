@@ -14,12 +14,15 @@ use ferry_core::model::Workload;
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::snapshot::Snapshot;
+use ferry_hbone::Error as HboneError;
 use ferry_hbone::copy::{self, Reset};
 use ferry_hbone::headers::{Baggage, ConnectHeaders, WorkloadKind, WorkloadName};
-use ferry_hbone::pool::PoolKey;
+use ferry_hbone::pool::{PoolKey, Tunnel};
 use ferry_hbone::socket::reset_tcp;
 use ferry_runtime::conn::{ConnError, ResponseFlag};
+use ferry_runtime::serve::serve_tcp;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
+use ferry_tls::config::{Credentials, TrustBundle};
 use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -27,14 +30,14 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::state::{Node, Open, Pod};
 
 pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            c = node.acceptor.accept(&listener, "outbound") => c,
-            () = node.drain.draining() => return,
-        };
-        let (n, pod) = (node.clone(), pod.clone());
-        node.drain.spawn(handle(n, pod, tcp, peer));
-    }
+    serve_tcp(
+        listener,
+        &node.acceptor,
+        &node.drain,
+        "outbound",
+        |tcp, peer| handle(node.clone(), pod.clone(), tcp, peer),
+    )
+    .await;
 }
 
 async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
@@ -292,17 +295,16 @@ async fn open(
             authority,
             identities,
         } => {
-            let creds = node.certs.fetch(&pod.identity).await?;
-            let key = PoolKey::new(
-                pod.identity.clone(),
-                pod.ip,
+            let (tunnel, ..) = pooled(
+                node,
+                pod,
                 *connect_to,
                 identities.clone(),
-            );
-            let tunnel = node
-                .pool
-                .open(&key, &creds, &node.bundle(), authority, headers)
-                .await?;
+                authority,
+                headers,
+                ConnError::from,
+            )
+            .await?;
             Ok(Box::new(tunnel))
         }
         Transport::GatewayHbone {
@@ -311,19 +313,16 @@ async fn open(
             authority,
             identities,
         } => {
-            let creds = node.certs.fetch(&pod.identity).await?;
-            let key = PoolKey::new(
-                pod.identity.clone(),
-                pod.ip,
+            let (outer, creds, bundle) = pooled(
+                node,
+                pod,
                 *gateway,
                 vec![gateway_identity.clone()],
-            );
-            let bundle = node.bundle();
-            let outer = node
-                .pool
-                .open(&key, &creds, &bundle, authority, headers)
-                .await
-                .map_err(|e| ConnError::tunnel("outer tunnel to the gateway", e))?;
+                authority,
+                headers,
+                |e| ConnError::tunnel("outer tunnel to the gateway", e),
+            )
+            .await?;
             let inner_headers = ConnectHeaders {
                 forwarded_network: Some(src_network.to_string()),
                 ..headers.clone()
@@ -352,6 +351,29 @@ async fn open(
             Ok(Box::new(up))
         }
     }
+}
+
+/// Opens a pooled tunnel from the pod, under its identity, to `to` (which must prove one of
+/// `identities`); returns it with the credentials and roots it was opened with (the inner
+/// tunnel of double HBONE is opened with them again). `failed` types a failed set-up.
+async fn pooled(
+    node: &Node,
+    pod: &Pod,
+    to: SocketAddr,
+    identities: Vec<Identity>,
+    authority: &str,
+    headers: &ConnectHeaders,
+    failed: fn(HboneError) -> ConnError,
+) -> Result<(Tunnel, Credentials, TrustBundle), ConnError> {
+    let creds = node.certs.fetch(&pod.identity).await?;
+    let bundle = node.bundle();
+    let key = PoolKey::new(pod.identity.clone(), pod.ip, to, identities);
+    let tunnel = node
+        .pool
+        .open(&key, &creds, &bundle, authority, headers)
+        .await
+        .map_err(failed)?;
+    Ok((tunnel, creds, bundle))
 }
 
 fn started_nanos() -> u64 {
