@@ -23,7 +23,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
-use ferry_runtime::serve::serve_tcp;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 use crate::state::{Node, Open, Pod};
@@ -334,19 +333,9 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
     ferry_runtime::serve::serve_hbone(listener, hbone, handler).await;
 }
 
-/// Serves plain TCP captured on the pod's inbound port (sources outside the mesh).
-pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    serve_tcp(
-        listener,
-        &node.acceptor,
-        &node.drain,
-        "inbound plain",
-        |tcp, peer| plain(node.clone(), pod.clone(), tcp, peer),
-    )
-    .await;
-}
-
-async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {
+/// Serves one plain TCP connection captured on the pod's inbound port (sources outside the
+/// mesh).
+pub(crate) async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     // Counted as open, so a drain waits for it (and ends it at the deadline).

@@ -20,27 +20,16 @@ use ferry_hbone::headers::{Baggage, ConnectHeaders, WorkloadKind, WorkloadName};
 use ferry_hbone::pool::{PoolKey, Tunnel};
 use ferry_hbone::socket::reset_tcp;
 use ferry_runtime::conn::{ConnError, ResponseFlag};
-use ferry_runtime::serve::serve_tcp;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 use ferry_tls::config::{Credentials, TrustBundle};
 use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::state::{Node, Open, Pod};
 
-pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    serve_tcp(
-        listener,
-        &node.acceptor,
-        &node.drain,
-        "outbound",
-        |tcp, peer| handle(node.clone(), pod.clone(), tcp, peer),
-    )
-    .await;
-}
-
-async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
+/// Serves one connection captured on the pod's outbound port.
+pub(crate) async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ use ferry_runtime::drain::DrainWatcher;
 use ferry_tls::certs::CertManager;
 use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use ferry_runtime::netns::Netns;
@@ -138,6 +139,28 @@ impl Node {
             *self.bundle.lock() = b;
         }
         self.bundle.lock().clone()
+    }
+
+    /// Serves the pod's TCP listener `listener` (`what` names it in logs) until the drain
+    /// starts: each connection with `handle`, on its own task the drain waits for.
+    pub(crate) async fn serve_tcp<F, Fut>(
+        self: Arc<Self>,
+        pod: Arc<Pod>,
+        listener: TcpListener,
+        what: &'static str,
+        handle: F,
+    ) where
+        F: Fn(Arc<Self>, Arc<Pod>, TcpStream, SocketAddr) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        ferry_runtime::serve::serve_tcp(
+            listener,
+            &self.acceptor,
+            &self.drain,
+            what,
+            |tcp, peer| handle(self.clone(), pod.clone(), tcp, peer),
+        )
+        .await;
     }
 
     /// The copy bounds of a connection through this node: its idle bound and drain deadline.
