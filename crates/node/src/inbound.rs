@@ -18,11 +18,11 @@ use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::socket::reset_tcp;
 use ferry_hbone::upstream::{Forward, Until};
-use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
+use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 use crate::state::{Node, Open, Pod};
@@ -386,13 +386,7 @@ async fn plain_checked(
     peer: SocketAddr,
     log: &mut AccessLog<'_>,
 ) -> Result<(u64, u64), ConnError> {
-    let orig = SockRef::from(&*tcp)
-        .original_dst_v4()
-        .and_then(|a| {
-            a.as_socket()
-                .ok_or_else(|| std::io::Error::other("not an IP address"))
-        })
-        .map_err(ConnError::no_original_dst)?;
+    let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
     // Taken before the snapshot: a change after this one re-checks the connection.
     let changes = ferry_runtime::recheck::from_now(&node.changes);

@@ -20,9 +20,9 @@ use ferry_hbone::headers::{Baggage, ConnectHeaders, WorkloadKind, WorkloadName};
 use ferry_hbone::pool::{PoolKey, Tunnel};
 use ferry_hbone::socket::reset_tcp;
 use ferry_runtime::conn::{ConnError, ResponseFlag};
+use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 use ferry_tls::config::{Credentials, TrustBundle};
-use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
@@ -117,13 +117,7 @@ async fn set_up(
     n: u64,
     log: &mut AccessLog<'_>,
 ) -> Result<(Arc<Labels>, Box<dyn Io>), ConnError> {
-    let orig = SockRef::from(tcp)
-        .original_dst_v4()
-        .and_then(|a| {
-            a.as_socket()
-                .ok_or_else(|| std::io::Error::other("not an IP address"))
-        })
-        .map_err(ConnError::no_original_dst)?;
+    let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
     ferry_core::ports::refuse_recursion(pod.ip, orig)?;
     let planned = {
