@@ -371,4 +371,4 @@ impl From<&Refusal> for ConnError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
