@@ -67,22 +67,11 @@ pub fn plan(
     dst: &Destination,
     rng: &mut dyn Random,
 ) -> Result<Plan, RouteError> {
-    plan_within(snap, src, dst, &Within::default(), rng)
+    route_traced(snap, src, dst, &Within::default(), rng, &mut NoTrace)
 }
 
-/// [`plan`], with an HTTP route's limits.
-pub fn plan_within(
-    snap: &Snapshot,
-    src: Source<'_>,
-    dst: &Destination,
-    within: &Within<'_>,
-    rng: &mut dyn Random,
-) -> Result<Plan, RouteError> {
-    route_traced(snap, src, dst, within, rng, &mut NoTrace)
-}
-
-/// The decision, with its steps sent to `trace`. [`route_within`] and [`plan_within`] are this
-/// with a `Vec<Step>` and with [`NoTrace`].
+/// The decision, with its steps sent to `trace`. [`route_within`] and [`plan`] are this with a
+/// `Vec<Step>` and with [`NoTrace`].
 pub fn route_traced<T: Trace + ?Sized>(
     snap: &Snapshot,
     src: Source<'_>,

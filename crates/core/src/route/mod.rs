@@ -30,7 +30,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-pub use decide::{MAX_NESTING, Within, plan, plan_within, route, route_traced, route_within};
+pub use decide::{MAX_NESTING, Within, plan, route, route_traced, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
 pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
 pub use waypoint::WaypointInstances;
