@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_core::identity::Identity;
-use ferry_hbone::client::Connection;
+use ferry_hbone::client::{Connection, DirectDialer};
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Server};
@@ -310,6 +310,7 @@ async fn handshakes(env: &Env, n: usize) {
     let start = Instant::now();
     for _ in 0..n {
         let c = Connection::connect(
+            &DirectDialer,
             None,
             env.hbone,
             &creds,

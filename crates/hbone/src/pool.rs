@@ -255,7 +255,7 @@ impl Pool {
         creds: &Credentials,
         bundle: &TrustBundle,
     ) -> Result<Arc<Entry>, Error> {
-        let conn = Connection::connect_with(
+        let conn = Connection::connect(
             &*self.inner.config.dialer,
             Some(key.src_ip),
             key.dst,

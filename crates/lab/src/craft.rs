@@ -81,7 +81,7 @@ async fn send(req: Request, token: String, bundle: String) -> anyhow::Result<()>
         ))),
         None => Box::new(ferry_hbone::client::DirectDialer),
     };
-    let conn = ferry_hbone::client::Connection::connect_with(
+    let conn = ferry_hbone::client::Connection::connect(
         dialer.as_ref(),
         None,
         to,
