@@ -11,14 +11,11 @@
 //! - idle: heap and RSS per idle tunnel with 10,000 tunnels open (both tunnel ends are in this
 //!   process; the target runs in a child process so its sockets do not count).
 
-#![allow(unsafe_code)] // the counting allocator only
-
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_core::identity::Identity;
@@ -28,28 +25,19 @@ use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Server};
 use ferry_hbone::settings::Settings;
 use ferry_tls::testkit::TestCa;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
+/// Counts heap bytes, for the idle tunnels' memory.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Live heap bytes.
+fn live() -> isize {
+    let s = GLOBAL.stats();
+    s.bytes_allocated as isize - s.bytes_deallocated as isize
+}
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
@@ -392,7 +380,7 @@ async fn idle(env: &Env, n: usize) {
         .await
         .unwrap(),
     );
-    let (heap0, rss0) = (LIVE.load(Ordering::Relaxed), rss_bytes());
+    let (heap0, rss0) = (live(), rss_bytes());
     let mut tunnels = Vec::with_capacity(n);
     for _ in 0..n {
         tunnels.push(
@@ -409,7 +397,7 @@ async fn idle(env: &Env, n: usize) {
     }
     // Let both ends settle (window updates, buffers) before measuring.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (heap1, rss1) = (LIVE.load(Ordering::Relaxed), rss_bytes());
+    let (heap1, rss1) = (live(), rss_bytes());
     println!(
         "idle       {n} tunnels over {} connections: heap {:.1} KB per tunnel, RSS {:.1} KB per tunnel (both ends)",
         pool.connections(),
