@@ -66,12 +66,12 @@ impl Connection {
     }
 
     /// How many concurrent streams the peer allows (its SETTINGS_MAX_CONCURRENT_STREAMS).
-    pub fn peer_stream_limit(&self) -> usize {
+    pub(crate) fn peer_stream_limit(&self) -> usize {
         self.send.current_max_send_streams()
     }
 
     /// Marks the connection unusable (it failed to open a stream).
-    pub fn mark_closed(&self) {
+    pub(crate) fn mark_closed(&self) {
         self.closed.store(true, Ordering::Release);
     }
 

@@ -113,7 +113,7 @@ pub struct ConnError {
 }
 
 /// A side's name in messages and the access log's `error.side`.
-pub fn side_name(side: Side) -> &'static str {
+pub(crate) fn side_name(side: Side) -> &'static str {
     match side {
         Side::Downstream => "downstream",
         Side::Upstream => "upstream",
@@ -161,7 +161,7 @@ impl ConnError {
     }
 
     /// The same failure under another flag.
-    pub fn with_flag(mut self, flag: ResponseFlag) -> Self {
+    pub(crate) fn with_flag(mut self, flag: ResponseFlag) -> Self {
         self.flag = flag;
         self
     }

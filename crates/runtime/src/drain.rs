@@ -41,7 +41,7 @@ pub struct DrainWatcher {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Drained {
     /// Tasks still running at the deadline (ended with FIN / END_STREAM then).
-    pub left_at_deadline: usize,
+    pub(crate) left_at_deadline: usize,
     /// Tasks still running after the grace that followed.
     pub left_after_grace: usize,
 }
@@ -112,11 +112,6 @@ impl DrainTrigger {
             left_after_grace: self.tasks.len(),
         }
     }
-
-    /// Whether the drain has started.
-    pub fn is_draining(&self) -> bool {
-        *self.drain.borrow()
-    }
 }
 
 // === impl DrainWatcher ===
@@ -135,7 +130,7 @@ impl DrainWatcher {
     }
 
     /// Turns true when the drain starts (what an HBONE server sends its GOAWAY on).
-    pub fn drain_signal(&self) -> watch::Receiver<bool> {
+    pub(crate) fn drain_signal(&self) -> watch::Receiver<bool> {
         self.drain.clone()
     }
 
