@@ -12,14 +12,14 @@ use crate::state::State;
 
 /// Restarts one node proxy (SIGTERM and drain, or with `kill`, SIGKILL at once). The new
 /// process serves the node's pods again from its own enrollment state: nothing is re-enrolled.
-pub fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+pub(crate) fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
     stop_node(state_dir, node, kill)?;
     start_node(state_dir, node)
 }
 
 /// Stops one node proxy: SIGTERM and wait for its drain, or SIGKILL. Its pods stay enrolled
 /// and captured: their traffic is refused until a node proxy serves them again.
-pub fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+pub(crate) fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
     let state = State::up(state_dir)?;
     let n = state.node(node)?;
     if kill {
@@ -36,7 +36,7 @@ pub fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()>
 
 /// Starts a node proxy for `node` (which must not be running) and waits until it serves every
 /// pod enrolled on the node.
-pub fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+pub(crate) fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::up(state_dir)?;
     let n = state.node(node)?;
     let (netns, api, log, args) = (
@@ -86,7 +86,7 @@ fn wait_served(state: &State, node: &str, api: &Path) -> anyhow::Result<()> {
 /// process reads the node's enrollment state, opens its listeners beside the old one's
 /// (SO_REUSEPORT) and keeps the capture rules as they are; only then does the old one drain and
 /// exit (its queued connections migrate).
-pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::up(state_dir)?;
     let n = state.node(node)?;
     let (old, netns, log, mut args) = (n.pid, n.netns.clone(), n.log.clone(), n.args.clone());

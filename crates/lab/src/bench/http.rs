@@ -12,7 +12,7 @@ use crate::session::netns_of;
 use crate::state::State;
 
 /// Runs `ferry lab http-bench-client` in `from` and reports the waypoints' CPU it took.
-pub fn run(
+pub(crate) fn run(
     state_dir: &Path,
     from: &str,
     l4: SocketAddr,
@@ -44,7 +44,7 @@ pub fn run(
 }
 
 /// `ferry lab http-bench-client` (inside the lab): the three paths, side by side.
-pub fn client(l4: SocketAddr, waypoint: SocketAddr, requests: usize) -> anyhow::Result<()> {
+pub(crate) fn client(l4: SocketAddr, waypoint: SocketAddr, requests: usize) -> anyhow::Result<()> {
     crate::apps::http_bench(
         &[
             ("direct (no proxy)".into(), l4, true),

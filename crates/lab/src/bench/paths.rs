@@ -9,7 +9,7 @@ use crate::session::netns_of;
 use crate::state::State;
 
 /// Runs `ferry lab paths-client` in `from`; exits with its code.
-pub fn run(
+pub(crate) fn run(
     state_dir: &Path,
     from: &str,
     near: SocketAddr,
@@ -34,7 +34,7 @@ pub fn run(
 }
 
 /// `ferry lab paths-client` (inside the lab): measures both paths and prints the comparison.
-pub fn client(
+pub(crate) fn client(
     near: SocketAddr,
     far: SocketAddr,
     bulk_mib: usize,
