@@ -25,11 +25,11 @@ use ferry_runtime::telemetry::Metrics;
 /// One enrolled pod.
 #[derive(Debug)]
 pub(crate) struct Pod {
-    pub uid: WorkloadUid,
-    pub name: String,
-    pub ip: IpAddr,
-    pub identity: Identity,
-    pub netns: Netns,
+    pub(crate) uid: WorkloadUid,
+    pub(crate) name: String,
+    pub(crate) ip: IpAddr,
+    pub(crate) identity: Identity,
+    pub(crate) netns: Netns,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -39,13 +39,13 @@ pub(crate) type PodsByIp = Arc<Mutex<HashMap<IpAddr, Arc<Pod>>>>;
 /// The node proxy.
 #[derive(Debug)]
 pub(crate) struct Node {
-    pub name: NodeName,
-    pub store: Arc<Store>,
-    pub certs: CertManager,
+    pub(crate) name: NodeName,
+    pub(crate) store: Arc<Store>,
+    pub(crate) certs: CertManager,
     /// The configured roots; replaced by the roots that come with certificates.
-    pub bundle: Mutex<TrustBundle>,
-    pub pool: Pool,
-    pub metrics: Metrics,
+    pub(crate) bundle: Mutex<TrustBundle>,
+    pub(crate) pool: Pool,
+    pub(crate) metrics: Metrics,
     /// Changes whenever a new snapshot is applied: each held inbound connection waits on it and
     /// re-checks its own authorization ([`ferry_runtime::recheck`]).
     pub(crate) changes: tokio::sync::watch::Receiver<u64>,
@@ -56,18 +56,18 @@ pub(crate) struct Node {
     /// HBONE connections being served (closed with a TLS close_notify when they end).
     pub(crate) hbone_conns: Arc<AtomicU64>,
     /// Where the enrolled pods are kept across restarts ([`crate::enrollment`]).
-    pub state_file: Option<PathBuf>,
+    pub(crate) state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.
     pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
     /// Enrolled pods this process cannot serve, with their namespace and why.
-    pub unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
+    pub(crate) unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
     /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
-    pub capture_repairs: prometheus_client::metrics::counter::Counter,
+    pub(crate) capture_repairs: prometheus_client::metrics::counter::Counter,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
     pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed
     /// within it (keepalive, user timeout).
-    pub idle_bound: std::time::Duration,
+    pub(crate) idle_bound: std::time::Duration,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,
