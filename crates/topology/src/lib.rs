@@ -101,4 +101,4 @@ pub fn load_file(path: &Path) -> Result<Topology, TopologyError> {
 }
 
 /// The largest topology file `load_file` reads (64 MiB: about a million workloads).
-pub const MAX_FILE_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_FILE_BYTES: u64 = 64 << 20;

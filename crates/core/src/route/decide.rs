@@ -19,7 +19,7 @@ use crate::random::Random;
 use crate::snapshot::{AddressOwner, Snapshot};
 
 /// How deep service addresses may nest inside one another before the decision gives up.
-pub const MAX_NESTING: usize = 4;
+pub(crate) const MAX_NESTING: usize = 4;
 
 static NO_LOCALITY: Locality = Locality {
     region: String::new(),
@@ -72,7 +72,7 @@ pub fn plan(
 
 /// The decision, with its steps sent to `trace`. [`route_within`] and [`plan`] are this with a
 /// `Vec<Step>` and with [`NoTrace`].
-pub fn route_traced<T: Trace + ?Sized>(
+pub(crate) fn route_traced<T: Trace + ?Sized>(
     snap: &Snapshot,
     src: Source<'_>,
     dst: &Destination,

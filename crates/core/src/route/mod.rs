@@ -30,10 +30,13 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-pub use decide::{MAX_NESTING, Within, plan, route, route_traced, route_within};
+#[cfg(test)]
+use decide::route_traced;
+pub use decide::{Within, plan, route, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
-pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
-pub use waypoint::WaypointInstances;
+pub use trace::{CandidateRole, DropReason, Step};
+pub(crate) use trace::{NoTrace, Trace};
+pub(crate) use waypoint::WaypointInstances;
 
 use crate::identity::Identity;
 use crate::model::{ClusterId, NetworkId, ServiceKey, Workload, WorkloadUid};

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 
+use super::decide::MAX_NESTING;
 use super::*;
 use crate::model::{
     AddressEndpoint, HBONE_PORT, Health, LoadBalancing, NetworkAddress, PortMapping, ServiceScope,
