@@ -73,7 +73,7 @@ impl Identity {
 
     /// The identity without the `spiffe://` scheme, the form Istio's authorization policies
     /// compare principals against.
-    pub fn principal(&self) -> String {
+    pub(crate) fn principal(&self) -> String {
         format!(
             "{}/ns/{}/sa/{}",
             self.trust_domain, self.namespace, self.service_account

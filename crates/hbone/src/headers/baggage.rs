@@ -26,7 +26,7 @@ pub(crate) const ZONE: &str = "cloud.availability_zone";
 pub(crate) const SOURCE_PRINCIPAL: &str = "ferry.source.principal";
 /// Ferry: `true` when the tunnel carries plain TCP from outside the mesh (sent under the
 /// destination's identity; to be believed only from that identity).
-pub const PLAINTEXT: &str = "ferry.source.plaintext";
+pub(crate) const PLAINTEXT: &str = "ferry.source.plaintext";
 
 /// At most this many members are read; the rest is ignored.
 pub(crate) const MAX_MEMBERS: usize = 64;
