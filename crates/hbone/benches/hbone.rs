@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use ferry_core::identity::Identity;
 use ferry_hbone::client::{Connection, DirectDialer};
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
-use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
+use ferry_hbone::pool::{Pool, PoolConfig, PoolKey, Tunnel};
 use ferry_hbone::server::{ConnectRequest, Handler, Server};
 use ferry_hbone::settings::Settings;
+use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -166,6 +167,25 @@ async fn echo() -> SocketAddr {
     addr
 }
 
+/// A pooled tunnel to `target`, as the benchmark's client.
+async fn tunnel(
+    pool: &Pool,
+    key: &PoolKey,
+    creds: &Credentials,
+    bundle: &TrustBundle,
+    target: SocketAddr,
+) -> Tunnel {
+    pool.open(
+        key,
+        creds,
+        bundle,
+        &target.to_string(),
+        &ConnectHeaders::default(),
+    )
+    .await
+    .unwrap()
+}
+
 async fn send_all<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     s: &mut S,
     total: usize,
@@ -197,16 +217,7 @@ async fn bulk(env: &Env, total: usize, runs: usize) {
         let mut s = TcpStream::connect(target).await.unwrap();
         s.set_nodelay(true).unwrap();
         direct.push(total as f64 / send_all(&mut s, total).await.as_secs_f64() / 1e9);
-        let mut t = pool
-            .open(
-                &key,
-                &creds,
-                &bundle,
-                &target.to_string(),
-                &ConnectHeaders::default(),
-            )
-            .await
-            .unwrap();
+        let mut t = tunnel(&pool, &key, &creds, &bundle, target).await;
         hbone.push(total as f64 / send_all(&mut t, total).await.as_secs_f64() / 1e9);
     }
     let (d, h) = (median(direct), median(hbone));
@@ -255,10 +266,7 @@ async fn rr(env: &Env, concurrency: usize, per_task: usize) {
                     round_trips(&mut s, per_task, &mut lat).await;
                 } else {
                     let (p, k, c, b) = &*pool;
-                    let mut t = p
-                        .open(k, c, b, &target.to_string(), &ConnectHeaders::default())
-                        .await
-                        .unwrap();
+                    let mut t = tunnel(p, k, c, b, target).await;
                     round_trips(&mut t, per_task, &mut lat).await;
                 }
                 lat
@@ -320,16 +328,7 @@ async fn handshakes(env: &Env, n: usize) {
     let (pool, key, creds) = env.pool(1_000_000);
     let start = Instant::now();
     for _ in 0..n {
-        let mut t = pool
-            .open(
-                &key,
-                &creds,
-                &bundle,
-                &target.to_string(),
-                &ConnectHeaders::default(),
-            )
-            .await
-            .unwrap();
+        let mut t = tunnel(&pool, &key, &creds, &bundle, target).await;
         t.write_all(b"x").await.unwrap();
         let mut b = [0u8; 1];
         t.read_exact(&mut b).await.unwrap();
@@ -369,31 +368,11 @@ async fn idle(env: &Env, n: usize) {
     let (pool, key, creds) = env.pool(100);
     let bundle = env.ca.bundle();
     // Warm up: one tunnel, so one-time allocations are not charged to the idle ones.
-    drop(
-        pool.open(
-            &key,
-            &creds,
-            &bundle,
-            &target.to_string(),
-            &ConnectHeaders::default(),
-        )
-        .await
-        .unwrap(),
-    );
+    drop(tunnel(&pool, &key, &creds, &bundle, target).await);
     let (heap0, rss0) = (live(), rss_bytes());
     let mut tunnels = Vec::with_capacity(n);
     for _ in 0..n {
-        tunnels.push(
-            pool.open(
-                &key,
-                &creds,
-                &bundle,
-                &target.to_string(),
-                &ConnectHeaders::default(),
-            )
-            .await
-            .unwrap(),
-        );
+        tunnels.push(tunnel(&pool, &key, &creds, &bundle, target).await);
     }
     // Let both ends settle (window updates, buffers) before measuring.
     tokio::time::sleep(Duration::from_millis(300)).await;
