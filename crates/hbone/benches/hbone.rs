@@ -119,52 +119,54 @@ async fn run(quick: bool) {
     idle(&env, if quick { 1_000 } else { 10_000 }).await;
 }
 
-/// A sink that discards everything and answers EOF with one byte.
-async fn sink() -> SocketAddr {
+/// A loopback server that serves each connection it accepts with `serve`, on its own task.
+async fn serve_each<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let (mut s, _) = l.accept().await.unwrap();
+            let (s, _) = l.accept().await.unwrap();
             let _ = s.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 256 << 10];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-                let _ = s.write_all(b"!").await;
-            });
+            tokio::spawn(serve(s));
         }
     });
     addr
 }
 
+/// A sink that discards everything and answers EOF with one byte.
+async fn sink() -> SocketAddr {
+    serve_each(|mut s| async move {
+        let mut buf = vec![0u8; 256 << 10];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = s.write_all(b"!").await;
+    })
+    .await
+}
+
 /// An echo server for fixed-size messages.
 async fn echo() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
+    serve_each(|mut s| async move {
+        let mut buf = vec![0u8; 16 << 10];
         loop {
-            let (mut s, _) = l.accept().await.unwrap();
-            let _ = s.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 16 << 10];
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            if s.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if s.write_all(&buf[..n]).await.is_err() {
+                        return;
                     }
                 }
-            });
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// A pooled tunnel to `target`, as the benchmark's client.
