@@ -137,7 +137,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     rt.block_on(ferry_control::app::serve(
         &config,
         announce,
-        shutdown_signal(),
+        ferry_runtime::shutdown_signal(),
     ))
 }
 
@@ -152,17 +152,4 @@ fn announce(listening: &Listening) {
     }
     println!("ferry control: {listening}");
     let _ = std::io::stdout().flush();
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-    else {
-        return std::future::pending().await;
-    };
-
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

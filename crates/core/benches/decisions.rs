@@ -6,13 +6,9 @@
 //! Run: `cargo bench -p ferry-core --bench decisions`. `FERRY_BENCH_DECISIONS` sets how many
 //! decisions each side of the ratio times (default 200,000).
 
-// A counting global allocator needs unsafe; nothing else here does.
-#![allow(unsafe_code)]
-
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::hint::black_box;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -26,31 +22,24 @@ use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{Destination, Source, Step, plan, route};
 use ferry_core::snapshot::Snapshot;
 use ferry_core::testing::{MeshBuilder, waypoint_ref};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 /// Counts live heap bytes so the snapshot's size can be reported, and allocations so a
 /// decision's can.
-struct Counting;
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
+/// Live heap bytes.
+fn live() -> isize {
+    let s = GLOBAL.stats();
+    s.bytes_allocated as isize - s.bytes_deallocated as isize
 }
 
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+/// Allocations so far (a reallocation counts as one, as it may move).
+fn allocs() -> usize {
+    let s = GLOBAL.stats();
+    s.allocations + s.reallocations
+}
 
 const WORKLOADS: usize = 10_000;
 const SERVICES: usize = 1_000;
@@ -145,9 +134,9 @@ fn mesh() -> MeshBuilder {
 
 fn bench(c: &mut Criterion) {
     let m = mesh();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live();
     let snap: Snapshot = m.build();
-    let bytes = LIVE.load(Ordering::Relaxed) - before;
+    let bytes = live() - before;
     eprintln!(
         "snapshot: {WORKLOADS} workloads, {SERVICES} services, {POLICIES} policies: {:.1} MiB heap ({} bytes per workload)",
         bytes as f64 / (1024.0 * 1024.0),
@@ -228,16 +217,16 @@ fn trace_ratio(snap: &Snapshot, conns: &[(&Workload, Destination)]) {
     let mut steps = 0usize;
     for round in 0..rounds {
         let mut rng = SplitMix64::new(round as u64);
-        let a = ALLOCS.load(Ordering::Relaxed);
+        let a = allocs();
         let t = Instant::now();
         for i in 0..per_round {
             let (src, dst) = &conns[i % conns.len()];
             black_box(plan(snap, Source::new(src), dst, &mut rng).is_ok());
         }
         untraced += t.elapsed();
-        untraced_allocs += ALLOCS.load(Ordering::Relaxed) - a;
+        untraced_allocs += allocs() - a;
         let mut rng = SplitMix64::new(round as u64);
-        let a = ALLOCS.load(Ordering::Relaxed);
+        let a = allocs();
         let t = Instant::now();
         for i in 0..per_round {
             let (src, dst) = &conns[i % conns.len()];
@@ -246,7 +235,7 @@ fn trace_ratio(snap: &Snapshot, conns: &[(&Workload, Destination)]) {
             black_box((d.outcome.is_ok(), &d.steps as &[Step]));
         }
         traced += t.elapsed();
-        traced_allocs += ALLOCS.load(Ordering::Relaxed) - a;
+        traced_allocs += allocs() - a;
     }
     let total = (per_round * rounds) as f64;
     let rate = |d: Duration| total / d.as_secs_f64();

@@ -141,28 +141,33 @@ mod tests {
         }
     }
 
+    /// A placement in `c` on `n`, on no node.
+    fn at<'a>(c: &'a ClusterId, n: &'a NetworkId, locality: &'a Locality) -> Placement<'a> {
+        Placement {
+            cluster: c,
+            network: n,
+            node: None,
+            locality,
+        }
+    }
+
+    fn candidate(placement: Placement<'_>, health: Health, capacity: u32) -> Candidate<'_> {
+        Candidate {
+            placement,
+            health,
+            capacity,
+        }
+    }
+
     #[test]
     fn capacity_weights_the_choice() {
         let c = ClusterId::from("c");
         let n = NetworkId::from("n");
         let l = Locality::default();
-        let p = Placement {
-            cluster: &c,
-            network: &n,
-            node: None,
-            locality: &l,
-        };
+        let p = at(&c, &n, &l);
         let cands = [
-            Candidate {
-                placement: p,
-                health: Health::Healthy,
-                capacity: 1,
-            },
-            Candidate {
-                placement: p,
-                health: Health::Healthy,
-                capacity: 3,
-            },
+            candidate(p, Health::Healthy, 1),
+            candidate(p, Health::Healthy, 3),
         ];
         let mut rng = SplitMix64::new(1);
         let mut counts = [0u32; 2];
@@ -181,28 +186,14 @@ mod tests {
         let n = NetworkId::from("n");
         let here = loc("r1", "z1", "");
         let there = loc("r1", "z2", "");
-        let src = Placement {
-            cluster: &c,
-            network: &n,
-            node: None,
-            locality: &here,
-        };
-        let far = Placement {
-            cluster: &c,
-            network: &n,
-            node: None,
-            locality: &there,
-        };
+        let src = at(&c, &n, &here);
+        let far = at(&c, &n, &there);
         let lb = LoadBalancing {
             mode: LbMode::Strict,
             routing_preference: vec![LocalityScope::Region, LocalityScope::Zone],
             health_policy: HealthPolicy::OnlyHealthy,
         };
-        let cands = [Candidate {
-            placement: far,
-            health: Health::Healthy,
-            capacity: 1,
-        }];
+        let cands = [candidate(far, Health::Healthy, 1)];
         let choice = choose(&lb, &src, &cands, &mut SplitMix64::new(1));
         assert_eq!(choice.picked, None);
         assert_eq!(
@@ -216,17 +207,8 @@ mod tests {
         let c = ClusterId::from("c");
         let n = NetworkId::from("n");
         let l = Locality::default();
-        let p = Placement {
-            cluster: &c,
-            network: &n,
-            node: None,
-            locality: &l,
-        };
-        let cands = [Candidate {
-            placement: p,
-            health: Health::Unhealthy,
-            capacity: 1,
-        }];
+        let p = at(&c, &n, &l);
+        let cands = [candidate(p, Health::Unhealthy, 1)];
         let mut lb = LoadBalancing::standard();
         assert_eq!(
             choose(&lb, &p, &cands, &mut SplitMix64::new(1)).picked,

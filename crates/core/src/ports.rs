@@ -11,10 +11,10 @@ pub const OUTBOUND_PORT: u16 = 15001;
 pub const INBOUND_PORT: u16 = 15006;
 
 /// Every port the proxy listens on in a pod's namespace.
-pub const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT];
+pub(crate) const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT];
 
 /// Is `port` one of the proxy's own?
-pub fn is_proxy_port(port: u16) -> bool {
+pub(crate) fn is_proxy_port(port: u16) -> bool {
     PROXY_PORTS.contains(&port)
 }
 

@@ -468,7 +468,7 @@ impl Snapshot {
     }
 
     /// The east-west gateway at `address`.
-    pub fn gateway_at(&self, address: &NetworkAddress) -> Option<&Arc<Gateway>> {
+    pub(crate) fn gateway_at(&self, address: &NetworkAddress) -> Option<&Arc<Gateway>> {
         self.gateways
             .iter()
             .find(|g| &g.network_address() == address)

@@ -15,7 +15,7 @@ use crate::model::{
 };
 use crate::snapshot::{Snapshot, SnapshotBuilder, SnapshotError};
 
-pub const TRUST_DOMAIN: &str = "cluster.local";
+pub(crate) const TRUST_DOMAIN: &str = "cluster.local";
 
 /// Builds a mesh piece by piece.
 #[derive(Debug, Default)]

@@ -11,45 +11,34 @@
 //! - idle: heap and RSS per idle tunnel with 10,000 tunnels open (both tunnel ends are in this
 //!   process; the target runs in a child process so its sockets do not count).
 
-#![allow(unsafe_code)] // the counting allocator only
-
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_core::identity::Identity;
-use ferry_hbone::client::Connection;
+use ferry_hbone::client::{Connection, DirectDialer};
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
-use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
+use ferry_hbone::pool::{Pool, PoolConfig, PoolKey, Tunnel};
 use ferry_hbone::server::{ConnectRequest, Handler, Server};
 use ferry_hbone::settings::Settings;
+use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
+/// Counts heap bytes, for the idle tunnels' memory.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Live heap bytes.
+fn live() -> isize {
+    let s = GLOBAL.stats();
+    s.bytes_allocated as isize - s.bytes_deallocated as isize
+}
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
@@ -130,52 +119,73 @@ async fn run(quick: bool) {
     idle(&env, if quick { 1_000 } else { 10_000 }).await;
 }
 
-/// A sink that discards everything and answers EOF with one byte.
-async fn sink() -> SocketAddr {
+/// A loopback server that serves each connection it accepts with `serve`, on its own task.
+async fn serve_each<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let (mut s, _) = l.accept().await.unwrap();
+            let (s, _) = l.accept().await.unwrap();
             let _ = s.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 256 << 10];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-                let _ = s.write_all(b"!").await;
-            });
+            tokio::spawn(serve(s));
         }
     });
     addr
 }
 
+/// A sink that discards everything and answers EOF with one byte.
+async fn sink() -> SocketAddr {
+    serve_each(|mut s| async move {
+        let mut buf = vec![0u8; 256 << 10];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = s.write_all(b"!").await;
+    })
+    .await
+}
+
 /// An echo server for fixed-size messages.
 async fn echo() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
+    serve_each(|mut s| async move {
+        let mut buf = vec![0u8; 16 << 10];
         loop {
-            let (mut s, _) = l.accept().await.unwrap();
-            let _ = s.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 16 << 10];
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            if s.write_all(&buf[..n]).await.is_err() {
-                                return;
-                            }
-                        }
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if s.write_all(&buf[..n]).await.is_err() {
+                        return;
                     }
                 }
-            });
+            }
         }
-    });
-    addr
+    })
+    .await
+}
+
+/// A pooled tunnel to `target`, as the benchmark's client.
+async fn tunnel(
+    pool: &Pool,
+    key: &PoolKey,
+    creds: &Credentials,
+    bundle: &TrustBundle,
+    target: SocketAddr,
+) -> Tunnel {
+    pool.open(
+        key,
+        creds,
+        bundle,
+        &target.to_string(),
+        &ConnectHeaders::default(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn send_all<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
@@ -209,16 +219,7 @@ async fn bulk(env: &Env, total: usize, runs: usize) {
         let mut s = TcpStream::connect(target).await.unwrap();
         s.set_nodelay(true).unwrap();
         direct.push(total as f64 / send_all(&mut s, total).await.as_secs_f64() / 1e9);
-        let mut t = pool
-            .open(
-                &key,
-                &creds,
-                &bundle,
-                &target.to_string(),
-                &ConnectHeaders::default(),
-            )
-            .await
-            .unwrap();
+        let mut t = tunnel(&pool, &key, &creds, &bundle, target).await;
         hbone.push(total as f64 / send_all(&mut t, total).await.as_secs_f64() / 1e9);
     }
     let (d, h) = (median(direct), median(hbone));
@@ -267,10 +268,7 @@ async fn rr(env: &Env, concurrency: usize, per_task: usize) {
                     round_trips(&mut s, per_task, &mut lat).await;
                 } else {
                     let (p, k, c, b) = &*pool;
-                    let mut t = p
-                        .open(k, c, b, &target.to_string(), &ConnectHeaders::default())
-                        .await
-                        .unwrap();
+                    let mut t = tunnel(p, k, c, b, target).await;
                     round_trips(&mut t, per_task, &mut lat).await;
                 }
                 lat
@@ -310,6 +308,7 @@ async fn handshakes(env: &Env, n: usize) {
     let start = Instant::now();
     for _ in 0..n {
         let c = Connection::connect(
+            &DirectDialer,
             None,
             env.hbone,
             &creds,
@@ -331,16 +330,7 @@ async fn handshakes(env: &Env, n: usize) {
     let (pool, key, creds) = env.pool(1_000_000);
     let start = Instant::now();
     for _ in 0..n {
-        let mut t = pool
-            .open(
-                &key,
-                &creds,
-                &bundle,
-                &target.to_string(),
-                &ConnectHeaders::default(),
-            )
-            .await
-            .unwrap();
+        let mut t = tunnel(&pool, &key, &creds, &bundle, target).await;
         t.write_all(b"x").await.unwrap();
         let mut b = [0u8; 1];
         t.read_exact(&mut b).await.unwrap();
@@ -380,35 +370,15 @@ async fn idle(env: &Env, n: usize) {
     let (pool, key, creds) = env.pool(100);
     let bundle = env.ca.bundle();
     // Warm up: one tunnel, so one-time allocations are not charged to the idle ones.
-    drop(
-        pool.open(
-            &key,
-            &creds,
-            &bundle,
-            &target.to_string(),
-            &ConnectHeaders::default(),
-        )
-        .await
-        .unwrap(),
-    );
-    let (heap0, rss0) = (LIVE.load(Ordering::Relaxed), rss_bytes());
+    drop(tunnel(&pool, &key, &creds, &bundle, target).await);
+    let (heap0, rss0) = (live(), rss_bytes());
     let mut tunnels = Vec::with_capacity(n);
     for _ in 0..n {
-        tunnels.push(
-            pool.open(
-                &key,
-                &creds,
-                &bundle,
-                &target.to_string(),
-                &ConnectHeaders::default(),
-            )
-            .await
-            .unwrap(),
-        );
+        tunnels.push(tunnel(&pool, &key, &creds, &bundle, target).await);
     }
     // Let both ends settle (window updates, buffers) before measuring.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (heap1, rss1) = (LIVE.load(Ordering::Relaxed), rss_bytes());
+    let (heap1, rss1) = (live(), rss_bytes());
     println!(
         "idle       {n} tunnels over {} connections: heap {:.1} KB per tunnel, RSS {:.1} KB per tunnel (both ends)",
         pool.connections(),

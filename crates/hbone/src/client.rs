@@ -35,23 +35,11 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Dials `addr` from `src` (unspecified: let the kernel choose), as `creds`, accepting a
-    /// server that presents one of `accepted`.
+    /// Dials `addr` from `src` (unspecified: let the kernel choose) with `dialer` (for example
+    /// [`DirectDialer`], or one inside a pod's network namespace), as `creds`, accepting a
+    /// server that presents one of `accepted`. The dial and the [`handshake`] together take at
+    /// most `settings.connect_timeout`.
     pub async fn connect(
-        src: Option<IpAddr>,
-        addr: SocketAddr,
-        creds: &Credentials,
-        bundle: &TrustBundle,
-        accepted: Vec<Identity>,
-        settings: &Settings,
-    ) -> Result<Self, Error> {
-        Self::connect_with(&DirectDialer, src, addr, creds, bundle, accepted, settings).await
-    }
-
-    /// As [`Connection::connect`], with the TCP socket made by `dialer` (for example inside a
-    /// pod's network namespace). The dial and the [`handshake`] together take at most
-    /// `settings.connect_timeout`.
-    pub async fn connect_with(
         dialer: &dyn Dialer,
         src: Option<IpAddr>,
         addr: SocketAddr,
@@ -78,12 +66,12 @@ impl Connection {
     }
 
     /// How many concurrent streams the peer allows (its SETTINGS_MAX_CONCURRENT_STREAMS).
-    pub fn peer_stream_limit(&self) -> usize {
+    pub(crate) fn peer_stream_limit(&self) -> usize {
         self.send.current_max_send_streams()
     }
 
     /// Marks the connection unusable (it failed to open a stream).
-    pub fn mark_closed(&self) {
+    pub(crate) fn mark_closed(&self) {
         self.closed.store(true, Ordering::Release);
     }
 

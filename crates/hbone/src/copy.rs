@@ -52,9 +52,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// The first buffer of each direction.
-pub const INITIAL_BUF: usize = 1024;
+pub(crate) const INITIAL_BUF: usize = 1024;
 /// The largest buffer a direction grows to.
-pub const MAX_BUF: usize = 256 * 1024;
+pub(crate) const MAX_BUF: usize = 256 * 1024;
 /// At a drain deadline, what a direction still reads before it stops regardless.
 const FINISH_BUDGET: usize = 1 << 20;
 /// After both sides were shut down at a deadline, how long what the peers still send is read
@@ -222,16 +222,8 @@ pub struct Bounds {
     pub finish: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
-/// Copies A->B and B->A until both directions reach EOF. Returns (bytes A->B, bytes B->A).
-pub async fn bidirectional<A, B>(a: &mut A, b: &mut B) -> Result<(u64, u64), CopyError>
-where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
-{
-    bidirectional_bounded(a, b, Bounds::default()).await
-}
-
-/// [`bidirectional`], within `bounds`: the state table in the [module docs](self).
+/// Copies A->B and B->A until both directions reach EOF, within `bounds` (the state table in
+/// the [module docs](self)). Returns (bytes A->B, bytes B->A).
 pub async fn bidirectional_bounded<A, B>(
     a: &mut A,
     b: &mut B,

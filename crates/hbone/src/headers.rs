@@ -81,10 +81,10 @@ pub struct ConnectHeaders {
     pub forwarded_network: Option<String>,
 }
 
-pub const BAGGAGE: &str = "baggage";
-pub const FORWARDED: &str = "forwarded";
-pub const TRACEPARENT: &str = "traceparent";
-pub const X_FORWARDED_NETWORK: &str = "x-forwarded-network";
+pub(crate) const BAGGAGE: &str = "baggage";
+pub(crate) const FORWARDED: &str = "forwarded";
+pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) const X_FORWARDED_NETWORK: &str = "x-forwarded-network";
 
 impl ConnectHeaders {
     /// Writes these headers into `map`. Values that cannot be header values are skipped.
@@ -144,12 +144,12 @@ impl ConnectHeaders {
 
 /// W3C baggage: the valid `k=v` members (at most [`baggage::MAX_MEMBERS`]); properties after
 /// `;` are dropped. [`Baggage::parse`] types them.
-pub fn parse_baggage(s: &str) -> Vec<(String, String)> {
+pub(crate) fn parse_baggage(s: &str) -> Vec<(String, String)> {
     baggage::members(s)
 }
 
 /// RFC 7239 `forwarded`: the first element's `for` (an `ip:port` or bare IP) and `host`.
-pub fn parse_forwarded(s: &str) -> (Option<SocketAddr>, Option<String>) {
+pub(crate) fn parse_forwarded(s: &str) -> (Option<SocketAddr>, Option<String>) {
     let first = s.split(',').next().unwrap_or("");
     let mut for_ = None;
     let mut host = None;

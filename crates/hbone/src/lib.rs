@@ -34,6 +34,3 @@ pub mod stream;
 pub mod upstream;
 
 pub use error::{Error, Side};
-
-/// The port HBONE is served on.
-pub const HBONE_PORT: u16 = 15008;

@@ -37,7 +37,7 @@ use crate::stream::H2Stream;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub local: Identity,
-    pub src_ip: IpAddr,
+    pub(crate) src_ip: IpAddr,
     pub dst: SocketAddr,
     /// Sorted and de-duplicated by [`PoolKey::new`].
     pub accepted: Vec<Identity>,
@@ -264,7 +264,7 @@ impl Pool {
         creds: &Credentials,
         bundle: &TrustBundle,
     ) -> Result<Arc<Entry>, Error> {
-        let conn = Connection::connect_with(
+        let conn = Connection::connect(
             &*self.inner.config.dialer,
             Some(key.src_ip),
             key.dst,

@@ -134,7 +134,7 @@ impl Outcome<'_> {
 }
 
 /// The default connect: TCP to an `ip:port` target.
-pub async fn connect_tcp(target: &Target) -> Result<Forward, Refusal> {
+pub(crate) async fn connect_tcp(target: &Target) -> Result<Forward, Refusal> {
     match target {
         Target::Addr(addr) => TcpStream::connect(addr)
             .await

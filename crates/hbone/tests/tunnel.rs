@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
+use ferry_hbone::Error;
+use ferry_hbone::client::{Connection, DirectDialer};
 use ferry_hbone::headers::ConnectHeaders;
 use ferry_hbone::pool::PoolConfig;
 use ferry_hbone::settings::Settings;
-use ferry_hbone::{Error, client::Connection};
 use ferry_tls::testkit::TestCa;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -224,6 +225,7 @@ async fn bundle_with_two_roots_accepts_both_during_rotation() {
     let hbone = l.local_addr().unwrap();
     tokio::spawn(server.serve(l, Arc::new(Recorder::default())));
     let conn = Connection::connect(
+        &DirectDialer,
         None,
         hbone,
         &new.issue_str(CLIENT),
@@ -288,6 +290,7 @@ async fn bad_methods_and_authorities_get_the_right_status() {
     )
     .await;
     let conn = Connection::connect(
+        &DirectDialer,
         None,
         hbone,
         &ca.issue_str(CLIENT),

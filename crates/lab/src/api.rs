@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 /// One request to a node proxy's enrollment API.
-pub fn api_call(socket: &Path, line: &str) -> anyhow::Result<String> {
+pub(crate) fn api_call(socket: &Path, line: &str) -> anyhow::Result<String> {
     let mut s = std::os::unix::net::UnixStream::connect(socket)
         .with_context(|| format!("connecting to {}", socket.display()))?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
@@ -18,7 +18,7 @@ pub fn api_call(socket: &Path, line: &str) -> anyhow::Result<String> {
 }
 
 /// The pods a node proxy serves: (uid, netns path).
-pub fn api_list(socket: &Path) -> anyhow::Result<Vec<(String, String)>> {
+pub(crate) fn api_list(socket: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let mut s = std::os::unix::net::UnixStream::connect(socket)
         .with_context(|| format!("connecting to {}", socket.display()))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;

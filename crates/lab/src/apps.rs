@@ -6,22 +6,22 @@ use std::net::SocketAddr;
 use anyhow::Context as _;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
-pub const SINK_PORT: u16 = 7777;
+pub(crate) const SINK_PORT: u16 = 7777;
 /// A server that reads to EOF and then never answers nor closes: a peer that never finishes.
-pub const STUBBORN_PORT: u16 = 7171;
+pub(crate) const STUBBORN_PORT: u16 = 7171;
 
 /// The HTTP port: HTTP/1.1, every request answered `200` with
 /// `"<name> http <method> <path> saw <peer>\n"` (for the waypoint's per-request policy).
-pub const HTTP_PORT: u16 = 8081;
+pub(crate) const HTTP_PORT: u16 = 8081;
 
 /// Serves every port in `ports` (each connection gets `"<name> port <p> saw <peer>\n"`, then
 /// its own bytes back until it closes its side), the sink on [`SINK_PORT`] and HTTP on
 /// [`HTTP_PORT`].
-pub fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
+pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -150,7 +150,7 @@ async fn serve_http(name: String, l: TcpListener) {
 }
 
 /// Connects to `to`, sends `data`, closes its side, and returns everything received.
-pub fn connect(to: SocketAddr, data: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+pub(crate) fn connect(to: SocketAddr, data: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&to, timeout)?;
     s.set_read_timeout(Some(timeout))?;
@@ -244,8 +244,26 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
     v[((v.len() as f64 * p) as usize).min(v.len() - 1)].as_secs_f64() * 1e6
 }
 
+/// Times `n` 1 KiB round trips on `s` (write, then read the echo back); returns the p50 and
+/// p99 in microseconds.
+async fn timed_round_trips<S>(s: &mut S, n: usize) -> std::io::Result<(f64, f64)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let msg = [0x42u8; 1024];
+    let mut back = [0u8; 1024];
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(&msg).await?;
+        s.read_exact(&mut back).await?;
+        lat.push(t.elapsed());
+    }
+    Ok((pct(&mut lat, 0.5), pct(&mut lat, 0.99)))
+}
+
 /// Measures from this pod to `target` (an echo pod), through Ferry and direct, side by side.
-pub fn bench(
+pub(crate) fn bench(
     target: std::net::IpAddr,
     bulk_mib: usize,
     round_trips: usize,
@@ -267,24 +285,14 @@ pub fn bench(
             let mut n = [0u8; 8];
             s.read_exact(&mut n).await?;
             let gbps = u64::from_le_bytes(n) as f64 / start.elapsed().as_secs_f64() / 1e9;
-            // 1 KiB round trips.
-            let mut s = greeted(echo, direct).await?;
-            let msg = [0x42u8; 1024];
-            let mut back = [0u8; 1024];
-            let mut lat = Vec::with_capacity(round_trips);
-            for _ in 0..round_trips {
-                let t = Instant::now();
-                s.write_all(&msg).await?;
-                s.read_exact(&mut back).await?;
-                lat.push(t.elapsed());
-            }
+            let (p50, p99) = timed_round_trips(&mut greeted(echo, direct).await?, round_trips).await?;
             // New connections: connect, greeting, close.
             let start = Instant::now();
             for _ in 0..conns {
                 drop(greeted(echo, direct).await?);
             }
             let cps = conns as f64 / start.elapsed().as_secs_f64();
-            results.push((gbps, pct(&mut lat, 0.5), pct(&mut lat, 0.99), cps));
+            results.push((gbps, p50, p99, cps));
         }
         let (d, f) = (results[0], results[1]);
         println!("A -> B on another node, {bulk_mib} MiB bulk, {round_trips} round trips, {conns} connections");
@@ -299,7 +307,7 @@ pub fn bench(
 /// Opens `n` connections through Ferry to `target` and holds them until stdin closes, or, with
 /// `until_closed`, until the first of them is closed by the other side (then prints `closed`
 /// for a FIN, `closed by reset (<error>)` otherwise).
-pub fn hold(
+pub(crate) fn hold(
     target: SocketAddr,
     n: usize,
     until_closed: bool,
@@ -350,7 +358,7 @@ pub fn hold(
 /// Opens `n` connections to `target`, prints `open <n>`, and waits for a line on stdin; then
 /// half-closes each (one byte, then FIN) and waits up to `max` for the far side to end them,
 /// printing `closed <k> of <n> in <ms> ms`.
-pub fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
+pub(crate) fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
@@ -397,7 +405,7 @@ pub fn half_close(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result
 /// (a line every 100 ms, its echo read back) until every one has ended or `max` passes. Prints
 /// one summary line: `fin=<a> reset=<b> open=<c> first_end_ms=<t> last_end_ms=<t>` (times since
 /// `held`).
-pub fn streams(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
+pub(crate) fn streams(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
@@ -449,7 +457,7 @@ pub fn streams(target: SocketAddr, n: usize, max: Duration) -> anyhow::Result<()
 
 /// Opens short connections to `to` one after another (connect, read the greeting, close) until
 /// `stop` exists or `max` passes; returns (succeeded, failed) and prints each failure.
-pub fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64) {
+pub(crate) fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64) {
     use std::io::BufRead;
     let end = Instant::now() + max;
     let (mut ok, mut failed) = (0u64, 0u64);
@@ -480,7 +488,7 @@ pub fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64
 
 /// Through Ferry from this pod: bulk (echoed) throughput and 1 KiB round trips to `near` and to
 /// `far`, in the same run. Returns ((GB/s, p50 us, p99 us) near, the same far).
-pub fn paths(
+pub(crate) fn paths(
     near: SocketAddr,
     far: SocketAddr,
     mib: usize,
@@ -511,17 +519,8 @@ pub fn paths(
             }
             let (r, got) = reader.await??;
             let gbps = got as f64 / start.elapsed().as_secs_f64() / 1e9;
-            let mut s = r.unsplit(w);
-            let msg = [0x42u8; 1024];
-            let mut back = [0u8; 1024];
-            let mut lat = Vec::with_capacity(round_trips);
-            for _ in 0..round_trips {
-                let t = Instant::now();
-                s.write_all(&msg).await?;
-                s.read_exact(&mut back).await?;
-                lat.push(t.elapsed());
-            }
-            out[i] = (gbps, pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+            let (p50, p99) = timed_round_trips(&mut r.unsplit(w), round_trips).await?;
+            out[i] = (gbps, p50, p99);
         }
         Ok(out)
     })
@@ -530,7 +529,10 @@ pub fn paths(
 /// Sends `requests` keep-alive `GET`s on one connection to each of `paths` (label, target,
 /// direct) in turn and prints requests per second and p50/p99 latency, each against the first
 /// path (the baseline) in the same run.
-pub fn http_bench(paths: &[(String, SocketAddr, bool)], requests: usize) -> anyhow::Result<()> {
+pub(crate) fn http_bench(
+    paths: &[(String, SocketAddr, bool)],
+    requests: usize,
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

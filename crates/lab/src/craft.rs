@@ -12,36 +12,36 @@ use std::time::Duration;
 pub struct Request {
     /// The control plane's CA (`https://...`).
     #[arg(long)]
-    pub control: String,
+    pub(crate) control: String,
     /// The node credential.
     #[arg(long)]
-    pub token_file: PathBuf,
+    pub(crate) token_file: PathBuf,
     #[arg(long)]
-    pub bundle_file: PathBuf,
+    pub(crate) bundle_file: PathBuf,
     /// The identity to get a certificate for.
     #[arg(long)]
-    pub identity: String,
+    pub(crate) identity: String,
     /// Where to open the HBONE connection.
     #[arg(long)]
-    pub to: SocketAddr,
+    pub(crate) to: SocketAddr,
     /// The identity the peer must present.
     #[arg(long)]
-    pub peer_identity: String,
+    pub(crate) peer_identity: String,
     /// The CONNECT authority.
     #[arg(long)]
-    pub authority: String,
+    pub(crate) authority: String,
     /// The cluster the request claims in its baggage (sent as `clusterid` to the CA too, which
     /// ignores it: the certificate carries the cluster of the node whose credential asked).
     #[arg(long)]
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Dial the tunnel from this network namespace (a name under /run/netns) instead of the
     /// one the credential is fetched from.
     #[arg(long)]
-    pub dial_netns: Option<String>,
+    pub(crate) dial_netns: Option<String>,
 }
 
 /// Sends the request; prints `status 200: tunnel open` or `refused: <why>`.
-pub fn run(req: Request) -> anyhow::Result<()> {
+pub(crate) fn run(req: Request) -> anyhow::Result<()> {
     let token = std::fs::read_to_string(&req.token_file)?;
     let bundle = std::fs::read_to_string(&req.bundle_file)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -82,7 +82,7 @@ async fn send(req: Request, token: String, bundle: String) -> anyhow::Result<()>
         ))),
         None => Box::new(ferry_hbone::client::DirectDialer),
     };
-    let conn = ferry_hbone::client::Connection::connect_with(
+    let conn = ferry_hbone::client::Connection::connect(
         dialer.as_ref(),
         None,
         to,

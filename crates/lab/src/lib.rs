@@ -11,18 +11,18 @@
 //! the lab reaches nothing but itself. `ferry lab down` removes every namespace and process it
 //! made, also after a partial `up`, and is safe to run twice.
 
-pub mod api;
-pub mod apps;
-pub mod bench;
-pub mod build;
+mod api;
+mod apps;
+mod bench;
+mod build;
 pub mod cli;
-pub mod craft;
-pub mod ops;
+mod craft;
+mod ops;
 mod procs;
-pub mod session;
-pub mod state;
+mod session;
+mod state;
 
 /// The reserved management network.
-pub const MGMT_PREFIX: &str = "198.19.254";
+pub(crate) const MGMT_PREFIX: &str = "198.19.254";
 /// The control plane's address on the management network.
-pub const CONTROL_IP: &str = "198.19.254.1";
+pub(crate) const CONTROL_IP: &str = "198.19.254.1";

@@ -1,42 +1,33 @@
 //! What `ferry lab` does to a running node proxy: hand it over, stop, start, restart.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
+use nix::sys::signal::Signal;
 
 use crate::api::api_list;
-use crate::procs::{spawn_append, stop_and_wait, wait_for};
+use crate::procs::{signal_and_wait, spawn_append, stop_and_wait, wait_for};
 use crate::state::State;
 
 /// Restarts one node proxy (SIGTERM and drain, or with `kill`, SIGKILL at once). The new
 /// process serves the node's pods again from its own enrollment state: nothing is re-enrolled.
-pub fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+pub(crate) fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
     stop_node(state_dir, node, kill)?;
     start_node(state_dir, node)
 }
 
 /// Stops one node proxy: SIGTERM and wait for its drain, or SIGKILL. Its pods stay enrolled
 /// and captured: their traffic is refused until a node proxy serves them again.
-pub fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
-    let n = state
-        .nodes
-        .get(node)
-        .with_context(|| format!("no node {node}"))?;
+pub(crate) fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
+    let state = State::up(state_dir)?;
+    let n = state.node(node)?;
     if kill {
-        use nix::sys::signal::{Signal, kill};
-        use nix::unistd::Pid;
-        let pid = Pid::from_raw(n.pid as i32);
-        let _ = kill(pid, Signal::SIGKILL);
-        wait_for(
+        signal_and_wait(
+            n.pid,
+            Signal::SIGKILL,
             "the killed node proxy to exit",
             Duration::from_secs(10),
-            || {
-                let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-                kill(pid, None).is_err()
-            },
         )
     } else {
         stop_and_wait(n.pid, "the old node proxy to exit", Duration::from_secs(40))
@@ -45,12 +36,9 @@ pub fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()>
 
 /// Starts a node proxy for `node` (which must not be running) and waits until it serves every
 /// pod enrolled on the node.
-pub fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
-    let mut state = State::load(state_dir).context("no lab is up")?;
-    let n = state
-        .nodes
-        .get(node)
-        .with_context(|| format!("no node {node}"))?;
+pub(crate) fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+    let mut state = State::up(state_dir)?;
+    let n = state.node(node)?;
     let (netns, api, log, args) = (
         n.netns.clone(),
         n.api.clone(),
@@ -58,10 +46,13 @@ pub fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         n.args.clone(),
     );
     let _ = std::fs::remove_file(&api);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
-    writeln!(logfile, "--- started again by ferry lab ---")?;
-    let pid = spawn_append(&mut state, &netns, &argv, &log)?;
+    let pid = spawn_append(
+        &mut state,
+        &netns,
+        &args,
+        &log,
+        "started again by ferry lab",
+    )?;
     if let Some(n) = state.nodes.get_mut(node) {
         n.pid = pid;
     }
@@ -95,12 +86,9 @@ fn wait_served(state: &State, node: &str, api: &Path) -> anyhow::Result<()> {
 /// process reads the node's enrollment state, opens its listeners beside the old one's
 /// (SO_REUSEPORT) and keeps the capture rules as they are; only then does the old one drain and
 /// exit (its queued connections migrate).
-pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
-    let mut state = State::load(state_dir).context("no lab is up")?;
-    let n = state
-        .nodes
-        .get(node)
-        .with_context(|| format!("no node {node}"))?;
+pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
+    let mut state = State::up(state_dir)?;
+    let n = state.node(node)?;
     let (old, netns, log, mut args) = (n.pid, n.netns.clone(), n.log.clone(), n.args.clone());
     let api = state_dir.join(format!("{node}.{}.sock", state.pids.len()));
     if let Some(i) = args.iter().position(|a| a == "--api") {
@@ -114,13 +102,13 @@ pub fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         args[i + 1].clone_from(&next);
         admin = Some(next);
     }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut logfile = std::fs::OpenOptions::new().append(true).open(&log)?;
-    writeln!(
-        logfile,
-        "--- handover: a new node proxy starts beside the old one ---"
+    let pid = spawn_append(
+        &mut state,
+        &netns,
+        &args,
+        &log,
+        "handover: a new node proxy starts beside the old one",
     )?;
-    let pid = spawn_append(&mut state, &netns, &argv, &log)?;
     wait_for("the new node proxy", Duration::from_secs(20), || {
         api.exists()
     })?;

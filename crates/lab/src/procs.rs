@@ -1,17 +1,39 @@
 //! The processes a lab starts and watches: spawning them detached in a namespace, waiting on
 //! them, and reading their CPU, memory and descriptors from `/proc`.
 
+use std::fs::File;
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use crate::state::State;
 
 /// Starts `args` inside `ns`, detached, logging to `log`. Returns its pid.
 pub(crate) fn spawn(state: &mut State, ns: &str, args: &[&str], log: &Path) -> anyhow::Result<u32> {
-    let out = std::fs::File::create(log)?;
+    spawn_to(state, ns, args, std::fs::File::create(log)?)
+}
+
+/// Like [`spawn`], appending to an existing `log` after a line `--- {banner} ---`.
+pub(crate) fn spawn_append(
+    state: &mut State,
+    ns: &str,
+    args: &[String],
+    log: &Path,
+    banner: &str,
+) -> anyhow::Result<u32> {
+    let mut out = std::fs::OpenOptions::new().append(true).open(log)?;
+    writeln!(out, "--- {banner} ---")?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_to(state, ns, &args, out)
+}
+
+/// Starts `args` inside `ns`, detached, with stdout and stderr to `out`, and records its pid.
+fn spawn_to(state: &mut State, ns: &str, args: &[&str], out: File) -> anyhow::Result<u32> {
     let child = Command::new("setsid")
         .args(["ip", "netns", "exec", ns])
         .args(args)
@@ -20,26 +42,6 @@ pub(crate) fn spawn(state: &mut State, ns: &str, args: &[&str], log: &Path) -> a
         .stderr(out)
         .spawn()
         .with_context(|| format!("starting {args:?} in {ns}"))?;
-    state.pids.push(child.id());
-    state.save()?;
-    Ok(child.id())
-}
-
-/// Like [`spawn`], appending to an existing `log`.
-pub(crate) fn spawn_append(
-    state: &mut State,
-    ns: &str,
-    args: &[&str],
-    log: &Path,
-) -> anyhow::Result<u32> {
-    let out = std::fs::OpenOptions::new().append(true).open(log)?;
-    let child = Command::new("setsid")
-        .args(["ip", "netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
     state.pids.push(child.id());
     state.save()?;
     Ok(child.id())
@@ -61,12 +63,33 @@ pub(crate) fn wait_for(
     Ok(())
 }
 
+/// Waits, for at most `timeout`, until the log file `log` holds `line` (what a program prints
+/// once it serves).
+pub(crate) fn wait_for_log(
+    what: &str,
+    timeout: Duration,
+    log: &Path,
+    line: &str,
+) -> anyhow::Result<()> {
+    wait_for(what, timeout, || {
+        std::fs::read_to_string(log).is_ok_and(|l| l.contains(line))
+    })
+}
+
 /// Sends SIGTERM to `pid` and waits (reaping it if it is our child) until it is gone.
 pub(crate) fn stop_and_wait(pid: u32, what: &str, max: Duration) -> anyhow::Result<()> {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
+    signal_and_wait(pid, Signal::SIGTERM, what, max)
+}
+
+/// Sends `signal` to `pid` and waits (reaping it if it is our child) until it is gone.
+pub(crate) fn signal_and_wait(
+    pid: u32,
+    signal: Signal,
+    what: &str,
+    max: Duration,
+) -> anyhow::Result<()> {
     let pid = Pid::from_raw(pid as i32);
-    let _ = kill(pid, Signal::SIGTERM);
+    let _ = kill(pid, signal);
     wait_for(what, max, || {
         let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         kill(pid, None).is_err()

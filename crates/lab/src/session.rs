@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::build::{self, Options};
 use crate::state::State;
@@ -16,14 +16,14 @@ use crate::state::State;
 pub struct LabArgs {
     /// Where the lab keeps its state, logs and sockets.
     #[arg(long, default_value = "/run/ferry-lab")]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Prefix of the lab's namespace names (several labs can coexist).
     #[arg(long, default_value = "fl")]
-    pub id: String,
+    pub(crate) id: String,
 }
 
 /// `ferry lab up`: builds the lab and prints what runs where.
-pub fn up(
+pub(crate) fn up(
     lab: LabArgs,
     topology: Option<PathBuf>,
     node_args: Vec<String>,
@@ -43,7 +43,7 @@ pub fn up(
 }
 
 /// `ferry lab down`.
-pub fn down(state_dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn down(state_dir: &Path) -> anyhow::Result<()> {
     if build::down(state_dir)? {
         println!("ferry lab: removed the lab in {}", state_dir.display());
     } else {
@@ -53,15 +53,15 @@ pub fn down(state_dir: &Path) -> anyhow::Result<()> {
 }
 
 /// `ferry lab status`.
-pub fn status(state_dir: &Path) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+pub(crate) fn status(state_dir: &Path) -> anyhow::Result<()> {
+    let state = State::up(state_dir)?;
     print_status(&state);
     Ok(())
 }
 
 /// `ferry lab exec`: runs `command` in the namespace of `pod`; exits with its code.
-pub fn exec(state_dir: &Path, pod: &str, command: &[String]) -> anyhow::Result<ExitCode> {
-    let state = State::load(state_dir).context("no lab is up")?;
+pub(crate) fn exec(state_dir: &Path, pod: &str, command: &[String]) -> anyhow::Result<ExitCode> {
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, pod)?;
     // Replaced by the command, not its parent: a signal to this process (a test that kills the
     // client it started) reaches the command itself.
@@ -74,8 +74,13 @@ pub fn exec(state_dir: &Path, pod: &str, command: &[String]) -> anyhow::Result<E
 }
 
 /// `ferry lab send`: `ferry lab connect` inside `pod`; exits with its code.
-pub fn send(state_dir: &Path, pod: &str, to: SocketAddr, data: &str) -> anyhow::Result<ExitCode> {
-    let state = State::load(state_dir).context("no lab is up")?;
+pub(crate) fn send(
+    state_dir: &Path,
+    pod: &str,
+    to: SocketAddr,
+    data: &str,
+) -> anyhow::Result<ExitCode> {
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, pod)?;
     let exe = std::env::current_exe()?;
     let status = Command::new("ip")
@@ -88,7 +93,7 @@ pub fn send(state_dir: &Path, pod: &str, to: SocketAddr, data: &str) -> anyhow::
 
 /// `ferry lab connect` (inside the lab): prints the answer, or why the connection failed
 /// (exit code 1).
-pub fn connect(to: SocketAddr, data: &str) -> anyhow::Result<ExitCode> {
+pub(crate) fn connect(to: SocketAddr, data: &str) -> anyhow::Result<ExitCode> {
     match crate::apps::connect(to, data.as_bytes(), Duration::from_secs(5)) {
         Ok(out) => {
             print!("{}", String::from_utf8_lossy(&out));

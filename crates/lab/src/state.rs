@@ -6,52 +6,52 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Pod {
-    pub uid: String,
-    pub netns: String,
-    pub ip: String,
-    pub node: Option<String>,
-    pub cluster: String,
-    pub enrolled: bool,
+pub(crate) struct Pod {
+    pub(crate) uid: String,
+    pub(crate) netns: String,
+    pub(crate) ip: String,
+    pub(crate) node: Option<String>,
+    pub(crate) cluster: String,
+    pub(crate) enrolled: bool,
     /// Runs `ferry waypoint` (terminates HBONE itself, not captured).
     #[serde(default)]
-    pub waypoint: bool,
+    pub(crate) waypoint: bool,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct NodeProc {
-    pub pid: u32,
+pub(crate) struct NodeProc {
+    pub(crate) pid: u32,
     /// The command line, to restart it.
-    pub args: Vec<String>,
-    pub netns: String,
-    pub mgmt_ip: String,
-    pub api: PathBuf,
-    pub admin: String,
-    pub log: PathBuf,
-    pub cluster: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) netns: String,
+    pub(crate) mgmt_ip: String,
+    pub(crate) api: PathBuf,
+    pub(crate) admin: String,
+    pub(crate) log: PathBuf,
+    pub(crate) cluster: String,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct State {
-    pub id: String,
-    pub dir: PathBuf,
+pub(crate) struct State {
+    pub(crate) id: String,
+    pub(crate) dir: PathBuf,
     /// Every namespace created, in creation order.
-    pub netns: Vec<String>,
+    pub(crate) netns: Vec<String>,
     /// Every process started.
-    pub pids: Vec<u32>,
-    pub pods: BTreeMap<String, Pod>,
-    pub nodes: BTreeMap<String, NodeProc>,
+    pub(crate) pids: Vec<u32>,
+    pub(crate) pods: BTreeMap<String, Pod>,
+    pub(crate) nodes: BTreeMap<String, NodeProc>,
     /// East-west gateways: name -> namespace.
     #[serde(default)]
-    pub gateways: BTreeMap<String, String>,
-    pub control_log: PathBuf,
-    pub control_addr: String,
-    pub topology: PathBuf,
+    pub(crate) gateways: BTreeMap<String, String>,
+    pub(crate) control_log: PathBuf,
+    pub(crate) control_addr: String,
+    pub(crate) topology: PathBuf,
 }
 
 impl State {
     /// The pods a benchmark runs between, by name.
-    pub fn pod_pair(&self, from: &str, to: &str) -> anyhow::Result<(&Pod, &Pod)> {
+    pub(crate) fn pod_pair(&self, from: &str, to: &str) -> anyhow::Result<(&Pod, &Pod)> {
         let pod = |name: &str| {
             self.pods
                 .get(name)
@@ -60,15 +60,27 @@ impl State {
         Ok((pod(from)?, pod(to)?))
     }
 
-    pub fn file(dir: &Path) -> PathBuf {
+    /// The node proxy of `node`.
+    pub(crate) fn node(&self, node: &str) -> anyhow::Result<&NodeProc> {
+        self.nodes
+            .get(node)
+            .ok_or_else(|| anyhow::anyhow!("no node {node}"))
+    }
+
+    /// The state of the lab that is up in `dir`.
+    pub(crate) fn up(dir: &Path) -> anyhow::Result<Self> {
+        Self::load(dir).ok_or_else(|| anyhow::anyhow!("no lab is up"))
+    }
+
+    pub(crate) fn file(dir: &Path) -> PathBuf {
         dir.join("lab.json")
     }
 
-    pub fn load(dir: &Path) -> Option<Self> {
+    pub(crate) fn load(dir: &Path) -> Option<Self> {
         serde_json::from_str(&std::fs::read_to_string(Self::file(dir)).ok()?).ok()
     }
 
-    pub fn save(&self) -> std::io::Result<()> {
+    pub(crate) fn save(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
         std::fs::write(
             Self::file(&self.dir),

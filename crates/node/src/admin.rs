@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use ferry_runtime::admin::{Response, Routes};
+use ferry_runtime::telemetry::registered;
 use http::StatusCode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -25,13 +26,11 @@ pub(crate) async fn serve(
 
 /// The capture repairs counter, registered in `registry`.
 pub(crate) fn capture_repairs(registry: &mut Registry) -> Counter {
-    let c = Counter::default();
-    registry.register(
+    registered(
+        registry,
         "ferry_capture_repairs",
         "Capture rules found missing and put back",
-        c.clone(),
-    );
-    c
+    )
 }
 
 /// The connect retries counter, registered in `registry`.
@@ -119,21 +118,18 @@ fn config_dump(node: &Node) -> serde_json::Value {
 
 impl Pods {
     fn new(registry: &mut Registry) -> Self {
-        let pods = Self {
-            served: Gauge::default(),
-            unserved: Gauge::default(),
-        };
-        registry.register(
-            "ferry_pods_served",
-            "Enrolled pods this node proxy serves",
-            pods.served.clone(),
-        );
-        registry.register(
-            "ferry_pods_unserved",
-            "Enrolled pods it cannot serve (their traffic stays blocked)",
-            pods.unserved.clone(),
-        );
-        pods
+        Self {
+            served: registered(
+                registry,
+                "ferry_pods_served",
+                "Enrolled pods this node proxy serves",
+            ),
+            unserved: registered(
+                registry,
+                "ferry_pods_unserved",
+                "Enrolled pods it cannot serve (their traffic stays blocked)",
+            ),
+        }
     }
 
     fn set(&self, node: &Node) {

@@ -20,11 +20,11 @@ use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::socket::reset_tcp;
 use ferry_hbone::upstream::{Forward, Until};
-use socket2::SockRef;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
+use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 use crate::state::{Node, Open, Pod};
@@ -352,19 +352,9 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
     ferry_runtime::serve::serve_hbone(listener, hbone, handler).await;
 }
 
-/// Serves plain TCP captured on the pod's inbound port (sources outside the mesh).
-pub(crate) async fn serve_plain(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            c = node.acceptor.accept(&listener, "inbound plain") => c,
-            () = node.drain.draining() => return,
-        };
-        let (n, pod) = (node.clone(), pod.clone());
-        node.drain.spawn(plain(n, pod, tcp, peer));
-    }
-}
-
-async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {
+/// Serves one plain TCP connection captured on the pod's inbound port (sources outside the
+/// mesh).
+pub(crate) async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     // Counted as open, so a drain waits for it (and ends it at the deadline).
@@ -415,13 +405,7 @@ async fn plain_checked(
     peer: SocketAddr,
     log: &mut AccessLog<'_>,
 ) -> Result<(u64, u64), ConnError> {
-    let orig = SockRef::from(&*tcp)
-        .original_dst_v4()
-        .and_then(|a| {
-            a.as_socket()
-                .ok_or_else(|| std::io::Error::other("not an IP address"))
-        })
-        .map_err(ConnError::no_original_dst)?;
+    let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
     // Taken before the snapshot: a change after this one re-checks the connection.
     let changes = ferry_runtime::recheck::from_now(&node.changes);

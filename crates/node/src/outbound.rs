@@ -14,30 +14,22 @@ use ferry_core::model::{Workload, WorkloadUid};
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::snapshot::Snapshot;
+use ferry_hbone::Error as HboneError;
 use ferry_hbone::copy::{self, Reset};
 use ferry_hbone::headers::{Baggage, ConnectHeaders, WorkloadKind, WorkloadName};
-use ferry_hbone::pool::PoolKey;
+use ferry_hbone::pool::{PoolKey, Tunnel};
 use ferry_hbone::socket::reset_tcp;
 use ferry_runtime::conn::{ConnError, ResponseFlag};
+use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
-use socket2::SockRef;
+use ferry_tls::config::{Credentials, TrustBundle};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::state::{Node, Open, Pod};
 
-pub(crate) async fn serve(node: Arc<Node>, pod: Arc<Pod>, listener: TcpListener) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            c = node.acceptor.accept(&listener, "outbound") => c,
-            () = node.drain.draining() => return,
-        };
-        let (n, pod) = (node.clone(), pod.clone());
-        node.drain.spawn(handle(n, pod, tcp, peer));
-    }
-}
-
-async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
+/// Serves one connection captured on the pod's outbound port.
+pub(crate) async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);
@@ -127,13 +119,7 @@ async fn set_up(
     n: u64,
     log: &mut AccessLog<'_>,
 ) -> Result<(Arc<Labels>, Box<dyn Io>), ConnError> {
-    let orig = SockRef::from(tcp)
-        .original_dst_v4()
-        .and_then(|a| {
-            a.as_socket()
-                .ok_or_else(|| std::io::Error::other("not an IP address"))
-        })
-        .map_err(ConnError::no_original_dst)?;
+    let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
     ferry_core::ports::refuse_recursion(pod.ip, orig)?;
     // The landings a connect failed to, before any byte was sent: a retry sets them aside.
@@ -339,17 +325,16 @@ async fn open(
             authority,
             identities,
         } => {
-            let creds = node.certs.fetch(&pod.identity).await?;
-            let key = PoolKey::new(
-                pod.identity.clone(),
-                pod.ip,
+            let (tunnel, ..) = pooled(
+                node,
+                pod,
                 *connect_to,
                 identities.clone(),
-            );
-            let tunnel = node
-                .pool
-                .open(&key, &creds, &node.bundle(), authority, headers)
-                .await?;
+                authority,
+                headers,
+                ConnError::from,
+            )
+            .await?;
             Ok(Box::new(tunnel))
         }
         Transport::GatewayHbone {
@@ -358,19 +343,16 @@ async fn open(
             authority,
             identities,
         } => {
-            let creds = node.certs.fetch(&pod.identity).await?;
-            let key = PoolKey::new(
-                pod.identity.clone(),
-                pod.ip,
+            let (outer, creds, bundle) = pooled(
+                node,
+                pod,
                 *gateway,
                 vec![gateway_identity.clone()],
-            );
-            let bundle = node.bundle();
-            let outer = node
-                .pool
-                .open(&key, &creds, &bundle, authority, headers)
-                .await
-                .map_err(|e| ConnError::tunnel("outer tunnel to the gateway", e))?;
+                authority,
+                headers,
+                |e| ConnError::tunnel("outer tunnel to the gateway", e),
+            )
+            .await?;
             let inner_headers = ConnectHeaders {
                 forwarded_network: Some(src_network.to_string()),
                 ..headers.clone()
@@ -399,6 +381,29 @@ async fn open(
             Ok(Box::new(up))
         }
     }
+}
+
+/// Opens a pooled tunnel from the pod, under its identity, to `to` (which must prove one of
+/// `identities`); returns it with the credentials and roots it was opened with (the inner
+/// tunnel of double HBONE is opened with them again). `failed` types a failed set-up.
+async fn pooled(
+    node: &Node,
+    pod: &Pod,
+    to: SocketAddr,
+    identities: Vec<Identity>,
+    authority: &str,
+    headers: &ConnectHeaders,
+    failed: fn(HboneError) -> ConnError,
+) -> Result<(Tunnel, Credentials, TrustBundle), ConnError> {
+    let creds = node.certs.fetch(&pod.identity).await?;
+    let bundle = node.bundle();
+    let key = PoolKey::new(pod.identity.clone(), pod.ip, to, identities);
+    let tunnel = node
+        .pool
+        .open(&key, &creds, &bundle, authority, headers)
+        .await
+        .map_err(failed)?;
+    Ok((tunnel, creds, bundle))
 }
 
 fn started_nanos() -> u64 {

@@ -140,15 +140,17 @@ impl Node {
         self.pods.lock().insert(uid.clone(), pod.clone());
         {
             let mut t = pod.tasks.lock();
-            t.push(tokio::spawn(crate::outbound::serve(
-                self.clone(),
+            t.push(tokio::spawn(self.clone().serve_tcp(
                 pod.clone(),
                 outbound,
+                "outbound",
+                crate::outbound::handle,
             )));
-            t.push(tokio::spawn(crate::inbound::serve_plain(
-                self.clone(),
+            t.push(tokio::spawn(self.clone().serve_tcp(
                 pod.clone(),
                 inbound,
+                "inbound plain",
+                crate::inbound::plain,
             )));
             t.push(tokio::spawn(crate::inbound::serve_hbone(
                 self.clone(),

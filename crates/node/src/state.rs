@@ -16,6 +16,7 @@ use ferry_runtime::drain::DrainWatcher;
 use ferry_tls::certs::CertManager;
 use ferry_tls::config::TrustBundle;
 use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use ferry_runtime::netns::Netns;
@@ -24,11 +25,11 @@ use ferry_runtime::telemetry::Metrics;
 /// One enrolled pod.
 #[derive(Debug)]
 pub(crate) struct Pod {
-    pub uid: WorkloadUid,
-    pub name: String,
-    pub ip: IpAddr,
-    pub identity: Identity,
-    pub netns: Netns,
+    pub(crate) uid: WorkloadUid,
+    pub(crate) name: String,
+    pub(crate) ip: IpAddr,
+    pub(crate) identity: Identity,
+    pub(crate) netns: Netns,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -38,13 +39,13 @@ pub(crate) type PodsByIp = Arc<Mutex<HashMap<IpAddr, Arc<Pod>>>>;
 /// The node proxy.
 #[derive(Debug)]
 pub(crate) struct Node {
-    pub name: NodeName,
-    pub store: Arc<Store>,
-    pub certs: CertManager,
+    pub(crate) name: NodeName,
+    pub(crate) store: Arc<Store>,
+    pub(crate) certs: CertManager,
     /// The configured roots; replaced by the roots that come with certificates.
-    pub bundle: Mutex<TrustBundle>,
-    pub pool: Pool,
-    pub metrics: Metrics,
+    pub(crate) bundle: Mutex<TrustBundle>,
+    pub(crate) pool: Pool,
+    pub(crate) metrics: Metrics,
     /// Changes whenever a new snapshot is applied: each held inbound connection waits on it and
     /// re-checks its own authorization ([`ferry_runtime::recheck`]).
     pub(crate) changes: tokio::sync::watch::Receiver<u64>,
@@ -55,20 +56,20 @@ pub(crate) struct Node {
     /// HBONE connections being served (closed with a TLS close_notify when they end).
     pub(crate) hbone_conns: Arc<ferry_runtime::serve::Served>,
     /// Where the enrolled pods are kept across restarts ([`crate::enrollment`]).
-    pub state_file: Option<PathBuf>,
+    pub(crate) state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.
     pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
     /// Enrolled pods this process cannot serve, with their namespace and why.
-    pub unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
+    pub(crate) unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
     /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
-    pub capture_repairs: prometheus_client::metrics::counter::Counter,
+    pub(crate) capture_repairs: prometheus_client::metrics::counter::Counter,
     /// Outbound connects tried again on another endpoint (`ferry_connect_retries_total`).
     pub(crate) connect_retries: prometheus_client::metrics::counter::Counter,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
     pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed
     /// within it (keepalive, user timeout).
-    pub idle_bound: std::time::Duration,
+    pub(crate) idle_bound: std::time::Duration,
     pub(crate) pods: Mutex<HashMap<WorkloadUid, Arc<Pod>>>,
     pub(crate) by_ip: PodsByIp,
     pub(crate) connections: AtomicU64,
@@ -140,6 +141,28 @@ impl Node {
             *self.bundle.lock() = b;
         }
         self.bundle.lock().clone()
+    }
+
+    /// Serves the pod's TCP listener `listener` (`what` names it in logs) until the drain
+    /// starts: each connection with `handle`, on its own task the drain waits for.
+    pub(crate) async fn serve_tcp<F, Fut>(
+        self: Arc<Self>,
+        pod: Arc<Pod>,
+        listener: TcpListener,
+        what: &'static str,
+        handle: F,
+    ) where
+        F: Fn(Arc<Self>, Arc<Pod>, TcpStream, SocketAddr) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        ferry_runtime::serve::serve_tcp(
+            listener,
+            &self.acceptor,
+            &self.drain,
+            what,
+            |tcp, peer| handle(self.clone(), pod.clone(), tcp, peer),
+        )
+        .await;
     }
 
     /// The copy bounds of a connection through this node: its idle bound and drain deadline.

@@ -13,6 +13,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::telemetry::registered;
+
 /// How long an accept loop pauses after an error it cannot act on.
 const BACKOFF: Duration = Duration::from_millis(20);
 
@@ -54,25 +56,19 @@ impl Default for Acceptor {
 impl Acceptor {
     /// An acceptor whose counters are registered in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
-        let a = Self::default();
-        let refused = Family::<RefusedLabels, Counter>::default();
-        // The one series exists from the start, so a scrape shows it at zero.
-        let fd_limit = refused.get_or_create_owned(&RefusedLabels {
-            reason: Reason::FdLimit,
-        });
-        registry.register(
+        let refused: Family<RefusedLabels, Counter> = registered(
+            registry,
             "ferry_accept_refused",
             "Connections refused at accept because the process was out of file descriptors",
-            refused,
         );
-        registry.register(
-            "ferry_accept_errors",
-            "Other accept errors",
-            a.errors.clone(),
-        );
+        // The one series exists from the start, so a scrape shows it at zero.
+        let refused_fd_limit = refused.get_or_create_owned(&RefusedLabels {
+            reason: Reason::FdLimit,
+        });
         Self {
-            refused_fd_limit: fd_limit,
-            ..a
+            refused_fd_limit,
+            errors: registered(registry, "ferry_accept_errors", "Other accept errors"),
+            ..Self::default()
         }
     }
 

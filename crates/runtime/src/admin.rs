@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 /// How long a connection may take to send a request's headers.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The content type of [`Response::metrics`]: the OpenMetrics text that `prometheus-client`
 /// writes (counter families are typed without their `_total` suffix, the text ends in `# EOF`).

@@ -106,11 +106,6 @@ impl ControlPlane {
 // === impl Mesh ===
 
 impl Mesh {
-    /// Whether the first full sync has arrived (for `/ready`).
-    pub fn is_ready(&self) -> bool {
-        *self.ready.borrow()
-    }
-
     /// A receiver that turns true at the first full sync.
     pub fn ready(&self) -> watch::Receiver<bool> {
         self.ready.clone()

@@ -165,7 +165,7 @@ impl ConnError {
     }
 
     /// The same failure under another flag.
-    pub fn with_flag(mut self, flag: ResponseFlag) -> Self {
+    pub(crate) fn with_flag(mut self, flag: ResponseFlag) -> Self {
         self.flag = flag;
         self
     }
@@ -411,4 +411,4 @@ impl From<&Refusal> for ConnError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -41,9 +41,9 @@ pub struct DrainWatcher {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Drained {
     /// Tasks still running at the deadline (ended with FIN / END_STREAM then).
-    pub left_at_deadline: usize,
+    pub(crate) left_at_deadline: usize,
     /// Tasks still running after the grace that followed.
-    pub left_after_grace: usize,
+    pub(crate) left_after_grace: usize,
 }
 
 /// A new drain pair.
@@ -67,7 +67,7 @@ pub fn new() -> (DrainTrigger, DrainWatcher) {
 
 /// How long, past the drain deadline, peers get to finish their side of connections that were
 /// ended with a FIN (a tunnel waits up to 5 s for its peer's END_STREAM).
-pub const FINISH_GRACE: Duration = Duration::from_secs(6);
+pub(crate) const FINISH_GRACE: Duration = Duration::from_secs(6);
 
 // === impl DrainTrigger ===
 
@@ -112,11 +112,6 @@ impl DrainTrigger {
             left_after_grace: self.tasks.len(),
         }
     }
-
-    /// Whether the drain has started.
-    pub fn is_draining(&self) -> bool {
-        *self.drain.borrow()
-    }
 }
 
 // === impl DrainWatcher ===
@@ -128,14 +123,8 @@ impl DrainWatcher {
         let _ = rx.wait_for(|d| *d).await;
     }
 
-    /// Resolves at the drain deadline (at once if it has passed).
-    pub async fn finishing(&self) {
-        let mut rx = self.finish.clone();
-        let _ = rx.wait_for(|d| *d).await;
-    }
-
     /// Turns true when the drain starts (what an HBONE server sends its GOAWAY on).
-    pub fn drain_signal(&self) -> watch::Receiver<bool> {
+    pub(crate) fn drain_signal(&self) -> watch::Receiver<bool> {
         self.drain.clone()
     }
 
@@ -151,11 +140,6 @@ impl DrainWatcher {
         F::Output: Send + 'static,
     {
         self.tasks.spawn(task)
-    }
-
-    /// Tracked tasks still running.
-    pub fn running(&self) -> usize {
-        self.tasks.len()
     }
 }
 
@@ -185,7 +169,9 @@ mod tests {
         let (trigger, watcher) = new();
         let w = watcher.clone();
         // Ignores the drain; ends only when told to finish.
-        watcher.spawn(async move { w.finishing().await });
+        watcher.spawn(async move {
+            let _ = w.finish_signal().wait_for(|d| *d).await;
+        });
         // Ignores everything.
         watcher.spawn(std::future::pending::<()>());
         let started = tokio::time::Instant::now();

@@ -63,18 +63,8 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-    use ferry_core::authz::{Effect, Reason, Verdict};
-
     use super::*;
-
-    fn denial() -> Denial {
-        Denial(Verdict {
-            effect: Effect::Deny,
-            reason: Reason::NoAllowMatched { allow_policies: 1 },
-            audited: Vec::new(),
-            dry_run: Vec::new(),
-        })
-    }
+    use crate::conn::tests::denial;
 
     #[tokio::test]
     async fn a_connection_is_checked_on_each_change_and_ended_by_the_first_denial() {

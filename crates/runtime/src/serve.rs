@@ -1,6 +1,8 @@
-//! The HBONE accept loop every program runs: each new connection is served with the newest
-//! valid certificate of its identity (rotation without restarts), under the drain.
+//! The accept loops every program runs, under the drain: HBONE, where each new connection is
+//! served with the newest valid certificate of its identity (rotation without restarts), and
+//! plain TCP.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -9,7 +11,7 @@ use ferry_hbone::server::{Handler, Server};
 use ferry_hbone::settings::Settings;
 use ferry_tls::certs::CertManager;
 use ferry_tls::config::TrustBundle;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 
@@ -121,9 +123,70 @@ pub async fn serve_hbone<H: Handler>(listener: TcpListener, hbone: Hbone, handle
     }
 }
 
+/// Accepts TCP connections on `listener` (`what` names it in logs) until the drain starts; each
+/// connection is served by `serve` on its own tracked task (the drain waits for it).
+pub async fn serve_tcp<F, Fut>(
+    listener: TcpListener,
+    acceptor: &Acceptor,
+    drain: &DrainWatcher,
+    what: &'static str,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let (tcp, peer) = tokio::select! {
+            c = acceptor.accept(&listener, what) => c,
+            () = drain.draining() => return,
+        };
+        drain.spawn(serve(tcp, peer));
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
+
+    #[tokio::test]
+    async fn serve_tcp_serves_each_connection_until_the_drain() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (trigger, drain) = crate::drain::new();
+        let loop_drain = drain.clone();
+        let served = tokio::spawn(async move {
+            let acceptor = Acceptor::default();
+            serve_tcp(
+                listener,
+                &acceptor,
+                &loop_drain,
+                "test",
+                |mut tcp, _| async move {
+                    let _ = tcp.write_all(b"served").await;
+                },
+            )
+            .await;
+        });
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"served");
+        }
+        let drained = trigger
+            .drain(Duration::from_secs(5), Duration::from_secs(1))
+            .await;
+        assert_eq!(drained.left_at_deadline, 0);
+        // The loop returns once the drain starts.
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("serve_tcp returns on drain")
+            .unwrap();
+    }
 
     #[tokio::test]
     async fn a_served_connection_is_counted_while_it_lives_and_its_close_wakes_followers() {

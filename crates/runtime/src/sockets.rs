@@ -2,6 +2,8 @@
 //! a peer that vanished is noticed, and a half-closed connection that went quiet is ended,
 //! both within the node's idle bound.
 
+use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ferry_hbone::copy::Bounds;
@@ -32,4 +34,12 @@ pub fn bounds(idle: Duration, finish: tokio::sync::watch::Receiver<bool>) -> Bou
         half_closed_idle: Some(idle),
         finish: Some(finish),
     }
+}
+
+/// Where a captured connection was going: its original IPv4 destination (`SO_ORIGINAL_DST`).
+pub fn original_dst(tcp: &TcpStream) -> io::Result<SocketAddr> {
+    SockRef::from(tcp)
+        .original_dst_v4()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("not an IP address"))
 }

@@ -11,9 +11,20 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::conn::{ConnError, ResponseFlag, side_name};
+
+/// A new metric, registered in `registry` as `name` with `help`.
+pub fn registered<M: Metric + Clone + Default>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+) -> M {
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
+}
 
 /// Which proxy reports a connection (Istio's `reporter` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -112,34 +123,17 @@ impl EncodeLabelSet for Shared {
 impl Metrics {
     /// The four families, registered in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
-        let m = Self {
-            opened: Tcp::default(),
-            closed: Tcp::default(),
-            sent: Tcp::default(),
-            received: Tcp::default(),
+        let mut family = |name, help| registered(registry, name, help);
+        Self {
+            opened: family("istio_tcp_connections_opened", "TCP connections opened"),
+            closed: family("istio_tcp_connections_closed", "TCP connections closed"),
+            sent: family("istio_tcp_sent_bytes", "bytes sent to the destination"),
+            received: family(
+                "istio_tcp_received_bytes",
+                "bytes received from the destination",
+            ),
             sets: Mutex::default(),
-        };
-        registry.register(
-            "istio_tcp_connections_opened",
-            "TCP connections opened",
-            m.opened.clone(),
-        );
-        registry.register(
-            "istio_tcp_connections_closed",
-            "TCP connections closed",
-            m.closed.clone(),
-        );
-        registry.register(
-            "istio_tcp_sent_bytes",
-            "bytes sent to the destination",
-            m.sent.clone(),
-        );
-        registry.register(
-            "istio_tcp_received_bytes",
-            "bytes received from the destination",
-            m.received.clone(),
-        );
-        m
+        }
     }
 
     pub fn opened(&self, l: &Labels) {

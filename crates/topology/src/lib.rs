@@ -128,6 +128,3 @@ pub fn read_file_within(path: &Path, limits: &Limits) -> Result<String, Topology
     String::from_utf8(bytes)
         .map_err(|e| unreadable(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
-
-/// The largest topology file `load_file` reads (64 MiB: about a million workloads).
-pub const MAX_FILE_BYTES: u64 = Limits::DEFAULT_MAX_BYTES as u64;

@@ -122,7 +122,7 @@ async fn connect(
     wp: &Identity,
 ) -> Result<ferry_hbone::stream::H2Stream, HboneError> {
     let creds = ca.issue_str("spiffe://cluster.local/ns/default/sa/sleep");
-    let conn = ferry_hbone::client::Connection::connect_with(
+    let conn = ferry_hbone::client::Connection::connect(
         &ferry_hbone::client::DirectDialer,
         None,
         to,

@@ -32,7 +32,7 @@ impl Versioned {
 }
 
 /// The resources of one type, by name.
-pub type TypeResources = BTreeMap<String, Versioned>;
+pub(crate) type TypeResources = BTreeMap<String, Versioned>;
 
 /// Everything the control plane serves, by type URL.
 #[derive(Clone, Debug, Default)]

@@ -56,7 +56,7 @@ impl StringMatch {
     }
 
     /// As [`StringMatch::matches`], ignoring ASCII case (host names).
-    pub fn matches_ignore_case(&self, value: &str) -> bool {
+    pub(crate) fn matches_ignore_case(&self, value: &str) -> bool {
         let v = value.to_ascii_lowercase();
         match self {
             Self::Exact(s) => v == s.to_ascii_lowercase(),

@@ -130,7 +130,7 @@ impl ServiceScope {
     }
 
     /// The rule for endpoints running in `endpoint_cluster`.
-    pub fn rule_for(&self, endpoint_cluster: &ClusterId) -> &ScopeRule {
+    pub(crate) fn rule_for(&self, endpoint_cluster: &ClusterId) -> &ScopeRule {
         self.by_cluster
             .get(endpoint_cluster)
             .unwrap_or(&self.default)
@@ -227,7 +227,7 @@ impl Service {
     }
 
     /// The service's VIP on `network`, if it has one there.
-    pub fn vip_on(&self, network: &NetworkId) -> Option<IpAddr> {
+    pub(crate) fn vip_on(&self, network: &NetworkId) -> Option<IpAddr> {
         self.vips
             .iter()
             .find(|v| &v.network == network)

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use super::{
-    ClusterId, GatewayRef, Locality, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey,
-    ServicePort, WorkloadUid,
+    ClusterId, GatewayRef, Locality, NetworkId, NodeName, PolicyKey, ServiceKey, ServicePort,
+    WorkloadUid,
 };
 use crate::identity::{Identity, InvalidIdentity};
 
@@ -74,13 +74,6 @@ impl Workload {
         Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
     }
 
-    /// The workload's first address as a network-qualified address.
-    pub fn primary_address(&self) -> Option<NetworkAddress> {
-        self.addresses
-            .first()
-            .map(|ip| NetworkAddress::new(self.network.clone(), *ip))
-    }
-
     /// The target port for `service_port` of `service`, if this workload backs that port.
     pub fn target_port(&self, service: &ServiceKey, service_port: u16) -> Option<u16> {
         self.services
@@ -92,7 +85,7 @@ impl Workload {
 
     /// The port this workload serves port `sp` of `service` on: its own mapping, unless it has
     /// none or maps to 0, else the service's target port. 0 means the port is not served.
-    pub fn serving_port(&self, service: &ServiceKey, sp: &ServicePort) -> u16 {
+    pub(crate) fn serving_port(&self, service: &ServiceKey, sp: &ServicePort) -> u16 {
         self.target_port(service, sp.port)
             .filter(|p| *p != 0)
             .unwrap_or(sp.target_port)

@@ -19,7 +19,7 @@ use crate::random::Random;
 use crate::snapshot::{AddressOwner, Snapshot};
 
 /// How deep service addresses may nest inside one another before the decision gives up.
-pub const MAX_NESTING: usize = 4;
+pub(crate) const MAX_NESTING: usize = 4;
 
 static NO_LOCALITY: Locality = Locality {
     region: String::new(),
@@ -70,7 +70,7 @@ pub fn plan(
     plan_within(snap, src, dst, &Within::default(), rng)
 }
 
-/// [`plan`], with an HTTP route's limits.
+/// [`plan`], with an HTTP route's limits (the waypoint's routed requests).
 pub fn plan_within(
     snap: &Snapshot,
     src: Source<'_>,
@@ -81,9 +81,9 @@ pub fn plan_within(
     route_traced(snap, src, dst, within, rng, &mut NoTrace)
 }
 
-/// The decision, with its steps sent to `trace`. [`route_within`] and [`plan_within`] are this
-/// with a `Vec<Step>` and with [`NoTrace`].
-pub fn route_traced<T: Trace + ?Sized>(
+/// The decision, with its steps sent to `trace`. [`route_within`] and [`plan`] are this with a
+/// `Vec<Step>` and with [`NoTrace`].
+pub(crate) fn route_traced<T: Trace + ?Sized>(
     snap: &Snapshot,
     src: Source<'_>,
     dst: &Destination,

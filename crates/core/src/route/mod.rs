@@ -31,10 +31,13 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 
 pub(crate) use decide::resolve_host;
-pub use decide::{MAX_NESTING, Within, plan, plan_within, route, route_traced, route_within};
+#[cfg(test)]
+use decide::route_traced;
+pub use decide::{Within, plan, plan_within, route, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
-pub use trace::{CandidateRole, DropReason, NoTrace, Step, Trace};
-pub use waypoint::WaypointInstances;
+pub use trace::{CandidateRole, DropReason, Step};
+pub(crate) use trace::{NoTrace, Trace};
+pub(crate) use waypoint::WaypointInstances;
 
 use crate::identity::Identity;
 use crate::lb::Placement;

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 
+use super::decide::MAX_NESTING;
 use super::*;
 use crate::model::{
     AddressEndpoint, HBONE_PORT, Health, LoadBalancing, NetworkAddress, PortMapping, ServiceScope,
@@ -696,12 +697,13 @@ fn route_within_keeps_subset_and_parent_scope() {
             &within,
             &mut SplitMix64::new(seed),
         );
-        let planned = plan_within(
+        let planned = route_traced(
             &snap,
             Source::new(&src),
             &dst,
             &within,
             &mut SplitMix64::new(seed),
+            &mut NoTrace,
         );
         assert_eq!(planned, d.outcome);
         seen.insert(landing(&d));

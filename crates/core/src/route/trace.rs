@@ -11,7 +11,7 @@ use crate::lb::LbDrop;
 use crate::model::{ClusterId, NetworkId, ScopeRule, ServiceKey};
 
 /// A sink for the steps of a decision.
-pub trait Trace {
+pub(crate) trait Trace {
     /// Whether steps are wanted. When `false`, the decision never builds them.
     fn enabled(&self) -> bool;
 
@@ -21,7 +21,7 @@ pub trait Trace {
 
 /// The data path's sink: keeps nothing, so nothing is built.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NoTrace;
+pub(crate) struct NoTrace;
 
 // === impl NoTrace ===
 

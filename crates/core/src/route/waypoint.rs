@@ -20,7 +20,7 @@ use crate::snapshot::{AddressOwner, Endpoint, Snapshot};
 /// routing also checks the attached service's scope and the network, and load-balances;
 /// inbound keeps healthy instances on the destination's network and picks its own cluster first.
 #[derive(Clone, Debug)]
-pub struct WaypointInstances<'a> {
+pub(crate) struct WaypointInstances<'a> {
     /// The waypoint service; `None` for a waypoint given as one workload's address.
     pub key: Option<&'a ServiceKey>,
     pub service: Option<&'a Service>,
@@ -32,7 +32,7 @@ pub struct WaypointInstances<'a> {
 impl<'a> WaypointInstances<'a> {
     /// Resolves `wp`. `None` when it names nothing: a service the snapshot lacks, or an address
     /// that is a gateway's or no one's.
-    pub fn resolve(snap: &'a Snapshot, wp: &'a GatewayRef) -> Option<Self> {
+    pub(crate) fn resolve(snap: &'a Snapshot, wp: &'a GatewayRef) -> Option<Self> {
         let key = match &wp.destination {
             GatewayDestination::Service(key) => key,
             GatewayDestination::Address(addr) => match snap.owner(addr)? {
@@ -65,7 +65,7 @@ impl<'a> WaypointInstances<'a> {
 
     /// Whether the waypoint's own scope admits instance `inst` for a source in cluster `origin`.
     /// A waypoint given as one workload's address has no scope of its own.
-    pub fn admits(&self, inst: &Workload, origin: &ClusterId) -> bool {
+    pub(crate) fn admits(&self, inst: &Workload, origin: &ClusterId) -> bool {
         self.service
             .is_none_or(|s| s.scope.admits(&inst.cluster, origin))
     }

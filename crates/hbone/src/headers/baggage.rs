@@ -3,33 +3,33 @@
 //! W3C baggage (`k=v` members separated by commas, properties after `;` dropped) carrying
 //! Istio's keys, plus Ferry's own two. Every key is a const here and nowhere else. Pure and
 //! total: any input parses (malformed members are ignored, never fatal: this is metadata), and
-//! what [`Baggage::parse`] returns encodes back to itself ([`check_round_trip`]).
+//! what [`Baggage::parse`] returns encodes back to itself (the property tests check it).
 
 use http::{HeaderMap, HeaderValue};
 
 use super::BAGGAGE;
 
 /// Istio: the source's cluster.
-pub const CLUSTER: &str = "k8s.cluster.name";
+pub(crate) const CLUSTER: &str = "k8s.cluster.name";
 /// Istio: the source's namespace.
-pub const NAMESPACE: &str = "k8s.namespace.name";
+pub(crate) const NAMESPACE: &str = "k8s.namespace.name";
 /// Istio: the source's canonical service name.
-pub const SERVICE: &str = "service.name";
+pub(crate) const SERVICE: &str = "service.name";
 /// Istio: the source's canonical service revision.
-pub const REVISION: &str = "service.version";
+pub(crate) const REVISION: &str = "service.version";
 /// Istio: the source's region.
-pub const REGION: &str = "cloud.region";
+pub(crate) const REGION: &str = "cloud.region";
 /// Istio: the source's zone.
-pub const ZONE: &str = "cloud.availability_zone";
+pub(crate) const ZONE: &str = "cloud.availability_zone";
 /// Ferry: the original source's identity, as the destination's waypoint tells it (`none` for
 /// plain TCP from outside the mesh); to be believed only from the destination's own waypoint.
-pub const SOURCE_PRINCIPAL: &str = "ferry.source.principal";
+pub(crate) const SOURCE_PRINCIPAL: &str = "ferry.source.principal";
 /// Ferry: `true` when the tunnel carries plain TCP from outside the mesh (sent under the
 /// destination's identity; to be believed only from that identity).
-pub const PLAINTEXT: &str = "ferry.source.plaintext";
+pub(crate) const PLAINTEXT: &str = "ferry.source.plaintext";
 
 /// At most this many members are read; the rest is ignored.
-pub const MAX_MEMBERS: usize = 64;
+pub(crate) const MAX_MEMBERS: usize = 64;
 
 /// The kind of workload named by Istio's `k8s.<kind>.name`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,7 +41,7 @@ pub enum WorkloadKind {
 }
 
 impl WorkloadKind {
-    pub const ALL: [Self; 4] = [Self::Deployment, Self::CronJob, Self::Job, Self::Pod];
+    pub(crate) const ALL: [Self; 4] = [Self::Deployment, Self::CronJob, Self::Job, Self::Pod];
 
     /// The baggage key naming a workload of this kind.
     pub const fn key(self) -> &'static str {
@@ -99,7 +99,7 @@ impl Baggage {
 
     /// From `k=v` pairs (the untyped `ConnectHeaders::baggage`). Pairs that are not valid
     /// baggage members are ignored; of a key given twice, the first counts.
-    pub fn from_pairs<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Self
+    pub(crate) fn from_pairs<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Self
     where
         K: AsRef<str>,
         V: AsRef<str>,
@@ -259,7 +259,8 @@ fn valid_member(k: &str, v: &str) -> bool {
 /// A fuzz target (and the property tests' core): any bytes parse without panicking, and what
 /// parses encodes back to itself, through the header value and through a [`HeaderMap`].
 /// Panics only if that invariant breaks.
-pub fn check_round_trip(data: &[u8]) {
+#[cfg(test)]
+fn check_round_trip(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let b = Baggage::parse(&text);
     assert_eq!(Baggage::parse(&b.encode()), b, "parse(encode(b)) == b");

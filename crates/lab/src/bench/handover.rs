@@ -16,14 +16,14 @@ use crate::state::State;
 
 /// Hands `node` (default: the node of `from`) over while `from` churns new connections to
 /// `to` and keeps `streams` long-lived ones busy; prints the report.
-pub fn run(
+pub(crate) fn run(
     state_dir: &Path,
     from: &str,
     to: &str,
     node: Option<String>,
     streams: usize,
 ) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
     let node = node
         .or_else(|| src.node.clone())
@@ -101,7 +101,7 @@ fn drain_seconds(args: &[String]) -> Option<u64> {
 
 /// `ferry lab churn` (inside the lab): short connections one after another until `until_file`
 /// appears; prints `ok=<n> failed=<n>`.
-pub fn churn(to: SocketAddr, until_file: &Path, max: Duration) -> anyhow::Result<()> {
+pub(crate) fn churn(to: SocketAddr, until_file: &Path, max: Duration) -> anyhow::Result<()> {
     let (ok, failed) = crate::apps::churn(to, until_file, max);
     println!("ok={ok} failed={failed}");
     Ok(())

@@ -5,21 +5,21 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::procs::{cpu_ticks, running};
 use crate::session::netns_of;
 use crate::state::State;
 
 /// Runs `ferry lab http-bench-client` in `from` and reports the waypoints' CPU it took.
-pub fn run(
+pub(crate) fn run(
     state_dir: &Path,
     from: &str,
     l4: SocketAddr,
     waypoint: SocketAddr,
     requests: usize,
 ) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, from)?;
     let waypoints = running(&state.pids, "waypoint");
     let before: u64 = waypoints.iter().map(|p| cpu_ticks(*p)).sum();
@@ -44,7 +44,7 @@ pub fn run(
 }
 
 /// `ferry lab http-bench-client` (inside the lab): the three paths, side by side.
-pub fn client(l4: SocketAddr, waypoint: SocketAddr, requests: usize) -> anyhow::Result<()> {
+pub(crate) fn client(l4: SocketAddr, waypoint: SocketAddr, requests: usize) -> anyhow::Result<()> {
     crate::apps::http_bench(
         &[
             ("direct (no proxy)".into(), l4, true),

@@ -55,8 +55,8 @@ fn settle(pids: &[(String, u32)], idle_fds: &[usize]) {
 
 /// Prints the idle footprint of the nodes of `from` and `to`, then, for each count, their
 /// memory with that many idle connections and after they closed.
-pub fn run(state_dir: &Path, from: &str, to: &str, counts: &[usize]) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+pub(crate) fn run(state_dir: &Path, from: &str, to: &str, counts: &[usize]) -> anyhow::Result<()> {
+    let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
     let pids: Vec<(String, u32)> = [&src.node, &dst.node]
         .into_iter()

@@ -1,35 +1,35 @@
 //! `ferry lab bench*`: measurements of a running lab, each against a baseline in the same run.
 //! The runner here drives a client inside a pod (a hidden `ferry lab` subcommand) and reports.
 
-pub mod handover;
-pub mod http;
-pub mod memory;
-pub mod paths;
+pub(crate) mod handover;
+pub(crate) mod http;
+pub(crate) mod memory;
+pub(crate) mod paths;
 
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use crate::state::State;
 
 /// What `ferry lab bench` measures with.
 #[derive(Debug, Clone, Copy)]
-pub struct Sizes {
+pub(crate) struct Sizes {
     /// MiB echoed in the bulk transfer.
-    pub bulk_mib: usize,
+    pub(crate) bulk_mib: usize,
     /// 1 KiB request/response round trips.
-    pub round_trips: usize,
+    pub(crate) round_trips: usize,
     /// Connections opened one after another.
-    pub conns: usize,
+    pub(crate) conns: usize,
     /// Idle proxied connections held while measuring node proxy memory (0: no memory run).
-    pub idle: usize,
+    pub(crate) idle: usize,
 }
 
 /// `ferry lab bench`: A -> B through Ferry against A -> B direct; then node proxy memory with
 /// `idle` idle proxied connections, as `bench-memory` measures it.
-pub fn run(state_dir: &Path, from: &str, to: &str, sizes: Sizes) -> anyhow::Result<()> {
-    let state = State::load(state_dir).context("no lab is up")?;
+pub(crate) fn run(state_dir: &Path, from: &str, to: &str, sizes: Sizes) -> anyhow::Result<()> {
+    let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
     let exe = std::env::current_exe()?;
     let status = Command::new("ip")

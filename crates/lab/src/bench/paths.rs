@@ -5,13 +5,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use anyhow::Context;
-
 use crate::session::netns_of;
 use crate::state::State;
 
 /// Runs `ferry lab paths-client` in `from`; exits with its code.
-pub fn run(
+pub(crate) fn run(
     state_dir: &Path,
     from: &str,
     near: SocketAddr,
@@ -19,7 +17,7 @@ pub fn run(
     bulk_mib: usize,
     round_trips: usize,
 ) -> anyhow::Result<ExitCode> {
-    let state = State::load(state_dir).context("no lab is up")?;
+    let state = State::up(state_dir)?;
     let ns = netns_of(&state, from)?;
     let status = Command::new("ip")
         .args(["netns", "exec", &ns])
@@ -36,7 +34,7 @@ pub fn run(
 }
 
 /// `ferry lab paths-client` (inside the lab): measures both paths and prints the comparison.
-pub fn client(
+pub(crate) fn client(
     near: SocketAddr,
     far: SocketAddr,
     bulk_mib: usize,

@@ -9,7 +9,7 @@ use anyhow::bail;
 
 use super::Lab;
 use crate::CONTROL_IP;
-use crate::procs::{spawn, wait_for};
+use crate::procs::{spawn, wait_for_log};
 use crate::state::State;
 
 /// The running control plane, as what joins the mesh needs it.
@@ -20,6 +20,23 @@ pub(super) struct Control {
     pub(super) bundle: String,
     /// Where it serves the CA and xDS.
     pub(super) listen: String,
+}
+
+// === impl Control ===
+
+impl Control {
+    /// The arguments that join a program to this control plane with the join token in
+    /// `token_file`: its address, the token and the trust bundle.
+    pub(super) fn join_args(&self, token_file: &str) -> [String; 6] {
+        [
+            "--control".into(),
+            format!("https://{}", self.listen),
+            "--token-file".into(),
+            token_file.into(),
+            "--bundle-file".into(),
+            self.bundle.clone(),
+        ]
+    }
 }
 
 /// Writes the trust bundle, starts the control plane in `ctl` and waits until it serves.
@@ -69,9 +86,12 @@ pub(super) fn start(
     )?;
     state.control_log = control_log.clone();
     state.control_addr = listen.clone();
-    wait_for("the control plane", Duration::from_secs(20), || {
-        std::fs::read_to_string(&control_log).is_ok_and(|l| l.contains("serving the CA and xDS"))
-    })?;
+    wait_for_log(
+        "the control plane",
+        Duration::from_secs(20),
+        &control_log,
+        "serving the CA and xDS",
+    )?;
     Ok(Control {
         dir: control_dir,
         bundle,

@@ -13,7 +13,7 @@ use super::Lab;
 use super::control::{self, Control};
 use super::net::{attach_named, ip, netns, run};
 use crate::MGMT_PREFIX;
-use crate::procs::{spawn, wait_for};
+use crate::procs::{spawn, wait_for_log};
 use crate::state::State;
 
 /// Builds every gateway's namespace and starts `ferry gateway` in it.
@@ -141,24 +141,15 @@ fn start_one(
         &token_file,
     )?;
     let log = lab.opts.state_dir.join(format!("gateway-{}.log", g.name));
-    let control_url = format!("https://{}", control.listen);
-    let mut args = vec![
-        lab.exe.as_str(),
-        "gateway",
-        "--name",
-        &g.name,
-        "--control",
-        &control_url,
-        "--token-file",
-        &token_file,
-        "--bundle-file",
-        &control.bundle,
-    ];
+    let join = control.join_args(&token_file);
+    let mut args = vec![lab.exe.as_str(), "gateway", "--name", &g.name];
+    args.extend(join.iter().map(String::as_str));
     args.extend(lab.opts.hop_args.iter().map(String::as_str));
     spawn(state, gns, &args, &log)?;
-    wait_for(
+    wait_for_log(
         &format!("gateway {}", g.name),
         Duration::from_secs(30),
-        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("serving HBONE")),
+        &log,
+        "serving HBONE",
     )
 }

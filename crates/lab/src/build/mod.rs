@@ -23,24 +23,24 @@ use crate::MGMT_PREFIX;
 use crate::state::State;
 
 /// The built-in default mesh.
-pub const DEFAULT_TOPOLOGY: &str = include_str!("../../../../examples/lab.yaml");
+pub(crate) const DEFAULT_TOPOLOGY: &str = include_str!("../../../../examples/lab.yaml");
 
 /// The ports every lab pod's echo app serves.
-pub const APP_PORTS: [u16; 2] = [8080, 9090];
+pub(crate) const APP_PORTS: [u16; 2] = [8080, 9090];
 
 /// How to bring a lab up.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Prefix of every namespace name; lets several labs coexist.
-    pub id: String,
-    pub state_dir: PathBuf,
-    pub topology: Option<PathBuf>,
+    pub(crate) id: String,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) topology: Option<PathBuf>,
     /// The `ferry` binary to run inside the lab.
-    pub ferry: PathBuf,
+    pub(crate) ferry: PathBuf,
     /// Extra arguments for every node proxy.
-    pub node_args: Vec<String>,
+    pub(crate) node_args: Vec<String>,
     /// Extra arguments for every waypoint instance and east-west gateway.
-    pub hop_args: Vec<String>,
+    pub(crate) hop_args: Vec<String>,
 }
 
 /// What every build step shares: the options, and the strings argument lists are made of.
@@ -53,7 +53,7 @@ struct Lab<'a> {
 }
 
 /// Checks what the lab needs, and says exactly what is missing.
-pub fn preflight() -> anyhow::Result<()> {
+pub(crate) fn preflight() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "ferry lab needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces, veth \
@@ -104,7 +104,7 @@ fn on_path(tool: &str) -> bool {
 }
 
 /// Brings a lab up; on failure, takes down whatever was made.
-pub fn up(opts: &Options) -> anyhow::Result<State> {
+pub(crate) fn up(opts: &Options) -> anyhow::Result<State> {
     preflight()?;
     if State::load(&opts.state_dir).is_some() {
         bail!(
@@ -177,7 +177,7 @@ fn check_reserved(snap: &Snapshot) -> anyhow::Result<()> {
 }
 
 /// Removes everything a lab made. Safe to run twice, and after a partial `up`.
-pub fn down(state_dir: &Path) -> anyhow::Result<bool> {
+pub(crate) fn down(state_dir: &Path) -> anyhow::Result<bool> {
     let Some(state) = State::load(state_dir) else {
         return Ok(false);
     };

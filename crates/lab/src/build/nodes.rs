@@ -64,12 +64,6 @@ fn start_one(
         n.name.as_str(),
         "--cluster",
         n.cluster.as_str(),
-        "--control",
-        &format!("https://{}", control.listen),
-        "--token-file",
-        &token_file,
-        "--bundle-file",
-        &control.bundle,
         "--api",
         &api.display().to_string(),
         "--admin",
@@ -82,6 +76,7 @@ fn start_one(
     ]
     .iter()
     .map(ToString::to_string)
+    .chain(control.join_args(&token_file))
     .chain(lab.opts.node_args.iter().cloned())
     .collect();
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -11,7 +11,7 @@ use ferry_core::snapshot::Snapshot;
 
 use super::Lab;
 use super::control::Control;
-use crate::procs::{spawn, wait_for};
+use crate::procs::{spawn, wait_for_log};
 use crate::state::State;
 
 /// The services that are some other service's waypoint.
@@ -57,7 +57,7 @@ fn start_one(
     let token_file = format!("{}/{node}.token", lab.dir);
     // Admin (`/metrics`) on the pod's own address, port 15020.
     let admin = format!("{}:15020", pod.ip);
-    let control_url = format!("https://{}", control.listen);
+    let join = control.join_args(&token_file);
     let mut args = vec![
         lab.exe.as_str(),
         "waypoint",
@@ -65,25 +65,21 @@ fn start_one(
         w.uid.as_str(),
         "--cluster",
         w.cluster.as_str(),
-        "--control",
-        &control_url,
-        "--token-file",
-        &token_file,
-        "--bundle-file",
-        &control.bundle,
         "--netns",
         &pod_ns,
         "--admin",
         &admin,
     ];
+    args.extend(join.iter().map(String::as_str));
     args.extend(lab.opts.hop_args.iter().map(String::as_str));
     spawn(state, &ns, &args, &log)?;
     if let Some(p) = state.pods.get_mut(&w.name) {
         p.waypoint = true;
     }
-    wait_for(
+    wait_for_log(
         &format!("waypoint {}", w.name),
         Duration::from_secs(30),
-        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("serving HBONE")),
+        &log,
+        "serving HBONE",
     )
 }

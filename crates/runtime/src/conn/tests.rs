@@ -4,7 +4,8 @@ use ferry_core::authz::{Effect, Reason};
 
 use super::*;
 
-fn denial() -> Denial {
+/// A denial, as the tests of connections need one: one ALLOW policy applies, none matches.
+pub(crate) fn denial() -> Denial {
     Denial(Verdict {
         effect: Effect::Deny,
         reason: Reason::NoAllowMatched { allow_policies: 1 },

@@ -9,9 +9,9 @@ mod project;
 mod to_wire;
 
 pub use from_wire::{Decoded, InvalidResource, decode_address, decode_authorization};
-pub use to_wire::{address_resources, authorization_resources};
+pub(crate) use to_wire::{address_resources, authorization_resources};
 
 /// The xDS resource name of a service: `namespace/hostname`.
-pub fn service_name(ns: &str, hostname: &str) -> String {
+pub(crate) fn service_name(ns: &str, hostname: &str) -> String {
     format!("{ns}/{hostname}")
 }

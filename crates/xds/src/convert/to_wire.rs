@@ -15,7 +15,7 @@ use ferry_core::snapshot::Snapshot;
 use super::fields::{ip_bytes, l4_match, string_match};
 
 /// Every `istio.workload.Address` resource of the snapshot: (name, message).
-pub fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
+pub(crate) fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
     let mut out = Vec::new();
     for w in snap.workloads() {
         out.push((
@@ -64,7 +64,7 @@ pub fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
 }
 
 /// Every `istio.security.Authorization` resource: (name, message).
-pub fn authorization_resources(snap: &Snapshot) -> Vec<(String, sec::Authorization)> {
+pub(crate) fn authorization_resources(snap: &Snapshot) -> Vec<(String, sec::Authorization)> {
     snap.policies()
         .map(|p| (p.key().to_string(), policy(snap, p)))
         .collect()
