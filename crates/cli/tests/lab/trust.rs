@@ -120,3 +120,55 @@ fn the_waypoint_serves_the_node_admin_endpoints_without_private_keys() {
         "{certs}"
     );
 }
+
+/// To echo-beta's pod address (no waypoint), and to shop (fronted by audit-waypoint).
+#[test]
+fn a_crafted_tunnel_for_a_target_the_waypoint_does_not_front_is_refused_and_counted() {
+    let Some(lab) = MESH.get() else { return };
+    // A crafted tunnel straight to beta's waypoint for a pod address it does not front (echo has
+    // no waypoint): the waypoint is no open relay, whatever the claim. For shop, which it
+    // fronts, the same tunnel is carried.
+    let legacy_ns = lab.state(&["pods", "legacy", "netns"]);
+    let craft = |authority: &str| {
+        lab.craft(
+            "alpha-1",
+            "alpha-1",
+            &[
+                "--identity",
+                "spiffe://cluster.local/ns/default/sa/sleep",
+                "--to",
+                "198.18.3.50:15008",
+                "--peer-identity",
+                "spiffe://cluster.local/ns/default/sa/audit-waypoint",
+                "--authority",
+                authority,
+                "--dial-netns",
+                legacy_ns.as_str().unwrap(),
+                "--cluster",
+                "beta",
+            ],
+        )
+    };
+    let refused = craft("198.18.3.20:8080");
+    assert!(
+        refused.contains("refused") && refused.contains("401"),
+        "{refused}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            Text("waypoint refused the connection"),
+            Field("dst.addr", "198.18.3.20:8080"),
+            Text("is not served by this waypoint"),
+        ],
+    );
+    let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");
+    let refused_total: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("ferry_waypoint_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused_total >= 1, "the refusal is not counted:\n{m}");
+    let carried = craft("198.18.10.6:80");
+    assert!(carried.contains("status 200"), "{carried}");
+}
