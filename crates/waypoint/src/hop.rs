@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::Context;
 use ferry_core::hop::{Hop, origin_cluster};
 use ferry_core::identity::Identity;
-use ferry_core::model::{ClusterId, WorkloadUid};
+use ferry_core::inbound::fronted_by;
+use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Plan, Source, Transport};
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
@@ -100,6 +101,18 @@ impl Handler for Waypoint {
                 return Err(Refusal::Denied(reason));
             }
         };
+        // Only what this instance fronts, and only where routing could have picked it for this
+        // origin: whatever a hop before decided (a gateway, a crafted tunnel).
+        let source_network = headers
+            .forwarded_network
+            .as_deref()
+            .map_or_else(|| me.network.clone(), NetworkId::new);
+        if let Err(e) = fronted_by(&snap, me, dst, &origin, &source_network) {
+            self.metrics.refused.inc();
+            let (peer, reason) = (req.peer.to_string(), e.to_string());
+            tracing::warn!(target: "access", direction = "waypoint", src.identity = %peer, src.addr = %req.peer_addr, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, error.side = side_name(Side::Downstream), response_flags = ferry_runtime::conn::ResponseFlag::Deny.as_str(), "waypoint refused the connection");
+            return Err(Refusal::Denied(reason));
+        }
         let mut rng = SplitMix64::new(req.id);
         match route::plan(&snap, Source::on_behalf_of(me, &origin), dst, &mut rng) {
             Ok(plan) => Ok(Admitted {

@@ -1,17 +1,18 @@
 //! Crafted tunnels straight to a waypoint (origin claims), and the waypoint's admin endpoints.
 
-use crate::harness::Has::{Field, Starts, Text};
+use crate::harness::Has::{Field, Text};
 use crate::harness::MESH;
 
-/// For catalog, local to each cluster (only alpha has a pod).
+/// For audit, local to each cluster, fronted by audit-waypoint (whose instance in alpha is down).
 #[test]
-fn a_crafted_tunnel_from_beta_is_refused_whatever_it_claims_and_the_claim_is_only_logged() {
+fn a_crafted_tunnel_is_decided_for_the_cluster_its_certificate_proves_and_the_claim_is_only_logged()
+{
     let Some(lab) = MESH.get() else { return };
-    // A crafted tunnel straight to beta's waypoint for catalog (local to each cluster, only
-    // alpha has a pod). The waypoint decides for the cluster the certificate proves, never the
-    // one the baggage claims (issue 20: this test asserted, before, that a claim of beta was
-    // believed): a certificate beta's node proxy holds is refused, logged and counted even
-    // when it claims alpha; one alpha's holds is decided for alpha when it claims beta.
+    // A crafted tunnel straight to beta's waypoint instance for audit (local to each cluster).
+    // The waypoint decides for the cluster the certificate proves, never the one the baggage
+    // claims (issue 20: this test asserted, before, that a claim was believed): alpha's
+    // certificate claiming beta is refused, since beta's instance is out of scope for an alpha
+    // source of a local service; beta's certificate claiming alpha is carried.
     let legacy_ns = lab.state(&["pods", "legacy", "netns"]);
     let craft = |node: &str, identity: &str, cluster: &str| {
         lab.craft(
@@ -25,7 +26,7 @@ fn a_crafted_tunnel_from_beta_is_refused_whatever_it_claims_and_the_claim_is_onl
                 "--peer-identity",
                 "spiffe://cluster.local/ns/default/sa/audit-waypoint",
                 "--authority",
-                "198.18.10.3:80",
+                "198.18.10.5:80",
                 "--dial-netns",
                 legacy_ns.as_str().unwrap(),
                 "--cluster",
@@ -34,21 +35,29 @@ fn a_crafted_tunnel_from_beta_is_refused_whatever_it_claims_and_the_claim_is_onl
         )
     };
     let refused = craft(
-        "beta-1",
-        "spiffe://cluster.local/ns/default/sa/echo",
-        "alpha",
+        "alpha-1",
+        "spiffe://cluster.local/ns/default/sa/sleep",
+        "beta",
     );
     assert!(
-        refused.contains("refused") && refused.contains("503"),
+        refused.contains("refused") && refused.contains("401"),
         "{refused}"
     );
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
             Text("waypoint refused the connection"),
-            Field("origin.cluster", "beta"),
-            Field("dst.addr", "198.18.10.3:80"),
-            Text("no endpoint is eligible for a source in cluster beta"),
+            Field("origin.cluster", "alpha"),
+            Field("dst.addr", "198.18.10.5:80"),
+            Text("is out of scope for"),
+        ],
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            Text("the baggage claims another cluster than the certificate proves"),
+            Field("origin.cluster", "alpha"),
+            Field("claimed.cluster", "beta"),
         ],
     );
     let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");
@@ -58,21 +67,13 @@ fn a_crafted_tunnel_from_beta_is_refused_whatever_it_claims_and_the_claim_is_onl
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     assert!(refused_total >= 1, "the refusal is not counted:\n{m}");
-    // alpha's certificate claiming beta: decided for alpha, the claim logged as ignored.
-    craft(
-        "alpha-1",
-        "spiffe://cluster.local/ns/default/sa/sleep",
-        "beta",
+    // beta's certificate claiming alpha: decided for beta, carried to audit-beta.
+    let carried = craft(
+        "beta-1",
+        "spiffe://cluster.local/ns/default/sa/echo",
+        "alpha",
     );
-    lab.log_line(
-        "waypoint-audit-waypoint-beta",
-        &[
-            Text("the baggage claims another cluster than the certificate proves"),
-            Starts("src.addr", "198.18.3.90:"),
-            Field("origin.cluster", "alpha"),
-            Field("claimed.cluster", "beta"),
-        ],
-    );
+    assert!(carried.contains("status 200"), "{carried}");
 }
 
 /// From sleep's own address with sleep's identity, claiming beta.
@@ -152,4 +153,56 @@ fn the_labs_credentials_are_readable_by_their_owner_only() {
         let mode = std::fs::metadata(&t).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{} is {mode:o}", t.display());
     }
+}
+
+/// To echo-beta's pod address (no waypoint), and to shop (fronted by audit-waypoint).
+#[test]
+fn a_crafted_tunnel_for_a_target_the_waypoint_does_not_front_is_refused_and_counted() {
+    let Some(lab) = MESH.get() else { return };
+    // A crafted tunnel straight to beta's waypoint for a pod address it does not front (echo has
+    // no waypoint): the waypoint is no open relay, whatever the claim. For shop, which it
+    // fronts, the same tunnel is carried.
+    let legacy_ns = lab.state(&["pods", "legacy", "netns"]);
+    let craft = |authority: &str| {
+        lab.craft(
+            "alpha-1",
+            "alpha-1",
+            &[
+                "--identity",
+                "spiffe://cluster.local/ns/default/sa/sleep",
+                "--to",
+                "198.18.3.50:15008",
+                "--peer-identity",
+                "spiffe://cluster.local/ns/default/sa/audit-waypoint",
+                "--authority",
+                authority,
+                "--dial-netns",
+                legacy_ns.as_str().unwrap(),
+                "--cluster",
+                "beta",
+            ],
+        )
+    };
+    let refused = craft("198.18.3.20:8080");
+    assert!(
+        refused.contains("refused") && refused.contains("401"),
+        "{refused}"
+    );
+    lab.log_line(
+        "waypoint-audit-waypoint-beta",
+        &[
+            Text("waypoint refused the connection"),
+            Field("dst.addr", "198.18.3.20:8080"),
+            Text("is not served by this waypoint"),
+        ],
+    );
+    let m = lab.metrics("audit-waypoint-beta", "198.18.3.50:15020");
+    let refused_total: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("ferry_waypoint_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused_total >= 1, "the refusal is not counted:\n{m}");
+    let carried = craft("198.18.10.6:80");
+    assert!(carried.contains("status 200"), "{carried}");
 }
