@@ -13,7 +13,7 @@ use ferry_core::inbound::{self, InboundPlan};
 use ferry_core::model::Workload;
 use ferry_core::ports;
 use ferry_core::snapshot::Snapshot;
-use ferry_hbone::copy::{self, Interrupted};
+use ferry_hbone::copy;
 use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
@@ -472,14 +472,7 @@ where
     let labels = node.metrics.opened_shared(labels);
     let r = copy::relay_until(tcp, &mut up, node.bounds(), until)
         .await
-        .map_err(|e| match e {
-            Interrupted::Failed(e) => ConnError::from(e),
-            Interrupted::Until {
-                reason,
-                a_to_b,
-                b_to_a,
-            } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
-        });
+        .map_err(ConnError::from);
     let (s, rcv) = match &r {
         Ok(moved) => *moved,
         Err(e) => e.moved(),

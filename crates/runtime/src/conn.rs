@@ -17,7 +17,7 @@ use ferry_core::hop::OriginError;
 use ferry_core::inbound::InboundError;
 use ferry_core::ports::RecursiveCall;
 use ferry_core::route::RouteError;
-use ferry_hbone::copy::{CopyError, Failed, RelayError};
+use ferry_hbone::copy::{CopyError, Failed, Interrupted, RelayError};
 use ferry_hbone::headers::Refusal;
 use ferry_hbone::server::{Ended, Outcome};
 use ferry_hbone::{Error as HboneError, Side};
@@ -407,6 +407,20 @@ impl From<&Refusal> for ConnError {
             Refusal::BadRequest(_) | Refusal::MethodNotAllowed(_) => ResponseFlag::NoRoute,
         };
         Self::io(Side::Upstream, "refused", io::Error::other(r.to_string())).with_flag(flag)
+    }
+}
+
+/// A relay ended by its policy re-check, or failed: one error either way.
+impl From<Interrupted<Denial>> for ConnError {
+    fn from(e: Interrupted<Denial>) -> Self {
+        match e {
+            Interrupted::Failed(e) => Self::from(e),
+            Interrupted::Until {
+                reason,
+                a_to_b,
+                b_to_a,
+            } => Self::policy_changed(reason, (a_to_b, b_to_a)),
+        }
     }
 }
 

@@ -10,7 +10,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
 use ferry_hbone::Side;
-use ferry_hbone::copy::Interrupted;
 use ferry_runtime::conn::{ConnError, Denial};
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
@@ -388,14 +387,7 @@ where
                     )
                     .await
                     .err()
-                    .map(|e| match e {
-                        Interrupted::Failed(e) => ConnError::from(e),
-                        Interrupted::Until {
-                            reason,
-                            a_to_b,
-                            b_to_a,
-                        } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
-                    }),
+                    .map(ConnError::from),
                     ..Outcome::default()
                 },
             },

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
 use ferry_hbone::Side;
-use ferry_hbone::copy::{self, Interrupted, Reset};
+use ferry_hbone::copy::{self, Reset};
 use ferry_hbone::upstream::Upstream;
 use ferry_runtime::conn::{ConnError, Denial};
 use http::{Method, Request, Response, StatusCode, Version, header};
@@ -440,14 +440,7 @@ async fn carry_upgraded(
     };
     copy::relay_until(&mut down, &mut up, bounds, recheck)
         .await
-        .map_err(|e| match e {
-            Interrupted::Failed(e) => ConnError::from(e),
-            Interrupted::Until {
-                reason,
-                a_to_b,
-                b_to_a,
-            } => ConnError::policy_changed(reason, (a_to_b, b_to_a)),
-        })
+        .map_err(ConnError::from)
 }
 
 /// The bounds on bytes a waypoint carries as they are (L4 tunnels, upgraded connections): a
