@@ -76,6 +76,14 @@ pub struct PoolConfig {
     pub dialer: std::sync::Arc<dyn crate::client::Dialer>,
 }
 
+impl PoolConfig {
+    /// How often idle connections are looked at: an idle one is let go at most this long after
+    /// its timeout.
+    pub fn reap_period(&self) -> Duration {
+        (self.idle_timeout.min(self.surplus_idle_timeout) / 4).max(Duration::from_millis(10))
+    }
+}
+
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
@@ -294,8 +302,7 @@ impl Pool {
 /// Drops idle and broken connections until the pool is gone.
 async fn reap(inner: Weak<Inner>) {
     let period = match inner.upgrade() {
-        Some(i) => (i.config.idle_timeout.min(i.config.surplus_idle_timeout) / 4)
-            .max(Duration::from_millis(10)),
+        Some(i) => i.config.reap_period(),
         None => return,
     };
     let mut tick = tokio::time::interval(period);
