@@ -2,38 +2,39 @@
 //! and plain TCP from outside the mesh, authorized without an identity.
 
 use std::borrow::Cow;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
 use ferry_core::authz::{self, ConnInfo, Verdict};
-use ferry_core::hop;
+use ferry_core::hop::{self, OriginError, PeerCluster};
 use ferry_core::identity::Identity;
 use ferry_core::inbound::{self, InboundPlan};
 use ferry_core::model::Workload;
 use ferry_core::ports;
+use ferry_core::route::Destination;
 use ferry_core::snapshot::Snapshot;
 use ferry_hbone::copy;
 use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
-use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
+use ferry_hbone::server::{ConnectRequest, Ended, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::socket::reset_tcp;
 use ferry_hbone::upstream::{Forward, Until};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use ferry_runtime::conn::{ConnError, Denial, ResponseFlag};
+use ferry_runtime::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag};
 use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
 
 use crate::state::{Node, Open, Pod};
 
-/// Authorizes a connection to `pod` (workload `dst` in `snap`) on `port`.
+/// Authorizes a connection to the pod at `pod_ip` (workload `dst` in `snap`) on `port`.
 fn authorize(
     snap: &Snapshot,
     dst: &Workload,
-    pod: &Pod,
+    pod_ip: IpAddr,
     peer: Option<&Identity>,
     src: SocketAddr,
     port: u16,
@@ -45,7 +46,7 @@ fn authorize(
         &ConnInfo {
             source_identity: peer,
             source_ip: src.ip(),
-            destination_ip: pod.ip,
+            destination_ip: pod_ip,
             destination_port: port,
             // HTTP facts are judged by the waypoint: the one this connection is about to be
             // sent through, or the one it came from.
@@ -54,47 +55,112 @@ fn authorize(
     )
 }
 
-/// A connection to `pod` held open, re-authorized with its own facts on each snapshot change.
+/// What a tunnel's admission judged beyond its source address and port: its verified peer,
+/// the cluster the peer's certificate proves, and what its CONNECT named.
+#[derive(Clone, Copy)]
+struct TunnelFacts<'a> {
+    peer: &'a Identity,
+    cluster: &'a PeerCluster,
+    target: &'a Destination,
+}
+
+/// Whether a connection from `src` to `dst` (the pod at `pod_ip`) on `port` is admitted in
+/// `snap`: for a tunnel, scope first (what the CONNECT named must admit the cluster its peer's
+/// certificate proves, [`hop::destination_admits`]), then policy. Plain TCP from outside the mesh
+/// (`tunnel` is `None`) proves no cluster and has no scope checked: policy only. The same rule at
+/// admission and on each snapshot change ([`Held::check`]). The error is a denial or an
+/// out-of-scope refusal.
+fn judge(
+    snap: &Snapshot,
+    dst: &Workload,
+    pod_ip: IpAddr,
+    src: SocketAddr,
+    port: u16,
+    tunnel: Option<TunnelFacts<'_>>,
+) -> Result<(), ConnError> {
+    if let Some(t) = tunnel {
+        hop::destination_admits(snap, dst, t.target, port, t.cluster)?;
+    }
+    let verdict = authorize(snap, dst, pod_ip, tunnel.map(|t| t.peer), src, port, false);
+    if verdict.is_allowed() {
+        Ok(())
+    } else {
+        Err(Denial(verdict).into())
+    }
+}
+
+/// A connection to `pod` held open, judged again with what it was admitted on ([`judge`]) on
+/// each snapshot change.
 struct Held {
     node: Arc<Node>,
     pod: Arc<Pod>,
-    peer: Option<Identity>,
     src: SocketAddr,
     port: u16,
+    /// A tunnel's peer, proven cluster and target; `None` for plain TCP from outside the mesh.
+    tunnel: Option<HeldTunnel>,
+}
+
+/// [`TunnelFacts`], owned for as long as the tunnel is held.
+struct HeldTunnel {
+    peer: Identity,
+    cluster: PeerCluster,
+    target: Destination,
 }
 
 impl Held {
     /// Resolves with the first denial after a change on `changes` (see
-    /// [`ferry_runtime::recheck::until_denied`]).
+    /// [`ferry_runtime::recheck::until_denied`]). For plain TCP from outside the mesh, which
+    /// has no scope: only a policy can end it.
     fn until_denied(self, changes: watch::Receiver<u64>) -> impl Future<Output = Denial> + Send {
-        ferry_runtime::recheck::until_denied(changes, move || self.check())
+        ferry_runtime::recheck::until_denied(changes, move || match self.check() {
+            Err(ConnError {
+                kind: ConnErrorKind::Denied(d),
+                ..
+            }) => Err(d),
+            _ => Ok(()),
+        })
     }
 
-    /// The same, as what a tunnel's copy waits on.
+    /// The same, as what a tunnel's copy waits on: ended by a denial, or by a scope that no
+    /// longer admits its origin (the copy ends with the [`Denial`] or the [`OriginError`],
+    /// read back in `finished`).
     fn interrupt(self, changes: watch::Receiver<u64>) -> Until {
-        ferry_runtime::recheck::interrupt_on_denial(changes, move || self.check())
+        ferry_runtime::recheck::interrupt_on_denial(changes, move || {
+            self.check().map_err(|e| -> Box<dyn std::error::Error + Send + Sync> {
+                match e.kind {
+                    ConnErrorKind::Denied(d) => Box::new(d),
+                    ConnErrorKind::OutOfScope(o) => {
+                        tracing::info!(dst.workload = %self.pod.uid, src.addr = %self.src, error = %o, "connection closed: no longer admitted by scope");
+                        Box::new(o)
+                    }
+                    _ => Box::new(e),
+                }
+            })
+        })
     }
 
-    fn check(&self) -> Result<(), Denial> {
+    fn check(&self) -> Result<(), ConnError> {
         let snap = self.node.store.load();
         // A pod that left the mesh keeps its connections until it is removed (they end with it).
         let Some(dst) = snap.workload(&self.pod.uid) else {
             return Ok(());
         };
-        let verdict = authorize(
-            &snap,
-            dst,
-            &self.pod,
-            self.peer.as_ref(),
-            self.src,
-            self.port,
-            false,
-        );
-        if verdict.is_allowed() {
-            Ok(())
-        } else {
-            Err(Denial(verdict))
-        }
+        let tunnel = self.tunnel.as_ref().map(|t| TunnelFacts {
+            peer: &t.peer,
+            cluster: &t.cluster,
+            target: &t.target,
+        });
+        judge(&snap, dst, self.pod.ip, self.src, self.port, tunnel)
+    }
+}
+
+/// A tunnel closed because a scope change no longer admits its origin ([`Held::interrupt`]).
+fn out_of_scope(outcome: &Outcome<'_>) -> Option<ConnError> {
+    match &outcome.ended {
+        Ended::Closed(reason) => reason
+            .downcast_ref::<OriginError>()
+            .map(|e| ConnError::from(e.clone())),
+        _ => None,
     }
 }
 
@@ -198,23 +264,19 @@ impl Handler for Inbound {
         let path = hbone_path(&snap, dst, &req.peer, &headers);
         // The last hop checks scope too, against the cluster the peer's certificate proves
         // (the baggage's is a hint for the metrics' labels), then policy.
-        let scope = hop::destination_admits(&snap, dst, &req.target, to.port(), &req.peer_cluster);
-        let denied = match scope {
-            Err(e) => Some(ConnError::from(e)),
-            Ok(()) => {
-                let verdict = authorize(
-                    &snap,
-                    dst,
-                    &self.pod,
-                    Some(&req.peer),
-                    req.peer_addr,
-                    to.port(),
-                    false,
-                );
-                (!verdict.is_allowed()).then(|| ConnError::from(Denial(verdict)))
-            }
+        let tunnel = TunnelFacts {
+            peer: &req.peer,
+            cluster: &req.peer_cluster,
+            target: &req.target,
         };
-        if let Some(e) = denied {
+        if let Err(e) = judge(
+            &snap,
+            dst,
+            self.pod.ip,
+            req.peer_addr,
+            to.port(),
+            Some(tunnel),
+        ) {
             let l = labels(
                 Some(dst),
                 &self.pod,
@@ -260,9 +322,13 @@ impl Handler for Inbound {
         let held = Held {
             node: node.clone(),
             pod: pod.clone(),
-            peer: Some(peer),
             src: req.peer_addr,
             port: to.port(),
+            tunnel: Some(HeldTunnel {
+                peer,
+                cluster: req.peer_cluster.clone(),
+                target: req.target.clone(),
+            }),
         };
         async move {
             let up = match pod.netns.connect(None, to).await {
@@ -306,6 +372,7 @@ impl Handler for Inbound {
             .error
             .take()
             .map(|e| *e)
+            .or_else(|| out_of_scope(outcome))
             .or_else(|| ConnError::from_outcome(outcome));
         let mut log = self.access_log(req, req.target.to_string(), admitted.path);
         log.bytes_sent = outcome.sent;
@@ -419,7 +486,7 @@ async fn plain_checked(
             (plan, Some(dst)) => authorize(
                 &snap,
                 dst,
-                pod,
+                pod.ip,
                 None,
                 peer,
                 orig.port(),
@@ -535,9 +602,12 @@ async fn to_pod(
     let held = Held {
         node: node.clone(),
         pod: pod.clone(),
-        peer: None,
         src: peer,
         port: to.port(),
+        tunnel: None,
     };
     carry(node, tcp, up, labels, held.until_denied(changes)).await
 }
+
+#[cfg(test)]
+mod tests;

@@ -134,14 +134,19 @@ async fn set_up(
             let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
             plan(&snap, src, &pod.identity, peer, orig, &failed, &mut rng)
         };
-        let ctx = match (planned, last.take()) {
-            (Ok(ctx), _) => ctx,
-            // No other endpoint: the connection fails as its last attempt did.
-            (Err(_), Some((e, labels))) => {
+        let ctx = match next_attempt(planned, last.take()) {
+            Attempt::First(ctx) => ctx,
+            Attempt::Retry(ctx, e) => {
+                let failed_to = failed.last().map(ToString::to_string).unwrap_or_default();
+                tracing::info!(src.workload = %pod.name, dst.addr = %orig, dst.workload = %failed_to, retry.workload = %ctx.log.dst_workload, error = %e, "connect failed before any byte was sent; trying another endpoint");
+                node.connect_retries.inc();
+                ctx
+            }
+            Attempt::Failed(e, labels) => {
                 count_failed(node, &labels);
                 return Err(e);
             }
-            (Err(refused), None) => {
+            Attempt::Refused(refused) => {
                 count_failed(node, &refused.labels);
                 log.path = "refused at the source".into();
                 return Err(refused.error);
@@ -174,9 +179,8 @@ async fn set_up(
             // again, without the landing that failed.
             Err(e) => {
                 match landing.filter(|_| e.retryable() && failed.len() + 1 < CONNECT_ATTEMPTS) {
+                    // Counted and logged as a retry once another endpoint is planned.
                     Some(landing) => {
-                        tracing::info!(src.workload = %pod.name, dst.addr = %orig, dst.workload = %landing, error = %e, "connect failed before any byte was sent; trying another endpoint");
-                        node.connect_retries.inc();
                         failed.push(landing);
                         labels.response_flags = e.flag.into();
                         last = Some((e, labels));
@@ -189,6 +193,29 @@ async fn set_up(
                 }
             }
         }
+    }
+}
+
+/// What a connection does with a plan, given how its last attempt failed (if it made one).
+#[derive(Debug)]
+enum Attempt {
+    /// Its first attempt.
+    First(Ctx),
+    /// Another endpoint of the same decision, after this failure: counted and logged as a
+    /// retry.
+    Retry(Ctx, ConnError),
+    /// No other endpoint: it fails as its last attempt did (no retry is counted).
+    Failed(ConnError, Labels),
+    /// Refused by the routing decision before any attempt.
+    Refused(Refused),
+}
+
+fn next_attempt(planned: Result<Ctx, Refused>, last: Option<(ConnError, Labels)>) -> Attempt {
+    match (planned, last) {
+        (Ok(ctx), None) => Attempt::First(ctx),
+        (Ok(ctx), Some((e, _))) => Attempt::Retry(ctx, e),
+        (Err(_), Some((e, labels))) => Attempt::Failed(e, labels),
+        (Err(refused), None) => Attempt::Refused(refused),
     }
 }
 

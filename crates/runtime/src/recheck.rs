@@ -24,21 +24,25 @@ pub fn until_denied<C>(
 /// [`until_denied`] as the interruption an HBONE [`Forward`](ferry_hbone::upstream::Forward)
 /// waits on. Boxed once, with no future wrapped around another: a held connection keeps this
 /// for its whole life, and every layer of `async` would store the check's state again.
-pub fn interrupt_on_denial<C: Send + Sync + 'static>(
+///
+/// The check's error ends the copy as it is boxed: a [`Denial`] (what
+/// [`ConnError::from_outcome`](crate::conn::ConnError::from_outcome) reads back), or another
+/// reason its caller reads back itself (a boxed error is passed on as it is).
+pub fn interrupt_on_denial<C, E>(
     changes: watch::Receiver<C>,
-    check: impl Fn() -> Result<(), Denial> + Send + 'static,
-) -> Until {
-    Box::pin(denied_then(
-        changes,
-        check,
-        |d| -> Box<dyn std::error::Error + Send + Sync> { Box::new(d) },
-    ))
+    check: impl Fn() -> Result<(), E> + Send + 'static,
+) -> Until
+where
+    C: Send + Sync + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
+{
+    Box::pin(denied_then(changes, check, Into::into))
 }
 
-async fn denied_then<C, T>(
+async fn denied_then<C, E, T>(
     mut changes: watch::Receiver<C>,
-    check: impl Fn() -> Result<(), Denial>,
-    wrap: impl FnOnce(Denial) -> T,
+    check: impl Fn() -> Result<(), E>,
+    wrap: impl FnOnce(E) -> T,
 ) -> T {
     loop {
         if changes.changed().await.is_err() {

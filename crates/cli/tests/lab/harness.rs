@@ -407,23 +407,46 @@ impl Lab {
     /// (an nft counter in a table of its own, removed when the probe is dropped): what reaches
     /// the pod's app, whoever sent it.
     pub(crate) fn probe(&self, pod: &str, port: u16) -> Probe {
+        self.nft_table(
+            pod,
+            &format!("ferry_probe_{port}"),
+            &format!(
+                "type filter hook input priority -300; policy accept;\ntcp dport {port} counter"
+            ),
+        )
+    }
+
+    /// Resets, from now on, every TCP packet to `port` that arrives in `pod`'s network
+    /// namespace (an nft rule, counted, in a table of its own, removed when the guard is
+    /// dropped, however the test ends): a listener there that nothing can reach.
+    pub(crate) fn refuse(&self, pod: &str, port: u16) -> Probe {
+        self.nft_table(
+            pod,
+            &format!("ferry_refuse_{port}"),
+            &format!("type filter hook input priority 0; policy accept;\ntcp dport {port} counter reject with tcp reset"),
+        )
+    }
+
+    /// A fresh nft table of `pod`'s network namespace with one input chain of `chain`.
+    fn nft_table(&self, pod: &str, table: &str, chain: &str) -> Probe {
         let netns = self
             .state(&["pods", pod, "netns"])
             .as_str()
             .unwrap()
             .to_string();
-        let table = format!("ferry_probe_{port}");
         let rules = format!(
             "table inet {table} {{}}\n\
              delete table inet {table}\n\
              table inet {table} {{\n\
              chain input {{\n\
-             type filter hook input priority -300; policy accept;\n\
-             tcp dport {port} counter\n\
+             {chain}\n\
              }}\n\
              }}\n"
         );
-        let probe = Probe { netns, table };
+        let probe = Probe {
+            netns,
+            table: table.to_string(),
+        };
         probe.nft(&["-f", "-"], Some(&rules));
         assert_eq!(probe.packets(), 0, "a fresh counter");
         probe

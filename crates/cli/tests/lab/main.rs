@@ -13,5 +13,6 @@ mod l4;
 mod lifecycle;
 mod origin;
 mod policy;
+mod retry;
 mod trust;
 mod waypoint;

@@ -102,3 +102,59 @@ fn an_upgraded_connection_is_judged_again_and_closed_by_a_deny_on_its_path() {
         ],
     );
 }
+
+/// The lab's topology file as it was, written back when dropped (however the test ends).
+struct Restore {
+    path: std::path::PathBuf,
+    text: String,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.path, &self.text);
+    }
+}
+
+/// echo-alpha-1 (alpha) -> echo-beta's address on 8080 (served by echo, global), then echo made
+/// local: beta's node proxy, the last hop, ends the held tunnel (its origin is no longer in
+/// scope). (Not from sleep: deny-sleep-8080 above may already deny it.)
+#[test]
+fn a_held_tunnel_is_closed_by_the_destination_when_a_scope_change_stops_admitting_its_origin() {
+    let Some((lab, _one_at_a_time)) = POLICY.one_at_a_time() else {
+        return;
+    };
+    let path = lab.dir.join("topology.yaml");
+    let restore = Restore {
+        text: std::fs::read_to_string(&path).unwrap(),
+        path,
+    };
+    let global = "    scope: global\n    load_balancing: prefer_close\n";
+    assert!(restore.text.contains(global), "echo is global");
+    let closed = lab.hold_until("echo-alpha-1", "198.18.3.20:8080", || {
+        let local = restore.text.replace(
+            global,
+            "    scope: local\n    load_balancing: prefer_close\n",
+        );
+        std::fs::write(&restore.path, local).unwrap();
+    });
+    assert!(
+        closed.as_deref().is_some_and(|l| l.starts_with("closed")),
+        "the held tunnel was not closed by the scope change: {closed:?}"
+    );
+    lab.log_line(
+        "beta-1",
+        &[
+            Text("connection closed: no longer admitted by scope"),
+            Text("does not admit a source in cluster alpha"),
+        ],
+    );
+    lab.log_line(
+        "beta-1",
+        &[
+            Field("direction", "inbound"),
+            Field("dst.addr", "198.18.3.20:8080"),
+            Field("response_flags", "DENY"),
+            Text("does not admit a source in cluster alpha"),
+        ],
+    );
+}

@@ -131,3 +131,51 @@ fn the_same_seed_gives_the_same_trace_and_another_a_different_one() {
     let mut r = SplitMix64::new(8);
     assert_ne!(Some(traceparent(&mut r)), a.headers.traceparent);
 }
+
+/// A connect to `echo` refused before any byte was sent, with the labels of its attempt.
+fn refused_connect(snap: &Snapshot) -> (ConnError, Labels) {
+    let ctx = plan_from_sleep(snap, "198.18.100.1:80").unwrap();
+    let e = ConnError::connect(
+        "198.18.2.20:15008".parse().unwrap(),
+        std::io::ErrorKind::ConnectionRefused.into(),
+    );
+    assert!(e.retryable());
+    (e, ctx.labels)
+}
+
+#[test]
+fn a_retry_is_one_only_when_another_endpoint_is_planned() {
+    let mut m = mesh();
+    m.pod("echo-2", "east-1", "198.18.1.20");
+    m.backs("echo-2", "echo");
+    let snap = m.build();
+    // Another endpoint after the failure: a retry, carrying the failure it follows.
+    match next_attempt(
+        plan_from_sleep(&snap, "198.18.100.1:80"),
+        Some(refused_connect(&snap)),
+    ) {
+        Attempt::Retry(_, e) => assert_eq!(e.flag, ResponseFlag::ConnectionFailure),
+        other => panic!("{other:?}"),
+    }
+    // None left (the only endpoint excluded): no retry, the connection fails as its attempt
+    // did, not as a refusal of the routing decision.
+    let one = mesh().build();
+    let mut alone = mesh();
+    alone.workload_mut("echo").health = Health::Unhealthy;
+    match next_attempt(
+        plan_from_sleep(&alone.build(), "198.18.100.1:80"),
+        Some(refused_connect(&one)),
+    ) {
+        Attempt::Failed(e, labels) => {
+            assert_eq!(e.flag, ResponseFlag::ConnectionFailure);
+            assert!(e.retryable(), "{e}");
+            assert_eq!(labels.destination_workload, "echo");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A first attempt is no retry.
+    assert!(matches!(
+        next_attempt(plan_from_sleep(&one, "198.18.100.1:80"), None),
+        Attempt::First(_)
+    ));
+}
