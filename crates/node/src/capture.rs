@@ -9,8 +9,9 @@
 //! ```
 //! Rules live in their own chains so removal is exact and leaves the pod's own rules alone.
 //!
-//! Enrolling a pod (also on a node proxy's start, for every pod it restores) rewrites both
-//! chains whole and puts each jump first, in one `iptables-restore` transaction. Every 2 s the
+//! Enrolling a pod (also on a node proxy's start, for every pod it restores) compares the pod's
+//! whole nat table with Ferry's rules and, on any difference, rewrites both chains whole and
+//! puts each jump first, in one `iptables-restore` transaction. Every 2 s the
 //! node proxy compares the pod's whole nat table against that ([`drift`]: chain contents, one
 //! jump per hook, first) and rewrites it on any difference, so a flushed or edited chain is
 //! repaired within that bound. Nothing signals a change to another program's iptables rules,
@@ -152,8 +153,10 @@ pub(crate) async fn saved(netns: &Path) -> Result<String, CaptureError> {
     }
 }
 
-/// Writes the capture rules, whatever is in place: Ferry's chains are rewritten whole and the
-/// jumps put first, in one transaction (see [`rewrite`]).
+/// Makes the capture rules Ferry's, whatever is in place: unless the whole nat table already
+/// matches them exactly ([`drift`]: then a rewrite would change nothing, and a handover leaves
+/// the live rules of the previous node proxy untouched), Ferry's chains are rewritten whole and
+/// the jumps put first, in one transaction (see [`rewrite`]).
 pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
     // Queued connections of a closing listener move to the other listeners of its port group
     // (the next node proxy's) instead of being reset.
@@ -163,7 +166,11 @@ pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
         .stderr(std::process::Stdio::null())
         .status()
         .await;
-    let script = rewrite(&saved(netns).await?);
+    let saved = saved(netns).await?;
+    if drift(&saved).is_none() {
+        return Ok(());
+    }
+    let script = rewrite(&saved);
     let err = |detail: String| CaptureError {
         netns: netns.display().to_string(),
         detail,
