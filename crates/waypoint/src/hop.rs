@@ -142,6 +142,8 @@ impl Handler for Waypoint {
         let headers = ConnectHeaders::read(&req.headers);
         let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
         let mut baggage = headers.typed_baggage();
+        // The connection's trace goes on with it (the source's node proxy starts one).
+        let traceparent = headers.traceparent;
         let source = req.peer.clone();
         let relayed_plaintext = baggage.plaintext;
         let peer_identity = if relayed_plaintext {
@@ -174,7 +176,10 @@ impl Handler for Waypoint {
             baggage.source_principal = Some(original);
             baggage.plaintext = false;
             baggage.cluster = Some(origin_cluster.to_string());
-            let origin = baggage.to_pairs();
+            let origin = Onward {
+                baggage: baggage.to_pairs(),
+                traceparent,
+            };
             let Some((judge, dst)) = filter else {
                 let opened = self.open_upstream(plan, peer, origin).await?;
                 return Ok(opened.into_forward(self.finish.clone(), served));
@@ -319,15 +324,16 @@ impl Waypoint {
         &self,
         plan: Plan,
         peer: SocketAddr,
-        origin: Vec<(String, String)>,
+        origin: Onward,
     ) -> Result<Opened, ConnError> {
+        let service = plan.service.as_ref().map(|s| s.hostname.clone());
         match plan.transport {
             Transport::Hbone {
                 connect_to,
                 authority,
                 identities,
             } => {
-                let headers = tunnel_headers(origin, peer);
+                let headers = tunnel_headers(origin, peer, service);
                 let (t, ..) = self
                     .pooled(connect_to, identities, &authority, &headers)
                     .await
@@ -352,7 +358,7 @@ impl Waypoint {
                 // Double HBONE: the outer tunnel (pooled) asks the endpoint network's gateway for
                 // `hostname:port`, which decides again (scope, for the cluster in the baggage);
                 // the inner one, end to end, must reach one of the endpoints' identities.
-                let headers = tunnel_headers(origin, peer);
+                let headers = tunnel_headers(origin, peer, service);
                 let (outer, creds, bundle) = self
                     .pooled(gateway, vec![gateway_identity], &authority, &headers)
                     .await
@@ -381,10 +387,23 @@ impl Waypoint {
 
 /// The CONNECT metadata of a tunnel the waypoint opens: the original source's baggage and
 /// address.
-fn tunnel_headers(baggage: Vec<(String, String)>, peer: SocketAddr) -> ConnectHeaders {
+/// What a tunnel the waypoint opens carries on from the one it came in: the source's metadata
+/// (for the next hop's logs) and the connection's trace.
+#[derive(Clone, Debug)]
+pub(crate) struct Onward {
+    pub(crate) baggage: Vec<(String, String)>,
+    pub(crate) traceparent: Option<String>,
+}
+
+/// The CONNECT metadata of a tunnel onward from the waypoint: as a node proxy's, the trace it
+/// continues and the service it is for (`forwarded ;host=`), so the destination attributes
+/// the connection to that service.
+fn tunnel_headers(onward: Onward, peer: SocketAddr, service: Option<String>) -> ConnectHeaders {
     ConnectHeaders {
-        baggage,
+        baggage: onward.baggage,
         forwarded_for: Some(peer),
+        forwarded_host: service,
+        traceparent: onward.traceparent,
         ..ConnectHeaders::default()
     }
 }

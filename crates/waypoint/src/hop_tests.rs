@@ -200,3 +200,35 @@ async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_si
         "{e}"
     );
 }
+
+#[test]
+fn a_tunnel_onward_continues_the_trace_and_names_its_service_as_a_node_proxy_does() {
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_string();
+    let onward = Onward {
+        baggage: vec![("k8s.cluster.name".into(), "east".into())],
+        traceparent: Some(trace.clone()),
+    };
+    let peer: SocketAddr = "198.18.1.10:40000".parse().unwrap();
+    let h = tunnel_headers(
+        onward.clone(),
+        peer,
+        Some("echo.default.svc.cluster.local".into()),
+    );
+    assert_eq!(h.traceparent.as_deref(), Some(trace.as_str()));
+    assert_eq!(
+        h.forwarded_host.as_deref(),
+        Some("echo.default.svc.cluster.local")
+    );
+    assert_eq!(h.forwarded_for, Some(peer));
+    // Written and read back as the destination reads them.
+    let mut map = http::HeaderMap::new();
+    h.write(&mut map);
+    let back = ConnectHeaders::read(&map);
+    assert_eq!(back.traceparent.as_deref(), Some(trace.as_str()));
+    assert_eq!(
+        back.forwarded_host.as_deref(),
+        Some("echo.default.svc.cluster.local")
+    );
+    // A pod address: no service to name.
+    assert_eq!(tunnel_headers(onward, peer, None).forwarded_host, None);
+}
