@@ -31,7 +31,7 @@ use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 
 use crate::judge::Judge;
-use crate::state::{Opened, Waypoint};
+use crate::state::{Onward, Opened, Waypoint};
 
 /// How a waypoint instance is run.
 #[derive(Clone, Debug)]
@@ -387,14 +387,6 @@ impl Waypoint {
 
 /// The CONNECT metadata of a tunnel the waypoint opens: the original source's baggage and
 /// address.
-/// What a tunnel the waypoint opens carries on from the one it came in: the source's metadata
-/// (for the next hop's logs) and the connection's trace.
-#[derive(Clone, Debug)]
-pub(crate) struct Onward {
-    pub(crate) baggage: Vec<(String, String)>,
-    pub(crate) traceparent: Option<String>,
-}
-
 /// The CONNECT metadata of a tunnel onward from the waypoint: as a node proxy's, the trace it
 /// continues and the service it is for (`forwarded ;host=`), so the destination attributes
 /// the connection to that service.

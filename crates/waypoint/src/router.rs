@@ -30,7 +30,7 @@ pub(crate) struct TunnelRouter {
     pub(crate) service: Option<(ServiceKey, u16)>,
     pub(crate) origin: ClusterId,
     /// The tunnel's metadata, carried on to every backend.
-    pub(crate) baggage: crate::hop::Onward,
+    pub(crate) baggage: crate::state::Onward,
     pub(crate) peer: SocketAddr,
     /// `None` for plain TCP from outside the mesh.
     pub(crate) source: Option<Identity>,

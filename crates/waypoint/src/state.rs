@@ -80,3 +80,11 @@ impl Opened {
         }
     }
 }
+
+/// What a tunnel the waypoint opens carries on from the one it came in: the source's metadata
+/// (for the next hop's logs) and the connection's trace.
+#[derive(Clone, Debug)]
+pub(crate) struct Onward {
+    pub(crate) baggage: Vec<(String, String)>,
+    pub(crate) traceparent: Option<String>,
+}
