@@ -178,15 +178,14 @@ async fn set_up(
             // Nothing was read from the app yet, so nothing is replayed: the same decision
             // again, without the landing that failed.
             Err(e) => {
+                labels.response_flags = e.flag.into();
                 match landing.filter(|_| e.retryable() && failed.len() + 1 < CONNECT_ATTEMPTS) {
                     // Counted and logged as a retry once another endpoint is planned.
                     Some(landing) => {
                         failed.push(landing);
-                        labels.response_flags = e.flag.into();
                         last = Some((e, labels));
                     }
                     None => {
-                        labels.response_flags = e.flag.into();
                         count_failed(node, &labels);
                         return Err(e);
                     }
