@@ -6,13 +6,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::anyhow;
 use ferry_control::app::{Config, Listening, ServeLimits};
+use ferry_control::ca::k8s::{K8sConfig, ServiceAccount};
 use ferry_control::source::WatchConfig;
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ControlCommand {
     /// Serve the CA and xDS (gRPC over TLS) for the mesh a topology file describes.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the bootstrap credential of a node (give it to that node's proxy only).
     Token {
         #[arg(long, default_value = "ferry-state")]
@@ -75,11 +77,30 @@ pub(crate) struct ServeArgs {
     /// Connections one peer IP may have open; more are closed as soon as they are accepted.
     #[arg(long, default_value_t = ServeLimits::default().connections_per_peer)]
     max_connections_per_peer: usize,
+    /// Accept Kubernetes service-account tokens of cluster CLUSTER, issued by URL (the API
+    /// server's `--service-account-issuer`), as node credentials; its keys come from
+    /// `URL/.well-known/openid-configuration` unless --k8s-jwks says otherwise. Repeatable.
+    #[arg(long, value_name = "CLUSTER=URL")]
+    k8s_issuer: Vec<String>,
+    /// Read cluster CLUSTER's token keys from this JWKS file (e.g. `kubectl get --raw
+    /// /openid/v1/jwks`) or http(s) URL instead of OIDC discovery. Repeatable.
+    #[arg(long, value_name = "CLUSTER=FILE|URL")]
+    k8s_jwks: Vec<String>,
+    /// Verify cluster CLUSTER's https key source against these roots (PEM) instead of the
+    /// system's. Repeatable.
+    #[arg(long, value_name = "CLUSTER=FILE")]
+    k8s_ca: Vec<String>,
+    /// An audience a service-account token must carry (Istio's node proxy asks for istio-ca).
+    #[arg(long, default_value = ferry_control::ca::k8s::config::DEFAULT_AUDIENCE)]
+    k8s_audience: Vec<String>,
+    /// A service account node proxies run as (NAMESPACE/NAME); only its tokens act for a node.
+    #[arg(long, default_value = "istio-system/ztunnel")]
+    k8s_node_proxy_account: Vec<ServiceAccount>,
 }
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
     let result = match cmd {
-        ControlCommand::Serve(args) => serve(args),
+        ControlCommand::Serve(args) => serve(*args),
         ControlCommand::Token { state_dir, node } => {
             // No newline: the token is a header value as written, and a file made with `>`
             // must hold nothing else (Istio's node proxy sends a token file verbatim).
@@ -102,8 +123,10 @@ pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
 // === impl ServeArgs ===
 
 impl ServeArgs {
-    fn into_config(self) -> Config {
-        Config {
+    fn into_config(self) -> anyhow::Result<Config> {
+        let issuers = K8sConfig::from_args(&self.k8s_issuer, &self.k8s_jwks, &self.k8s_ca)
+            .map_err(|e| anyhow!(e))?;
+        Ok(Config {
             topology: self.topology,
             state_dir: self.state_dir,
             listen: self.listen,
@@ -124,12 +147,18 @@ impl ServeArgs {
                 streams_per_connection: self.max_streams_per_connection,
                 connections_per_peer: self.max_connections_per_peer,
             },
-        }
+            k8s: K8sConfig {
+                issuers,
+                audiences: self.k8s_audience,
+                node_proxy_accounts: self.k8s_node_proxy_account,
+                ..K8sConfig::default()
+            },
+        })
     }
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = args.into_config();
+    let config = args.into_config()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

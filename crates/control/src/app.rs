@@ -12,6 +12,7 @@ use ferry_core::store::Store;
 use tokio::net::TcpListener;
 
 use crate::admission::PeerLimited;
+use crate::ca::k8s::{K8sConfig, K8sTokens};
 use crate::ca::service::{CaService, Lifetimes};
 use crate::ca::signer::Ca;
 use crate::ca::token::NodeTokens;
@@ -50,6 +51,8 @@ pub struct Config {
     pub watch: WatchConfig,
     /// What one client may open.
     pub limits: ServeLimits,
+    /// Kubernetes service-account tokens accepted as node credentials (none without issuers).
+    pub k8s: K8sConfig,
 }
 
 /// What one client may open on the gRPC port (CA and xDS alike).
@@ -110,6 +113,14 @@ pub async fn serve(
             .context("node-token secret")?,
     );
     let store = Arc::new(Store::new(topology.snapshot));
+    let k8s = if config.k8s.issuers.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            K8sTokens::new(config.k8s.clone(), store.clone())
+                .context("Kubernetes token issuers")?,
+        ))
+    };
     let lifetimes = Lifetimes {
         default: config.max_lifetime,
         max: config.max_lifetime,
@@ -123,7 +134,8 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     let (reload_tx, _reloads) = tokio::sync::watch::channel(Reloads::default());
     let watcher = tokio::spawn(watch.run(store.clone(), res_tx, reload_tx));
-    let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()));
+    let xds =
+        XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone())).with_k8s(k8s.clone());
     let metrics = xds.metrics();
     let metrics_listener = TcpListener::bind(config.metrics_listen)
         .await
@@ -135,6 +147,7 @@ pub async fn serve(
     ));
     let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes)
         .with_metrics(metrics.clone())
+        .with_k8s(k8s)
         .into_server();
     let mut builder = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(config.limits.streams_per_connection));

@@ -18,10 +18,10 @@ use ferry_xds::resources::{ResourceSet, diff};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::ca::auth::{Authenticate, Caller};
+use crate::ca::auth::{Authenticate, Authenticated, Caller};
+use crate::ca::k8s::K8sTokens;
 use crate::ca::token::NodeTokens;
 use crate::metrics::Metrics;
 
@@ -31,6 +31,8 @@ pub struct XdsServer {
     resources: watch::Receiver<Arc<ResourceSet>>,
     /// `None` only in the explicit plaintext, unauthenticated mode for local experiments.
     tokens: Option<Arc<NodeTokens>>,
+    /// Kubernetes service-account tokens, when configured.
+    k8s: Option<Arc<K8sTokens>>,
     metrics: Arc<Metrics>,
 }
 
@@ -47,8 +49,16 @@ impl XdsServer {
         Self {
             resources,
             tokens,
+            k8s: None,
             metrics: Arc::new(Metrics::default()),
         }
+    }
+
+    /// Also accepts Kubernetes service-account tokens (checked from the headers too).
+    #[must_use]
+    pub fn with_k8s(mut self, k8s: Option<Arc<K8sTokens>>) -> Self {
+        self.k8s = k8s;
+        self
     }
 
     pub fn metrics(&self) -> Arc<Metrics> {
@@ -64,12 +74,12 @@ impl XdsServer {
             tonic::Code::Unauthenticated,
             "xDS stream",
             self.metrics.refused.clone(),
-        );
-        InterceptedService::new(
+        )
+        .with_k8s(self.k8s.clone());
+        auth.layer(
             AggregatedDiscoveryServiceServer::new(self)
                 .max_decoding_message_size(MAX_REQUEST_BYTES)
                 .max_encoding_message_size(200 << 20),
-            auth,
         )
     }
 }
@@ -78,8 +88,7 @@ impl XdsServer {
 pub const MAX_REQUEST_BYTES: usize = 200 << 20;
 
 /// The service as served.
-pub type XdsServerService =
-    InterceptedService<AggregatedDiscoveryServiceServer<XdsServer>, Authenticate>;
+pub type XdsServerService = Authenticated<AggregatedDiscoveryServiceServer<XdsServer>>;
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 

@@ -57,6 +57,7 @@ async fn serve(tag: &str, plaintext: bool, limits: ServeLimits) -> Served {
         plaintext,
         watch: WatchConfig::default(),
         limits,
+        k8s: Default::default(),
     };
     let bundle = ferry_control::app::bundle(&dir.0, "cluster.local").unwrap();
     let token = ferry_control::app::node_token(&dir.0, "east-1").unwrap();

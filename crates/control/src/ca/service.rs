@@ -13,11 +13,11 @@ use ferry_api::citadel::istio_certificate_service_server::{
 use ferry_api::citadel::{IstioCertificateRequest, IstioCertificateResponse};
 use ferry_core::identity::Identity;
 use ferry_core::store::Store;
-use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use crate::ca::auth::{Authenticate, Caller};
+use crate::ca::auth::{Authenticate, Authenticated, Caller};
 use crate::ca::authz;
+use crate::ca::k8s::K8sTokens;
 use crate::ca::signer::Ca;
 use crate::ca::token::NodeTokens;
 use crate::metrics::Metrics;
@@ -30,7 +30,7 @@ pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 pub const MAX_REQUEST_BYTES: usize = 64 << 10;
 
 /// The service as served: the credential checked from the headers, then the body decoded.
-pub type CaServer = InterceptedService<IstioCertificateServiceServer<CaService>, Authenticate>;
+pub type CaServer = Authenticated<IstioCertificateServiceServer<CaService>>;
 
 /// Lifetimes the CA grants.
 #[derive(Clone, Debug)]
@@ -55,6 +55,7 @@ impl Default for Lifetimes {
 pub struct CaService {
     ca: Arc<Ca>,
     tokens: Arc<NodeTokens>,
+    k8s: Option<Arc<K8sTokens>>,
     store: Arc<Store>,
     lifetimes: Lifetimes,
     metrics: Arc<Metrics>,
@@ -70,6 +71,7 @@ impl CaService {
         Self {
             ca,
             tokens,
+            k8s: None,
             store,
             lifetimes,
             metrics: Arc::new(Metrics::default()),
@@ -80,6 +82,13 @@ impl CaService {
     #[must_use]
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Also accepts Kubernetes service-account tokens (checked from the headers too).
+    #[must_use]
+    pub fn with_k8s(mut self, k8s: Option<Arc<K8sTokens>>) -> Self {
+        self.k8s = k8s;
         self
     }
 
@@ -96,10 +105,10 @@ impl CaService {
             tonic::Code::PermissionDenied,
             "certificate request",
             self.metrics.ca_refused.clone(),
-        );
-        InterceptedService::new(
+        )
+        .with_k8s(self.k8s.clone());
+        auth.layer(
             IstioCertificateServiceServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES),
-            auth,
         )
     }
 
