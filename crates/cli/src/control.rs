@@ -96,6 +96,10 @@ pub(crate) struct ServeArgs {
     /// A service account node proxies run as (NAMESPACE/NAME); only its tokens act for a node.
     #[arg(long, default_value = "istio-system/ztunnel")]
     k8s_node_proxy_account: Vec<ServiceAccount>,
+    /// Another name for the serving certificate, besides `ferry-control` (e.g.
+    /// `istiod.istio-system.svc` where Istio's node proxies expect istiod). Repeatable.
+    #[arg(long)]
+    server_name: Vec<String>,
 }
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
@@ -153,6 +157,7 @@ impl ServeArgs {
                 node_proxy_accounts: self.k8s_node_proxy_account,
                 ..K8sConfig::default()
             },
+            server_names: self.server_name,
         })
     }
 }

@@ -13,11 +13,11 @@ const PLAINTEXT_NEVER: bool = false;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct NodeArgs {
-    /// This node's name, as in the topology.
-    #[arg(long)]
+    /// This node's name, as in the topology (Istio's `NODE_NAME`).
+    #[arg(long, env = "NODE_NAME")]
     name: String,
-    /// This node's cluster.
-    #[arg(long)]
+    /// This node's cluster (Istio's `CLUSTER_ID`).
+    #[arg(long, env = "CLUSTER_ID")]
     cluster: String,
     #[command(flatten)]
     control: ControlArgs,
@@ -27,6 +27,14 @@ pub(crate) struct NodeArgs {
     /// Admin endpoint: /ready, /config_dump, /certs, /metrics.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin: SocketAddr,
+    /// Also serve the metrics as /stats/prometheus here, and nothing else (Istio's chart
+    /// scrapes `[::]:15020`).
+    #[arg(long)]
+    stats: Option<SocketAddr>,
+    /// Also serve the readiness as /healthz/ready here, and nothing else (Istio's chart probes
+    /// `[::]:15021`).
+    #[arg(long)]
+    readiness: Option<SocketAddr>,
     /// Seconds in-flight connections may finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
@@ -43,33 +51,81 @@ pub(crate) struct NodeArgs {
     plaintext: bool,
 }
 
-/// How every data-plane process reaches the control plane.
+/// How every data-plane process reaches the control plane. Each option falls back to the
+/// environment variable Istio's node-proxy chart sets, so the chart can run Ferry's image; a
+/// flag wins over its variable.
 #[derive(Debug, clap::Args)]
 struct ControlArgs {
-    /// The control plane (CA and xDS), `https://ip:port`.
-    #[arg(long)]
+    /// The control plane's xDS, `https://host:port` (Istio's `XDS_ADDRESS`); also its CA unless
+    /// --ca-address says otherwise. Without a scheme, `https://` is meant.
+    #[arg(long, env = "XDS_ADDRESS", visible_alias = "xds-address")]
     control: String,
-    /// File holding the credential (`ferry control token --node NAME`: a node's own; a
-    /// waypoint uses its node's, a gateway `gateway.<name>`).
-    #[arg(long)]
+    /// The CA, when it is not at --control (Istio's `CA_ADDRESS`).
+    #[arg(long, env = "CA_ADDRESS")]
+    ca_address: Option<String>,
+    /// File holding the credential: a Ferry node token (`ferry control token --node NAME`: a
+    /// node's own; a waypoint uses its node's, a gateway `gateway.<name>`) or a Kubernetes
+    /// service-account token (audience `istio-ca`), where Istio's chart mounts it.
+    #[arg(long, default_value = "/var/run/secrets/tokens/istio-token")]
     token_file: PathBuf,
-    /// File holding the trust bundle (`ferry control bundle`).
-    #[arg(long)]
+    /// File holding the trust bundle (`ferry control bundle`) the control plane's certificate
+    /// is verified against (Istio's `XDS_ROOT_CA`).
+    #[arg(
+        long,
+        env = "XDS_ROOT_CA",
+        default_value = "/var/run/secrets/istio/root-cert.pem"
+    )]
     bundle_file: PathBuf,
+    /// Roots for the CA's certificate, when not --bundle-file (Istio's `CA_ROOT_CA`).
+    #[arg(long, env = "CA_ROOT_CA")]
+    ca_bundle_file: Option<PathBuf>,
+    /// The name the xDS server's certificate must carry. Default: `istiod.<ns>.svc` when the
+    /// address's host is an istiod service, else `ferry-control`.
+    #[arg(long)]
+    xds_server_name: Option<String>,
+    /// The name the CA's certificate must carry; the same default, by the CA's address.
+    #[arg(long)]
+    ca_server_name: Option<String>,
 }
 
 impl ControlArgs {
-    /// The control plane, with the credential and the trust bundle read from their files.
+    /// The control plane, with the credential and the trust bundles read from their files.
     fn read(&self, plaintext: bool) -> anyhow::Result<ControlPlane> {
         let read = |p: &Path| {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
         };
-        Ok(ControlPlane {
-            endpoint: self.control.clone(),
-            token: read(&self.token_file)?.trim().to_string(),
-            bundle_pem: read(&self.bundle_file)?,
+        let mut cp = ControlPlane::new(
+            with_scheme(&self.control, plaintext),
+            read(&self.token_file)?.trim().to_string(),
+            read(&self.bundle_file)?,
             plaintext,
-        })
+        );
+        if let Some(ca) = &self.ca_address {
+            let ca = with_scheme(ca, plaintext);
+            cp.ca_server_name = ferry_runtime::bootstrap::server_name_for(&ca);
+            cp.ca_endpoint = Some(ca);
+        }
+        if let Some(p) = &self.ca_bundle_file {
+            cp.ca_bundle_pem = Some(read(p)?);
+        }
+        if let Some(n) = &self.xds_server_name {
+            cp.xds_server_name.clone_from(n);
+        }
+        if let Some(n) = &self.ca_server_name {
+            cp.ca_server_name.clone_from(n);
+        }
+        Ok(cp)
+    }
+}
+
+/// `address` with a scheme: Istio's chart gives `istiod.istio-system.svc:15012`.
+fn with_scheme(address: &str, plaintext: bool) -> String {
+    if address.contains("://") {
+        address.to_string()
+    } else if plaintext {
+        format!("http://{address}")
+    } else {
+        format!("https://{address}")
     }
 }
 
@@ -103,6 +159,8 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
             control,
             api_socket: args.api.clone(),
             admin: args.admin,
+            stats: args.stats,
+            readiness: args.readiness,
             drain: Duration::from_secs(args.drain_seconds),
             idle_bound: Duration::from_secs(args.idle_bound_seconds),
             state_file: Some(args.state_file.clone().unwrap_or_else(|| {

@@ -53,6 +53,9 @@ pub struct Config {
     pub limits: ServeLimits,
     /// Kubernetes service-account tokens accepted as node credentials (none without issuers).
     pub k8s: K8sConfig,
+    /// Names the serving certificate carries besides [`SERVER_NAME`], e.g.
+    /// `istiod.istio-system.svc` where the control plane stands in for istiod.
+    pub server_names: Vec<String>,
 }
 
 /// What one client may open on the gRPC port (CA and xDS alike).
@@ -157,8 +160,11 @@ pub async fn serve(
         } else {
             vec![addr.ip()]
         };
+        let names: Vec<String> = std::iter::once(SERVER_NAME.to_string())
+            .chain(config.server_names.iter().cloned())
+            .collect();
         let (chain, key) = ca
-            .issue_server_cert(&[SERVER_NAME.to_string()], &ips, SERVER_CERT_LIFETIME)
+            .issue_server_cert(&names, &ips, SERVER_CERT_LIFETIME)
             .map_err(|e| anyhow::anyhow!("control-plane certificate: {e}"))?;
         let tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(chain, key));

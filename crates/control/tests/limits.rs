@@ -58,6 +58,7 @@ async fn serve(tag: &str, plaintext: bool, limits: ServeLimits) -> Served {
         watch: WatchConfig::default(),
         limits,
         k8s: Default::default(),
+        server_names: vec![],
     };
     let bundle = ferry_control::app::bundle(&dir.0, "cluster.local").unwrap();
     let token = ferry_control::app::node_token(&dir.0, "east-1").unwrap();

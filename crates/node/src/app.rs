@@ -25,6 +25,10 @@ pub struct Config {
     pub control: ControlPlane,
     pub api_socket: PathBuf,
     pub admin: SocketAddr,
+    /// Istio's metrics port (`/stats/prometheus`, 15020), when set.
+    pub stats: Option<SocketAddr>,
+    /// Istio's readiness port (`/healthz/ready`, 15021), when set.
+    pub readiness: Option<SocketAddr>,
     /// How long in-flight connections may finish after SIGTERM.
     pub drain: Duration,
     /// See [`Node::idle_bound`].
@@ -76,9 +80,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("admin address {}", config.admin))?;
     let admin_addr = admin.local_addr()?;
+    let bind = |addr: Option<SocketAddr>, what: &'static str| async move {
+        match addr {
+            Some(a) => tokio::net::TcpListener::bind(a)
+                .await
+                .map(Some)
+                .with_context(|| format!("{what} address {a}")),
+            None => Ok(None),
+        }
+    };
+    let ports = crate::admin::Ports {
+        admin,
+        stats: bind(config.stats, "stats").await?,
+        readiness: bind(config.readiness, "readiness").await?,
+    };
     tokio::spawn(crate::admin::serve(
         node.clone(),
-        admin,
+        ports,
         ready.clone(),
         registry,
     ));

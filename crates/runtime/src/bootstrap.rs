@@ -13,7 +13,10 @@ use ferry_xds::client::{ClientConfig, XdsClient};
 use tokio::sync::watch;
 
 /// The name the control plane's certificate is issued for.
-const CONTROL_SERVER_NAME: &str = "ferry-control";
+pub const CONTROL_SERVER_NAME: &str = "ferry-control";
+
+/// The name istiod's serving certificate carries (Istio's node proxy verifies it).
+pub const ISTIOD_SERVER_NAME: &str = "istiod.istio-system.svc";
 
 /// Why a program could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,36 @@ pub struct ControlPlane {
     pub bundle_pem: String,
     /// LOCAL EXPERIMENTS ONLY: xDS without TLS.
     pub plaintext: bool,
+    /// The CA, when it is not at `endpoint` (Istio's `CA_ADDRESS`).
+    pub ca_endpoint: Option<String>,
+    /// The roots the CA's certificate is verified against, when not `bundle_pem` (Istio's
+    /// `CA_ROOT_CA`).
+    pub ca_bundle_pem: Option<String>,
+    /// The name the xDS server's certificate must carry ([`server_name_for`] by default).
+    pub xds_server_name: String,
+    /// The name the CA's certificate must carry.
+    pub ca_server_name: String,
+}
+
+/// The server name to expect at `endpoint`: istiod's own when the host is an istiod service
+/// (`istiod`, `istiod.istio-system`, `istiod-1-22.istio-system.svc.cluster.local`: the name up
+/// to `.svc`, as its certificate lists it), else Ferry's control plane's.
+pub fn server_name_for(endpoint: &str) -> String {
+    let host = endpoint
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_string))
+        .unwrap_or_default();
+    if !host.starts_with("istiod") {
+        return CONTROL_SERVER_NAME.to_string();
+    }
+    let labels: Vec<&str> = host.split('.').collect();
+    match labels.as_slice() {
+        [name] => format!("{name}.istio-system.svc"),
+        [name, ns] => format!("{name}.{ns}.svc"),
+        [name, ns, "svc", ..] => format!("{name}.{ns}.svc"),
+        _ => ISTIOD_SERVER_NAME.to_string(),
+    }
 }
 
 /// The mesh as this process sees it: the current snapshot, and when it is first complete.
@@ -54,6 +87,27 @@ pub struct Mesh {
 // === impl ControlPlane ===
 
 impl ControlPlane {
+    /// The control plane at `endpoint` for both xDS and the CA, its name by
+    /// [`server_name_for`].
+    pub fn new(endpoint: String, token: String, bundle_pem: String, plaintext: bool) -> Self {
+        let name = server_name_for(&endpoint);
+        Self {
+            endpoint,
+            token,
+            bundle_pem,
+            plaintext,
+            ca_endpoint: None,
+            ca_bundle_pem: None,
+            xds_server_name: name.clone(),
+            ca_server_name: name,
+        }
+    }
+
+    /// The CA's address.
+    pub fn ca_endpoint(&self) -> &str {
+        self.ca_endpoint.as_deref().unwrap_or(&self.endpoint)
+    }
+
     /// The configured roots (replaced by the roots that come with certificates).
     pub fn bundle(&self) -> Result<TrustBundle, BootError> {
         TrustBundle::from_pem(&self.bundle_pem).map_err(BootError::Bundle)
@@ -67,7 +121,7 @@ impl ControlPlane {
             ClientConfig {
                 endpoint: self.endpoint.clone(),
                 bundle_pem: self.bundle_pem.clone(),
-                server_name: CONTROL_SERVER_NAME.into(),
+                server_name: self.xds_server_name.clone(),
                 token: self.token.clone(),
                 cluster: cluster.to_string(),
                 node_id,
@@ -89,14 +143,14 @@ impl ControlPlane {
     /// A certificate manager fetching from this control plane's CA for workloads of `cluster`.
     pub fn certificates(&self, cluster: &str) -> Result<CertManager, BootError> {
         let ca = GrpcCa::new(
-            &self.endpoint,
-            &self.bundle_pem,
-            CONTROL_SERVER_NAME,
+            self.ca_endpoint(),
+            self.ca_bundle_pem.as_deref().unwrap_or(&self.bundle_pem),
+            &self.ca_server_name,
             self.token.clone(),
             cluster.to_string(),
         )
         .map_err(|source| BootError::Ca {
-            endpoint: self.endpoint.clone(),
+            endpoint: self.ca_endpoint().to_string(),
             source,
         })?;
         Ok(CertManager::new(Arc::new(ca), ManagerConfig::default()))
@@ -125,5 +179,30 @@ impl Mesh {
     /// long-lived connections wait on to be judged again.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_istiod_address_expects_istiods_name_and_anything_else_ferrys() {
+        for (endpoint, name) in [
+            (
+                "https://istiod.istio-system.svc:15012",
+                "istiod.istio-system.svc",
+            ),
+            ("https://istiod:15012", "istiod.istio-system.svc"),
+            ("https://istiod.mesh:15012", "istiod.mesh.svc"),
+            (
+                "https://istiod-1-22.istio-system.svc.cluster.local:15012",
+                "istiod-1-22.istio-system.svc",
+            ),
+            ("https://198.18.0.1:15012", "ferry-control"),
+            ("https://ferry-control.ferry.svc:15012", "ferry-control"),
+        ] {
+            assert_eq!(server_name_for(endpoint), name, "{endpoint}");
+        }
     }
 }
