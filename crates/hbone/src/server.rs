@@ -397,10 +397,12 @@ async fn serve_stream<H: Handler>(
         Forward::Stream(u) => (u, None),
         Forward::Guarded { upstream, until } => (upstream, Some(until)),
         Forward::Serve(serve) => {
+            // No copy loop counts a tunnel served in process: the stream counts itself.
+            let (tunnel, moved) = tunnel.counted();
             serve(tunnel).await;
             let outcome = Outcome {
-                sent: 0,
-                received: 0,
+                sent: moved.read(),
+                received: moved.written(),
                 ended: Ended::Complete,
             };
             return handler.finished(&req, admitted, &outcome);

@@ -6,6 +6,8 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -22,7 +24,32 @@ pub struct H2Stream {
     write_closed: bool,
     read_done: bool,
     aborted: bool,
+    /// What was read and written, when someone asked ([`H2Stream::counted`]).
+    moved: Option<Arc<Moved>>,
 }
+
+/// The bytes a counted [`H2Stream`] has carried so far, readable while it is served.
+#[derive(Debug, Default)]
+pub struct Moved {
+    read: AtomicU64,
+    written: AtomicU64,
+}
+
+// === impl Moved ===
+
+impl Moved {
+    /// Bytes read from the tunnel (from its client).
+    pub fn read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
+    /// Bytes written into the tunnel (to its client).
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+}
+
+// === impl H2Stream ===
 
 impl H2Stream {
     pub fn new(send: SendStream<Bytes>, recv: RecvStream) -> Self {
@@ -32,7 +59,16 @@ impl H2Stream {
             write_closed: false,
             read_done: false,
             aborted: false,
+            moved: None,
         }
+    }
+
+    /// The stream, counting the bytes it carries into the returned [`Moved`]: for a tunnel
+    /// served in process, where no copy loop counts them.
+    #[must_use]
+    pub fn counted(mut self) -> (Self, Arc<Moved>) {
+        let moved = self.moved.get_or_insert_with(Arc::default).clone();
+        (self, moved)
     }
 
     /// Resets the stream: the peer sees a reset, not a clean end. RFC 9113 §8.5: a TCP reset on
@@ -94,6 +130,9 @@ impl AsyncRead for H2Stream {
                 let n = self.pending.len().min(buf.remaining());
                 let chunk = self.pending.split_to(n);
                 buf.put_slice(&chunk);
+                if let Some(m) = &self.moved {
+                    m.read.fetch_add(n as u64, Ordering::Relaxed);
+                }
                 return Poll::Ready(Ok(()));
             }
             match ready!(self.recv().poll_data(cx)) {
@@ -137,6 +176,9 @@ impl AsyncWrite for H2Stream {
                     self.send()
                         .send_data(Bytes::copy_from_slice(&buf[..n]), false)
                         .map_err(h2_to_io)?;
+                    if let Some(m) = &self.moved {
+                        m.written.fetch_add(n as u64, Ordering::Relaxed);
+                    }
                     return Poll::Ready(Ok(n));
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),

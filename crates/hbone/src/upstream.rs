@@ -29,7 +29,8 @@ pub enum Forward {
     Stream(Upstream),
     /// Copy it to and from this byte stream until `until` resolves ([`Forward::until`]).
     Guarded { upstream: Upstream, until: Until },
-    /// No far side: the handler serves the tunnel's stream itself (no bytes are copied).
+    /// No far side: the handler serves the tunnel's stream itself (no bytes are copied; the
+    /// stream counts what it carries for [`crate::server::Outcome`]).
     Serve(Serve),
 }
 

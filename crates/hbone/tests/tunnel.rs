@@ -510,3 +510,73 @@ impl Fnv {
         self.hash = (self.hash ^ w).wrapping_mul(0x0000_0100_0000_01b3);
     }
 }
+
+/// Serves each tunnel in process (an echo that answers with the request doubled) and records
+/// each outcome's byte counts.
+#[derive(Debug, Default)]
+struct ServesItself {
+    moved: parking_lot::Mutex<Vec<(u64, u64)>>,
+}
+
+impl ferry_hbone::server::Handler for ServesItself {
+    type Admit = ();
+
+    fn admit(
+        &self,
+        _: &ferry_hbone::server::ConnectRequest,
+    ) -> Result<(), ferry_hbone::headers::Refusal> {
+        Ok(())
+    }
+
+    fn connect(
+        &self,
+        _: &ferry_hbone::server::ConnectRequest,
+        _: &mut (),
+    ) -> impl std::future::Future<
+        Output = Result<ferry_hbone::upstream::Forward, ferry_hbone::headers::Refusal>,
+    > + Send {
+        let serve: ferry_hbone::upstream::Serve = Box::new(|mut s| {
+            Box::pin(async move {
+                let mut got = Vec::new();
+                if s.read_to_end(&mut got).await.is_ok() {
+                    got.extend_from_slice(&got.clone());
+                    let _ = s.write_all(&got).await;
+                    let _ = s.shutdown().await;
+                }
+            })
+        });
+        std::future::ready(Ok(ferry_hbone::upstream::Forward::Serve(serve)))
+    }
+
+    fn finished(
+        &self,
+        _: &ferry_hbone::server::ConnectRequest,
+        _: (),
+        outcome: &ferry_hbone::server::Outcome<'_>,
+    ) {
+        self.moved.lock().push((outcome.sent, outcome.received));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_served_in_process_reports_the_bytes_it_carried() {
+    let ca = Arc::new(TestCa::new("root"));
+    let handler = Arc::new(ServesItself::default());
+    let hbone = hbone_server(&ca, SERVER, handler.clone(), Settings::default()).await;
+    let client = ClientSide::new(ca.clone(), PoolConfig::default());
+    // The target is never dialled: the handler serves the stream.
+    let mut t = client
+        .open(hbone, "127.0.0.1:9".parse().unwrap())
+        .await
+        .expect("tunnel");
+    t.write_all(&[7u8; 1000]).await.unwrap();
+    t.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    t.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back.len(), 2000);
+    eventually("the tunnel finished", Duration::from_secs(10), || {
+        !handler.moved.lock().is_empty()
+    })
+    .await;
+    assert_eq!(handler.moved.lock()[0], (1000, 2000));
+}
