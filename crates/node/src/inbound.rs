@@ -13,7 +13,7 @@ use ferry_core::inbound::{self, InboundPlan};
 use ferry_core::model::Workload;
 use ferry_core::ports;
 use ferry_core::route::Destination;
-use ferry_core::snapshot::Snapshot;
+use ferry_core::snapshot::{AddressOwner, Snapshot};
 use ferry_hbone::copy;
 use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
@@ -222,23 +222,28 @@ struct Admitted {
     changes: Option<watch::Receiver<u64>>,
     /// How the tunnel came, for the access log.
     path: Cow<'static, str>,
+    /// The source workload the peer proved, for the access log ([`proven_source`]).
+    src_workload: String,
     /// The connection counted as open (for the drain and memory) until it is dropped.
     _open: Open,
 }
 
 impl Inbound {
-    fn access_log(
-        &self,
+    /// The access-log line of a tunnel, with ztunnel's meanings: `dst.addr` the address it
+    /// arrived at (the pod's HBONE port), `dst.hbone_addr` the target it asked for.
+    fn access_log<'a>(
+        &'a self,
         req: &ConnectRequest,
-        dst_addr: String,
+        src_workload: &'a str,
         path: Cow<'static, str>,
-    ) -> AccessLog<'_> {
+    ) -> AccessLog<'a> {
         AccessLog {
             direction: "inbound",
             src_addr: req.peer_addr.to_string(),
-            src_workload: "",
+            src_workload,
             src_identity: req.peer.to_string(),
-            dst_addr,
+            dst_addr: SocketAddr::new(self.pod.ip, ports::HBONE_PORT).to_string(),
+            dst_hbone_addr: req.target.to_string(),
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
             path: path.into_owned(),
@@ -262,6 +267,9 @@ impl Handler for Inbound {
             .ok_or_else(|| ConnError::from(inbound::InboundError::LeftMesh).refusal())?;
         let headers = ConnectHeaders::read(&req.headers);
         let path = hbone_path(&snap, dst, &req.peer, &headers);
+        let src_workload = proven_source(&snap, dst, req.peer_addr.ip(), &req.peer)
+            .unwrap_or_default()
+            .to_string();
         // The last hop checks scope too, against the cluster the peer's certificate proves
         // (the baggage's is a hint for the metrics' labels), then policy.
         let tunnel = TunnelFacts {
@@ -286,7 +294,7 @@ impl Handler for Inbound {
             );
             self.node.metrics.opened(&l);
             self.node.metrics.closed(&l, 0, 0);
-            let mut log = self.access_log(req, to.to_string(), path);
+            let mut log = self.access_log(req, &src_workload, path);
             log.fail(&e);
             log.emit();
             return Err(e.refusal());
@@ -304,6 +312,7 @@ impl Handler for Inbound {
             error: None,
             changes: Some(changes),
             path,
+            src_workload,
             _open: Open::new(&self.node),
         })
     }
@@ -374,7 +383,8 @@ impl Handler for Inbound {
             .map(|e| *e)
             .or_else(|| out_of_scope(outcome))
             .or_else(|| ConnError::from_outcome(outcome));
-        let mut log = self.access_log(req, req.target.to_string(), admitted.path);
+        let path = std::mem::take(&mut admitted.path);
+        let mut log = self.access_log(req, &admitted.src_workload, path);
         log.bytes_sent = outcome.sent;
         log.bytes_recv = outcome.received;
         if let Some(e) = &error {
@@ -382,6 +392,23 @@ impl Handler for Inbound {
         }
         log.emit();
     }
+}
+
+/// The name of the workload a tunnel came from, when its certificate proves it: the workload
+/// at the tunnel's source address (on `dst`'s network) holds the identity the peer proved. A
+/// tunnel relayed by a gateway or from an unknown address names none.
+fn proven_source<'s>(
+    snap: &'s Snapshot,
+    dst: &Workload,
+    peer_ip: IpAddr,
+    peer: &Identity,
+) -> Option<&'s str> {
+    let addr = ferry_core::model::NetworkAddress::new(dst.network.clone(), peer_ip);
+    let Some(AddressOwner::Workload(uid)) = snap.owner(&addr) else {
+        return None;
+    };
+    let w = snap.workload(uid)?;
+    (w.identity().ok().as_ref() == Some(peer)).then_some(w.name.as_str())
 }
 
 /// How a tunnel came: `hbone`, or, from the pod's own waypoint, `hbone from waypoint <id> for
@@ -506,7 +533,9 @@ async fn plain_checked(
         // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
         InboundPlan::ViaWaypoint(wp) => {
             log.path = format!("plain tcp via waypoint {}", wp.waypoint);
-            log.dst_hbone_addr = wp.hbone.to_string();
+            // Dialled: the waypoint; asked of it: the original destination.
+            log.dst_addr = wp.hbone.to_string();
+            log.dst_hbone_addr = orig.to_string();
             via_waypoint(node, pod, tcp, peer, orig, wp, l).await
         }
         InboundPlan::Deliver(to) => to_pod(node, pod, tcp, peer, to, l, changes).await,

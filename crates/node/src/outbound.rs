@@ -67,11 +67,14 @@ struct Ctx {
     landing: Option<WorkloadUid>,
 }
 
-/// What the access log says about where a connection goes.
+/// What the access log says about where a connection goes, with ztunnel's meanings:
+/// `dst_addr` is the address dialled (a tunnel's HBONE port, a waypoint's, a gateway's, or a
+/// plain destination), `dst_hbone_addr` the target a tunnel asks for (its CONNECT authority).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct LogFields {
     dst_workload: String,
     dst_service: String,
+    dst_addr: String,
     dst_hbone_addr: String,
     dst_identity: String,
     path: String,
@@ -161,6 +164,7 @@ async fn set_up(
         } = ctx;
         log.dst_workload = fields.dst_workload;
         log.dst_service = fields.dst_service;
+        log.dst_addr = fields.dst_addr;
         log.dst_hbone_addr = fields.dst_hbone_addr;
         log.dst_identity = fields.dst_identity;
         log.path = match failed.as_slice() {
@@ -288,22 +292,24 @@ fn plan(
         (None, Transport::Tcp { .. }) => "plain tcp (destination not in the mesh)".into(),
         (None, Transport::Passthrough { .. }) => "passthrough".into(),
     };
-    // Where a tunnel goes: its HBONE address and the identities it accepts.
+    // Where it goes: the address dialled; for a tunnel, the target it asks for and the
+    // identities it accepts.
+    log.dst_addr = plan.transport.dial().to_string();
     let hbone = match &plan.transport {
         Transport::Hbone {
-            connect_to,
+            authority,
             identities,
             ..
-        } => Some((*connect_to, identities)),
-        Transport::GatewayHbone {
-            gateway,
+        }
+        | Transport::GatewayHbone {
+            authority,
             identities,
             ..
-        } => Some((*gateway, identities)),
+        } => Some((authority, identities)),
         Transport::Tcp { .. } | Transport::Passthrough { .. } => None,
     };
-    if let Some((addr, identities)) = hbone {
-        log.dst_hbone_addr = addr.to_string();
+    if let Some((authority, identities)) = hbone {
+        log.dst_hbone_addr.clone_from(authority);
         log.dst_identity = identities
             .iter()
             .map(ToString::to_string)

@@ -23,7 +23,7 @@ fn a_global_service_across_networks_goes_through_the_gateway_with_the_original_i
         &[
             Field("direction", "inbound"),
             Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
-            Field("dst.addr", "search.default.svc.cluster.local:80"),
+            Field("dst.hbone_addr", "search.default.svc.cluster.local:80"),
         ],
     );
     lab.log_line(
@@ -227,7 +227,7 @@ fn a_waypoint_sends_to_another_network_through_its_gateway_which_checks_scope_ag
         &[
             Field("direction", "inbound"),
             Field("src.identity", WAYPOINT),
-            Field("dst.addr", "search.default.svc.cluster.local:80"),
+            Field("dst.hbone_addr", "search.default.svc.cluster.local:80"),
         ],
     );
     // HTTP: each request routed by the waypoint, through the gateway too.

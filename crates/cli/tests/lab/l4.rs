@@ -26,7 +26,11 @@ fn same_node_traffic_goes_in_hbone_with_the_source_identity_checked() {
         &[
             Field("direction", "inbound"),
             Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
-            Field("dst.addr", "198.18.1.20:8080"),
+            // ztunnel's meanings: the address the tunnel arrived at, the target it asked for.
+            Field("dst.addr", "198.18.1.20:15008"),
+            Field("dst.hbone_addr", "198.18.1.20:8080"),
+            // The source workload, proven by its certificate and its address.
+            Field("src.workload", "sleep"),
             Text("connection complete"),
         ],
     );
@@ -34,8 +38,9 @@ fn same_node_traffic_goes_in_hbone_with_the_source_identity_checked() {
         "alpha-1",
         &[
             Field("direction", "outbound"),
-            Field("dst.addr", "198.18.1.20:8080"),
-            Field("dst.hbone_addr", "198.18.1.20:15008"),
+            // ztunnel's meanings: the address dialled, the target asked for in the tunnel.
+            Field("dst.addr", "198.18.1.20:15008"),
+            Field("dst.hbone_addr", "198.18.1.20:8080"),
             Field("path", "hbone"),
         ],
     );
@@ -59,7 +64,7 @@ fn traffic_to_another_node_arrives_intact_with_the_source_identity() {
         &[
             Field("direction", "inbound"),
             Field("src.identity", "spiffe://cluster.local/ns/default/sa/sleep"),
-            Field("dst.addr", "198.18.2.20:8080"),
+            Field("dst.hbone_addr", "198.18.2.20:8080"),
             Text("connection complete"),
         ],
     );
@@ -78,7 +83,7 @@ fn a_deny_on_port_9090_refuses_the_connection_and_the_log_names_the_policy() {
         "alpha-2",
         &[
             Field("direction", "inbound"),
-            Field("dst.addr", "198.18.2.20:9090"),
+            Field("dst.hbone_addr", "198.18.2.20:9090"),
             Text("denied by policy default/deny-admin-port"),
         ],
     );
@@ -113,19 +118,18 @@ fn a_service_whose_endpoint_is_a_local_vip_is_one_hop_to_the_pod() {
         "alpha-1",
         &[
             Field("direction", "outbound"),
-            Field("dst.addr", "198.18.10.4:80"),
+            Field("dst.addr", "198.18.2.40:15008"),
         ],
     );
     assert!(
-        line.has(&Field("dst.hbone_addr", "198.18.2.40:15008"))
-            && line.has(&Field("path", "hbone")),
+        line.has(&Field("dst.hbone_addr", "198.18.2.40:8080")) && line.has(&Field("path", "hbone")),
         "one tunnel, to the pod: {line:?}"
     );
     lab.log_line(
         "alpha-2",
         &[
             Field("direction", "inbound"),
-            Field("dst.addr", "198.18.2.40:8080"),
+            Field("dst.hbone_addr", "198.18.2.40:8080"),
         ],
     );
     assert!(
@@ -161,7 +165,7 @@ fn a_failed_dial_to_the_pod_is_counted_closed_and_logged() {
         "alpha-2",
         &[
             Field("direction", "inbound"),
-            Field("dst.addr", "198.18.2.20:7999"),
+            Field("dst.hbone_addr", "198.18.2.20:7999"),
             Text("connection failed"),
         ],
     );

@@ -152,7 +152,7 @@ fn a_held_tunnel_is_closed_by_the_destination_when_a_scope_change_stops_admittin
         "beta-1",
         &[
             Field("direction", "inbound"),
-            Field("dst.addr", "198.18.3.20:8080"),
+            Field("dst.hbone_addr", "198.18.3.20:8080"),
             Field("response_flags", "DENY"),
             Text("does not admit a source in cluster alpha"),
         ],

@@ -59,7 +59,8 @@ fn a_connect_refused_before_the_first_byte_is_tried_on_another_endpoint() {
         "alpha-1",
         &[
             Field("direction", "outbound"),
-            Field("dst.addr", "198.18.10.1:80"),
+            // Dialled: the endpoint that took it (echo-alpha-2).
+            Field("dst.addr", "198.18.2.20:15008"),
             Text("(after a failed connect to alpha//v1/Pod/default/echo-alpha-1)"),
         ],
     );
@@ -92,7 +93,8 @@ fn a_local_service_whose_only_endpoint_in_scope_refuses_still_fails() {
         "alpha-1",
         &[
             Field("direction", "outbound"),
-            Field("dst.addr", "198.18.10.2:80"),
+            // Dialled: ledger-alpha, the only endpoint in scope.
+            Field("dst.addr", "198.18.2.30:15008"),
             Field("response_flags", "ConnectionFailure"),
         ],
     );

@@ -53,17 +53,22 @@ fn plain_tcp_from_outside_the_mesh_goes_through_the_waypoint() {
     lab.log_line(
         "beta-1",
         &[
-            Field("dst.addr", "198.18.3.60:8080"),
+            Field("dst.hbone_addr", "198.18.3.60:8080"),
             Starts("path", "plain tcp via waypoint default/audit-waypoint"),
         ],
     );
-    lab.log_line(
+    let line = lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
             Field("direction", "waypoint"),
             Field("dst.addr", "198.18.3.60:8080"),
             Text("connection complete"),
         ],
+    );
+    // The waypoint serves the tunnel itself: it still counts the bytes both ways.
+    assert!(
+        !line.has(&Field("bytes_sent", "0")) && !line.has(&Field("bytes_recv", "0")),
+        "the waypoint logged no bytes for a connection that carried some: {line:?}"
     );
 }
 
@@ -147,7 +152,7 @@ fn pipelined_requests_are_judged_one_by_one_and_counted_by_response_code() {
         &[
             Field("direction", "inbound"),
             Field("src.identity", "spiffe://cluster.local/ns/default/sa/audit-waypoint"),
-            Field("dst.addr", "198.18.3.60:8081"),
+            Field("dst.hbone_addr", "198.18.3.60:8081"),
             // The original source rides in the tunnel's metadata, for the log.
             Field("path", "hbone from waypoint spiffe://cluster.local/ns/default/sa/audit-waypoint for spiffe://cluster.local/ns/default/sa/echo"),
             Text("connection complete"),
@@ -273,7 +278,7 @@ fn straight_to_the_pod_around_the_waypoint_is_refused() {
         "beta-1",
         &[
             Field("src.identity", "spiffe://cluster.local/ns/default/sa/echo"),
-            Field("dst.addr", "198.18.3.60:8081"),
+            Field("dst.hbone_addr", "198.18.3.60:8081"),
             Field(
                 "error",
                 "denied by policy default/deny-audit-admin-writes rule 0",

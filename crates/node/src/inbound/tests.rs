@@ -92,3 +92,25 @@ fn a_held_connection_stays_small() {
     let size = std::mem::size_of::<Held>();
     assert!(size <= 192, "Held is {size} bytes");
 }
+
+#[test]
+fn the_source_workload_is_named_only_when_its_address_holds_the_proven_identity() {
+    let mut m = mesh();
+    m.pod("sleep", "east-1", "198.18.2.10");
+    m.gateway("gw-east", "east", "198.18.255.1");
+    let snap = m.build();
+    let dst = snap.workloads().find(|w| w.name == "echo").unwrap();
+    let sleep: Identity = "spiffe://cluster.local/ns/default/sa/sleep"
+        .parse()
+        .unwrap();
+    let other: Identity = "spiffe://cluster.local/ns/default/sa/other"
+        .parse()
+        .unwrap();
+    let at = |ip: &str, id: &Identity| proven_source(&snap, dst, ip.parse().unwrap(), id);
+    assert_eq!(at("198.18.2.10", &sleep), Some("sleep"));
+    // The address holds another identity than the certificate's: no name.
+    assert_eq!(at("198.18.2.10", &other), None);
+    // Relayed by a gateway, or from an address no workload has: no name.
+    assert_eq!(at("198.18.255.1", &sleep), None);
+    assert_eq!(at("198.18.9.9", &sleep), None);
+}

@@ -44,7 +44,9 @@ fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(ctx.log.path, "hbone");
-    assert_eq!(ctx.log.dst_hbone_addr, "198.18.2.20:15008");
+    // ztunnel's meanings: the address dialled, then the target inside the tunnel.
+    assert_eq!(ctx.log.dst_addr, "198.18.2.20:15008");
+    assert_eq!(ctx.log.dst_hbone_addr, "198.18.2.20:8080");
     assert_eq!(ctx.log.dst_workload, "east//v1/Pod/default/echo");
     assert_eq!(
         ctx.log.dst_identity,
@@ -90,6 +92,22 @@ fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
 }
 
 #[test]
+fn through_a_waypoint_the_log_dials_the_waypoint_and_asks_it_for_the_service() {
+    let mut m = mesh();
+    m.waypoint("wp", ferry_core::model::WaypointFor::Service);
+    m.waypoint_pod("wp", "wp-1", "east-2", "198.18.2.50");
+    m.service_mut("echo").waypoint = Some(ferry_core::testing::waypoint_ref("wp"));
+    let ctx = plan_from_sleep(&m.build(), "198.18.100.1:80").expect("planned");
+    assert!(
+        ctx.log.path.starts_with("hbone via waypoint"),
+        "{}",
+        ctx.log.path
+    );
+    assert_eq!(ctx.log.dst_addr, "198.18.2.50:15008");
+    assert_eq!(ctx.log.dst_hbone_addr, "198.18.100.1:80");
+}
+
+#[test]
 fn an_address_out_of_the_mesh_passes_through_with_unknown_labels() {
     let ctx = plan_from_sleep(&mesh().build(), "198.18.3.90:8080").expect("planned");
     assert!(
@@ -98,6 +116,7 @@ fn an_address_out_of_the_mesh_passes_through_with_unknown_labels() {
         ctx.transport
     );
     assert_eq!(ctx.log.path, "passthrough");
+    assert_eq!(ctx.log.dst_addr, "198.18.3.90:8080");
     assert_eq!(ctx.log.dst_hbone_addr, "");
     assert_eq!(ctx.labels.destination_workload, "unknown");
     assert_eq!(ctx.labels.destination_principal, "unknown");
