@@ -100,6 +100,7 @@ impl ControlArgs {
             read(&self.bundle_file)?,
             plaintext,
         );
+        cp.token_file = Some(self.token_file.clone());
         if let Some(ca) = &self.ca_address {
             let ca = with_scheme(ca, plaintext);
             cp.ca_server_name = ferry_runtime::bootstrap::server_name_for(&ca);

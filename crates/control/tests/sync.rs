@@ -393,3 +393,30 @@ async fn no_configuration_without_a_valid_credential_or_a_trusted_server() {
     }
     assert!(cp.server.metrics().refused.get() >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credential_is_read_from_its_file_at_each_connect() {
+    let file = TopologyFile::new("token-file", &example());
+    let cp = ControlPlane::start(
+        &file,
+        Arc::new(Ca::generate("cluster.local").unwrap()),
+        None,
+    )
+    .await;
+    let token_file = std::env::temp_dir().join(format!("ferry-xds-token-{}", std::process::id()));
+    std::fs::write(&token_file, cp.tokens.issue(&"east-1".into())).unwrap();
+    let mut config = cp.client_config("east-1");
+    // What it was started with no longer works: only the file's token does (a rotated
+    // projected token).
+    config.token = "expired".into();
+    let store = Arc::new(Store::default());
+    let client = XdsClient::new(config, store.clone()).with_token_file(token_file.clone());
+    let mut ready = client.ready();
+    let _task = tokio::spawn(client.run());
+    tokio::time::timeout(Duration::from_secs(15), ready.wait_for(|r| *r))
+        .await
+        .expect("synced with the file's token")
+        .unwrap();
+    assert!(store.load().workloads().count() > 0);
+    let _ = std::fs::remove_file(&token_file);
+}

@@ -53,6 +53,9 @@ pub struct ControlPlane {
     pub xds_server_name: String,
     /// The name the CA's certificate must carry.
     pub ca_server_name: String,
+    /// Where `token` was read from, reread at each CA request and xDS connect (a projected
+    /// Kubernetes token is rotated while the process runs).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// The server name to expect at `endpoint`: istiod's own when the host is an istiod service
@@ -100,6 +103,7 @@ impl ControlPlane {
             ca_bundle_pem: None,
             xds_server_name: name.clone(),
             ca_server_name: name,
+            token_file: None,
         }
     }
 
@@ -131,6 +135,10 @@ impl ControlPlane {
             },
             store.clone(),
         );
+        let xds = match &self.token_file {
+            Some(p) => xds.with_token_file(p.clone()),
+            None => xds,
+        };
         let (ready, changes) = (xds.ready(), xds.changes());
         tokio::spawn(xds.run());
         Mesh {
@@ -153,6 +161,10 @@ impl ControlPlane {
             endpoint: self.ca_endpoint().to_string(),
             source,
         })?;
+        let ca = match &self.token_file {
+            Some(p) => ca.with_token_file(p.clone()),
+            None => ca,
+        };
         Ok(CertManager::new(Arc::new(ca), ManagerConfig::default()))
     }
 }

@@ -41,6 +41,8 @@ pub trait CertificateSource: Send + Sync + 'static {
 pub struct GrpcCa {
     client: IstioCertificateServiceClient<Channel>,
     token: String,
+    /// Reread at each request when set ([`GrpcCa::with_token_file`]).
+    token_file: Option<std::path::PathBuf>,
     cluster: String,
 }
 
@@ -67,8 +69,35 @@ impl GrpcCa {
         Ok(Self {
             client: IstioCertificateServiceClient::new(channel),
             token,
+            token_file: None,
             cluster,
         })
+    }
+
+    /// Rereads the credential from `path` at each request: a projected Kubernetes
+    /// service-account token is rotated by the kubelet while the process runs. The token given
+    /// to [`GrpcCa::new`] stands in while the file cannot be read or is empty.
+    #[must_use]
+    pub fn with_token_file(mut self, path: std::path::PathBuf) -> Self {
+        self.token_file = Some(path);
+        self
+    }
+
+    /// The credential to send now.
+    fn token(&self) -> String {
+        let Some(path) = &self.token_file else {
+            return self.token.clone();
+        };
+        // A few hundred bytes on a tmpfs, read once per certificate: no need to leave the
+        // runtime's thread for it.
+        match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            Ok(_) => self.token.clone(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "the token file could not be read; sending the token read at start");
+                self.token.clone()
+            }
+        }
     }
 }
 
@@ -95,7 +124,7 @@ impl CertificateSource for GrpcCa {
             let md = request.metadata_mut();
             md.insert(
                 "authorization",
-                MetadataValue::try_from(format!("Bearer {}", self.token)).map_err(|_| {
+                MetadataValue::try_from(format!("Bearer {}", self.token())).map_err(|_| {
                     FetchError::Local("the node token is not a valid header value".into())
                 })?,
             );

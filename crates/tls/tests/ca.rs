@@ -540,3 +540,30 @@ async fn a_root_rotation_reaches_nodes_with_their_next_certificate() {
     let b = ferry_tls::ca_client::credentials(&id(B), &b_chain, b_key).unwrap();
     echo_over_mutual_tls(&a, &b, &bundle).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_file_is_reread_at_each_request() {
+    let cp = ControlPlane::start(Lifetimes::default()).await;
+    let file = std::env::temp_dir().join(format!("ferry-token-reread-{}", std::process::id()));
+    std::fs::write(&file, cp.tokens.issue(&"n1".into())).unwrap();
+    // Started with no usable token of its own: only the file's counts.
+    let ca = GrpcCa::new(
+        &format!("https://{}", cp.addr),
+        &cp.bundle_pem(),
+        SERVER_NAME,
+        "stale".to_string(),
+        "c".into(),
+    )
+    .unwrap()
+    .with_token_file(file.clone());
+    ca.sign(&id(A), Duration::from_secs(3600))
+        .await
+        .expect("a runs on n1, whose token the file holds");
+    // The file is rotated (here: to another node's token); the next request sends the new one.
+    std::fs::write(&file, format!("{}\n", cp.tokens.issue(&"n2".into()))).unwrap();
+    ca.sign(&id(B), Duration::from_secs(3600))
+        .await
+        .expect("b runs on n2, whose token the file now holds");
+    assert!(ca.sign(&id(A), Duration::from_secs(3600)).await.is_err());
+    let _ = std::fs::remove_file(&file);
+}

@@ -62,6 +62,8 @@ pub struct ClientState {
 #[derive(Debug, Clone)]
 pub struct XdsClient {
     config: ClientConfig,
+    /// Reread at each connect when set ([`XdsClient::with_token_file`]).
+    token_file: Option<std::path::PathBuf>,
     store: Arc<Store>,
     state: Arc<Mutex<ClientState>>,
     ready: watch::Sender<bool>,
@@ -76,10 +78,36 @@ impl XdsClient {
         }
         Self {
             config,
+            token_file: None,
             store,
             state: Arc::new(Mutex::new(ClientState::default())),
             ready: watch::channel(false).0,
             changes: watch::channel(0).0,
+        }
+    }
+
+    /// Rereads the credential from `path` at each connect: a projected Kubernetes
+    /// service-account token is rotated by the kubelet while the process runs. The configured
+    /// token stands in while the file cannot be read or is empty.
+    #[must_use]
+    pub fn with_token_file(mut self, path: std::path::PathBuf) -> Self {
+        self.token_file = Some(path);
+        self
+    }
+
+    /// The credential to send on the next stream.
+    fn token(&self) -> String {
+        let Some(path) = &self.token_file else {
+            return self.config.token.clone();
+        };
+        // A few hundred bytes on a tmpfs, once per connect.
+        match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            Ok(_) => self.config.token.clone(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "the token file could not be read; sending the token read at start");
+                self.config.token.clone()
+            }
         }
     }
 
@@ -172,7 +200,7 @@ impl XdsClient {
         }
         let mut request = tonic::Request::new(ReceiverStream::new(rx));
         let md = request.metadata_mut();
-        if let Ok(v) = MetadataValue::try_from(format!("Bearer {}", c.token)) {
+        if let Ok(v) = MetadataValue::try_from(format!("Bearer {}", self.token())) {
             md.insert("authorization", v);
         }
         if let Ok(v) = MetadataValue::try_from(c.cluster.as_str()) {
