@@ -144,7 +144,7 @@ impl Handler for Waypoint {
         let mut baggage = headers.typed_baggage();
         // The connection's trace goes on with it (the source's node proxy starts one).
         let traceparent = headers.traceparent;
-        let source = req.peer.clone();
+        let source = (*req.peer).clone();
         let relayed_plaintext = baggage.plaintext;
         let peer_identity = if relayed_plaintext {
             format!("(none: plain TCP relayed by {})", req.peer)

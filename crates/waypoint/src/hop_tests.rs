@@ -177,11 +177,13 @@ async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_si
     let f = waypoint(&ca, dead).await;
     let req = ConnectRequest {
         id: 1,
-        peer: "spiffe://cluster.local/ns/default/sa/sleep"
-            .parse()
-            .unwrap(),
+        peer: Arc::new(
+            "spiffe://cluster.local/ns/default/sa/sleep"
+                .parse()
+                .unwrap(),
+        ),
         peer_addr: "127.0.0.1:40000".parse().unwrap(),
-        peer_cluster: ferry_core::hop::PeerCluster::Proven("east".into()),
+        peer_cluster: Arc::new(ferry_core::hop::PeerCluster::Proven("east".into())),
         target: ferry_hbone::headers::Target::Addr(EXT.parse().unwrap()),
         headers: http::HeaderMap::new(),
     };
