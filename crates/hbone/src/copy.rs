@@ -254,114 +254,124 @@ enum Stop<T> {
 }
 
 /// [`bidirectional_bounded`], stopped as soon as `until` resolves (with the bytes moved so far).
-async fn copy_until<A, B, T>(
-    a: &mut A,
-    b: &mut B,
+///
+/// This and [`relay_until`] are plain functions returning their futures: an `async fn` stores
+/// its arguments twice, and a held connection keeps its copy's future for its whole life.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn stores its arguments twice, for as long as a connection is held"
+)]
+fn copy_until<'a, A, B, T>(
+    a: &'a mut A,
+    b: &'a mut B,
     bounds: Bounds,
-    until: impl Future<Output = T>,
-) -> Result<(u64, u64), Stop<T>>
+    until: impl Future<Output = T> + 'a,
+) -> impl Future<Output = Result<(u64, u64), Stop<T>>> + 'a
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    T: 'a,
 {
-    let mut until = std::pin::pin!(until);
-    let mut ab = Direction::new();
-    let mut ba = Direction::new();
-    let (mut ab_done, mut ba_done) = (false, false);
-    // While half-closed: the quiet-time deadline, and the byte count it was last reset at.
-    let mut quiet: Option<(Pin<Box<tokio::time::Sleep>>, u64)> = None;
-    let mut finish = Box::pin(async move {
-        match bounds.finish {
-            Some(mut rx) => {
-                if rx.wait_for(|v| *v).await.is_err() {
-                    std::future::pending::<()>().await;
+    async move {
+        let mut until = std::pin::pin!(until);
+        let mut ab = Direction::new();
+        let mut ba = Direction::new();
+        let (mut ab_done, mut ba_done) = (false, false);
+        // While half-closed: the quiet-time deadline, and the byte count it was last reset at.
+        let mut quiet: Option<(Pin<Box<tokio::time::Sleep>>, u64)> = None;
+        let mut finish = Box::pin(async move {
+            match bounds.finish {
+                Some(mut rx) => {
+                    if rx.wait_for(|v| *v).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        });
+        let mut finishing = false;
+        let mut lingering: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        let (mut a_eof, mut b_eof) = (false, false);
+        poll_fn(|cx| {
+            if let Poll::Ready(reason) = until.as_mut().poll(cx) {
+                return Poll::Ready(Err(Stop::Until {
+                    reason,
+                    a_to_b: ab.amount,
+                    b_to_a: ba.amount,
+                }));
+            }
+            if !finishing && finish.as_mut().poll(cx).is_ready() {
+                finishing = true;
+                ab.finishing = true;
+                ba.finishing = true;
+            }
+            let fail = |failed, source, ab: &Direction, ba: &Direction| {
+                Poll::Ready(Err(Stop::Failed(CopyError {
+                    failed,
+                    source,
+                    a_to_b: ab.amount,
+                    b_to_a: ba.amount,
+                })))
+            };
+            if !ab_done {
+                match ab.poll_copy(cx, Pin::new(&mut *a), Pin::new(&mut *b)) {
+                    Poll::Ready(Ok(())) => ab_done = true,
+                    Poll::Ready(Err(DirError::Read(e))) => return fail(Failed::A, e, &ab, &ba),
+                    Poll::Ready(Err(DirError::Write(e))) => return fail(Failed::B, e, &ab, &ba),
+                    Poll::Pending => {}
                 }
             }
-            None => std::future::pending().await,
-        }
-    });
-    let mut finishing = false;
-    let mut lingering: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    let (mut a_eof, mut b_eof) = (false, false);
-    poll_fn(|cx| {
-        if let Poll::Ready(reason) = until.as_mut().poll(cx) {
-            return Poll::Ready(Err(Stop::Until {
-                reason,
-                a_to_b: ab.amount,
-                b_to_a: ba.amount,
-            }));
-        }
-        if !finishing && finish.as_mut().poll(cx).is_ready() {
-            finishing = true;
-            ab.finishing = true;
-            ba.finishing = true;
-        }
-        let fail = |failed, source, ab: &Direction, ba: &Direction| {
-            Poll::Ready(Err(Stop::Failed(CopyError {
-                failed,
-                source,
-                a_to_b: ab.amount,
-                b_to_a: ba.amount,
-            })))
-        };
-        if !ab_done {
-            match ab.poll_copy(cx, Pin::new(&mut *a), Pin::new(&mut *b)) {
-                Poll::Ready(Ok(())) => ab_done = true,
-                Poll::Ready(Err(DirError::Read(e))) => return fail(Failed::A, e, &ab, &ba),
-                Poll::Ready(Err(DirError::Write(e))) => return fail(Failed::B, e, &ab, &ba),
-                Poll::Pending => {}
-            }
-        }
-        if !ba_done {
-            match ba.poll_copy(cx, Pin::new(&mut *b), Pin::new(&mut *a)) {
-                Poll::Ready(Ok(())) => ba_done = true,
-                Poll::Ready(Err(DirError::Read(e))) => return fail(Failed::B, e, &ab, &ba),
-                Poll::Ready(Err(DirError::Write(e))) => return fail(Failed::A, e, &ab, &ba),
-                Poll::Pending => {}
-            }
-        }
-        if ab_done && ba_done {
-            if !finishing {
-                return Poll::Ready(Ok((ab.amount, ba.amount)));
-            }
-            // Ended at a deadline: read and drop what the peers still send until both end, for
-            // a short while, so neither socket is closed with data unread (a reset).
-            let linger =
-                lingering.get_or_insert_with(|| Box::pin(tokio::time::sleep(FINISH_LINGER)));
-            let a_end = a_eof || discard(cx, Pin::new(&mut *a));
-            let b_end = b_eof || discard(cx, Pin::new(&mut *b));
-            (a_eof, b_eof) = (a_end, b_end);
-            if (a_eof && b_eof) || linger.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Ok((ab.amount, ba.amount)));
-            }
-            return Poll::Pending;
-        }
-        if let (Some(idle), true) = (bounds.half_closed_idle, ab_done || ba_done) {
-            let moved = ab.amount + ba.amount;
-            let deadline = tokio::time::Instant::now() + idle;
-            match &mut quiet {
-                Some((sleep, at)) if *at != moved => {
-                    sleep.as_mut().reset(deadline);
-                    *at = moved;
+            if !ba_done {
+                match ba.poll_copy(cx, Pin::new(&mut *b), Pin::new(&mut *a)) {
+                    Poll::Ready(Ok(())) => ba_done = true,
+                    Poll::Ready(Err(DirError::Read(e))) => return fail(Failed::B, e, &ab, &ba),
+                    Poll::Ready(Err(DirError::Write(e))) => return fail(Failed::A, e, &ab, &ba),
+                    Poll::Pending => {}
                 }
-                Some(_) => {}
-                None => quiet = Some((Box::pin(tokio::time::sleep_until(deadline)), moved)),
             }
-            if let Some((sleep, _)) = &mut quiet
-                && sleep.as_mut().poll(cx).is_ready()
-            {
-                // The direction still open is the one whose reader went quiet.
-                let failed = if ab_done { Failed::B } else { Failed::A };
-                let e = io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("half-closed and idle for {} s", idle.as_secs_f64()),
-                );
-                return fail(failed, e, &ab, &ba);
+            if ab_done && ba_done {
+                if !finishing {
+                    return Poll::Ready(Ok((ab.amount, ba.amount)));
+                }
+                // Ended at a deadline: read and drop what the peers still send until both end, for
+                // a short while, so neither socket is closed with data unread (a reset).
+                let linger =
+                    lingering.get_or_insert_with(|| Box::pin(tokio::time::sleep(FINISH_LINGER)));
+                let a_end = a_eof || discard(cx, Pin::new(&mut *a));
+                let b_end = b_eof || discard(cx, Pin::new(&mut *b));
+                (a_eof, b_eof) = (a_end, b_end);
+                if (a_eof && b_eof) || linger.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ok((ab.amount, ba.amount)));
+                }
+                return Poll::Pending;
             }
-        }
-        Poll::Pending
-    })
-    .await
+            if let (Some(idle), true) = (bounds.half_closed_idle, ab_done || ba_done) {
+                let moved = ab.amount + ba.amount;
+                let deadline = tokio::time::Instant::now() + idle;
+                match &mut quiet {
+                    Some((sleep, at)) if *at != moved => {
+                        sleep.as_mut().reset(deadline);
+                        *at = moved;
+                    }
+                    Some(_) => {}
+                    None => quiet = Some((Box::pin(tokio::time::sleep_until(deadline)), moved)),
+                }
+                if let Some((sleep, _)) = &mut quiet
+                    && sleep.as_mut().poll(cx).is_ready()
+                {
+                    // The direction still open is the one whose reader went quiet.
+                    let failed = if ab_done { Failed::B } else { Failed::A };
+                    let e = io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("half-closed and idle for {} s", idle.as_secs_f64()),
+                    );
+                    return fail(failed, e, &ab, &ba);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
 }
 
 /// Reads and drops what `r` has; `true` once it has ended (EOF or an error).
@@ -468,40 +478,47 @@ pub enum Interrupted<T> {
 
 /// [`relay`], ended as soon as `until` resolves (a policy change that no longer allows the
 /// connection): both sides are then reset, and the bytes moved so far reported.
-pub async fn relay_until<A, B, T>(
-    a: &mut A,
-    b: &mut B,
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn stores its arguments twice, for as long as a connection is held"
+)]
+pub fn relay_until<'a, A, B, T>(
+    a: &'a mut A,
+    b: &'a mut B,
     bounds: Bounds,
-    until: impl Future<Output = T>,
-) -> Result<(u64, u64), Interrupted<T>>
+    until: impl Future<Output = T> + 'a,
+) -> impl Future<Output = Result<(u64, u64), Interrupted<T>>> + 'a
 where
     A: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
+    T: 'a,
 {
-    match copy_until(a, b, bounds, until).await {
-        Ok(moved) => Ok(moved),
-        Err(Stop::Failed(copy)) => {
-            let reset = Resets::after(&copy);
-            if reset.a {
-                a.reset();
+    async move {
+        match copy_until(&mut *a, &mut *b, bounds, until).await {
+            Ok(moved) => Ok(moved),
+            Err(Stop::Failed(copy)) => {
+                let reset = Resets::after(&copy);
+                if reset.a {
+                    a.reset();
+                }
+                if reset.b {
+                    b.reset();
+                }
+                Err(Interrupted::Failed(RelayError { copy, reset }))
             }
-            if reset.b {
-                b.reset();
-            }
-            Err(Interrupted::Failed(RelayError { copy, reset }))
-        }
-        Err(Stop::Until {
-            reason,
-            a_to_b,
-            b_to_a,
-        }) => {
-            a.reset();
-            b.reset();
-            Err(Interrupted::Until {
+            Err(Stop::Until {
                 reason,
                 a_to_b,
                 b_to_a,
-            })
+            }) => {
+                a.reset();
+                b.reset();
+                Err(Interrupted::Until {
+                    reason,
+                    a_to_b,
+                    b_to_a,
+                })
+            }
         }
     }
 }

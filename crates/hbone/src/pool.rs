@@ -11,7 +11,10 @@
 //!   once; when all are full, another connection opens.
 //! - **Broken connections are never handed out**: a connection whose driver ended (error or
 //!   GOAWAY) is skipped and evicted.
-//! - **Idle connections close**: a connection with no stream for `idle_timeout` is dropped.
+//! - **Idle connections close**: a connection with no stream for `idle_timeout` is dropped
+//!   (its surplus siblings of the same key after `surplus_idle_timeout`). No sweep: each
+//!   connection has its own watcher, woken when a stream slot is released and asleep until its
+//!   own deadline ([`expire`]); one that is used again before then simply stays.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -25,6 +28,7 @@ use ferry_core::identity::Identity;
 use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::client::Connection;
@@ -76,14 +80,6 @@ pub struct PoolConfig {
     pub dialer: std::sync::Arc<dyn crate::client::Dialer>,
 }
 
-impl PoolConfig {
-    /// How often idle connections are looked at: an idle one is let go at most this long after
-    /// its timeout.
-    pub fn reap_period(&self) -> Duration {
-        (self.idle_timeout.min(self.surplus_idle_timeout) / 4).max(Duration::from_millis(10))
-    }
-}
-
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
@@ -105,7 +101,11 @@ pub struct Pool {
 #[derive(Debug)]
 struct Entry {
     conn: Arc<Connection>,
+    /// Since when it has carried no stream; `None` while it carries some.
     idle_since: Mutex<Option<Instant>>,
+    /// Shared by the connections of one key: notified when one of them releases its last
+    /// stream (the others' deadlines may change with it: only the first idle one stays warm).
+    idled: Arc<Notify>,
 }
 
 #[derive(Debug)]
@@ -114,21 +114,20 @@ struct Inner {
     conns: Mutex<HashMap<PoolKey, Vec<Arc<Entry>>>>,
     dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     handshakes: AtomicU64,
-    /// Woken when the reaper lets connections go (idle, or their driver ended).
-    closed: tokio::sync::Notify,
+    /// Woken when connections are let go (idle past their timeout, or their driver ended).
+    closed: Notify,
 }
 
 impl Pool {
-    /// A new pool; spawns its idle reaper on the current tokio runtime.
+    /// A new pool. Each connection it dials gets its idle watcher on the current tokio runtime.
     pub fn new(config: PoolConfig) -> Self {
         let inner = Arc::new(Inner {
             config,
             conns: Mutex::new(HashMap::new()),
             dialing: Mutex::new(HashMap::new()),
             handshakes: AtomicU64::new(0),
-            closed: tokio::sync::Notify::new(),
+            closed: Notify::new(),
         });
-        tokio::spawn(reap(Arc::downgrade(&inner)));
         Self { inner }
     }
 
@@ -217,11 +216,14 @@ impl Pool {
             return Ok((e, false));
         }
         let lock = self.dial_lock(key);
-        let _guard = lock.lock().await;
-        match self.checkout(key) {
+        let guard = lock.lock().await;
+        let got = match self.checkout(key) {
             Some(e) => Ok((e, false)),
-            None => Ok((self.dial(key, creds, bundle).await?, true)),
-        }
+            None => self.dial(key, creds, bundle).await.map(|e| (e, true)),
+        };
+        drop(guard);
+        self.release_dial_lock(lock);
+        got
     }
 
     /// A new connection for `key`, one dial at a time per key.
@@ -232,8 +234,11 @@ impl Pool {
         bundle: &TrustBundle,
     ) -> Result<Arc<Entry>, Error> {
         let lock = self.dial_lock(key);
-        let _guard = lock.lock().await;
-        self.dial(key, creds, bundle).await
+        let guard = lock.lock().await;
+        let got = self.dial(key, creds, bundle).await;
+        drop(guard);
+        self.release_dial_lock(lock);
+        got
     }
 
     /// The lock that lets one dial at a time happen for `key`.
@@ -244,6 +249,15 @@ impl Pool {
             .entry(key.clone())
             .or_default()
             .clone()
+    }
+
+    /// Gives back a dial lock; the locks no one holds or waits on are forgotten.
+    fn release_dial_lock(&self, lock: Arc<tokio::sync::Mutex<()>>) {
+        drop(lock);
+        self.inner
+            .dialing
+            .lock()
+            .retain(|_, lock| Arc::strong_count(lock) > 1);
     }
 
     /// A live connection for `key` with a free stream slot, reserved.
@@ -284,67 +298,135 @@ impl Pool {
         .await?;
         self.inner.handshakes.fetch_add(1, Ordering::Relaxed);
         conn.active.store(1, Ordering::Release);
-        let entry = Arc::new(Entry {
-            conn: Arc::new(conn),
-            idle_since: Mutex::new(None),
-        });
-        self.inner
-            .conns
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .push(entry.clone());
+        let ended = conn.ended.clone();
+        let entry = {
+            let mut conns = self.inner.conns.lock();
+            let list = conns.entry(key.clone()).or_default();
+            let idled = list.first().map_or_else(Arc::default, |e| e.idled.clone());
+            let entry = Arc::new(Entry {
+                conn: Arc::new(conn),
+                idle_since: Mutex::new(None),
+                idled,
+            });
+            list.push(entry.clone());
+            entry
+        };
+        tokio::spawn(expire(
+            Arc::downgrade(&self.inner),
+            key.clone(),
+            Arc::downgrade(&entry),
+            entry.idled.clone(),
+            ended,
+        ));
         tracing::debug!(dst.addr = %key.dst, src.identity = %key.local, "new HBONE connection");
         Ok(entry)
     }
 }
 
-/// Drops idle and broken connections until the pool is gone.
-async fn reap(inner: Weak<Inner>) {
-    let period = match inner.upgrade() {
-        Some(i) => i.config.reap_period(),
-        None => return,
-    };
-    let mut tick = tokio::time::interval(period);
+/// What [`Inner::review`] found about one connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Review {
+    /// It carries streams: nothing to do until it releases its last one.
+    Busy,
+    /// Idle: let go at this instant unless it is used before.
+    Until(Instant),
+    /// Let go now (idle past its timeout, or broken), or already no longer in the pool.
+    Gone,
+}
+
+impl Inner {
+    /// Looks at `entry` of `key` at `now`, and lets it go if its time has come: the first idle
+    /// connection of a key (in dial order) stays `idle_timeout`, the others
+    /// `surplus_idle_timeout`.
+    fn review(&self, key: &PoolKey, entry: &Arc<Entry>, now: Instant) -> Review {
+        let mut conns = self.conns.lock();
+        let Some(list) = conns.get_mut(key) else {
+            return Review::Gone;
+        };
+        let Some(pos) = list.iter().position(|e| Arc::ptr_eq(e, entry)) else {
+            return Review::Gone;
+        };
+        let idle = |e: &Entry| !e.conn.is_closed() && e.conn.active.load(Ordering::Acquire) == 0;
+        let review = if entry.conn.is_closed() {
+            Review::Gone
+        } else {
+            match *entry.idle_since.lock() {
+                // Reserved under this lock only: with none, it is idle since its last release.
+                Some(since) if idle(entry) => {
+                    let first = list.iter().position(|e| idle(e)) == Some(pos);
+                    let timeout = self.config.idle_timeout;
+                    let limit = if first {
+                        timeout
+                    } else {
+                        self.config.surplus_idle_timeout.min(timeout)
+                    };
+                    if now.duration_since(since) >= limit {
+                        Review::Gone
+                    } else {
+                        Review::Until(since + limit)
+                    }
+                }
+                _ => Review::Busy,
+            }
+        };
+        if review == Review::Gone {
+            list.remove(pos);
+            if list.is_empty() {
+                conns.remove(key);
+            }
+            drop(conns);
+            self.closed.notify_waiters();
+        }
+        review
+    }
+}
+
+/// Watches one pooled connection until it leaves the pool: asleep while it carries streams,
+/// woken when its key's connections release their last stream (`idled`), and at its own idle
+/// deadline; let go there if it is still idle, or as soon as its driver ends (`ended`). Holds
+/// no strong reference to it, so that the pool's shutdown and drop still close it.
+async fn expire(
+    inner: Weak<Inner>,
+    key: PoolKey,
+    entry: Weak<Entry>,
+    idled: Arc<Notify>,
+    mut ended: tokio::sync::watch::Receiver<()>,
+) {
     loop {
-        tick.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        let now = Instant::now();
-        let timeout = inner.config.idle_timeout;
-        let surplus = inner.config.surplus_idle_timeout.min(timeout);
-        let mut conns = inner.conns.lock();
-        let before: usize = conns.values().map(Vec::len).sum();
-        for list in conns.values_mut() {
-            let mut idle_kept = 0;
-            list.retain(|e| {
-                if e.conn.is_closed() {
-                    return false;
+        // Enabled before the review: a release after it is not missed.
+        let released = idled.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        let review = match (inner.upgrade(), entry.upgrade()) {
+            (Some(inner), Some(entry)) => inner.review(&key, &entry, Instant::now()),
+            _ => return,
+        };
+        let deadline = match review {
+            Review::Gone => return,
+            Review::Busy => None,
+            Review::Until(at) => Some(at),
+        };
+        let sleep = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut released => {}
+            () = sleep => {}
+            _ = ended.changed() => {
+                // The driver ended (its sender is gone): broken, let go now.
+                if let Some(inner) = inner.upgrade() {
+                    if let Some(entry) = entry.upgrade() {
+                        entry.conn.mark_closed();
+                        inner.review(&key, &entry, Instant::now());
+                    }
+                    inner.closed.notify_waiters();
                 }
-                let idle = e.conn.active.load(Ordering::Acquire) == 0;
-                let mut since = e.idle_since.lock();
-                let limit = if idle_kept == 0 { timeout } else { surplus };
-                match (*since, idle) {
-                    (_, false) => *since = None,
-                    (None, true) => *since = Some(now),
-                    (Some(t), true) if now.duration_since(t) >= limit => return false,
-                    (Some(_), true) => {}
-                }
-                if idle {
-                    idle_kept += 1;
-                }
-                true
-            });
+                return;
+            }
         }
-        conns.retain(|_, list| !list.is_empty());
-        let let_go = conns.values().map(Vec::len).sum::<usize>() < before;
-        drop(conns);
-        if let_go {
-            inner.closed.notify_waiters();
-        }
-        inner
-            .dialing
-            .lock()
-            .retain(|_, lock| Arc::strong_count(lock) > 1);
     }
 }
 
@@ -354,7 +436,10 @@ struct Reservation(Arc<Entry>);
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.0.conn.active.fetch_sub(1, Ordering::AcqRel);
+        if self.0.conn.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.0.idle_since.lock() = Some(Instant::now());
+            self.0.idled.notify_waiters();
+        }
     }
 }
 

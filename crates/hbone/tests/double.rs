@@ -32,7 +32,7 @@ impl Handler for Gateway {
     fn admit(&self, req: &ConnectRequest) -> Result<(), Refusal> {
         match &req.target {
             Target::Host { .. } => {
-                self.clusters.lock().push(req.peer_cluster.clone());
+                self.clusters.lock().push((*req.peer_cluster).clone());
                 self.seen
                     .lock()
                     .push((req.peer.to_string(), req.target.to_string()));
@@ -71,7 +71,7 @@ impl Handler for Destination {
 
     fn admit(&self, req: &ConnectRequest) -> Result<(), Refusal> {
         let h = ConnectHeaders::read(&req.headers);
-        self.clusters.lock().push(req.peer_cluster.clone());
+        self.clusters.lock().push((*req.peer_cluster).clone());
         self.seen.lock().push((
             req.peer.to_string(),
             req.target.to_string(),

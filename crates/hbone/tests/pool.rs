@@ -316,3 +316,72 @@ async fn connections_left_over_from_a_burst_close_soon_and_one_stays_warm() {
     let _t = client.open(hbone, echo).await.unwrap();
     assert_eq!(client.pool.handshakes(), handshakes);
 }
+
+/// Lets the runtime run everything that is ready (paused time does not move meanwhile).
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The idle timeout on tokio's paused clock: set up on the real one (the handshake), then
+/// frozen, so that the connection's own deadline is the only thing that moves it. A periodic
+/// sweep would let it go up to one period late; each connection's deadline lets it go on time,
+/// and a use before then starts its idle time again.
+#[tokio::test(flavor = "current_thread")]
+async fn an_idle_connection_is_let_go_at_its_own_deadline_and_a_use_starts_it_again() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    // No PING either way inside the test's frozen minutes.
+    let quiet = Settings {
+        ping_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    let idle = Duration::from_secs(60);
+    let client = ClientSide::new(
+        ca.clone(),
+        PoolConfig {
+            idle_timeout: idle,
+            settings: quiet,
+            ..PoolConfig::default()
+        },
+    );
+    let mut t = client.open(hbone, echo).await.unwrap();
+    t.write_all(b"up").await.unwrap();
+    let mut b = [0u8; 2];
+    t.read_exact(&mut b).await.unwrap();
+    tokio::time::pause();
+    drop(t);
+    settle().await;
+    // Used again 40 s into its idle time: its 60 s start over from the release after it.
+    tokio::time::advance(Duration::from_secs(40)).await;
+    settle().await;
+    assert_eq!(client.pool.connections(), 1);
+    let t = client.open(hbone, echo).await.unwrap();
+    assert_eq!(client.pool.handshakes(), 1, "the idle connection was used");
+    drop(t);
+    settle().await;
+    tokio::time::advance(idle - Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(client.pool.connections(), 1, "kept until its deadline");
+    let closed = client.pool.closed();
+    tokio::pin!(closed);
+    closed.as_mut().enable();
+    // Within the timer's resolution (1 ms) of its deadline.
+    tokio::time::advance(Duration::from_millis(2)).await;
+    settle().await;
+    assert_eq!(client.pool.connections(), 0, "let go at its deadline");
+    // Whoever follows the pool's connections was woken.
+    assert!(
+        futures_poll_now(closed.as_mut()),
+        "woken when the idle connection was let go"
+    );
+}
+
+/// Whether `f` is ready now.
+fn futures_poll_now<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> bool {
+    let waker = std::task::Waker::noop();
+    f.poll(&mut std::task::Context::from_waker(waker))
+        .is_ready()
+}

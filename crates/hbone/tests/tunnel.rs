@@ -34,7 +34,10 @@ async fn echo_through_a_tunnel_and_the_server_sees_the_peer_identity() {
     assert_eq!(seen[0].peer.to_string(), CLIENT);
     assert_eq!(seen[0].target.to_string(), echo.to_string());
     // A certificate without the mesh CA's cluster extension proves no cluster.
-    assert_eq!(seen[0].peer_cluster, ferry_core::hop::PeerCluster::Unproven);
+    assert_eq!(
+        *seen[0].peer_cluster,
+        ferry_core::hop::PeerCluster::Unproven
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,7 +69,10 @@ async fn connect_headers_reach_the_handler() {
     let seen = handler.seen.lock();
     assert_eq!(ConnectHeaders::read(&seen[0].headers), headers);
     // The baggage claims "east"; only the certificate could prove it, and this one does not.
-    assert_eq!(seen[0].peer_cluster, ferry_core::hop::PeerCluster::Unproven);
+    assert_eq!(
+        *seen[0].peer_cluster,
+        ferry_core::hop::PeerCluster::Unproven
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -155,7 +155,17 @@ pub(crate) fn connect(to: SocketAddr, data: &[u8], timeout: Duration) -> std::io
     let mut s = std::net::TcpStream::connect_timeout(&to, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.write_all(data)?;
-    s.shutdown(std::net::Shutdown::Write)?;
+    match s.shutdown(std::net::Shutdown::Write) {
+        // A reset that came before the half-close leaves the socket unconnected: the reset is
+        // what happened.
+        Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "connection reset before the half-close",
+            ));
+        }
+        r => r?,
+    }
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     Ok(out)

@@ -156,15 +156,14 @@ async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>
     }
 }
 
-/// Keeps every enrolled pod's capture rules in place: rules removed by someone else are put
-/// back (and counted), so a pod's traffic does not go around the proxy for longer than one
-/// check interval. A pod whose namespace is gone is reported.
+/// Keeps every enrolled pod served: a pod whose namespace is gone is reported, one whose
+/// namespace was created again is served in the new one, and pods that could not be served are
+/// tried again. (Their capture rules are kept by each pod's own watcher, on ruleset events:
+/// [`Node::keep_rules`].)
 ///
-/// This one polls, on purpose: what it watches is outside the process (iptables rules another
-/// program may delete, a namespace path that may be re-created, enrolled pods whose namespace
-/// may become servable again) and no event tells of it: netfilter has no notification for a
-/// deleted rule that we could subscribe to without a netlink monitor per pod namespace. The
-/// interval bounds how long a pod's traffic can go around the proxy.
+/// This one polls, on purpose: what it watches is outside the process (a namespace path that
+/// may be re-created, enrolled pods whose namespace may become servable again) and no event
+/// tells of it. It spawns nothing: a path's metadata every 2 s per pod.
 async fn reconcile(node: Arc<Node>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -182,18 +181,6 @@ async fn reconcile(node: Arc<Node>) {
                     node.unserved
                         .lock()
                         .insert(pod.uid.clone(), (path.clone(), e.to_string()));
-                }
-                continue;
-            }
-            if let Some(drift) = crate::capture::check(&path).await {
-                node.capture_repairs.inc();
-                match crate::capture::install(&path).await {
-                    Ok(()) => {
-                        tracing::warn!(pod = %pod.uid, capture.drift = %drift, "capture rules were missing or altered; rewritten")
-                    }
-                    Err(e) => {
-                        tracing::error!(pod = %pod.uid, capture.drift = %drift, error = %e, "capture rules are missing or altered and cannot be rewritten")
-                    }
                 }
             }
         }

@@ -11,18 +11,27 @@
 //!
 //! Enrolling a pod (also on a node proxy's start, for every pod it restores) compares the pod's
 //! whole nat table with Ferry's rules and, on any difference, rewrites both chains whole and
-//! puts each jump first, in one `iptables-restore` transaction. Every 2 s the
-//! node proxy compares the pod's whole nat table against that ([`drift`]: chain contents, one
-//! jump per hook, first) and rewrites it on any difference, so a flushed or edited chain is
-//! repaired within that bound. Nothing signals a change to another program's iptables rules,
-//! hence the periodic comparison.
+//! puts each jump first, in one `iptables-restore` transaction. While the pod is served, the
+//! node proxy compares the pod's whole nat table against that again ([`drift`]: chain contents,
+//! one jump per hook, first) whenever the namespace's ruleset changes, and rewrites it on any
+//! difference. The change is an event: iptables-nft (and nft) rule changes are nf_tables
+//! transactions, which the kernel multicasts to the namespace's NFNLGRP_NFTABLES netlink group
+//! ([`RuleChanges`]). A long safety comparison covers what sends none (legacy iptables, a lost
+//! event).
 
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, socket,
+};
 use tokio::io::AsyncWriteExt;
+use tokio::io::unix::AsyncFd;
 use tokio::process::Command;
 
-use ferry_runtime::netns::MARK;
+use ferry_runtime::netns::{MARK, Netns};
 
 pub(crate) use ferry_core::ports::{HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT};
 
@@ -226,6 +235,70 @@ pub(crate) async fn check(netns: &Path) -> Option<String> {
     match saved(netns).await {
         Ok(saved) => drift(&saved),
         Err(e) => Some(e.to_string()),
+    }
+}
+
+/// Changes to the nf_tables ruleset of one network namespace: a NETLINK_NETFILTER socket opened
+/// inside it and joined to the NFNLGRP_NFTABLES multicast group, where the kernel announces
+/// every committed ruleset change (tables, chains, rules). The messages are not parsed: any of
+/// them is a reason to compare the rules again.
+#[derive(Debug)]
+pub(crate) struct RuleChanges {
+    socket: AsyncFd<OwnedFd>,
+}
+
+// === impl RuleChanges ===
+
+impl RuleChanges {
+    /// Subscribes inside `netns` (a netlink socket belongs to the namespace it is created in).
+    pub(crate) async fn open(netns: &Netns) -> io::Result<Self> {
+        let fd = netns
+            .run(|| -> nix::Result<OwnedFd> {
+                let fd = socket(
+                    AddressFamily::Netlink,
+                    SockType::Raw,
+                    SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                    SockProtocol::NetlinkNetFilter,
+                )?;
+                let group = 1 << (nix::libc::NFNLGRP_NFTABLES - 1);
+                bind(fd.as_raw_fd(), &NetlinkAddr::new(0, group))?;
+                Ok(fd)
+            })
+            .await??;
+        // SAFETY: an `OwnedFd` is a valid, open descriptor, and it stays open and the same for
+        // as long as the `AsyncFd` owns it (tokio's safe constructor is deprecated for lack of
+        // that guarantee from arbitrary `AsRawFd` types).
+        #[allow(unsafe_code)]
+        let socket = unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?;
+        Ok(Self { socket })
+    }
+
+    /// Resolves at the next change, once every message queued so far has been read (a burst
+    /// of them counts once). A queue that overflowed lost some: that is a change too.
+    pub(crate) async fn next(&mut self) -> io::Result<()> {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let mut ready = self.socket.readable().await?;
+            let mut changed = false;
+            loop {
+                match recv(
+                    ready.get_inner().as_raw_fd(),
+                    &mut buf,
+                    MsgFlags::MSG_DONTWAIT,
+                ) {
+                    Ok(_) | Err(Errno::ENOBUFS) => changed = true,
+                    Err(Errno::EAGAIN) => {
+                        ready.clear_ready();
+                        break;
+                    }
+                    Err(Errno::EINTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if changed {
+                return Ok(());
+            }
+        }
     }
 }
 

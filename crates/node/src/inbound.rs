@@ -100,10 +100,11 @@ struct Held {
     tunnel: Option<HeldTunnel>,
 }
 
-/// [`TunnelFacts`], owned for as long as the tunnel is held.
+/// [`TunnelFacts`], kept for as long as the tunnel is held: the peer and its proven cluster are
+/// its HBONE connection's, shared by every tunnel on it.
 struct HeldTunnel {
-    peer: Identity,
-    cluster: PeerCluster,
+    peer: Arc<Identity>,
+    cluster: Arc<PeerCluster>,
     target: Destination,
 }
 
@@ -322,19 +323,14 @@ impl Handler for Inbound {
         req: &ConnectRequest,
         admitted: &mut Admitted,
     ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
-        let (pod, node, peer, to) = (
-            self.pod.clone(),
-            self.node.clone(),
-            req.peer.clone(),
-            admitted.to,
-        );
+        let (pod, node, to) = (self.pod.clone(), self.node.clone(), admitted.to);
         let held = Held {
             node: node.clone(),
             pod: pod.clone(),
             src: req.peer_addr,
             port: to.port(),
             tunnel: Some(HeldTunnel {
-                peer,
+                peer: req.peer.clone(),
                 cluster: req.peer_cluster.clone(),
                 target: req.target.clone(),
             }),

@@ -54,9 +54,8 @@ fn hbone(node: &Node) -> u64 {
 /// connection wakes this; memory is given back each time their count has halved, until none
 /// has closed for that timeout and a little more. Nothing runs between bursts.
 async fn follow_tunnels(node: &Node, mut peak: u64) {
-    // The pool lets its surplus go up to one reap period after their idle timeout.
-    let pool = PoolConfig::default();
-    let patience = pool.surplus_idle_timeout + pool.reap_period() + Duration::from_secs(2);
+    // The pool lets its surplus go at their idle timeout (each connection's own deadline).
+    let patience = PoolConfig::default().surplus_idle_timeout + Duration::from_secs(2);
     loop {
         // Registered before the count is read, so that a close in between is not missed.
         let pooled = node.pool.closed();

@@ -14,6 +14,12 @@ use parking_lot::Mutex;
 use crate::capture;
 use crate::state::{Node, Pod};
 
+/// How long a pod's ruleset must stay unchanged before its capture rules are compared.
+const RULES_SETTLE: Duration = Duration::from_secs(1);
+
+/// How often a pod's capture rules are compared even without a ruleset event.
+const RULES_SAFETY_CHECK: Duration = Duration::from_secs(30);
+
 /// Why a pod could not be enrolled.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum EnrollError {
@@ -157,6 +163,7 @@ impl Node {
                 pod.clone(),
                 hbone,
             )));
+            t.push(tokio::spawn(self.clone().keep_rules(pod.clone())));
         }
         if let Err(e) = capture::install(netns).await {
             self.by_ip.lock().remove(&ip);
@@ -206,6 +213,66 @@ impl Node {
         }
         let path = old.netns.path().to_path_buf();
         self.enroll(uid.as_str(), &path, Duration::ZERO).await
+    }
+
+    /// Keeps `pod`'s capture rules in place for as long as it is served: whenever its
+    /// namespace's ruleset changes ([`capture::RuleChanges`]), once the changes have settled
+    /// for [`RULES_SETTLE`], its nat table is compared with Ferry's rules and rewritten on a
+    /// difference (counted, logged). Also every [`RULES_SAFETY_CHECK`], for what sends no event
+    /// (legacy iptables, a lost event).
+    async fn keep_rules(self: Arc<Self>, pod: Arc<Pod>) {
+        let mut changes = match capture::RuleChanges::open(&pod.netns).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(pod = %pod.uid, error = %e, "no ruleset events from the pod's namespace; its capture rules are compared every 30 s only");
+                None
+            }
+        };
+        loop {
+            let changed = async {
+                match changes.as_mut() {
+                    Some(c) => {
+                        c.next().await?;
+                        // Another program's change may come in several steps: compared once
+                        // they stop.
+                        while let Ok(more) = tokio::time::timeout(RULES_SETTLE, c.next()).await {
+                            more?;
+                        }
+                        Ok::<(), std::io::Error>(())
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = changed => if let Err(e) = r {
+                    tracing::warn!(pod = %pod.uid, error = %e, "ruleset events from the pod's namespace stopped; its capture rules are compared every 30 s only");
+                    changes = None;
+                },
+                () = tokio::time::sleep(RULES_SAFETY_CHECK) => {}
+            }
+            self.repair_rules(&pod).await;
+        }
+    }
+
+    /// Rewrites `pod`'s capture rules if they differ from Ferry's.
+    async fn repair_rules(&self, pod: &Pod) {
+        let path = pod.netns.path();
+        if !path.exists() || pod.netns.replaced() {
+            // Reported and handled by the reconcile loop.
+            return;
+        }
+        let Some(drift) = capture::check(path).await else {
+            return;
+        };
+        self.capture_repairs.inc();
+        match capture::install(path).await {
+            Ok(()) => {
+                tracing::warn!(pod = %pod.uid, capture.drift = %drift, "capture rules were missing or altered; rewritten")
+            }
+            Err(e) => {
+                tracing::error!(pod = %pod.uid, capture.drift = %drift, error = %e, "capture rules are missing or altered and cannot be rewritten")
+            }
+        }
     }
 
     async fn stop(&self, pod: &Pod) {

@@ -39,17 +39,29 @@ where
     Box::pin(denied_then(changes, check, Into::into))
 }
 
-async fn denied_then<C, E, T>(
+/// A plain function returning its future: an `async fn` would store `changes` and `check`
+/// twice, for as long as the connection is held.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn stores its arguments twice, for as long as a connection is held"
+)]
+fn denied_then<C, E, T, F, W>(
     mut changes: watch::Receiver<C>,
-    check: impl Fn() -> Result<(), E>,
-    wrap: impl FnOnce(E) -> T,
-) -> T {
-    loop {
-        if changes.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-        if let Err(denial) = check() {
-            return wrap(denial);
+    check: F,
+    wrap: W,
+) -> impl Future<Output = T>
+where
+    F: Fn() -> Result<(), E>,
+    W: FnOnce(E) -> T,
+{
+    async move {
+        loop {
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if let Err(denial) = check() {
+                return wrap(denial);
+            }
         }
     }
 }

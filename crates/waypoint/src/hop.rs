@@ -144,7 +144,7 @@ impl Handler for Waypoint {
         let mut baggage = headers.typed_baggage();
         // The connection's trace goes on with it (the source's node proxy starts one).
         let traceparent = headers.traceparent;
-        let source = req.peer.clone();
+        let source = (*req.peer).clone();
         let relayed_plaintext = baggage.plaintext;
         let peer_identity = if relayed_plaintext {
             format!("(none: plain TCP relayed by {})", req.peer)
@@ -192,7 +192,7 @@ impl Handler for Waypoint {
                 )
             })?;
             // HTTP: every request is routed and judged on its own. Anything else goes where
-            // this tunnel's decision says, opened only then.
+            // this tunnel's decision says.
             let router = Arc::new(crate::router::TunnelRouter {
                 wp: wp.clone(),
                 target,
@@ -207,10 +207,11 @@ impl Handler for Waypoint {
                 source_ip,
                 rng: Mutex::new(SplitMix64::new(seed ^ 0x5EED)),
             });
-            let open_l4 = async move {
-                wp.open_upstream(plan, peer, origin)
-                    .await
-                    .map(Opened::into_link)
+            // Answered only once its far side is connected, HTTP or not: the decision's upstream
+            // is dialled now, before the `200` (HTTP requests routed to that backend use it).
+            let dialed = crate::l7::Dialed {
+                key: crate::router::key(&plan),
+                link: self.open_upstream(plan, peer, origin).await?.into_link(),
             };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds
             // on its other fields), and again whenever the policy changes.
@@ -236,10 +237,10 @@ impl Handler for Waypoint {
                     };
                     // At L4 and for upgraded requests, a policy change or the drain deadline ends
                     // the copy; HTTP requests are judged one by one anyway.
-                    let outcome = crate::l7::serve_detected_until(
+                    let outcome = crate::l7::serve_dialed_until(
                         tunnel,
                         router,
-                        open_l4,
+                        dialed,
                         l4,
                         labels,
                         Some(finish),

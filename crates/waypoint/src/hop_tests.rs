@@ -1,6 +1,6 @@
-//! The waypoint's HBONE handler in process, over loopback sockets: a tunnel it carries as
-//! bytes (a service whose endpoint is a plain address) is answered only once its upstream is
-//! connected.
+//! The waypoint's HBONE handler in process, over loopback sockets: a tunnel is answered only
+//! once its upstream is connected, whether it carries it as bytes (a service whose endpoint is
+//! a plain address) or inspects it (a workload it fronts, reached through its node proxy).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -54,11 +54,17 @@ struct Fixture {
 
 /// A waypoint instance `wp-1` serving HBONE on loopback.
 async fn waypoint(ca: &Arc<TestCa>, upstream: SocketAddr) -> Fixture {
+    waypoint_in(ca, mesh(upstream, WaypointFor::Service, "198.18.1.50")).await
+}
+
+/// The mesh of [`waypoint`]: waypoint `wp` (serving `for_`, its instance at `wp_addr`) and
+/// its service `ext`.
+fn mesh(upstream: SocketAddr, for_: WaypointFor, wp_addr: &str) -> MeshBuilder {
     let mut m = MeshBuilder::new();
     m.cluster("east", "net-east");
     m.node("east-1", "east", "us-east/a/r1");
-    m.waypoint("wp", WaypointFor::Service);
-    m.waypoint_pod("wp", "wp-1", "east-1", "198.18.1.50");
+    m.waypoint("wp", for_);
+    m.waypoint_pod("wp", "wp-1", "east-1", wp_addr);
     let ext = m.service("ext", &[("net-east", "198.18.100.1")], 80, upstream.port());
     ext.waypoint = Some(waypoint_ref("wp"));
     ext.address_endpoints = vec![AddressEndpoint {
@@ -69,6 +75,11 @@ async fn waypoint(ca: &Arc<TestCa>, upstream: SocketAddr) -> Fixture {
             target_port: upstream.port(),
         }],
     }];
+    m
+}
+
+/// Instance `wp-1` of `m`, serving HBONE on loopback.
+async fn waypoint_in(ca: &Arc<TestCa>, m: MeshBuilder) -> Fixture {
     let snap = m.build();
     let me = snap
         .workloads()
@@ -121,6 +132,16 @@ async fn connect(
     to: SocketAddr,
     wp: &Identity,
 ) -> Result<ferry_hbone::stream::H2Stream, HboneError> {
+    connect_to(ca, to, wp, EXT).await
+}
+
+/// Opens a CONNECT to `target` through the waypoint at `to`, as `sleep`.
+async fn connect_to(
+    ca: &TestCa,
+    to: SocketAddr,
+    wp: &Identity,
+    target: &str,
+) -> Result<ferry_hbone::stream::H2Stream, HboneError> {
     let creds = ca.issue_str("spiffe://cluster.local/ns/default/sa/sleep");
     let conn = ferry_hbone::client::Connection::connect(
         &ferry_hbone::client::DirectDialer,
@@ -133,7 +154,7 @@ async fn connect(
     )
     .await
     .unwrap();
-    conn.open(EXT, &ConnectHeaders::default()).await
+    conn.open(target, &ConnectHeaders::default()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,6 +191,138 @@ async fn a_tunnel_carried_as_bytes_is_answered_200_once_its_upstream_is_connecte
     assert_eq!(&got, b"hello");
 }
 
+/// A mesh whose waypoint (instance on 127.0.0.1: its tunnels onward are dialled from there)
+/// fronts the workload `app` at `app_addr` too.
+fn fronting(app_addr: &str) -> MeshBuilder {
+    let mut m = mesh(
+        "127.0.0.1:9".parse().unwrap(),
+        WaypointFor::All,
+        "127.0.0.1",
+    );
+    m.pod("app", "east-1", app_addr).waypoint = Some(waypoint_ref("wp"));
+    m
+}
+
+/// A workload the waypoint fronts, on a loopback address whose node proxy (its HBONE port)
+/// is down. The waypoint inspects what such a tunnel carries (HTTP or not), yet it dials the
+/// destination before it answers: the client gets the failure, never a `200` for a tunnel that
+/// goes nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_to_a_workload_whose_destination_is_down_is_refused_not_answered_200() {
+    const APP: &str = "127.0.0.2:8080";
+    let ca = Arc::new(TestCa::new("root"));
+    let f = waypoint_in(&ca, fronting("127.0.0.2")).await;
+    let refused = connect_to(&ca, f.addr, &f.identity, APP).await;
+    assert!(
+        matches!(refused, Err(HboneError::Refused { status: 503, .. })),
+        "{refused:?}"
+    );
+    // And why, for the access log: the destination could not be reached.
+    let req = ConnectRequest {
+        id: 2,
+        peer: Arc::new(
+            "spiffe://cluster.local/ns/default/sa/sleep"
+                .parse()
+                .unwrap(),
+        ),
+        peer_addr: "127.0.0.1:40000".parse().unwrap(),
+        peer_cluster: Arc::new(ferry_core::hop::PeerCluster::Proven("east".into())),
+        target: ferry_hbone::headers::Target::Addr(APP.parse().unwrap()),
+        headers: http::HeaderMap::new(),
+    };
+    let mut admitted = f.wp.admit(&req).expect("admitted");
+    assert!(f.wp.connect(&req, &mut admitted).await.is_err());
+    let e = admitted.error.as_deref().expect("the failure is kept");
+    assert_eq!(e.side, Side::Upstream, "{e}");
+    assert_eq!(e.flag, ResponseFlag::ConnectionFailure, "{e}");
+    assert!(e.to_string().contains("127.0.0.2:15008"), "{e}");
+}
+
+/// Counts the CONNECTs a destination's node proxy got (each then goes to its target over TCP).
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl ferry_hbone::server::Handler for Counting {
+    type Admit = ();
+
+    fn admit(&self, _: &ConnectRequest) -> Result<(), ferry_hbone::headers::Refusal> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// The same workload with its destination up: the destination already has the tunnel when the
+/// client gets its `200`, and the client's HTTP request then goes through that same tunnel
+/// (one CONNECT at the destination, not one for the answer and another for the request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_to_a_workload_is_answered_once_its_destination_has_it_and_http_uses_that() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const APP: &str = "127.0.0.3:8080";
+    let ca = Arc::new(TestCa::new("root"));
+    let f = waypoint_in(&ca, fronting("127.0.0.3")).await;
+    // The app: one HTTP/1.1 answer per request.
+    let app = TcpListener::bind(APP)
+        .await
+        .expect("127.0.0.3:8080 is free");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = app.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        seen.drain(..end + 4);
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    // Its node proxy: HBONE on 127.0.0.3:15008 with the app's certificate.
+    let connects = Arc::new(AtomicUsize::new(0));
+    let app_id: Identity = "spiffe://cluster.local/ns/default/sa/app".parse().unwrap();
+    let node = Server::new(&ca.issue(&app_id), &ca.bundle(), Settings::default()).unwrap();
+    let hbone = TcpListener::bind("127.0.0.3:15008")
+        .await
+        .expect("127.0.0.3:15008 is free");
+    tokio::spawn(Arc::new(node).serve(hbone, Arc::new(Counting(connects.clone()))));
+    let mut tunnel = connect_to(&ca, f.addr, &f.identity, APP)
+        .await
+        .expect("answered 200");
+    assert_eq!(
+        connects.load(Ordering::SeqCst),
+        1,
+        "the destination had the tunnel before the 200"
+    );
+    tunnel
+        .write_all(b"GET / HTTP/1.1\r\nhost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !got.ends_with(b"ok") {
+        let mut b = [0u8; 1024];
+        let n = tokio::time::timeout_at(deadline, tunnel.read(&mut b))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "ended early: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&b[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{got:?}");
+    assert_eq!(
+        connects.load(Ordering::SeqCst),
+        1,
+        "the request went through the tunnel dialled before the 200"
+    );
+}
+
 #[tokio::test]
 async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_side_s() {
     let ca = Arc::new(TestCa::new("root"));
@@ -177,11 +330,13 @@ async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_si
     let f = waypoint(&ca, dead).await;
     let req = ConnectRequest {
         id: 1,
-        peer: "spiffe://cluster.local/ns/default/sa/sleep"
-            .parse()
-            .unwrap(),
+        peer: Arc::new(
+            "spiffe://cluster.local/ns/default/sa/sleep"
+                .parse()
+                .unwrap(),
+        ),
         peer_addr: "127.0.0.1:40000".parse().unwrap(),
-        peer_cluster: ferry_core::hop::PeerCluster::Proven("east".into()),
+        peer_cluster: Arc::new(ferry_core::hop::PeerCluster::Proven("east".into())),
         target: ferry_hbone::headers::Target::Addr(EXT.parse().unwrap()),
         headers: http::HeaderMap::new(),
     };

@@ -75,7 +75,43 @@ where
     C: Io + 'static,
     R: Router,
 {
+    serve_routed_seeded(client, router, labels, finish, None).await
+}
+
+/// The far side a tunnel's decision named, opened before the tunnel was answered (a tunnel is
+/// answered `200` only once its upstream is connected): carried at L4 if the client turns out
+/// not to speak HTTP; for HTTP, the connection to the backend `key` names, used by the requests
+/// the router sends there (requests routed elsewhere open their own).
+pub(crate) struct Dialed {
+    /// The router's key for that backend ([`Choice::key`]).
+    pub(crate) key: String,
+    pub(crate) link: Link,
+}
+
+impl std::fmt::Debug for Dialed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dialed")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`serve_routed_until`], with a connection to one backend already open (`seed`).
+async fn serve_routed_seeded<C, R>(
+    client: C,
+    router: Arc<R>,
+    labels: Labels,
+    finish: Option<tokio::sync::watch::Receiver<bool>>,
+    seed: Option<Dialed>,
+) -> Outcome
+where
+    C: Io + 'static,
+    R: Router,
+{
     let upstreams = Arc::new(Upstreams::new(finish.clone(), take_back::<C>));
+    if let Some(d) = seed {
+        upstreams.adopt(d.key, d.link).await;
+    }
     let counts = Arc::new(parking_lot::Mutex::new((0u64, 0u64)));
     let svc = {
         let counts = counts.clone();
@@ -307,17 +343,19 @@ where
     R: Router,
 {
     let l4 = move || l4().map(|()| std::future::pending::<Denial>());
-    serve_detected_until(client, router, open_l4, l4, labels, None).await
+    serve_sniffed(client, router, Far::Lazy(open_l4), l4, labels, None).await
 }
 
-/// [`serve_detected`], ended as every other copy is: `l4`, when it allows the connection,
-/// gives the future that resolves once a policy change no longer does (the L4 copy then ends,
-/// both sides reset); when `finish` turns true (a drain deadline), HTTP ends gracefully
-/// ([`serve_routed_until`]) and the L4 copy cleanly (FIN both ways).
-pub async fn serve_detected_until<C, R, U>(
-    mut client: C,
+/// [`serve_detected`] for a tunnel whose far side is already open ([`Dialed`]): carried there
+/// at L4, or, for HTTP, the first connection of the backend it leads to. Ended as every other
+/// copy is: `l4`, when it allows the connection, gives the future that resolves once a policy
+/// change no longer does (the L4 copy then ends, both sides reset); when `finish` turns true (a
+/// drain deadline), HTTP ends gracefully ([`serve_routed_until`]) and the L4 copy cleanly (FIN
+/// both ways).
+pub(crate) async fn serve_dialed_until<C, R, U>(
+    client: C,
     router: Arc<R>,
-    open_l4: impl std::future::Future<Output = Result<Link, ConnError>>,
+    dialed: Dialed,
     l4: impl FnOnce() -> Result<U, ConnError>,
     labels: Labels,
     finish: Option<tokio::sync::watch::Receiver<bool>>,
@@ -326,6 +364,30 @@ where
     C: Io + 'static,
     R: Router,
     U: std::future::Future<Output = Denial>,
+{
+    let far = Far::<std::future::Pending<Result<Link, ConnError>>>::Dialed(dialed);
+    serve_sniffed(client, router, far, l4, labels, finish).await
+}
+
+/// Where a connection that is not HTTP goes: opened when it is known not to be, or already.
+enum Far<F> {
+    Lazy(F),
+    Dialed(Dialed),
+}
+
+async fn serve_sniffed<C, R, U, F>(
+    mut client: C,
+    router: Arc<R>,
+    far: Far<F>,
+    l4: impl FnOnce() -> Result<U, ConnError>,
+    labels: Labels,
+    finish: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Outcome
+where
+    C: Io + 'static,
+    R: Router,
+    U: std::future::Future<Output = Denial>,
+    F: std::future::Future<Output = Result<Link, ConnError>>,
 {
     use tokio::io::AsyncReadExt;
     let mut head = Vec::with_capacity(64);
@@ -359,7 +421,13 @@ where
     };
     let mut client = Replay::new(Bytes::from(head), client);
     match kind {
-        Sniffed::Http => serve_routed_until(client, router, labels, finish).await,
+        Sniffed::Http => {
+            let seed = match far {
+                Far::Dialed(d) => Some(d),
+                Far::Lazy(_) => None,
+            };
+            serve_routed_seeded(client, router, labels, finish, seed).await
+        }
         Sniffed::Other => match l4() {
             Err(e) => {
                 tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %labels.dst_workload, reason = %e.kind, error.side = ferry_runtime::conn::side_name(e.side), response_flags = e.flag.as_str(), "waypoint denied a connection that is not HTTP");
@@ -369,28 +437,34 @@ where
                     ..Outcome::default()
                 }
             }
-            Ok(until) => match open_l4.await {
-                Err(e) => Outcome {
-                    error: Some(e),
-                    ..Outcome::default()
-                },
-                // On an error, the side that did not fail is reset; on a policy change, both.
-                Ok(mut upstream) => Outcome {
-                    error: ferry_hbone::copy::relay_until(
-                        &mut client,
-                        &mut upstream,
-                        ferry_hbone::copy::Bounds {
-                            finish,
-                            ..crate::upstream::waypoint_bounds()
-                        },
-                        until,
-                    )
-                    .await
-                    .err()
-                    .map(ConnError::from),
-                    ..Outcome::default()
-                },
-            },
+            Ok(until) => {
+                let upstream = match far {
+                    Far::Lazy(open) => open.await,
+                    Far::Dialed(d) => Ok(d.link),
+                };
+                match upstream {
+                    Err(e) => Outcome {
+                        error: Some(e),
+                        ..Outcome::default()
+                    },
+                    // On an error, the side that did not fail is reset; on a policy change, both.
+                    Ok(mut upstream) => Outcome {
+                        error: ferry_hbone::copy::relay_until(
+                            &mut client,
+                            &mut upstream,
+                            ferry_hbone::copy::Bounds {
+                                finish,
+                                ..crate::upstream::waypoint_bounds()
+                            },
+                            until,
+                        )
+                        .await
+                        .err()
+                        .map(ConnError::from),
+                        ..Outcome::default()
+                    },
+                }
+            }
         },
     }
 }

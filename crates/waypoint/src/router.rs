@@ -85,7 +85,7 @@ fn check_plan(plan: &Plan, want: Option<&ServiceKey>) -> Result<(), Refused> {
 }
 
 /// Requests with the same key can share an upstream connection.
-fn key(plan: &Plan) -> String {
+pub(crate) fn key(plan: &Plan) -> String {
     let landing = plan.landing.as_ref().map(ToString::to_string);
     match &plan.transport {
         Transport::Hbone {

@@ -225,17 +225,10 @@ impl Upstreams {
             list.len() < MAX_PER_BACKEND
         };
         let io = router.open(&choice.ticket).await.map_err(SendError::Open)?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(|source| SendError::Http {
-                doing: "upstream handshake",
-                source,
-            })?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "waypoint upstream connection ended");
-            }
-        });
+        let sender = http1(io).await.map_err(|source| SendError::Http {
+            doing: "upstream handshake",
+            source,
+        })?;
         let shared: Shared = Arc::new(tokio::sync::Mutex::new(sender));
         // Nothing else has seen it yet: locked at once.
         let guard = shared.clone().lock_owned().await;
@@ -247,6 +240,26 @@ impl Upstreams {
                 .push(shared);
         }
         Ok(guard)
+    }
+
+    /// Keeps `link`, already open to the backend `key` names, for the requests routed there
+    /// (the connection a tunnel's decision opened before it was answered).
+    pub(crate) async fn adopt(&self, key: String, link: Link) {
+        let ready = async {
+            let mut sender = http1(link).await?;
+            // Ready once its connection runs: the first request finds it free.
+            sender.ready().await?;
+            Ok::<_, hyper::Error>(sender)
+        };
+        match ready.await {
+            Ok(sender) => self
+                .by_key
+                .lock()
+                .entry(key)
+                .or_default()
+                .push(Arc::new(tokio::sync::Mutex::new(sender))),
+            Err(e) => tracing::debug!(error = %e, "waypoint upstream handshake failed"),
+        }
     }
 
     async fn send<R: Router>(
@@ -268,6 +281,17 @@ impl Upstreams {
             }),
         }
     }
+}
+
+/// An HTTP/1.1 client connection on `io`, driven on its own task (upgrades allowed).
+async fn http1(io: Link) -> Result<SendRequest<Body>, hyper::Error> {
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "waypoint upstream connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// What became of one request.

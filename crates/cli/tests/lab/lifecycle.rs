@@ -93,12 +93,20 @@ fn removed_or_altered_capture_rules_are_rewritten_by_the_node_proxy() {
         })
     };
     // The jump removed: put back.
+    let removed = std::time::Instant::now();
     assert!(
         lab.pod_nat("sleep", &["-D", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"])
             .is_some(),
         "rules were in place"
     );
     assert!(rewritten(), "the jump was not put back");
+    // On the ruleset's change event (compared once it settled for 1 s), not at the safety
+    // check every 30 s.
+    assert!(
+        removed.elapsed() < Duration::from_secs(8),
+        "put back only after {:?}",
+        removed.elapsed()
+    );
     // The chain emptied (the jump left in place): rewritten.
     assert!(lab.pod_nat("sleep", &["-F", "FERRY_OUT"]).is_some());
     assert!(!lab.pod_chain_has("sleep", "FERRY_OUT", redirect));
