@@ -188,9 +188,11 @@ impl Pool {
                 stream,
                 _reservation: reservation,
             }),
-            // A pooled connection that went away (GOAWAY, peer restart) between uses: never hand
-            // it out again, and try once more on a new one. A refusal (an HTTP status) is final.
-            Err(Error::H2 { .. }) if !fresh => {
+            // A pooled connection that went away (GOAWAY, peer restart) between uses, or a new
+            // one whose peer turned the stream away unprocessed (a draining proxy that had
+            // accepted the connection just before its drain began): never hand it out again,
+            // and try once more on a new one. A refusal (an HTTP status) is final.
+            Err(Error::H2 { ref source, .. }) if !fresh || unprocessed(source) => {
                 reservation.0.conn.mark_closed();
                 drop(reservation);
                 let entry = self.dial_locked(key, creds, bundle).await?;
@@ -487,4 +489,11 @@ impl AsyncWrite for Tunnel {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
+}
+
+/// Whether the peer refused a stream without processing it (RFC 9113 §8.1.4): it was above the
+/// last stream id of the peer's GOAWAY, or reset with REFUSED_STREAM. Such a stream may be sent
+/// again on another connection: no byte of it reached an application.
+fn unprocessed(e: &h2::Error) -> bool {
+    (e.is_go_away() && e.is_remote()) || e.reason() == Some(h2::Reason::REFUSED_STREAM)
 }
