@@ -74,6 +74,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         active: AtomicU64::new(0),
         peak_active: AtomicU64::new(0),
         halved: tokio::sync::Notify::new(),
+        pod_served: tokio::sync::Notify::new(),
     });
     let ready = mesh.ready();
     let admin = tokio::net::TcpListener::bind(config.admin)
@@ -116,7 +117,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         });
     }
     tokio::spawn(prefetch(node.clone(), ready));
-    tokio::spawn(reconcile(node.clone()));
+    tokio::spawn(crate::namespaces::keep_served(node.clone()));
     tokio::spawn(crate::memory::give_back(node.clone()));
     tracing::info!(
         node = %config.name,
@@ -152,37 +153,6 @@ async fn prefetch(node: Arc<Node>, mut ready: tokio::sync::watch::Receiver<bool>
         node.certs.retain(&ids);
         if changes.changed().await.is_err() {
             return;
-        }
-    }
-}
-
-/// Keeps every enrolled pod served: a pod whose namespace is gone is reported, one whose
-/// namespace was created again is served in the new one, and pods that could not be served are
-/// tried again. (Their capture rules are kept by each pod's own watcher, on ruleset events:
-/// [`Node::keep_rules`].)
-///
-/// This one polls, on purpose: what it watches is outside the process (a namespace path that
-/// may be re-created, enrolled pods whose namespace may become servable again) and no event
-/// tells of it. It spawns nothing: a path's metadata every 2 s per pod.
-async fn reconcile(node: Arc<Node>) {
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        crate::enrollment::retry_unserved(&node).await;
-        for pod in node.pods() {
-            let path = pod.netns.path().to_path_buf();
-            if !path.exists() {
-                tracing::error!(pod = %pod.uid, netns = %path.display(), "the pod's network namespace is gone; remove the pod or enroll it again");
-                continue;
-            }
-            if pod.netns.replaced() {
-                tracing::warn!(pod = %pod.uid, netns = %path.display(), "the pod's network namespace was created again: serving the new one");
-                if let Err(e) = node.reenroll(&pod.uid).await {
-                    tracing::error!(pod = %pod.uid, error = %e, "cannot serve the re-created namespace; its traffic stays blocked");
-                    node.unserved
-                        .lock()
-                        .insert(pod.uid.clone(), (path.clone(), e.to_string()));
-                }
-            }
         }
     }
 }

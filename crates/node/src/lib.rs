@@ -26,6 +26,7 @@ mod capture;
 mod enrollment;
 mod inbound;
 mod memory;
+mod namespaces;
 mod outbound;
 mod pods;
 mod state;

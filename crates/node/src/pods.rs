@@ -144,6 +144,7 @@ impl Node {
         // (the tunnel dialer finds pods by address).
         self.by_ip.lock().insert(ip, pod.clone());
         self.pods.lock().insert(uid.clone(), pod.clone());
+        self.pod_served.notify_one();
         {
             let mut t = pod.tasks.lock();
             t.push(tokio::spawn(self.clone().serve_tcp(

@@ -79,6 +79,9 @@ pub(crate) struct Node {
     /// Notified when the open connections fall to half of `peak_active`: memory is given
     /// back then ([`crate::memory`]).
     pub(crate) halved: tokio::sync::Notify,
+    /// Notified when a pod is served: its namespace's directory is watched from then on
+    /// ([`crate::namespaces`]).
+    pub(crate) pod_served: tokio::sync::Notify,
 }
 
 /// Whether `open` connections, down from `peak`, are a drop worth giving memory back after

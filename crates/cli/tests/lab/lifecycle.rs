@@ -167,7 +167,7 @@ fn a_re_created_pod_namespace_is_served_again_rules_first() {
     };
     let dst = "alpha-2";
     // A pod's namespace deleted and created again under the same name: the node proxy notices
-    // (checked every 2 s), and serves the new one, rules first.
+    // (a directory event), and serves the new one, rules first.
     let ns = lab.state(&["pods", "ledger-alpha", "netns"]);
     let ns = ns.as_str().unwrap();
     for args in [["netns", "del", ns], ["netns", "add", ns]] {
