@@ -14,5 +14,6 @@ mod lifecycle;
 mod origin;
 mod policy;
 mod retry;
+mod terminate;
 mod trust;
 mod waypoint;

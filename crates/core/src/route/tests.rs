@@ -967,3 +967,38 @@ fn a_hop_that_is_no_workload_routes_from_where_it_stands() {
         d.outcome
     );
 }
+
+/// A terminating endpoint takes no new connection (another of the service does), and the
+/// trace says why, apart from unhealthy; with no other endpoint, the decision fails rather
+/// than choose it.
+#[test]
+fn a_terminating_endpoint_is_never_picked_and_the_trace_says_terminating() {
+    let mut m = flat();
+    m.service("echo", &[("net", "198.18.100.1")], 80, 8080);
+    m.pod("echo-east", "east-1", "198.18.1.20");
+    m.pod("echo-west", "west-1", "198.18.2.20");
+    m.backs("echo-east", "echo").backs("echo-west", "echo");
+    m.workload_mut("echo-east").health = Health::Terminating;
+    let snap = m.build();
+    for seed in 0..50 {
+        let d = decide_seeded(&snap, "sleep", "198.18.100.1:80", seed);
+        assert_eq!(landing(&d), "west//v1/Pod/default/echo-west", "seed {seed}");
+        assert!(
+            d.steps.iter().any(|s| matches!(s,
+                Step::Dropped {
+                    candidate,
+                    reason: DropReason::Balancer(crate::lb::LbDrop::Terminating),
+                    ..
+                } if candidate == "east//v1/Pod/default/echo-east")),
+            "seed {seed}: {:?}",
+            d.steps
+        );
+    }
+    m.workload_mut("echo-west").health = Health::Unhealthy;
+    let d = decide(&m.build(), "sleep", "198.18.100.1:80");
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
+}
