@@ -258,6 +258,10 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
         }
         DropReason::PortNotMapped { port } => ("port", format!("does not serve port {port}")),
         DropReason::FailedBefore => ("retry", "an earlier attempt failed to connect".to_string()),
+        DropReason::Ejected => (
+            "health",
+            "ejected (its connects kept failing; outlier detection)".to_string(),
+        ),
         DropReason::NotInSubset { subset } => ("subset", format!("not in subset {subset}")),
         DropReason::Balancer(LbDrop::Unhealthy) => ("health", "unhealthy".to_string()),
         DropReason::Balancer(LbDrop::Terminating) => (
