@@ -27,6 +27,7 @@ mod enrollment;
 mod inbound;
 mod memory;
 mod outbound;
+mod outlier;
 mod pods;
 mod state;
 

@@ -12,6 +12,7 @@ mod idle;
 mod l4;
 mod lifecycle;
 mod origin;
+mod outlier;
 mod policy;
 mod retry;
 mod terminate;
