@@ -42,6 +42,20 @@ pub(crate) struct NodeArgs {
     /// which an app peer that vanished is noticed (TCP keepalive, user timeout).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_bound_seconds: u64,
+    /// Outlier detection: connects to one endpoint that fail this many times in a row (refused,
+    /// reset, timed out, a failed handshake, HBONE 502/503/504) eject it from picks; 0 turns it
+    /// off.
+    #[arg(long, default_value_t = 5)]
+    outlier_consecutive_failures: u32,
+    /// Outlier detection: the first ejection's seconds; the k-th lasts k times this.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    outlier_base_ejection_seconds: u64,
+    /// Outlier detection: no ejection lasts longer than this many seconds.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    outlier_max_ejection_seconds: u64,
+    /// Outlier detection: at most this percent of a service's endpoints is ejected at once.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    outlier_max_ejected_percent: u8,
     /// Where the enrolled pods are kept, so a restarted node proxy serves them again without
     /// the CNI agent enrolling them anew. Default: beside the API socket (`<api>.pods`).
     #[arg(long)]
@@ -164,6 +178,12 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
             readiness: args.readiness,
             drain: Duration::from_secs(args.drain_seconds),
             idle_bound: Duration::from_secs(args.idle_bound_seconds),
+            outlier: ferry_core::outlier::OutlierConfig {
+                consecutive_failures: args.outlier_consecutive_failures,
+                base_ejection: Duration::from_secs(args.outlier_base_ejection_seconds),
+                max_ejection: Duration::from_secs(args.outlier_max_ejection_seconds),
+                max_ejected_percent: args.outlier_max_ejected_percent,
+            },
             state_file: Some(args.state_file.clone().unwrap_or_else(|| {
                 let mut p = args.api.clone().into_os_string();
                 p.push(".pods");

@@ -278,3 +278,33 @@ fn the_waypoint_hop_lists_the_http_routes_it_applies() {
         "{json}"
     );
 }
+
+#[test]
+fn a_terminating_endpoint_is_dropped_as_terminating() {
+    let t = TempFile::new(
+        "terminating.yaml",
+        "clusters: [{name: a, network: n}]\n\
+         nodes: [{name: a1, cluster: a}, {name: a2, cluster: a}]\n\
+         services:\n  - {name: echo, vips: [{network: n, address: 198.18.10.1}], ports: [{port: 80, target_port: 8080}], selector: {app: echo}}\n\
+         workloads:\n  - {name: client, node: a1, address: 198.18.1.1}\n  - {name: echo-1, node: a1, address: 198.18.1.2, labels: {app: echo}, terminating: true}\n  - {name: echo-2, node: a2, address: 198.18.2.2, labels: {app: echo}}\n",
+    );
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "client",
+        "--to",
+        "198.18.10.1:80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("drop endpoint a//v1/Pod/default/echo-1 (cluster a): terminating"),
+        "{out}"
+    );
+    assert!(
+        out.contains("CONNECTED to a//v1/Pod/default/echo-2"),
+        "{out}"
+    );
+}

@@ -3,8 +3,8 @@
 //! Istio's semantics: a candidate's *rank* is the number of leading routing preferences it
 //! shares with the source (comparison stops at the first that differs). `Strict` keeps only
 //! candidates that match every preference; `Failover` keeps the best rank present; `Standard`
-//! keeps all. Unhealthy candidates are skipped unless the health policy allows them, and the
-//! choice among the survivors is random, weighted by capacity.
+//! keeps all. Unhealthy candidates are skipped unless the health policy allows them, terminating
+//! ones always, and the choice among the survivors is random, weighted by capacity.
 
 use serde::Serialize;
 
@@ -36,6 +36,8 @@ pub struct Candidate<'a> {
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum LbDrop {
     Unhealthy,
+    /// Terminating: no new connections, whatever the health policy.
+    Terminating,
     NoCapacity,
     /// Matched `rank` of `of` routing preferences; a closer candidate exists, or strict mode.
     LessPreferred {
@@ -77,7 +79,9 @@ pub fn choose(
     let mut dropped = Vec::new();
     let mut live: Vec<(usize, usize)> = Vec::with_capacity(candidates.len());
     for (i, c) in candidates.iter().enumerate() {
-        if c.health == Health::Unhealthy && lb.health_policy == HealthPolicy::OnlyHealthy {
+        if c.health == Health::Terminating {
+            dropped.push((i, LbDrop::Terminating));
+        } else if c.health == Health::Unhealthy && lb.health_policy == HealthPolicy::OnlyHealthy {
             dropped.push((i, LbDrop::Unhealthy));
         } else if c.capacity == 0 {
             dropped.push((i, LbDrop::NoCapacity));
@@ -219,5 +223,32 @@ mod tests {
             choose(&lb, &p, &cands, &mut SplitMix64::new(1)).picked,
             Some(0)
         );
+    }
+
+    #[test]
+    fn a_terminating_candidate_is_never_picked_whatever_the_health_policy() {
+        let c = ClusterId::from("c");
+        let n = NetworkId::from("n");
+        let l = Locality::default();
+        let p = at(&c, &n, &l);
+        let cands = [
+            candidate(p, Health::Terminating, 100),
+            candidate(p, Health::Healthy, 1),
+        ];
+        for policy in [HealthPolicy::OnlyHealthy, HealthPolicy::AllowAll] {
+            let mut lb = LoadBalancing::standard();
+            lb.health_policy = policy;
+            for seed in 0..50 {
+                let choice = choose(&lb, &p, &cands, &mut SplitMix64::new(seed));
+                assert_eq!(choice.picked, Some(1), "{policy:?}, seed {seed}");
+                assert_eq!(choice.dropped, vec![(0, LbDrop::Terminating)]);
+            }
+            let alone = &cands[..1];
+            assert_eq!(
+                choose(&lb, &p, alone, &mut SplitMix64::new(1)).picked,
+                None,
+                "{policy:?}: a terminating endpoint is no fallback"
+            );
+        }
     }
 }

@@ -14,6 +14,7 @@
 //!   baggage), and the destination's scope check.
 //! - [`ports`]: the proxy's own ports in a pod, and the guard against calling them.
 //! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
+//! - [`outlier`]: passive health: endpoints whose connects keep failing are ejected for a while.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
 //! - [`random`]: the seeded random source decisions take.
 //! - `testing` (feature `testing`): `MeshBuilder`, meshes for tests and benchmarks.
@@ -26,6 +27,7 @@ pub mod identity;
 pub mod inbound;
 pub mod lb;
 pub mod model;
+pub mod outlier;
 pub mod ports;
 pub mod random;
 pub mod route;

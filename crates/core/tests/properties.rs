@@ -388,6 +388,55 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Outlier detection fed random connect failures (and successes), then every decision with
+    /// its ejections: a plan still keeps scope and reachability, never lands on an ejected
+    /// endpoint, and at most half of any service's endpoints are ejected.
+    #[test]
+    fn ejection_never_moves_a_pick_out_of_scope(seed in any::<u64>(), rng_seed in any::<u64>()) {
+        use ferry_core::outlier::{OutlierConfig, Outliers};
+        use ferry_core::snapshot::Endpoint;
+        let (snap, dests) = generate(seed);
+        let mut g = Gen(SplitMix64::new(rng_seed));
+        let uids: Vec<_> = snap.workloads().map(|w| w.uid.clone()).collect();
+        let mut o = Outliers::new(OutlierConfig { consecutive_failures: 2, ..OutlierConfig::default() });
+        let now = std::time::Instant::now();
+        for _ in 0..uids.len() * 4 {
+            let u = g.pick(&uids);
+            if g.chance(80) {
+                o.failure(&snap, u, now);
+            } else {
+                o.success(u);
+            }
+        }
+        let ejected = o.ejected();
+        for s in snap.services() {
+            let eps = snap.endpoints(&s.key());
+            let out = eps.iter().filter(|e| matches!(e, Endpoint::Workload(u) if ejected.contains(u))).count();
+            prop_assert!(out * 2 <= eps.len(), "seed {seed}: {out} of {} endpoints of {} ejected", eps.len(), s.key());
+        }
+        let mut rng = SplitMix64::new(rng_seed);
+        for src in snap.workloads() {
+            for (_, d) in &dests {
+                let dst = Destination::Addr(d.parse().unwrap());
+                let decision = route(&snap, Source::new(src).ejecting(&ejected), &dst, &mut rng);
+                if let Ok(plan) = &decision.outcome {
+                    if let Err(e) = check_plan(&snap, src, plan) {
+                        prop_assert!(false, "seed {seed}: {} -> {d}: {e}", src.uid);
+                    }
+                    // A service's endpoint (a decision that chose among candidates) is never an
+                    // ejected one; a workload dialled by its own address is not a pick.
+                    if plan.service.is_some() && let Some(l) = &plan.landing {
+                        prop_assert!(!ejected.contains(l), "seed {seed}: {} -> {d} landed on ejected {l}", src.uid);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn generated_meshes_are_not_trivial() {
     // Guards the generator itself: across seeds it must produce every kind of outcome, or the

@@ -240,6 +240,15 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// Mark a pod terminating in the lab's topology (the control plane watches it): no new
+    /// connections go to it, its open ones keep flowing. `--undo` clears the mark.
+    Terminate {
+        pod: String,
+        #[arg(long)]
+        undo: bool,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// (inside the lab) the echo app a pod runs.
     #[command(hide = true)]
     Echo {
@@ -400,6 +409,16 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::StopNode { node, kill, lab } => {
             ops::stop_node(&lab.state_dir, &node, kill)?;
             println!("ferry lab: node {node} stopped; its pods stay captured");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Terminate { pod, undo, lab } => {
+            ops::terminate(&lab.state_dir, &pod, undo)?;
+            let now = if undo {
+                "no longer terminating"
+            } else {
+                "terminating"
+            };
+            println!("ferry lab: pod {pod} marked {now} in the topology");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::StartNode { node, lab } => {

@@ -154,6 +154,7 @@ fn config_dump(node: &Node) -> serde_json::Value {
         // the count of open connections.
         "tracked_connections": node.active(),
         "certificates": ferry_runtime::admin::cert_summary(&node.certs),
+        "outlier_detection": node.health.dump(),
     })
 }
 

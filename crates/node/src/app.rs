@@ -35,6 +35,8 @@ pub struct Config {
     pub idle_bound: Duration,
     /// See [`Node::state_file`].
     pub state_file: Option<PathBuf>,
+    /// Passive health: when connects that keep failing eject an endpoint ([`Node::health`]).
+    pub outlier: ferry_core::outlier::OutlierConfig,
 }
 
 /// Runs the node proxy until SIGTERM or SIGINT, then drains.
@@ -66,6 +68,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         enrolling: Mutex::default(),
         capture_repairs: crate::admin::capture_repairs(&mut registry),
         connect_retries: crate::admin::connect_retries(&mut registry),
+        health: crate::outlier::PassiveHealth::new(config.outlier, &mut registry),
         acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),

@@ -28,6 +28,7 @@ mod inbound;
 mod memory;
 mod namespaces;
 mod outbound;
+mod outlier;
 mod pods;
 mod state;
 

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use ferry_core::identity::Identity;
 use ferry_core::model::{Workload, WorkloadUid};
+use ferry_core::outlier::Ejected;
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{self, Destination, Source, Transport};
 use ferry_core::snapshot::Snapshot;
@@ -135,7 +136,12 @@ async fn set_up(
             let snap = node.store.load();
             let src = snap.workload(&pod.uid).ok_or_else(ConnError::source_left)?;
             let mut rng = SplitMix64::new(n ^ (started_nanos() << 20));
-            plan(&snap, src, &pod.identity, peer, orig, &failed, &mut rng)
+            let health = node.health.current(Instant::now());
+            let avoid = Avoid {
+                failed: &failed,
+                ejected: &health.ejected,
+            };
+            plan(&snap, src, &pod.identity, peer, orig, avoid, &mut rng)
         };
         let ctx = match next_attempt(planned, last.take()) {
             Attempt::First(ctx) => ctx,
@@ -178,11 +184,20 @@ async fn set_up(
         match open(node, pod, &transport, &headers, &labels.source_network).await {
             // Opened and closed are counted under one label set, shared with the other
             // connections that carry it.
-            Ok(up) => return Ok((node.metrics.opened_shared(labels), up)),
+            Ok(up) => {
+                if let Some(l) = &landing {
+                    node.health.success(l);
+                }
+                return Ok((node.metrics.opened_shared(labels), up));
+            }
             // Nothing was read from the app yet, so nothing is replayed: the same decision
             // again, without the landing that failed.
             Err(e) => {
                 labels.response_flags = e.flag.into();
+                // The failures a retry is for are the ones outlier detection counts.
+                if let Some(l) = landing.as_ref().filter(|_| e.retryable()) {
+                    node.health.failure(&node.store.load(), l, Instant::now());
+                }
                 match landing.filter(|_| e.retryable() && failed.len() + 1 < CONNECT_ATTEMPTS) {
                     // Counted and logged as a retry once another endpoint is planned.
                     Some(landing) => {
@@ -222,6 +237,14 @@ fn next_attempt(planned: Result<Ctx, Refused>, last: Option<(ConnError, Labels)>
     }
 }
 
+/// The landings a plan sets aside: those an earlier attempt of this connection failed to
+/// connect to, and those outlier detection has ejected.
+#[derive(Clone, Copy, Debug)]
+struct Avoid<'a> {
+    failed: &'a [WorkloadUid],
+    ejected: &'a Ejected,
+}
+
 /// How many endpoints one outbound connection tries before it fails: one retry.
 const CONNECT_ATTEMPTS: usize = 2;
 
@@ -247,7 +270,7 @@ fn plan(
     identity: &Identity,
     peer: SocketAddr,
     orig: SocketAddr,
-    failed: &[WorkloadUid],
+    avoid: Avoid<'_>,
     rng: &mut dyn Random,
 ) -> Result<Ctx, Refused> {
     let unknown = || "unknown".to_string();
@@ -265,7 +288,9 @@ fn plan(
         response_flags: ResponseFlag::None.into(),
     };
     // The data path asks for the plan alone: no trace is built.
-    let source = Source::new(src).excluding(failed);
+    let source = Source::new(src)
+        .excluding(avoid.failed)
+        .ejecting(avoid.ejected);
     let plan = match route::plan(snap, source, &Destination::Addr(orig), rng) {
         Ok(p) => p,
         Err(e) => {

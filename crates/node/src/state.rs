@@ -65,6 +65,8 @@ pub(crate) struct Node {
     pub(crate) capture_repairs: prometheus_client::metrics::counter::Counter,
     /// Outbound connects tried again on another endpoint (`ferry_connect_retries_total`).
     pub(crate) connect_retries: prometheus_client::metrics::counter::Counter,
+    /// Passive health: outlier detection over this node's outbound connects.
+    pub(crate) health: crate::outlier::PassiveHealth,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.
     pub(crate) acceptor: Arc<ferry_runtime::accept::Acceptor>,
     /// A half-closed connection quiet this long is ended; a vanished app peer is noticed

@@ -25,6 +25,9 @@
 //! - A workload takes its cluster, network and locality from its `node`; one that runs outside
 //!   any node proxy names its `cluster` instead. Every workload on a network with an east-west
 //!   gateway gets that gateway as its `network_gateway`.
+//! - A workload (or waypoint instance) is `healthy` unless it says `healthy: false`;
+//!   `terminating: true` marks one shutting down (no new connections, its open ones kept),
+//!   whatever `healthy` says.
 //! - A service is backed by the workloads of its namespace whose labels include its
 //!   `selector`, with the service's port map; and by its address `endpoints` (which may be
 //!   another service's VIP: a nested service address).

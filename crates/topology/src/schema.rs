@@ -111,6 +111,9 @@ pub(crate) struct InstanceSpec {
     pub(crate) address: String,
     #[serde(default = "yes")]
     pub(crate) healthy: bool,
+    /// Shutting down: no new connections, open ones kept (whatever `healthy` says).
+    #[serde(default)]
+    pub(crate) terminating: bool,
     #[serde(default = "one")]
     pub(crate) capacity: u32,
 }
@@ -234,6 +237,9 @@ pub(crate) struct WorkloadSpec {
     pub(crate) protocol: ProtocolSpec,
     #[serde(default = "yes")]
     pub(crate) healthy: bool,
+    /// Shutting down: no new connections, open ones kept (whatever `healthy` says).
+    #[serde(default)]
+    pub(crate) terminating: bool,
     #[serde(default = "one")]
     pub(crate) capacity: u32,
     #[serde(default)]

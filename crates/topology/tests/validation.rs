@@ -359,3 +359,22 @@ fn missing_file_is_a_topology_error() {
         "{text}"
     );
 }
+
+#[test]
+fn terminating_wins_over_healthy() {
+    use ferry_core::model::Health;
+    let doc = format!(
+        "{BASE}workloads:
+  - {{name: a, node: east-1, address: 198.18.1.10}}
+  - {{name: b, node: east-1, address: 198.18.1.11, healthy: false}}
+  - {{name: c, node: east-1, address: 198.18.1.12, terminating: true}}
+  - {{name: d, node: east-1, address: 198.18.1.13, healthy: false, terminating: true}}
+"
+    );
+    let snap = parse("good.yaml", &doc).unwrap().snapshot;
+    let health = |n: &str| snap.workloads().find(|w| w.name == n).unwrap().health;
+    assert_eq!(health("a"), Health::Healthy);
+    assert_eq!(health("b"), Health::Unhealthy);
+    assert_eq!(health("c"), Health::Terminating);
+    assert_eq!(health("d"), Health::Terminating);
+}

@@ -258,8 +258,16 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
         }
         DropReason::PortNotMapped { port } => ("port", format!("does not serve port {port}")),
         DropReason::FailedBefore => ("retry", "an earlier attempt failed to connect".to_string()),
+        DropReason::Ejected => (
+            "health",
+            "ejected (its connects kept failing; outlier detection)".to_string(),
+        ),
         DropReason::NotInSubset { subset } => ("subset", format!("not in subset {subset}")),
         DropReason::Balancer(LbDrop::Unhealthy) => ("health", "unhealthy".to_string()),
+        DropReason::Balancer(LbDrop::Terminating) => (
+            "health",
+            "terminating (no new connections; open ones are kept)".to_string(),
+        ),
         DropReason::Balancer(LbDrop::NoCapacity) => ("capacity", "capacity 0".to_string()),
         DropReason::Balancer(LbDrop::LessPreferred { rank, of }) => (
             "locality",

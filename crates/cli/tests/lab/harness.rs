@@ -67,8 +67,11 @@ pub(crate) static MESH: Shared = Shared::new(None, "fT", &[]);
 
 /// A default-topology lab for scenarios that change it and leave it as they found it (handovers,
 /// a restart, capture repair), and for one that needs beta untouched since the lab came up. One
-/// at a time; nothing here sends to beta.
-pub(crate) static CHANGING: Shared = Shared::new(None, "fL", &[]);
+/// at a time; nothing here sends to beta. Outlier detection is off on it: the retry scenarios
+/// count every connect to a pod that refuses, which an ejection would stop.
+pub(crate) static CHANGING: Shared = Shared::new(None, "fL", CHANGING_ARGS);
+
+pub(crate) const CHANGING_ARGS: &[&str] = &["--outlier-consecutive-failures=0"];
 
 /// Node proxies with a 2 s idle bound and a 1 s drain deadline ([`SHORT_BOUNDS_ARGS`]), for the
 /// idle-bound and drain-deadline scenarios, and a re-created namespace (which leaves ledger-alpha

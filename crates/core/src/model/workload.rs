@@ -21,12 +21,15 @@ pub enum TunnelProtocol {
     Tcp,
 }
 
-/// Istio's `WorkloadStatus`.
+/// Istio's `WorkloadStatus`, plus `Terminating` (a Ferry extension: Istio has no such status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Health {
     Healthy,
     Unhealthy,
+    /// Shutting down (a Kubernetes endpoint's `terminating` condition, a rollout): it takes no
+    /// new connections, whatever the health policy, and keeps the ones it has.
+    Terminating,
 }
 
 /// One service port mapped to the workload's target port. Istio's `Port`.

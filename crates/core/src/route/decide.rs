@@ -286,6 +286,8 @@ pub(super) enum SetAside<'s> {
     NotInSubset(&'s BTreeMap<String, String>),
     /// A connect to it failed, before any byte was sent, on an earlier attempt.
     FailedBefore,
+    /// Ejected by this node's outlier detection (its connects kept failing).
+    Ejected,
 }
 
 // === impl SetAside ===
@@ -307,6 +309,7 @@ impl SetAside<'_> {
             },
             Self::PortNotMapped(port) => DropReason::PortNotMapped { port },
             Self::FailedBefore => DropReason::FailedBefore,
+            Self::Ejected => DropReason::Ejected,
             Self::NotInSubset(labels) => DropReason::NotInSubset {
                 subset: labels
                     .iter()

@@ -42,6 +42,7 @@ pub(crate) use waypoint::WaypointInstances;
 use crate::identity::Identity;
 use crate::lb::Placement;
 use crate::model::{ClusterId, Locality, NetworkId, ServiceKey, Workload, WorkloadUid};
+use crate::outlier::Ejected;
 
 /// Who is connecting.
 #[derive(Clone, Copy, Debug)]
@@ -64,7 +65,13 @@ pub struct Source<'a> {
     /// Endpoints and waypoint instances a connect to has just failed, before any byte was sent:
     /// set aside, so that a retry picks another from the same decision.
     pub excluded: &'a [WorkloadUid],
+    /// Endpoints and waypoint instances this node's outlier detection has ejected: set aside
+    /// like unhealthy ones (the trace says "ejected").
+    pub ejected: &'a Ejected,
 }
+
+/// No ejection in force.
+static NONE_EJECTED: Ejected = Ejected::NONE;
 
 /// The locality of a hop that is no workload: none, so no locality preference matches it.
 static NO_LOCALITY: Locality = Locality {
@@ -92,6 +99,7 @@ impl<'a> Source<'a> {
             origin_cluster,
             sent_by: None,
             excluded: &[],
+            ejected: &NONE_EJECTED,
         }
     }
 
@@ -116,6 +124,7 @@ impl<'a> Source<'a> {
             origin_cluster,
             sent_by: None,
             excluded: &[],
+            ejected: &NONE_EJECTED,
         }
     }
 
@@ -126,6 +135,11 @@ impl<'a> Source<'a> {
             sent_by: Some(peer),
             ..self
         }
+    }
+
+    /// Outlier detection's ejections (this node's): set aside.
+    pub fn ejecting(self, ejected: &'a Ejected) -> Self {
+        Self { ejected, ..self }
     }
 
     /// A retry: `failed` (the landings of earlier attempts) are set aside.

@@ -967,3 +967,69 @@ fn a_hop_that_is_no_workload_routes_from_where_it_stands() {
         d.outcome
     );
 }
+
+/// A terminating endpoint takes no new connection (another of the service does), and the
+/// trace says why, apart from unhealthy; with no other endpoint, the decision fails rather
+/// than choose it.
+#[test]
+fn a_terminating_endpoint_is_never_picked_and_the_trace_says_terminating() {
+    let mut m = flat();
+    m.service("echo", &[("net", "198.18.100.1")], 80, 8080);
+    m.pod("echo-east", "east-1", "198.18.1.20");
+    m.pod("echo-west", "west-1", "198.18.2.20");
+    m.backs("echo-east", "echo").backs("echo-west", "echo");
+    m.workload_mut("echo-east").health = Health::Terminating;
+    let snap = m.build();
+    for seed in 0..50 {
+        let d = decide_seeded(&snap, "sleep", "198.18.100.1:80", seed);
+        assert_eq!(landing(&d), "west//v1/Pod/default/echo-west", "seed {seed}");
+        assert!(
+            d.steps.iter().any(|s| matches!(s,
+                Step::Dropped {
+                    candidate,
+                    reason: DropReason::Balancer(crate::lb::LbDrop::Terminating),
+                    ..
+                } if candidate == "east//v1/Pod/default/echo-east")),
+            "seed {seed}: {:?}",
+            d.steps
+        );
+    }
+    m.workload_mut("echo-west").health = Health::Unhealthy;
+    let d = decide(&m.build(), "sleep", "198.18.100.1:80");
+    assert!(
+        matches!(d.outcome, Err(RouteError::NoEndpoint { .. })),
+        "{:?}",
+        d.outcome
+    );
+}
+
+/// An ejected endpoint is set aside like an unhealthy one, and the trace says "ejected"; the
+/// others of the service take the connection.
+#[test]
+fn an_ejected_endpoint_is_set_aside_and_the_trace_says_ejected() {
+    let mut m = flat();
+    m.service("echo", &[("net", "198.18.100.1")], 80, 8080);
+    m.pod("echo-east", "east-1", "198.18.1.20");
+    m.pod("echo-west", "west-1", "198.18.2.20");
+    m.backs("echo-east", "echo").backs("echo-west", "echo");
+    let snap = m.build();
+    let ejected: crate::outlier::Ejected = [crate::model::WorkloadUid::new(
+        "east//v1/Pod/default/echo-east",
+    )]
+    .into_iter()
+    .collect();
+    let sleep = snap.workloads().find(|w| w.name == "sleep").unwrap();
+    let dst = Destination::Addr("198.18.100.1:80".parse().unwrap());
+    for seed in 0..50 {
+        let src = Source::new(sleep).ejecting(&ejected);
+        let d = route(&snap, src, &dst, &mut SplitMix64::new(seed));
+        assert_eq!(landing(&d), "west//v1/Pod/default/echo-west", "seed {seed}");
+        assert!(
+            d.steps.iter().any(|s| matches!(s,
+                Step::Dropped { candidate, reason: DropReason::Ejected, .. }
+                    if candidate == "east//v1/Pod/default/echo-east")),
+            "seed {seed}: {:?}",
+            d.steps
+        );
+    }
+}

@@ -81,6 +81,8 @@ pub enum DropReason {
     },
     /// An earlier attempt of this connection failed to connect to it (a retry).
     FailedBefore,
+    /// Ejected by this node's outlier detection: its connects kept failing.
+    Ejected,
     Balancer(LbDrop),
 }
 

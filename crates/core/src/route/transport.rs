@@ -91,12 +91,18 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
     }
 
     /// Why `cand` cannot be reached from the source's network, if it cannot.
-    /// Also: a candidate an earlier attempt of this connection failed to reach.
+    /// Also: a candidate an earlier attempt of this connection failed to reach, or one outlier
+    /// detection has ejected.
     pub(super) fn unreachable(&self, cand: &Cand<'_>) -> Option<SetAside<'static>> {
         if let Target::Workload(w) = cand.target
             && self.src.excluded.contains(&w.uid)
         {
             return Some(SetAside::FailedBefore);
+        }
+        if let Target::Workload(w) = cand.target
+            && self.src.ejected.contains(&w.uid)
+        {
+            return Some(SetAside::Ejected);
         }
         if cand.network == self.src.placement.network {
             return None;

@@ -114,3 +114,19 @@ fn the_source_workload_is_named_only_when_its_address_holds_the_proven_identity(
     assert_eq!(at("198.18.255.1", &sleep), None);
     assert_eq!(at("198.18.9.9", &sleep), None);
 }
+
+/// A terminating pod keeps its open connections: the re-check on each snapshot change judges
+/// scope and policy only, never health, so marking it terminating (or unhealthy) ends none.
+#[test]
+fn a_held_tunnel_to_a_terminating_pod_is_not_ended_by_the_re_check() {
+    use ferry_core::model::Health;
+    for health in [Health::Terminating, Health::Unhealthy] {
+        let mut m = mesh();
+        m.workload_mut("echo").health = health;
+        let snap = m.build();
+        for target in ["198.18.2.20:8080", "echo.default.svc.cluster.local:80"] {
+            judge_tunnel(&snap, "west", target)
+                .unwrap_or_else(|e| panic!("{health:?}, {target}: {e}"));
+        }
+    }
+}

@@ -4,6 +4,8 @@ use ferry_hbone::headers::valid_traceparent;
 
 use super::*;
 
+static NONE_EJECTED: Ejected = Ejected::NONE;
+
 fn mesh() -> MeshBuilder {
     let mut m = MeshBuilder::new();
     m.cluster("east", "net-east");
@@ -29,7 +31,10 @@ fn plan_from_sleep(snap: &Snapshot, to: &str) -> Result<Ctx, Refused> {
         &identity,
         "198.18.1.10:40000".parse().unwrap(),
         to.parse().unwrap(),
-        &[],
+        Avoid {
+            failed: &[],
+            ejected: &NONE_EJECTED,
+        },
         &mut SplitMix64::new(7),
     )
 }

@@ -95,11 +95,7 @@ impl Cx {
                 ProtocolSpec::Hbone => TunnelProtocol::Hbone,
                 ProtocolSpec::Tcp => TunnelProtocol::Tcp,
             };
-            workload.health = if w.healthy {
-                Health::Healthy
-            } else {
-                Health::Unhealthy
-            };
+            workload.health = health(w.healthy, w.terminating);
             workload.capacity = w.capacity;
             workload.waypoint = waypoint;
             workload.services = services;
@@ -139,11 +135,7 @@ impl Cx {
         let Some(mut workload) = self.workload(pod) else {
             return;
         };
-        workload.health = if inst.healthy {
-            Health::Healthy
-        } else {
-            Health::Unhealthy
-        };
+        workload.health = health(inst.healthy, inst.terminating);
         workload.capacity = inst.capacity;
         let hbone = PortMapping {
             service_port: HBONE_PORT,
@@ -260,5 +252,14 @@ impl Cx {
             node: Some(NodeName::new(node)),
             locality: info.locality.clone(),
         })
+    }
+}
+
+/// A workload's health from the topology's `healthy` and `terminating`: terminating wins.
+fn health(healthy: bool, terminating: bool) -> Health {
+    match (terminating, healthy) {
+        (true, _) => Health::Terminating,
+        (false, true) => Health::Healthy,
+        (false, false) => Health::Unhealthy,
     }
 }

@@ -179,6 +179,8 @@ fn workload(w: &wl::Workload) -> R<Workload> {
         Err(_) => return Err(format!("unknown tunnel_protocol {}", w.tunnel_protocol)),
     };
     let health = match wl::WorkloadStatus::try_from(w.status) {
+        // Terminating whatever the status says (Ferry sends UNHEALTHY with it).
+        Ok(_) if w.ferry_terminating => Health::Terminating,
         Ok(wl::WorkloadStatus::Healthy) => Health::Healthy,
         Ok(wl::WorkloadStatus::Unhealthy) => Health::Unhealthy,
         Err(_) => return Err(format!("unknown status {}", w.status)),

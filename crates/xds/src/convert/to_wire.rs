@@ -142,8 +142,11 @@ fn workload(w: &Workload) -> wl::Workload {
             .collect(),
         status: match w.health {
             Health::Healthy => wl::WorkloadStatus::Healthy as i32,
-            Health::Unhealthy => wl::WorkloadStatus::Unhealthy as i32,
+            // Upstream has no terminating status: UNHEALTHY stops a stock peer's new
+            // connections too, and `ferry_terminating` says which it is.
+            Health::Unhealthy | Health::Terminating => wl::WorkloadStatus::Unhealthy as i32,
         },
+        ferry_terminating: w.health == Health::Terminating,
         cluster_id: w.cluster.to_string(),
         locality: Some(wl::Locality {
             region: w.locality.region.clone(),

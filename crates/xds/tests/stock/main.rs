@@ -584,3 +584,35 @@ proptest! {
         }
     }
 }
+
+/// A terminating workload: a stock peer reads UNHEALTHY (so it opens no new connection to it
+/// either, no more than Ferry), and Ferry reads it back as terminating.
+#[test]
+fn a_terminating_workload_is_unhealthy_at_a_stock_peer_and_terminating_at_ferry() {
+    use ferry_core::model::Health;
+    let mut m = sleep_and_echo();
+    m.workload_mut("echo").health = Health::Terminating;
+    let snap = m.build();
+    let peer = stock(&snap);
+    let echo = peer.workloads.values().find(|w| w.name == "echo").unwrap();
+    assert_eq!(
+        echo.status,
+        ferry_api::stock::workload::WorkloadStatus::Unhealthy as i32
+    );
+    let set = ResourceSet::encode(&snap);
+    let mut seen = 0;
+    for (n, v) in &set.by_type[ferry_api::ADDRESS_TYPE] {
+        if let ferry_xds::convert::Decoded::Workload(w) =
+            ferry_xds::convert::decode_address(n, &v.body).unwrap()
+        {
+            let want = if w.name == "echo" {
+                Health::Terminating
+            } else {
+                Health::Healthy
+            };
+            assert_eq!(w.health, want, "{n}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2);
+}

@@ -1,0 +1,172 @@
+//! A pod marked terminating (`ferry lab terminate`, an edit of the lab's topology the control
+//! plane picks up) takes no new connections, while the ones it has keep flowing. On
+//! [`CHANGING`], one at a time; the topology is written back however the test ends.
+
+use std::io::BufRead;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::harness::{CHANGING, Lab, eventually, ferry};
+
+/// How long an edit of the topology may take to reach every node proxy.
+const EDIT_BOUND: Duration = Duration::from_secs(10);
+
+/// The lab's topology file as it was, written back when dropped (however the test ends).
+struct Restore {
+    path: std::path::PathBuf,
+    text: String,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.path, &self.text);
+    }
+}
+
+/// `ferry lab terminate POD [--undo]` on this lab.
+fn terminate(lab: &Lab, pod: &str, undo: bool) {
+    let mut cmd = ferry();
+    cmd.args(["lab", "terminate", pod, "--state-dir"])
+        .arg(&lab.dir)
+        .args(["--id", &lab.id]);
+    if undo {
+        cmd.arg("--undo");
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "ferry lab terminate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Which echo pod answered a connection from sleep to the echo service.
+fn answered_by(answer: &str) -> &'static str {
+    ["echo-alpha-1", "echo-alpha-2", "echo-beta"]
+        .into_iter()
+        .find(|p| answer.contains(p))
+        .unwrap_or_else(|| panic!("answered by no echo pod: {answer}"))
+}
+
+/// A held connection that pings every 100 ms, and the lines its holder prints.
+struct Held {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Held {
+    fn open(lab: &Lab, pod: &str, to: &str) -> Self {
+        let mut child = ferry()
+            .args(["lab", "exec", pod, "--state-dir"])
+            .arg(&lab.dir)
+            .args(["--id", &lab.id, "--"])
+            .arg(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "lab",
+                "hold",
+                to,
+                "--n",
+                "1",
+                "--until-closed",
+                "--ping-ms",
+                "100",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = lines.recv_timeout(Duration::from_secs(10));
+        assert_eq!(first.as_deref(), Ok("held 1"));
+        Self { child, lines }
+    }
+
+    /// Waits for `n` more pings (each an echoed line), failing on anything else.
+    fn pings(&self, n: usize) {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut seen = 0;
+        while seen < n {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.starts_with("ping ") => seen += 1,
+                Ok(l) => panic!("the held connection ended: {l}"),
+                Err(e) => panic!("{seen} of {n} pings in 10 s on the held connection: {e}"),
+            }
+        }
+    }
+
+    /// Every line printed so far is a ping: the connection never closed.
+    fn still_open(&self) {
+        for l in self.lines.try_iter() {
+            assert!(l.starts_with("ping "), "the held connection ended: {l}");
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// sleep -> echo (global, prefer_close) lands on echo-alpha-1, on sleep's own node. Held open
+/// and pinging, echo-alpha-1 is marked terminating: within the edit bound new connections go
+/// to the other replicas only (counted per pod), and the held one keeps flowing. Unmarked, it
+/// serves new connections again.
+#[test]
+fn a_terminating_pod_keeps_its_open_connections_and_gets_no_new_ones() {
+    let Some((lab, _one_at_a_time)) = CHANGING.one_at_a_time() else {
+        return;
+    };
+    let path = lab.dir.join("topology.yaml");
+    let _restore = Restore {
+        text: std::fs::read_to_string(&path).unwrap(),
+        path,
+    };
+    const VIP: &str = "198.18.10.1:80";
+    let first = lab.send("sleep", VIP, "before\n").unwrap();
+    assert_eq!(answered_by(&first), "echo-alpha-1", "the closest endpoint");
+    let held = Held::open(lab, "sleep", VIP);
+    held.pings(3);
+
+    terminate(lab, "echo-alpha-1", false);
+    let marked = Instant::now();
+    assert!(
+        eventually(EDIT_BOUND, || lab
+            .send("sleep", VIP, "after\n")
+            .is_ok_and(|a| answered_by(&a) != "echo-alpha-1")),
+        "new connections still go to the terminating echo-alpha-1 after {EDIT_BOUND:?}"
+    );
+    let took = marked.elapsed();
+    const N: usize = 20;
+    let mut counts = std::collections::BTreeMap::new();
+    for i in 0..N {
+        let a = lab
+            .send("sleep", VIP, "count\n")
+            .unwrap_or_else(|e| panic!("connection {i} failed: {e}"));
+        *counts.entry(answered_by(&a)).or_insert(0) += 1;
+    }
+    eprintln!("marked terminating, seen in {took:?}; new connections per pod: {counts:?}");
+    assert_eq!(counts.get("echo-alpha-1"), None, "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), N);
+    // The held connection to echo-alpha-1 kept flowing the whole time.
+    held.still_open();
+    held.pings(5);
+
+    terminate(lab, "echo-alpha-1", true);
+    assert!(
+        eventually(EDIT_BOUND, || lab
+            .send("sleep", VIP, "back\n")
+            .is_ok_and(|a| answered_by(&a) == "echo-alpha-1")),
+        "echo-alpha-1 does not take new connections again once unmarked"
+    );
+    held.still_open();
+}
