@@ -93,6 +93,13 @@ pub fn parse_within(
     })
 }
 
+/// The size and nesting check alone: what [`parse_within`] runs before the YAML parser. For the
+/// fuzz targets (`fuzz/`), which scan hostile text without parsing it.
+#[doc(hidden)]
+pub fn check_limits(text: &str, limits: &Limits) -> Result<(), Problem> {
+    limits::check(text, limits)
+}
+
 /// Reads and converts the topology file at `path`, within the default [`Limits`].
 pub fn load_file(path: &Path) -> Result<Topology, TopologyError> {
     load_file_within(path, &Limits::default())
