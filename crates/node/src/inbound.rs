@@ -165,12 +165,13 @@ fn out_of_scope(outcome: &Outcome<'_>) -> Option<ConnError> {
     }
 }
 
-/// The metric labels of a connection to `pod`, from what its tunnel says about its source
-/// (`headers`: baggage names the cluster; the inner request of double HBONE names the network).
+/// The metric labels of a connection to `pod`: its source cluster is the one the peer's
+/// certificate proves, else (a certificate of another trust source) what its baggage claims, a
+/// hint for telemetry only; the inner request of double HBONE names the network (`headers`).
 fn labels(
     dst: Option<&Workload>,
     pod: &Pod,
-    peer: Option<&Identity>,
+    peer: Option<(&Identity, &PeerCluster)>,
     flag: ResponseFlag,
     headers: Option<&ConnectHeaders>,
 ) -> Labels {
@@ -181,8 +182,8 @@ fn labels(
     Labels {
         reporter: Reporter::Destination,
         source_workload: unknown(),
-        source_principal: peer.map_or_else(unknown, ToString::to_string),
-        source_cluster: baggage.cluster.unwrap_or_else(unknown),
+        source_principal: peer.map_or_else(unknown, |(id, _)| id.to_string()),
+        source_cluster: source_cluster(peer.map(|(_, c)| c), baggage.cluster),
         source_network: headers
             .and_then(|h| h.forwarded_network.clone())
             .unwrap_or_else(unknown),
@@ -192,6 +193,15 @@ fn labels(
         destination_cluster: dst.map_or_else(unknown, |w| w.cluster.to_string()),
         destination_network: dst.map_or_else(unknown, |w| w.network.to_string()),
         response_flags: flag.into(),
+    }
+}
+
+/// The `source_cluster` label: the cluster the peer's certificate proves; only for a
+/// certificate without one (another trust source), the cluster its baggage claims.
+fn source_cluster(peer: Option<&PeerCluster>, claimed: Option<String>) -> String {
+    match peer.and_then(PeerCluster::proven) {
+        Some(proven) => proven.to_string(),
+        None => claimed.unwrap_or_else(|| "unknown".to_string()),
     }
 }
 
@@ -289,7 +299,7 @@ impl Handler for Inbound {
             let l = labels(
                 Some(dst),
                 &self.pod,
-                Some(&req.peer),
+                Some((&req.peer, &req.peer_cluster)),
                 e.flag,
                 Some(&headers),
             );
@@ -303,7 +313,7 @@ impl Handler for Inbound {
         let labels = labels(
             Some(dst),
             &self.pod,
-            Some(&req.peer),
+            Some((&req.peer, &req.peer_cluster)),
             ResponseFlag::None,
             Some(&headers),
         );

@@ -130,3 +130,18 @@ fn a_held_tunnel_to_a_terminating_pod_is_not_ended_by_the_re_check() {
         }
     }
 }
+
+#[test]
+fn the_source_cluster_label_is_the_proven_one_and_a_claim_only_without_proof() {
+    let proven = PeerCluster::Proven("west".into());
+    assert_eq!(source_cluster(Some(&proven), Some("east".into())), "west");
+    assert_eq!(
+        source_cluster(Some(&PeerCluster::Unproven), Some("east".into())),
+        "east"
+    );
+    assert_eq!(
+        source_cluster(Some(&PeerCluster::Unproven), None),
+        "unknown"
+    );
+    assert_eq!(source_cluster(None, None), "unknown");
+}
