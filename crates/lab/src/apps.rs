@@ -465,14 +465,37 @@ pub(crate) fn streams(target: SocketAddr, n: usize, max: Duration) -> anyhow::Re
     })
 }
 
+/// How `churn` paces and reports its connections.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pace {
+    /// New connections per second at most (`None`: one after another).
+    pub(crate) rate: Option<u32>,
+    /// Print `ok <name>` for each connection (the first word of its greeting: the pod's name).
+    pub(crate) each: bool,
+}
+
 /// Opens short connections to `to` one after another (connect, read the greeting, close) until
 /// `stop` exists or `max` passes; returns (succeeded, failed) and prints each failure.
-pub(crate) fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u64, u64) {
+pub(crate) fn churn(
+    to: SocketAddr,
+    stop: &std::path::Path,
+    max: Duration,
+    pace: Pace,
+) -> (u64, u64) {
     use std::io::BufRead;
-    let end = Instant::now() + max;
+    let start = Instant::now();
+    let end = start + max;
     let (mut ok, mut failed) = (0u64, 0u64);
     while !stop.exists() && Instant::now() < end {
-        let attempt = (|| -> std::io::Result<()> {
+        if let Some(rate) = pace.rate.filter(|r| *r > 0) {
+            // The next connection is due at (connections so far) / rate after the start.
+            let due = start + Duration::from_secs_f64((ok + failed) as f64 / f64::from(rate));
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if Instant::now() >= end {
+                break;
+            }
+        }
+        let attempt = (|| -> std::io::Result<String> {
             let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
             s.set_read_timeout(Some(Duration::from_secs(3)))?;
             let mut line = String::new();
@@ -483,10 +506,15 @@ pub(crate) fn churn(to: SocketAddr, stop: &std::path::Path, max: Duration) -> (u
                     "closed before the greeting",
                 ));
             }
-            Ok(())
+            Ok(line)
         })();
         match attempt {
-            Ok(()) => ok += 1,
+            Ok(line) => {
+                ok += 1;
+                if pace.each {
+                    println!("ok {}", line.split_whitespace().next().unwrap_or("?"));
+                }
+            }
             Err(e) => {
                 failed += 1;
                 eprintln!("attempt {} failed: {e}", ok + failed);

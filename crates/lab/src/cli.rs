@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::session::LabArgs;
-use crate::{apps, bench, craft, ops, session};
+use crate::{apps, bench, craft, ops, rollout, session};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -214,6 +214,29 @@ pub enum LabCommand {
         until_file: PathBuf,
         #[arg(long, default_value_t = 120)]
         max_seconds: u64,
+        /// New connections per second at most (default: one after another).
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Print `ok <pod>` for each connection (who answered).
+        #[arg(long)]
+        each: bool,
+    },
+    /// A rolling restart of a service's replicas, one at a time (terminating, stopped, started,
+    /// ready), while a client pod makes new connections to its VIP at a steady rate. Prints the
+    /// connections per replica and `failed=N`; exits 1 if any failed.
+    Rollout {
+        service: String,
+        /// The client pod.
+        #[arg(long, default_value = "sleep")]
+        from: String,
+        /// New connections per second.
+        #[arg(long, default_value_t = 50)]
+        rate: u32,
+        /// How long the client runs (the replicas restart within it).
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        #[command(flatten)]
+        lab: LabArgs,
     },
     /// Restart one node proxy; its pods are enrolled again.
     RestartNode {
@@ -349,11 +372,29 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             to,
             until_file,
             max_seconds,
+            rate,
+            each,
         } => done(bench::handover::churn(
             to,
             &until_file,
             Duration::from_secs(max_seconds),
+            apps::Pace { rate, each },
         )),
+        LabCommand::Rollout {
+            service,
+            from,
+            rate,
+            seconds,
+            lab,
+        } => rollout::run(
+            &lab.state_dir,
+            &rollout::Plan {
+                service: &service,
+                from: &from,
+                rate,
+                seconds,
+            },
+        ),
         LabCommand::BenchMemory {
             from,
             to,

@@ -19,6 +19,7 @@ pub mod cli;
 mod craft;
 mod ops;
 mod procs;
+mod rollout;
 mod session;
 mod state;
 

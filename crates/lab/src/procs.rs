@@ -92,7 +92,17 @@ pub(crate) fn signal_and_wait(
     let _ = kill(pid, signal);
     wait_for(what, max, || {
         let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-        kill(pid, None).is_err()
+        kill(pid, None).is_err() || zombie(pid)
+    })
+}
+
+/// `pid` has exited and waits to be reaped by a parent that is not us (its sockets and
+/// listeners are gone already).
+fn zombie(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            == Some("Z")
     })
 }
 

@@ -101,8 +101,13 @@ fn drain_seconds(args: &[String]) -> Option<u64> {
 
 /// `ferry lab churn` (inside the lab): short connections one after another until `until_file`
 /// appears; prints `ok=<n> failed=<n>`.
-pub(crate) fn churn(to: SocketAddr, until_file: &Path, max: Duration) -> anyhow::Result<()> {
-    let (ok, failed) = crate::apps::churn(to, until_file, max);
+pub(crate) fn churn(
+    to: SocketAddr,
+    until_file: &Path,
+    max: Duration,
+    pace: crate::apps::Pace,
+) -> anyhow::Result<()> {
+    let (ok, failed) = crate::apps::churn(to, until_file, max, pace);
     println!("ok={ok} failed={failed}");
     Ok(())
 }
