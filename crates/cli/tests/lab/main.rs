@@ -15,6 +15,7 @@ mod origin;
 mod outlier;
 mod policy;
 mod retry;
+mod rollout;
 mod terminate;
 mod trust;
 mod waypoint;
