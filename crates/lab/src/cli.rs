@@ -507,4 +507,32 @@ mod tests {
             other => panic!("parsed as {other:?}"),
         }
     }
+
+    #[test]
+    fn rollout_defaults_to_50_connections_a_second_for_30_s_from_sleep() {
+        let lab = Lab::try_parse_from(["lab", "rollout", "web"]).expect("parses");
+        match lab.cmd {
+            LabCommand::Rollout {
+                service,
+                from,
+                rate,
+                seconds,
+                ..
+            } => {
+                assert_eq!((service.as_str(), from.as_str()), ("web", "sleep"));
+                assert_eq!((rate, seconds), (50, 30));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let lab = Lab::try_parse_from(["lab", "rollout", "web", "--rate", "30", "--seconds", "6"])
+            .expect("parses");
+        assert!(matches!(
+            lab.cmd,
+            LabCommand::Rollout {
+                rate: 30,
+                seconds: 6,
+                ..
+            }
+        ));
+    }
 }
