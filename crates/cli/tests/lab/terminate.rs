@@ -2,11 +2,9 @@
 //! plane picks up) takes no new connections, while the ones it has keep flowing. On
 //! [`CHANGING`], one at a time; the topology is written back however the test ends.
 
-use std::io::BufRead;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::harness::{CHANGING, Lab, eventually, ferry};
+use crate::harness::{CHANGING, Held, Lab, eventually, ferry};
 
 /// How long an edit of the topology may take to reach every node proxy.
 const EDIT_BOUND: Duration = Duration::from_secs(10);
@@ -48,72 +46,24 @@ fn answered_by(answer: &str) -> &'static str {
         .unwrap_or_else(|| panic!("answered by no echo pod: {answer}"))
 }
 
-/// A held connection that pings every 100 ms, and the lines its holder prints.
-struct Held {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Held {
-    fn open(lab: &Lab, pod: &str, to: &str) -> Self {
-        let mut child = ferry()
-            .args(["lab", "exec", pod, "--state-dir"])
-            .arg(&lab.dir)
-            .args(["--id", &lab.id, "--"])
-            .arg(env!("CARGO_BIN_EXE_ferry"))
-            .args([
-                "lab",
-                "hold",
-                to,
-                "--n",
-                "1",
-                "--until-closed",
-                "--ping-ms",
-                "100",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = lines.recv_timeout(Duration::from_secs(10));
-        assert_eq!(first.as_deref(), Ok("held 1"));
-        Self { child, lines }
-    }
-
-    /// Waits for `n` more pings (each an echoed line), failing on anything else.
-    fn pings(&self, n: usize) {
-        let end = Instant::now() + Duration::from_secs(10);
-        let mut seen = 0;
-        while seen < n {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.starts_with("ping ") => seen += 1,
-                Ok(l) => panic!("the held connection ended: {l}"),
-                Err(e) => panic!("{seen} of {n} pings in 10 s on the held connection: {e}"),
-            }
-        }
-    }
-
-    /// Every line printed so far is a ping: the connection never closed.
-    fn still_open(&self) {
-        for l in self.lines.try_iter() {
-            assert!(l.starts_with("ping "), "the held connection ended: {l}");
+/// Waits for `n` more pings (each an echoed line) on `held`, failing on anything else.
+fn pings(held: &Held, n: usize) {
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut seen = 0;
+    while seen < n {
+        let left = end.saturating_duration_since(Instant::now());
+        match held.lines.recv_timeout(left) {
+            Ok((_, l)) if l.starts_with("ping ") => seen += 1,
+            Ok((_, l)) => panic!("the held connection ended: {l}"),
+            Err(e) => panic!("{seen} of {n} pings in 10 s on the held connection: {e}"),
         }
     }
 }
 
-impl Drop for Held {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Every line `held` printed so far is a ping: the connection never closed.
+fn still_open(held: &Held) {
+    for (_, l) in held.lines.try_iter() {
+        assert!(l.starts_with("ping "), "the held connection ended: {l}");
     }
 }
 
@@ -134,8 +84,8 @@ fn a_terminating_pod_keeps_its_open_connections_and_gets_no_new_ones() {
     const VIP: &str = "198.18.10.1:80";
     let first = lab.send("sleep", VIP, "before\n").unwrap();
     assert_eq!(answered_by(&first), "echo-alpha-1", "the closest endpoint");
-    let held = Held::open(lab, "sleep", VIP);
-    held.pings(3);
+    let held = lab.hold_pinging("sleep", VIP);
+    pings(&held, 3);
 
     terminate(lab, "echo-alpha-1", false);
     let marked = Instant::now();
@@ -158,8 +108,8 @@ fn a_terminating_pod_keeps_its_open_connections_and_gets_no_new_ones() {
     assert_eq!(counts.get("echo-alpha-1"), None, "{counts:?}");
     assert_eq!(counts.values().sum::<usize>(), N);
     // The held connection to echo-alpha-1 kept flowing the whole time.
-    held.still_open();
-    held.pings(5);
+    still_open(&held);
+    pings(&held, 5);
 
     terminate(lab, "echo-alpha-1", true);
     assert!(
@@ -168,5 +118,5 @@ fn a_terminating_pod_keeps_its_open_connections_and_gets_no_new_ones() {
             .is_ok_and(|a| answered_by(&a) == "echo-alpha-1")),
         "echo-alpha-1 does not take new connections again once unmarked"
     );
-    held.still_open();
+    still_open(&held);
 }
