@@ -30,7 +30,9 @@
 //!   whatever `healthy` says.
 //! - A service is backed by the workloads of its namespace whose labels include its
 //!   `selector`, with the service's port map; and by its address `endpoints` (which may be
-//!   another service's VIP: a nested service address).
+//!   another service's VIP: a nested service address). `selector_clusters: [..]` limits the
+//!   selector to the workloads of the clusters named (a service that exists only in some
+//!   clusters, as Kubernetes objects do).
 //! - `scope` is `global`, `local` (the default: the secure choice) or `{clusters: [..]}`;
 //!   `scope_by_cluster` overrides it for the endpoints of one cluster.
 //! - A waypoint becomes a service on port 15008 with `waypoint_for` set, backed by its
@@ -45,7 +47,7 @@
 mod convert;
 mod error;
 mod limits;
-mod schema;
+pub mod schema;
 
 use std::io::Read as _;
 use std::path::Path;
@@ -87,6 +89,20 @@ pub fn parse_within(
     let file: schema::File =
         serde_path_to_error::deserialize(de).map_err(|e| fail(vec![error::from_yaml(&e)]))?;
     let (snapshot, trust_domain) = convert::convert(&file).map_err(fail)?;
+    Ok(Topology {
+        snapshot,
+        trust_domain,
+    })
+}
+
+/// Checks and converts an already-built [`schema::File`] by the same rules as a parsed one;
+/// `source_name` names it in errors. The Kubernetes translation (`ferry-k8s`) builds its file
+/// from cluster objects and converts it here.
+pub fn convert_file(source_name: &str, file: &schema::File) -> Result<Topology, TopologyError> {
+    let (snapshot, trust_domain) = convert::convert(file).map_err(|problems| TopologyError {
+        file: source_name.to_string(),
+        problems,
+    })?;
     Ok(Topology {
         snapshot,
         trust_domain,

@@ -1,5 +1,9 @@
 //! The file format: serde structs that mirror the YAML one to one.
 //!
+//! Public so that other sources of truth (the Kubernetes translation in `ferry-k8s`) can build a
+//! [`File`] and have it checked and converted by exactly the rules a hand-written file gets
+//! ([`crate::convert_file`]).
+//!
 //! Everything here is syntax. Values that need checking against the rest of the file (names,
 //! addresses, CIDRs, identities) stay strings so that [`crate::convert`] can report every problem
 //! at once instead of stopping at the first. Every struct denies unknown keys: a typo is an
@@ -13,210 +17,214 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 /// A label map (`app: echo`).
-pub(crate) type Labels = BTreeMap<String, String>;
+pub type Labels = BTreeMap<String, String>;
 
 /// The whole file.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct File {
-    pub(crate) trust_domain: Option<String>,
-    pub(crate) clusters: Vec<ClusterSpec>,
+pub struct File {
+    pub trust_domain: Option<String>,
+    pub clusters: Vec<ClusterSpec>,
     #[serde(default)]
-    pub(crate) nodes: Vec<NodeSpec>,
+    pub nodes: Vec<NodeSpec>,
     #[serde(default)]
-    pub(crate) gateways: Vec<GatewaySpec>,
+    pub gateways: Vec<GatewaySpec>,
     #[serde(default)]
-    pub(crate) waypoints: Vec<WaypointSpec>,
+    pub waypoints: Vec<WaypointSpec>,
     #[serde(default)]
-    pub(crate) services: Vec<ServiceSpec>,
+    pub services: Vec<ServiceSpec>,
     #[serde(default)]
-    pub(crate) workloads: Vec<WorkloadSpec>,
+    pub workloads: Vec<WorkloadSpec>,
     #[serde(default)]
-    pub(crate) policies: Vec<PolicySpec>,
+    pub policies: Vec<PolicySpec>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ClusterSpec {
-    pub(crate) name: String,
-    pub(crate) network: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NodeSpec {
-    pub(crate) name: String,
-    pub(crate) cluster: String,
-    pub(crate) address: Option<String>,
-    #[serde(default)]
-    pub(crate) locality: LocalitySpec,
+pub struct ClusterSpec {
+    pub name: String,
+    pub network: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct LocalitySpec {
+pub struct NodeSpec {
+    pub name: String,
+    pub cluster: String,
+    pub address: Option<String>,
     #[serde(default)]
-    pub(crate) region: String,
+    pub locality: LocalitySpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalitySpec {
     #[serde(default)]
-    pub(crate) zone: String,
+    pub region: String,
     #[serde(default)]
-    pub(crate) subzone: String,
+    pub zone: String,
+    #[serde(default)]
+    pub subzone: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct GatewaySpec {
-    pub(crate) name: String,
-    pub(crate) cluster: String,
-    pub(crate) address: String,
-    pub(crate) port: Option<u16>,
-    pub(crate) namespace: Option<String>,
-    pub(crate) service_account: Option<String>,
+pub struct GatewaySpec {
+    pub name: String,
+    pub cluster: String,
+    pub address: String,
+    pub port: Option<u16>,
+    pub namespace: Option<String>,
+    pub service_account: Option<String>,
 }
 
 /// What a waypoint serves.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum WaypointForSpec {
+pub enum WaypointForSpec {
     #[default]
     Service,
     Workload,
     All,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct WaypointSpec {
-    pub(crate) name: String,
-    pub(crate) namespace: Option<String>,
+pub struct WaypointSpec {
+    pub name: String,
+    pub namespace: Option<String>,
     #[serde(rename = "for", default)]
-    pub(crate) for_: WaypointForSpec,
-    pub(crate) scope: Option<ScopeSpec>,
+    pub for_: WaypointForSpec,
+    pub scope: Option<ScopeSpec>,
     #[serde(default)]
-    pub(crate) scope_by_cluster: BTreeMap<String, ScopeSpec>,
+    pub scope_by_cluster: BTreeMap<String, ScopeSpec>,
     #[serde(default)]
-    pub(crate) vips: Vec<VipSpec>,
-    pub(crate) load_balancing: Option<LbSpec>,
-    pub(crate) service_account: Option<String>,
+    pub vips: Vec<VipSpec>,
+    pub load_balancing: Option<LbSpec>,
+    pub service_account: Option<String>,
     #[serde(default)]
-    pub(crate) instances: Vec<InstanceSpec>,
+    pub instances: Vec<InstanceSpec>,
 }
 
 /// One pod of a waypoint.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct InstanceSpec {
-    pub(crate) name: String,
-    pub(crate) node: String,
-    pub(crate) address: String,
+pub struct InstanceSpec {
+    pub name: String,
+    pub node: String,
+    pub address: String,
     #[serde(default = "yes")]
-    pub(crate) healthy: bool,
+    pub healthy: bool,
     /// Shutting down: no new connections, open ones kept (whatever `healthy` says).
     #[serde(default)]
-    pub(crate) terminating: bool,
+    pub terminating: bool,
     #[serde(default = "one")]
-    pub(crate) capacity: u32,
+    pub capacity: u32,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct VipSpec {
-    pub(crate) network: String,
-    pub(crate) address: String,
+pub struct VipSpec {
+    pub network: String,
+    pub address: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct PortSpec {
-    pub(crate) port: u16,
+pub struct PortSpec {
+    pub port: u16,
     /// Optional here only so that a missing target is reported with the other problems.
-    pub(crate) target_port: Option<u16>,
+    pub target_port: Option<u16>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ServiceSpec {
-    pub(crate) name: String,
-    pub(crate) namespace: Option<String>,
-    pub(crate) hostname: Option<String>,
+pub struct ServiceSpec {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub hostname: Option<String>,
     #[serde(default)]
-    pub(crate) vips: Vec<VipSpec>,
+    pub vips: Vec<VipSpec>,
     #[serde(default)]
-    pub(crate) ports: Vec<PortSpec>,
-    pub(crate) selector: Option<Labels>,
-    pub(crate) scope: Option<ScopeSpec>,
+    pub ports: Vec<PortSpec>,
+    pub selector: Option<Labels>,
+    /// The clusters whose workloads `selector` picks (none: every cluster). A service that
+    /// exists only in some clusters (as Kubernetes objects do) is backed by those clusters'
+    /// pods alone.
+    pub selector_clusters: Option<Vec<String>>,
+    pub scope: Option<ScopeSpec>,
     #[serde(default)]
-    pub(crate) scope_by_cluster: BTreeMap<String, ScopeSpec>,
-    pub(crate) waypoint: Option<String>,
-    pub(crate) load_balancing: Option<LbSpec>,
+    pub scope_by_cluster: BTreeMap<String, ScopeSpec>,
+    pub waypoint: Option<String>,
+    pub load_balancing: Option<LbSpec>,
     #[serde(default)]
-    pub(crate) subject_alt_names: Vec<String>,
+    pub subject_alt_names: Vec<String>,
     #[serde(default)]
-    pub(crate) endpoints: Vec<EndpointSpec>,
+    pub endpoints: Vec<EndpointSpec>,
     /// HTTP routes, applied in order by the service's waypoint.
     #[serde(default)]
-    pub(crate) routes: Vec<RouteSpec>,
+    pub routes: Vec<RouteSpec>,
 }
 
 /// One HTTP route of a service.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RouteSpec {
-    pub(crate) name: String,
+pub struct RouteSpec {
+    pub name: String,
     /// Any of these (none: every request).
     #[serde(default, rename = "match")]
-    pub(crate) matches: Vec<RouteMatchSpec>,
-    pub(crate) backends: Vec<BackendSpec>,
+    pub matches: Vec<RouteMatchSpec>,
+    pub backends: Vec<BackendSpec>,
     /// Deadline for the response head, in milliseconds (none: no deadline).
-    pub(crate) timeout_ms: Option<u32>,
+    pub timeout_ms: Option<u32>,
     /// Further tries of an idempotent request without a body that failed before a response.
     #[serde(default)]
-    pub(crate) retries: u32,
+    pub retries: u32,
 }
 
 /// Conditions that must all hold.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RouteMatchSpec {
+pub struct RouteMatchSpec {
     /// Exact path.
-    pub(crate) path: Option<String>,
+    pub path: Option<String>,
     /// Path prefix, segment-wise.
-    pub(crate) path_prefix: Option<String>,
+    pub path_prefix: Option<String>,
     /// Header name to pattern (exact, `prefix*`, `*suffix`, `*`).
     #[serde(default)]
-    pub(crate) headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, String>,
 }
 
 /// Where a share of a route's requests goes.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct BackendSpec {
+pub struct BackendSpec {
     /// A service name in the route's namespace, or `namespace/name`.
-    pub(crate) service: String,
-    pub(crate) port: Option<u16>,
+    pub service: String,
+    pub port: Option<u16>,
     /// Endpoint labels the backend is limited to.
     #[serde(default)]
-    pub(crate) subset: BTreeMap<String, String>,
+    pub subset: BTreeMap<String, String>,
     #[serde(default = "one")]
-    pub(crate) weight: u32,
+    pub weight: u32,
 }
 
 /// An endpoint given by address (typically another service's VIP).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct EndpointSpec {
-    pub(crate) address: String,
-    pub(crate) cluster: String,
-    pub(crate) network: Option<String>,
+pub struct EndpointSpec {
+    pub address: String,
+    pub cluster: String,
+    pub network: Option<String>,
     /// Service port to target port.
     #[serde(default)]
-    pub(crate) ports: BTreeMap<u16, u16>,
+    pub ports: BTreeMap<u16, u16>,
 }
 
 /// How a workload is reached.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum ProtocolSpec {
+pub enum ProtocolSpec {
     #[default]
     Hbone,
     Tcp,
@@ -224,104 +232,140 @@ pub(crate) enum ProtocolSpec {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct WorkloadSpec {
-    pub(crate) name: String,
-    pub(crate) namespace: Option<String>,
-    pub(crate) uid: Option<String>,
-    pub(crate) service_account: Option<String>,
-    pub(crate) node: Option<String>,
-    pub(crate) cluster: Option<String>,
-    pub(crate) address: Option<String>,
-    pub(crate) addresses: Option<Vec<String>>,
+pub struct WorkloadSpec {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub uid: Option<String>,
+    pub service_account: Option<String>,
+    pub node: Option<String>,
+    pub cluster: Option<String>,
+    pub address: Option<String>,
+    pub addresses: Option<Vec<String>>,
     #[serde(default)]
-    pub(crate) protocol: ProtocolSpec,
+    pub protocol: ProtocolSpec,
     #[serde(default = "yes")]
-    pub(crate) healthy: bool,
+    pub healthy: bool,
     /// Shutting down: no new connections, open ones kept (whatever `healthy` says).
     #[serde(default)]
-    pub(crate) terminating: bool,
+    pub terminating: bool,
     #[serde(default = "one")]
-    pub(crate) capacity: u32,
+    pub capacity: u32,
     #[serde(default)]
-    pub(crate) labels: Labels,
-    pub(crate) waypoint: Option<String>,
+    pub labels: Labels,
+    pub waypoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum ActionSpec {
+pub enum ActionSpec {
     #[default]
     Allow,
     Deny,
     Audit,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct PolicySpec {
-    pub(crate) name: String,
-    pub(crate) namespace: Option<String>,
+pub struct PolicySpec {
+    pub name: String,
+    pub namespace: Option<String>,
     #[serde(default)]
-    pub(crate) mesh: bool,
-    pub(crate) selector: Option<Labels>,
+    pub mesh: bool,
+    pub selector: Option<Labels>,
     #[serde(default)]
-    pub(crate) action: ActionSpec,
+    pub action: ActionSpec,
     #[serde(default)]
-    pub(crate) dry_run: bool,
+    pub dry_run: bool,
     #[serde(default)]
-    pub(crate) rules: Vec<RuleSpec>,
+    pub rules: Vec<RuleSpec>,
 }
 
 /// One rule: Istio's Kubernetes `Rule` with `from[].source` and `to[].operation` flattened.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct RuleSpec {
+pub struct RuleSpec {
     #[serde(default)]
-    pub(crate) from: Vec<FromSpec>,
+    pub from: Vec<FromSpec>,
     #[serde(default)]
-    pub(crate) to: Vec<ToSpec>,
+    pub to: Vec<ToSpec>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct FromSpec {
+pub struct FromSpec {
     #[serde(default)]
-    pub(crate) principals: Vec<String>,
+    pub principals: Vec<String>,
     #[serde(default)]
-    pub(crate) not_principals: Vec<String>,
+    pub not_principals: Vec<String>,
     #[serde(default)]
-    pub(crate) namespaces: Vec<String>,
+    pub namespaces: Vec<String>,
     #[serde(default)]
-    pub(crate) not_namespaces: Vec<String>,
+    pub not_namespaces: Vec<String>,
     #[serde(default)]
-    pub(crate) ip_blocks: Vec<String>,
+    pub ip_blocks: Vec<String>,
     #[serde(default)]
-    pub(crate) not_ip_blocks: Vec<String>,
+    pub not_ip_blocks: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ToSpec {
+pub struct ToSpec {
     #[serde(default)]
-    pub(crate) ports: Vec<PortValue>,
+    pub ports: Vec<PortValue>,
     #[serde(default)]
-    pub(crate) not_ports: Vec<PortValue>,
+    pub not_ports: Vec<PortValue>,
     /// L7, enforced by waypoints: HTTP methods, paths and hosts (exact, `prefix*`, `*suffix`).
     #[serde(default)]
-    pub(crate) methods: Vec<String>,
+    pub methods: Vec<String>,
     #[serde(default)]
-    pub(crate) not_methods: Vec<String>,
+    pub not_methods: Vec<String>,
     #[serde(default)]
-    pub(crate) paths: Vec<String>,
+    pub paths: Vec<String>,
     #[serde(default)]
-    pub(crate) not_paths: Vec<String>,
+    pub not_paths: Vec<String>,
     #[serde(default)]
-    pub(crate) hosts: Vec<String>,
+    pub hosts: Vec<String>,
     #[serde(default)]
-    pub(crate) not_hosts: Vec<String>,
+    pub not_hosts: Vec<String>,
     /// Request headers: each named header must have a value matching one of the patterns.
     #[serde(default)]
-    pub(crate) headers: std::collections::BTreeMap<String, Vec<String>>,
+    pub headers: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// A healthy, serving pod of capacity 1, as a file entry that names nothing else means.
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            namespace: None,
+            uid: None,
+            service_account: None,
+            node: None,
+            cluster: None,
+            address: None,
+            addresses: None,
+            protocol: ProtocolSpec::default(),
+            healthy: true,
+            terminating: false,
+            capacity: 1,
+            labels: Labels::new(),
+            waypoint: None,
+        }
+    }
+}
+
+/// A healthy, serving instance of capacity 1, as a file entry that names nothing else means.
+impl Default for InstanceSpec {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            node: String::new(),
+            address: String::new(),
+            healthy: true,
+            terminating: false,
+            capacity: 1,
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -334,7 +378,7 @@ fn one() -> u32 {
 
 /// A port in a policy: a number, or (as in Istio's Kubernetes API) a string of digits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PortValue(pub(crate) u16);
+pub struct PortValue(pub u16);
 
 impl<'de> Deserialize<'de> for PortValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -371,7 +415,7 @@ impl<'de> Deserialize<'de> for PortValue {
 
 /// A service's scope: `global`, `local` or `{clusters: [..]}`.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ScopeSpec {
+pub enum ScopeSpec {
     Global,
     Local,
     Clusters(Vec<String>),
@@ -413,7 +457,7 @@ impl<'de> Deserialize<'de> for ScopeSpec {
 /// Istio's `LoadBalancing.Mode`.
 #[derive(Clone, Copy, Debug, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum LbModeSpec {
+pub enum LbModeSpec {
     Standard,
     Strict,
     Failover,
@@ -422,7 +466,7 @@ pub(crate) enum LbModeSpec {
 /// One routing preference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum PreferSpec {
+pub enum PreferSpec {
     Network,
     Region,
     Zone,
@@ -434,7 +478,7 @@ pub(crate) enum PreferSpec {
 /// Istio's `LoadBalancing.HealthPolicy`.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum HealthSpec {
+pub enum HealthSpec {
     #[default]
     OnlyHealthy,
     AllowAll,
@@ -443,17 +487,17 @@ pub(crate) enum HealthSpec {
 /// The long form of a load-balancing setting.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct LbDetail {
-    pub(crate) mode: LbModeSpec,
+pub struct LbDetail {
+    pub mode: LbModeSpec,
     #[serde(default)]
-    pub(crate) prefer: Vec<PreferSpec>,
+    pub prefer: Vec<PreferSpec>,
     #[serde(default)]
-    pub(crate) health: HealthSpec,
+    pub health: HealthSpec,
 }
 
 /// A load-balancing setting: `prefer_close`, `standard` or the long form.
 #[derive(Debug)]
-pub(crate) enum LbSpec {
+pub enum LbSpec {
     PreferClose,
     Standard,
     Detail(LbDetail),

@@ -345,3 +345,48 @@ fn examples_route_as_documented() {
         );
     }
 }
+
+#[test]
+fn selector_clusters_limits_a_selector_to_the_clusters_named() {
+    let doc = "\
+clusters:
+  - {name: east, network: net}
+  - {name: west, network: net}
+nodes:
+  - {name: east-1, cluster: east}
+  - {name: west-1, cluster: west}
+services:
+  - {name: echo, ports: [{port: 80, target_port: 8080}], selector: {app: echo}, selector_clusters: [west]}
+  - {name: any, ports: [{port: 80, target_port: 8080}], selector: {app: echo}}
+workloads:
+  - {name: echo-east, node: east-1, address: 198.18.1.1, labels: {app: echo}}
+  - {name: echo-west, node: west-1, address: 198.18.2.1, labels: {app: echo}}
+";
+    let snap = ferry_topology::parse("t.yaml", doc)
+        .expect("valid")
+        .snapshot;
+    let backing = |svc: &str| -> Vec<String> {
+        let mut v: Vec<String> = snap
+            .endpoints(&key(svc))
+            .iter()
+            .filter_map(|e| match e {
+                Endpoint::Workload(uid) => Some(uid.as_str().to_string()),
+                Endpoint::Address(_) => None,
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        backing("echo"),
+        ["west//v1/Pod/default/echo-west"],
+        "only west's pods back it"
+    );
+    assert_eq!(
+        backing("any"),
+        [
+            "east//v1/Pod/default/echo-east",
+            "west//v1/Pod/default/echo-west"
+        ]
+    );
+}

@@ -145,6 +145,13 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "selector_clusters with an unknown cluster",
+        "services:\n  - {name: echo, selector: {app: echo}, selector_clusters: [east, north]}\n",
+        &[
+            "services[0] (echo).selector_clusters[1]: expected one of the clusters [east, west], found \"north\"",
+        ],
+    ),
+    (
         "scope_by_cluster with an unknown cluster",
         "services:\n  - {name: echo, scope_by_cluster: {north: global}}\n",
         &[

@@ -12,7 +12,7 @@ mod routes;
 mod services;
 mod workloads;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Display;
 use std::net::IpAddr;
 
@@ -131,6 +131,8 @@ struct Selector {
     key: ServiceKey,
     namespace: String,
     labels: BTreeMap<String, String>,
+    /// Only workloads of these clusters (none: of every cluster).
+    clusters: Option<BTreeSet<ClusterId>>,
     ports: Vec<ferry_core::model::PortMapping>,
 }
 

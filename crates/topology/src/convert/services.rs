@@ -142,6 +142,17 @@ impl Cx {
             declared_ports.sort_unstable();
             declared_ports.dedup();
             let address_endpoints = self.endpoints(&path, &s.endpoints, &declared_ports);
+            let selector_clusters = s.selector_clusters.as_ref().map(|names| {
+                names
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, c)| {
+                        self.cluster_network(&format!("{path}.selector_clusters[{j}]"), c)
+                            .is_some()
+                    })
+                    .map(|(_, c)| ClusterId::new(c))
+                    .collect()
+            });
             if !unique {
                 continue;
             }
@@ -150,6 +161,7 @@ impl Cx {
                     key: key.clone(),
                     namespace: ns.clone(),
                     labels: labels.clone(),
+                    clusters: selector_clusters,
                     ports: ports
                         .iter()
                         .map(|p| PortMapping {

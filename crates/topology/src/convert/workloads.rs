@@ -75,6 +75,11 @@ impl Cx {
                 .selectors
                 .iter()
                 .filter(|s| s.namespace == ns && selects(&s.labels, &w.labels))
+                .filter(|s| match (&s.clusters, &placement) {
+                    (None, _) => true,
+                    (Some(set), Some(p)) => set.contains(&p.cluster),
+                    (Some(_), None) => false,
+                })
                 .map(|s| (s.key.clone(), s.ports.clone()))
                 .collect();
 
