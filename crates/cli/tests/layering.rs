@@ -39,8 +39,9 @@ const FLOORS: &[&[&str]] = &[
     &["ferry-core"],
     // The topology file format (used by control and lab only); generated wire types.
     &["ferry-topology", "ferry-api"],
-    // rustls configurations, SAN checks, the certificate manager and the CA client.
-    &["ferry-tls"],
+    // rustls configurations, SAN checks, the certificate manager and the CA client; the
+    // translation of Kubernetes objects into a topology.
+    &["ferry-tls", "ferry-k8s"],
     // The HBONE protocol.
     &["ferry-hbone"],
     // The delta-ADS client and the model <-> wire conversion.
@@ -79,6 +80,11 @@ const FORBIDDEN: &[(&[&str], &str, &str)] = &[
         DATA_PLANE,
         "ferry-control",
         "the data plane does not link the control plane",
+    ),
+    (
+        DATA_PLANE,
+        "ferry-k8s",
+        "the data plane learns the mesh from xDS only, never from Kubernetes objects",
     ),
     (
         DATA_PLANE,

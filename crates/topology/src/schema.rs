@@ -414,7 +414,7 @@ impl<'de> Deserialize<'de> for PortValue {
 }
 
 /// A service's scope: `global`, `local` or `{clusters: [..]}`.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScopeSpec {
     Global,
     Local,

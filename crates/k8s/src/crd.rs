@@ -1,0 +1,174 @@
+//! The custom resources the translation reads, as far as it reads them: Gateway API's
+//! `Gateway` (`gateway.networking.k8s.io/v1`, waypoints and east-west gateways) and Istio's
+//! `AuthorizationPolicy` (`security.istio.io/v1`).
+//!
+//! A `Gateway`'s fields Ferry does not use are ignored. An `AuthorizationPolicy` keeps every
+//! field it does not know in `other` maps: the translation must see them, because a policy
+//! Ferry cannot enforce exactly fails closed instead of being read as something weaker.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Fields a struct does not know, by name.
+pub type Other = BTreeMap<String, Value>;
+
+/// A Gateway API `Gateway`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Gateway {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    pub spec: GatewaySpec,
+    #[serde(default)]
+    pub status: Option<GatewayStatus>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    pub gateway_class_name: String,
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Listener {
+    #[serde(default)]
+    pub name: String,
+    pub port: u16,
+    #[serde(default)]
+    pub protocol: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct GatewayStatus {
+    #[serde(default)]
+    pub addresses: Vec<GatewayAddress>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct GatewayAddress {
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    pub value: String,
+}
+
+/// Istio's `AuthorizationPolicy`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct AuthorizationPolicy {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: PolicySpec,
+    /// Set when the object did not decode: why. Such a policy is kept with its metadata,
+    /// selector and action only, and fails closed.
+    #[serde(skip)]
+    pub invalid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    pub selector: Option<WorkloadSelector>,
+    pub action: Option<String>,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    /// `targetRef`, `targetRefs`, `provider` and anything newer.
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSelector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Rule {
+    #[serde(default)]
+    pub from: Vec<From>,
+    #[serde(default)]
+    pub to: Vec<To>,
+    #[serde(default)]
+    pub when: Vec<Condition>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct From {
+    #[serde(default)]
+    pub source: Source,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// The parts of `Source` Ferry enforces; the rest (request principals, remote IP blocks,
+/// service accounts) land in `other`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Source {
+    #[serde(default)]
+    pub principals: Vec<String>,
+    #[serde(default)]
+    pub not_principals: Vec<String>,
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    #[serde(default)]
+    pub not_namespaces: Vec<String>,
+    #[serde(default)]
+    pub ip_blocks: Vec<String>,
+    #[serde(default)]
+    pub not_ip_blocks: Vec<String>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct To {
+    #[serde(default)]
+    pub operation: Operation,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub not_hosts: Vec<String>,
+    #[serde(default)]
+    pub ports: Vec<String>,
+    #[serde(default)]
+    pub not_ports: Vec<String>,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub not_methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub not_paths: Vec<String>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    pub key: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+    #[serde(default)]
+    pub not_values: Vec<String>,
+    #[serde(flatten)]
+    pub other: Other,
+}

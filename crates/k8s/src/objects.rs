@@ -1,0 +1,195 @@
+//! The objects of one cluster that the translation reads, and how they are read from YAML as
+//! `kubectl get -o yaml` prints them (a `List`, single objects, or several documents).
+//!
+//! One bad object never blocks the rest: an object that does not decode is left out with a
+//! [`Note`] naming it and what was wrong, and the others are kept. An `AuthorizationPolicy`
+//! that does not decode is kept in a form that fails closed (see
+//! [`crate::crd::AuthorizationPolicy::invalid`]), because leaving a policy out grants what it
+//! would have refused.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::crd::{AuthorizationPolicy, Gateway, PolicySpec, WorkloadSelector};
+
+/// Everything of one cluster the translation reads.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterObjects {
+    /// The cluster's ID (Istio's `CLUSTER_ID`).
+    pub cluster: String,
+    /// Its network; when `None`, the `topology.istio.io/network` label of the system
+    /// namespace, else the cluster ID.
+    pub network: Option<String>,
+    pub namespaces: Vec<Namespace>,
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+    pub services: Vec<Service>,
+    pub gateways: Vec<Gateway>,
+    pub policies: Vec<AuthorizationPolicy>,
+}
+
+/// Something the translation left out or changed, and why: logged and counted by the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub cluster: String,
+    /// `Kind namespace/name` (or `Kind name` for cluster-wide kinds).
+    pub object: String,
+    pub message: String,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cluster {}: {}: {}",
+            self.cluster, self.object, self.message
+        )
+    }
+}
+
+/// Why a YAML text could not be read at all (a single bad object is a [`Note`] instead).
+#[derive(Debug, thiserror::Error)]
+#[error("{source_name}: expected Kubernetes objects in YAML, found: {message}")]
+pub struct LoadError {
+    pub source_name: String,
+    pub message: String,
+}
+
+impl ClusterObjects {
+    /// No objects yet, for cluster `cluster`.
+    pub fn new(cluster: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Adds the objects in `text` (`source_name` names it in errors). Kinds the translation
+    /// does not read are ignored; objects that do not decode are left out, each with a note.
+    pub fn add_yaml(&mut self, source_name: &str, text: &str) -> Result<Vec<Note>, LoadError> {
+        let mut notes = Vec::new();
+        for doc in serde_yaml_ng::Deserializer::from_str(text) {
+            let value = Value::deserialize(doc).map_err(|e| LoadError {
+                source_name: source_name.to_string(),
+                message: e.to_string(),
+            })?;
+            match value {
+                Value::Null => {}
+                v if kind_of(&v) == "List" => {
+                    if let Some(Value::Array(items)) = v.get("items") {
+                        for item in items {
+                            self.add_value(item.clone(), &mut notes);
+                        }
+                    }
+                }
+                v => self.add_value(v, &mut notes),
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Adds one object given as JSON.
+    pub fn add_value(&mut self, value: Value, notes: &mut Vec<Note>) {
+        let kind = kind_of(&value).to_string();
+        let group = api_version_of(&value)
+            .split_once('/')
+            .map_or("", |(g, _)| g)
+            .to_string();
+        let object = object_name(&kind, &value);
+        let mut bad = |e: serde_json::Error| {
+            notes.push(Note {
+                cluster: self.cluster.clone(),
+                object: object.clone(),
+                message: format!("left out: it does not decode ({e})"),
+            });
+        };
+        match (group.as_str(), kind.as_str()) {
+            ("", "Namespace") => match serde_json::from_value(value) {
+                Ok(o) => self.namespaces.push(o),
+                Err(e) => bad(e),
+            },
+            ("", "Node") => match serde_json::from_value(value) {
+                Ok(o) => self.nodes.push(o),
+                Err(e) => bad(e),
+            },
+            ("", "Pod") => match serde_json::from_value(value) {
+                Ok(o) => self.pods.push(o),
+                Err(e) => bad(e),
+            },
+            ("", "Service") => match serde_json::from_value(value) {
+                Ok(o) => self.services.push(o),
+                Err(e) => bad(e),
+            },
+            ("gateway.networking.k8s.io", "Gateway") => match serde_json::from_value(value) {
+                Ok(o) => self.gateways.push(o),
+                Err(e) => bad(e),
+            },
+            ("security.istio.io", "AuthorizationPolicy") => {
+                match serde_json::from_value::<AuthorizationPolicy>(value.clone()) {
+                    Ok(o) => self.policies.push(o),
+                    Err(e) => {
+                        let p = failed_policy(&value, &e);
+                        notes.push(Note {
+                            cluster: self.cluster.clone(),
+                            object,
+                            message: format!(
+                                "does not decode ({e}); kept as a policy that fails closed"
+                            ),
+                        });
+                        self.policies.push(p);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The fail-closed stand-in for a policy that does not decode: its metadata, selector and
+/// action as far as they can be read, and the reason.
+fn failed_policy(value: &Value, error: &serde_json::Error) -> AuthorizationPolicy {
+    let metadata: ObjectMeta = value
+        .get("metadata")
+        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .unwrap_or_default();
+    let spec = value.get("spec");
+    let selector: Option<WorkloadSelector> = spec
+        .and_then(|s| s.get("selector"))
+        .map(|s| serde_json::from_value(s.clone()).unwrap_or_default());
+    let action = spec
+        .and_then(|s| s.get("action"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    AuthorizationPolicy {
+        metadata,
+        spec: PolicySpec {
+            selector,
+            action,
+            ..PolicySpec::default()
+        },
+        invalid: Some(error.to_string()),
+    }
+}
+
+fn kind_of(v: &Value) -> &str {
+    v.get("kind").and_then(Value::as_str).unwrap_or("")
+}
+
+fn api_version_of(v: &Value) -> &str {
+    v.get("apiVersion").and_then(Value::as_str).unwrap_or("")
+}
+
+/// `Kind namespace/name`, as far as the object says.
+fn object_name(kind: &str, v: &Value) -> String {
+    let meta = v.get("metadata");
+    let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str);
+    match (field("namespace"), field("name")) {
+        (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
+        (None, Some(n)) => format!("{kind} {n}"),
+        _ => format!("{kind} (unnamed)"),
+    }
+}

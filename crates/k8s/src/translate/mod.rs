@@ -1,0 +1,188 @@
+//! Kubernetes objects to a Ferry mesh: a pure function from the objects of every cluster to a
+//! topology [`File`], which `ferry_topology::convert_file` then checks and converts by the
+//! same rules as a hand-written file. No I/O here; the watch layer only collects objects.
+//!
+//! The rules, as Istio users already write them:
+//! - **Clusters and places.** One cluster per [`ClusterObjects`], on its network; a `Node`'s
+//!   `topology.kubernetes.io/region|zone` and `topology.istio.io/subzone` labels are its
+//!   locality.
+//! - **Enrollment.** A pod is in the mesh (reached over HBONE) when it or its namespace has
+//!   `istio.io/dataplane-mode=ambient`; `none` on the pod opts it out. Other pods are plain
+//!   TCP workloads. Pods without an address, finished pods and host-network pods are left out.
+//!   `Ready` is health; a deletion timestamp marks a pod terminating.
+//! - **Waypoints.** A `Gateway` of class `istio-waypoint` is a waypoint; its
+//!   `istio.io/waypoint-for` label says what it serves (`service`, the default, `workload`,
+//!   `all`; `none` leaves it out); its instances are the pods labelled
+//!   `gateway.networking.k8s.io/gateway-name`; its addresses are those of the Service of the
+//!   same name. `istio.io/use-waypoint` (with `istio.io/use-waypoint-namespace`) on a pod or
+//!   service, else on its namespace, attaches it; `none` opts out.
+//! - **East-west gateways.** A `Gateway` of class `istio-east-west` in a cluster is that
+//!   cluster network's gateway, at its first status address.
+//! - **Scope.** `ferry.dev/scope` (annotation or label: `local`, `global` or a comma list of
+//!   clusters) on a service, else Istio's `istio.io/global: "true"` label, else the mesh
+//!   default ([`MeshConfig::default_scope`]).
+//! - **Services in several clusters** (namespace sameness) are one service: the addresses of
+//!   every cluster's copy; each cluster's pods back it only if that cluster's copy selects
+//!   them; each cluster's scope applies to its own endpoints. Where copies disagree on ports,
+//!   selector or waypoint, the copy of the first cluster in ID order wins, everywhere and in
+//!   every replica, and each disagreement is a [`Note`].
+//! - **Policies** are translated with Istio's semantics (see [`policies`]); one Ferry cannot
+//!   enforce exactly fails closed.
+
+mod places;
+mod pod_status;
+mod pods;
+mod policies;
+mod scope;
+mod services;
+mod waypoints;
+
+use std::collections::BTreeMap;
+
+use ferry_topology::schema::{File, ScopeSpec};
+use ferry_topology::{Topology, TopologyError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::objects::{ClusterObjects, Note};
+
+/// Mesh-wide settings the objects do not carry.
+#[derive(Clone, Debug)]
+pub struct MeshConfig {
+    /// The trust domain of every workload identity.
+    pub trust_domain: String,
+    /// Istio's root namespace: a policy there without a selector applies mesh-wide, and its
+    /// `topology.istio.io/network` label names the cluster's network.
+    pub root_namespace: String,
+    /// The scope of a service that says nothing: local (the secure choice) unless set.
+    pub default_scope: Scope,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        Self {
+            trust_domain: "cluster.local".into(),
+            root_namespace: "istio-system".into(),
+            default_scope: Scope::Local,
+        }
+    }
+}
+
+/// A service scope, as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Global,
+    Local,
+    Clusters(Vec<String>),
+}
+
+impl Scope {
+    fn spec(&self) -> ScopeSpec {
+        match self {
+            Self::Global => ScopeSpec::Global,
+            Self::Local => ScopeSpec::Local,
+            Self::Clusters(c) => ScopeSpec::Clusters(c.clone()),
+        }
+    }
+}
+
+/// The result: a topology file, and what was left out or decided on the way.
+#[derive(Debug)]
+pub struct Translation {
+    pub file: File,
+    pub notes: Vec<Note>,
+}
+
+impl Translation {
+    /// Checks and converts the file, as a hand-written topology would be.
+    pub fn topology(&self) -> Result<Topology, TopologyError> {
+        ferry_topology::convert_file("kubernetes", &self.file)
+    }
+}
+
+/// Translates the objects of `clusters` (in any order: they are taken in cluster ID order).
+pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation {
+    let mut sorted: Vec<&ClusterObjects> = clusters.iter().collect();
+    sorted.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    let mut tx = Tx {
+        mesh,
+        clusters: sorted,
+        notes: Vec::new(),
+        file: File {
+            trust_domain: Some(mesh.trust_domain.clone()),
+            ..File::default()
+        },
+        waypoints: BTreeMap::new(),
+        nodes: BTreeMap::new(),
+    };
+    tx.places();
+    tx.waypoints();
+    tx.services();
+    tx.pods();
+    tx.policies();
+    Translation {
+        file: tx.file,
+        notes: tx.notes,
+    }
+}
+
+/// What a waypoint serves, by `namespace/name`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Serves {
+    Service,
+    Workload,
+    All,
+}
+
+/// Translation state.
+struct Tx<'a> {
+    mesh: &'a MeshConfig,
+    clusters: Vec<&'a ClusterObjects>,
+    notes: Vec<Note>,
+    file: File,
+    /// `namespace/name` of each waypoint to what it serves.
+    waypoints: BTreeMap<String, Serves>,
+    /// Node name to the cluster that declared it.
+    nodes: BTreeMap<String, String>,
+}
+
+impl Tx<'_> {
+    fn note(&mut self, cluster: &str, object: String, message: impl Into<String>) {
+        self.notes.push(Note {
+            cluster: cluster.to_string(),
+            object,
+            message: message.into(),
+        });
+    }
+
+    /// Labels of namespace `ns` in `cluster`.
+    fn namespace_labels(&self, cluster: &ClusterObjects, ns: &str) -> BTreeMap<String, String> {
+        cluster
+            .namespaces
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(ns))
+            .and_then(|n| n.metadata.labels.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// `namespace/name` of an object (`default` namespace when unset).
+fn ns_name(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A label of an object.
+fn label<'m>(meta: &'m ObjectMeta, key: &str) -> Option<&'m str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// An annotation, else a label, of an object.
+fn setting<'m>(meta: &'m ObjectMeta, key: &str) -> Option<&'m str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+        .or_else(|| label(meta, key))
+}

@@ -1,0 +1,84 @@
+//! Pods to workloads.
+
+use ferry_topology::schema::{ProtocolSpec, WorkloadSpec};
+
+use super::pod_status::{GATEWAY_NAME, is_ready, pod_ips};
+use super::{Serves, Tx, label, ns_name};
+
+/// Istio's enrollment label, on a namespace or a pod: `ambient`, or `none` to opt a pod out.
+const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+
+impl Tx<'_> {
+    pub(super) fn pods(&mut self) {
+        for c in self.clusters.clone() {
+            for p in &c.pods {
+                let (ns, name) = ns_name(&p.metadata);
+                let object = format!("Pod {ns}/{name}");
+                // Gateway pods are waypoint instances or east-west gateways, not workloads.
+                if label(&p.metadata, GATEWAY_NAME).is_some() {
+                    continue;
+                }
+                let spec = p.spec.as_ref();
+                if spec.and_then(|s| s.host_network) == Some(true) {
+                    continue;
+                }
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                if matches!(phase, Some("Succeeded" | "Failed")) {
+                    continue;
+                }
+                let addresses = pod_ips(p);
+                if addresses.is_empty() {
+                    continue;
+                }
+                let ns_labels = self.namespace_labels(c, &ns);
+                let enrolled = match label(&p.metadata, DATAPLANE_MODE) {
+                    Some("ambient") => true,
+                    Some(_) => false,
+                    None => ns_labels.get(DATAPLANE_MODE).map(String::as_str) == Some("ambient"),
+                };
+                let node = spec.and_then(|s| s.node_name.clone());
+                let (node, cluster) = match node {
+                    Some(n) if self.nodes.get(&n) == Some(&c.cluster) => (Some(n), None),
+                    _ => (None, Some(c.cluster.clone())),
+                };
+                let waypoint = if enrolled {
+                    self.waypoint_for(
+                        &c.cluster,
+                        &object,
+                        &p.metadata,
+                        &ns_labels,
+                        Serves::Workload,
+                    )
+                } else {
+                    None
+                };
+                let (address, addresses) = match addresses.as_slice() {
+                    [one] => (Some(one.clone()), None),
+                    _ => (None, Some(addresses)),
+                };
+                self.file.workloads.push(WorkloadSpec {
+                    name,
+                    namespace: Some(ns),
+                    service_account: Some(
+                        spec.and_then(|s| s.service_account_name.clone())
+                            .unwrap_or_else(|| "default".into()),
+                    ),
+                    node,
+                    cluster,
+                    address,
+                    addresses,
+                    protocol: if enrolled {
+                        ProtocolSpec::Hbone
+                    } else {
+                        ProtocolSpec::Tcp
+                    },
+                    healthy: is_ready(p),
+                    terminating: p.metadata.deletion_timestamp.is_some(),
+                    labels: p.metadata.labels.clone().unwrap_or_default(),
+                    waypoint,
+                    ..WorkloadSpec::default()
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Services, merged across clusters by namespace and name (namespace sameness).
+
+use std::collections::BTreeMap;
+
+use ferry_topology::schema::{LbSpec, PortSpec, ServiceSpec, VipSpec};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{Serves, Tx, ns_name};
+use crate::objects::ClusterObjects;
+
+/// One cluster's copy of a service, translated.
+struct ServiceCopy {
+    cluster: String,
+    network: String,
+    ports: Vec<(u16, u16)>,
+    selector: Option<BTreeMap<String, String>>,
+    waypoint: Option<String>,
+    scope: ferry_topology::schema::ScopeSpec,
+    vips: Vec<String>,
+    prefer_close: bool,
+}
+
+impl Tx<'_> {
+    pub(super) fn services(&mut self) {
+        let mut copies: BTreeMap<(String, String), Vec<ServiceCopy>> = BTreeMap::new();
+        for c in self.clusters.clone() {
+            let network = self
+                .file
+                .clusters
+                .iter()
+                .find(|k| k.name == c.cluster)
+                .map(|k| k.network.clone())
+                .unwrap_or_default();
+            for s in &c.services {
+                let (ns, name) = ns_name(&s.metadata);
+                let Some(spec) = s.spec.as_ref() else {
+                    continue;
+                };
+                // A waypoint's own Service gives the waypoint its addresses.
+                if self.waypoints.contains_key(&format!("{ns}/{name}")) {
+                    continue;
+                }
+                if spec.type_.as_deref() == Some("ExternalName") {
+                    continue;
+                }
+                let object = format!("Service {ns}/{name}");
+                let ports = self.ports(c, &object, s);
+                let ns_labels = self.namespace_labels(c, &ns);
+                let waypoint = self.waypoint_for(
+                    &c.cluster,
+                    &object,
+                    &s.metadata,
+                    &ns_labels,
+                    Serves::Service,
+                );
+                let scope = self.scope_of(&c.cluster, &object, &s.metadata);
+                let vips = spec
+                    .cluster_ips
+                    .iter()
+                    .flatten()
+                    .chain(spec.cluster_ip.iter())
+                    .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+                    .cloned()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                copies.entry((ns, name)).or_default().push(ServiceCopy {
+                    cluster: c.cluster.clone(),
+                    network: network.clone(),
+                    ports,
+                    selector: spec.selector.clone().filter(|s| !s.is_empty()),
+                    waypoint,
+                    scope,
+                    vips,
+                    prefer_close: spec.traffic_distribution.as_deref() == Some("PreferClose"),
+                });
+            }
+        }
+        for ((ns, name), copies) in copies {
+            let spec = self.merge(&ns, &name, &copies);
+            self.file.services.push(spec);
+        }
+    }
+
+    /// One service from its copies; the first cluster's copy decides what they disagree on.
+    fn merge(&mut self, ns: &str, name: &str, copies: &[ServiceCopy]) -> ServiceSpec {
+        let first = &copies[0];
+        let object = format!("Service {ns}/{name}");
+        for other in &copies[1..] {
+            let mut differ = Vec::new();
+            if other.ports != first.ports {
+                differ.push("ports");
+            }
+            if other.selector != first.selector {
+                differ.push("selector");
+            }
+            if other.waypoint != first.waypoint {
+                differ.push("waypoint");
+            }
+            if !differ.is_empty() {
+                let msg = format!(
+                    "conflicts with cluster {} on {}: cluster {}'s copy is used",
+                    first.cluster,
+                    differ.join(", "),
+                    first.cluster
+                );
+                self.note(&other.cluster, object.clone(), msg);
+            }
+        }
+        let mut scope_by_cluster = BTreeMap::new();
+        let mut vips = Vec::new();
+        for c in copies {
+            scope_by_cluster.insert(c.cluster.clone(), c.scope.clone());
+            vips.extend(c.vips.iter().map(|ip| VipSpec {
+                network: c.network.clone(),
+                address: ip.clone(),
+            }));
+        }
+        let selector_clusters = copies
+            .iter()
+            .filter(|c| c.selector.is_some() && c.selector == first.selector)
+            .map(|c| c.cluster.clone())
+            .collect();
+        ServiceSpec {
+            name: name.to_string(),
+            namespace: Some(ns.to_string()),
+            vips,
+            ports: first
+                .ports
+                .iter()
+                .map(|&(port, target)| PortSpec {
+                    port,
+                    target_port: Some(target),
+                })
+                .collect(),
+            selector: first.selector.clone(),
+            selector_clusters: Some(selector_clusters),
+            scope: Some(first.scope.clone()),
+            scope_by_cluster,
+            waypoint: first.waypoint.clone(),
+            load_balancing: first.prefer_close.then_some(LbSpec::PreferClose),
+            ..ServiceSpec::default()
+        }
+    }
+
+    /// TCP ports as (port, target port). A named target port is looked up on the pods the
+    /// service selects in this cluster; one that no pod names is left out with a note.
+    fn ports(&mut self, c: &ClusterObjects, object: &str, s: &Service) -> Vec<(u16, u16)> {
+        let Some(spec) = s.spec.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for p in spec.ports.iter().flatten() {
+            if p.protocol.as_deref().is_some_and(|proto| proto != "TCP") {
+                continue;
+            }
+            let Ok(port) = u16::try_from(p.port) else {
+                continue;
+            };
+            let target = match &p.target_port {
+                None => Some(port),
+                Some(IntOrString::Int(n)) => u16::try_from(*n).ok(),
+                Some(IntOrString::String(named)) => named_port(c, s, named),
+            };
+            match target {
+                Some(t) if t != 0 && port != 0 => out.push((port, t)),
+                _ => {
+                    let msg = format!(
+                        "port {port} left out: its target port {:?} is not a port of any pod the service selects",
+                        p.target_port
+                    );
+                    self.note(&c.cluster, object.to_string(), msg);
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
+/// The number of container port `named` on the first pod `s` selects in `c`.
+fn named_port(c: &ClusterObjects, s: &Service, named: &str) -> Option<u16> {
+    let selector = s.spec.as_ref()?.selector.as_ref()?;
+    let ns = s.metadata.namespace.as_deref().unwrap_or("default");
+    c.pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == ns)
+        .filter(|p| selects(selector, p))
+        .find_map(|p| {
+            p.spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|k| k.ports.iter().flatten())
+                .find(|cp| cp.name.as_deref() == Some(named))
+                .and_then(|cp| u16::try_from(cp.container_port).ok())
+        })
+}
+
+fn selects(selector: &BTreeMap<String, String>, p: &Pod) -> bool {
+    let labels = p.metadata.labels.as_ref();
+    selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}

@@ -1,0 +1,228 @@
+//! Objects Ferry cannot use are left out with a note, one bad object never blocks the rest,
+//! and a policy Ferry cannot enforce exactly fails closed.
+
+use std::path::PathBuf;
+
+use ferry_core::authz::{ConnInfo, Effect, authorize};
+use ferry_core::identity::Identity;
+use ferry_core::snapshot::Snapshot;
+use ferry_k8s::{ClusterObjects, MeshConfig, Note, translate};
+
+fn cluster(name: &str, extra: &str) -> (ClusterObjects, Vec<Note>) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
+    let mut c = ClusterObjects::new(name);
+    let mut notes = c
+        .add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
+        .unwrap();
+    notes.extend(c.add_yaml("extra", extra).unwrap());
+    (c, notes)
+}
+
+fn mesh(alpha_extra: &str, beta_extra: &str) -> (Snapshot, Vec<Note>) {
+    let (a, mut notes) = cluster("alpha", alpha_extra);
+    let (b, more) = cluster("beta", beta_extra);
+    notes.extend(more);
+    let (t, n) = translate(&MeshConfig::default(), &[a, b])
+        .into_topology()
+        .unwrap_or_else(|e| panic!("a mesh despite the bad objects: {e}"));
+    notes.extend(n);
+    (t.snapshot, notes)
+}
+
+fn allowed(snap: &Snapshot, from_sa: &str, dst: &str, port: u16) -> bool {
+    let id = Identity::new("cluster.local", "default", from_sa).unwrap();
+    let w = snap
+        .workloads()
+        .find(|w| w.name == dst)
+        .expect("destination");
+    let conn = ConnInfo {
+        source_identity: Some(&id),
+        source_ip: "198.18.1.10".parse().unwrap(),
+        destination_ip: w.addresses[0],
+        destination_port: port,
+        via_waypoint: false,
+    };
+    authorize(snap, w, &conn).effect == Effect::Allow
+}
+
+fn has_note(notes: &[Note], object: &str, text: &str) -> bool {
+    notes
+        .iter()
+        .any(|n| n.object == object && n.message.contains(text))
+}
+
+#[test]
+fn an_allow_policy_with_an_unsupported_field_matches_nothing() {
+    let (before, _) = mesh("", "");
+    assert!(allowed(&before, "sleep", "ledger-alpha", 8080));
+    // The same policy name with `requestPrincipals` (JWT), which Ferry does not enforce.
+    let doc = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ledger-jwt, namespace: default}
+spec:
+  selector: {matchLabels: {app: ledger}}
+  action: ALLOW
+  rules:
+    - from: [{source: {requestPrincipals: [\"issuer/subject\"]}}]
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(
+        has_note(
+            &notes,
+            "AuthorizationPolicy default/ledger-jwt",
+            "spec.rules[0].from[0].source.requestPrincipals is not supported: it matches nothing"
+        ),
+        "{notes:?}"
+    );
+    // Still allowed by ledger-from-sleep; the JWT policy grants nothing more.
+    assert!(allowed(&snap, "sleep", "ledger-alpha", 8080));
+    assert!(!allowed(&snap, "echo", "ledger-alpha", 8080));
+}
+
+#[test]
+fn a_deny_policy_with_an_unsupported_condition_denies_everything_it_selects() {
+    let doc = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-by-source-ip, namespace: default}
+spec:
+  selector: {matchLabels: {app: echo}}
+  action: DENY
+  rules:
+    - when: [{key: source.ip, values: [\"198.18.9.9\"]}]
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(has_note(
+        &notes,
+        "AuthorizationPolicy default/deny-by-source-ip",
+        "it denies everything it selects"
+    ));
+    assert!(!allowed(&snap, "sleep", "echo-alpha-1", 8080));
+    assert!(
+        allowed(&snap, "sleep", "ledger-alpha", 8080),
+        "other workloads are not touched"
+    );
+}
+
+#[test]
+fn a_policy_that_does_not_decode_still_fails_closed() {
+    // `ports` must be strings; a number makes the object undecodable.
+    let doc = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: broken, namespace: default}
+spec:
+  selector: {matchLabels: {app: echo}}
+  action: DENY
+  rules:
+    - to: [{operation: {ports: [8080]}}]
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(has_note(
+        &notes,
+        "AuthorizationPolicy default/broken",
+        "kept as a policy that fails closed"
+    ));
+    assert!(!allowed(&snap, "sleep", "echo-alpha-1", 8080));
+}
+
+#[test]
+fn a_pod_that_does_not_decode_is_left_out_and_the_rest_kept() {
+    let doc = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: broken, namespace: default}
+spec: {containers: 7}
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(has_note(
+        &notes,
+        "Pod default/broken",
+        "left out: it does not decode"
+    ));
+    assert!(snap.workloads().any(|w| w.name == "sleep"));
+    assert!(!snap.workloads().any(|w| w.name == "broken"));
+}
+
+#[test]
+fn a_pod_the_checks_reject_is_left_out_and_the_rest_kept() {
+    // A second pod claiming sleep's address on the same network.
+    let doc = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: impostor, namespace: default, labels: {app: echo}}
+spec: {nodeName: alpha-1, serviceAccountName: echo, containers: [{name: app, image: x}]}
+status: {phase: Running, podIP: 198.18.1.10, conditions: [{type: Ready, status: 'True'}]}
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.message.starts_with("left out: rejected by the checks")),
+        "{notes:?}"
+    );
+    assert!(snap.workloads().any(|w| w.name == "echo-beta"));
+    assert_eq!(
+        snap.workloads()
+            .filter(|w| w.addresses.contains(&"198.18.1.10".parse().unwrap()))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn copies_that_disagree_use_the_first_cluster_and_say_so() {
+    // beta's ledger targets another port.
+    let doc = "\
+apiVersion: v1
+kind: Service
+metadata: {name: ledger, namespace: default}
+spec:
+  clusterIP: 198.18.11.2
+  clusterIPs: [198.18.11.2]
+  ports: [{name: http, port: 80, targetPort: 9999}]
+  selector: {app: ledger}
+";
+    let (a, _) = cluster("alpha", "");
+    let (mut b, _) = cluster("beta", "");
+    b.services
+        .retain(|s| s.metadata.name.as_deref() != Some("ledger"));
+    b.add_yaml("extra", doc).unwrap();
+    let (t, notes) = translate(&MeshConfig::default(), &[b, a])
+        .into_topology()
+        .unwrap();
+    assert!(has_note(
+        &notes,
+        "Service default/ledger",
+        "conflicts with cluster alpha on ports: cluster alpha's copy is used"
+    ));
+    let ledger_beta = t
+        .snapshot
+        .workloads()
+        .find(|w| w.name == "ledger-beta")
+        .unwrap();
+    let key = ferry_core::model::ServiceKey::new("default", "ledger.default.svc.cluster.local");
+    assert_eq!(ledger_beta.target_port(&key, 80), Some(8080));
+}
+
+#[test]
+fn a_scope_that_does_not_parse_is_local() {
+    let doc = "\
+apiVersion: v1
+kind: Service
+metadata: {name: odd, namespace: default, annotations: {ferry.dev/scope: 'alpha,,beta'}}
+spec: {clusterIP: 198.18.10.9, ports: [{port: 80, targetPort: 8080}], selector: {app: echo}}
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(has_note(&notes, "Service default/odd", "taken as local"));
+    let key = ferry_core::model::ServiceKey::new("default", "odd.default.svc.cluster.local");
+    let svc = snap.service(&key).expect("odd");
+    assert_eq!(
+        svc.scope.default,
+        ferry_core::model::ScopeRule::Local,
+        "{:?}",
+        svc.scope
+    );
+}
