@@ -14,6 +14,7 @@ pub mod crd;
 pub mod objects;
 mod repair;
 pub mod translate;
+pub mod watch;
 
 pub use objects::{ClusterObjects, LoadError, Note};
 pub use translate::{MeshConfig, Scope, Translation, translate};

@@ -92,14 +92,20 @@ impl ClusterObjects {
         Ok(notes)
     }
 
-    /// Adds one object given as JSON.
+    /// Adds one object given as JSON, of the kind its `apiVersion` and `kind` say.
     pub fn add_value(&mut self, value: Value, notes: &mut Vec<Note>) {
         let kind = kind_of(&value).to_string();
         let group = api_version_of(&value)
             .split_once('/')
             .map_or("", |(g, _)| g)
             .to_string();
-        let object = object_name(&kind, &value);
+        self.add_as(&group, &kind, value, notes);
+    }
+
+    /// Adds one object of API group `group` (`""` for the core group) and kind `kind`, given
+    /// as JSON (list items from an API server carry no `kind` of their own).
+    pub fn add_as(&mut self, group: &str, kind: &str, value: Value, notes: &mut Vec<Note>) {
+        let object = object_name(kind, &value);
         let mut bad = |e: serde_json::Error| {
             notes.push(Note {
                 cluster: self.cluster.clone(),
@@ -107,7 +113,7 @@ impl ClusterObjects {
                 message: format!("left out: it does not decode ({e})"),
             });
         };
-        match (group.as_str(), kind.as_str()) {
+        match (group, kind) {
             ("", "Namespace") => match serde_json::from_value(value) {
                 Ok(o) => self.namespaces.push(o),
                 Err(e) => bad(e),

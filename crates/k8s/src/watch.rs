@@ -1,0 +1,276 @@
+//! The watch layer, kept thin: one kube-rs reflector per kind per cluster, whose stores are
+//! read whole into [`ClusterObjects`] and translated ([`crate::translate`]) after every burst
+//! of changes.
+//!
+//! - Every kind is watched as a [`DynamicObject`] and decoded by [`ClusterObjects::add_as`],
+//!   so an object that does not decode is a note, never a failed watch.
+//! - A watch error, a dropped watch or a `410 Gone` is handled by kube-rs' watcher (re-watch
+//!   from the last resource version, else relist, with backoff); the reflector's store keeps
+//!   its objects meanwhile and swaps a relist in whole, so nothing is lost or duplicated.
+//! - An unreachable cluster keeps its last good objects (its stores are never cleared) and is
+//!   reported in [`WatchStatus`].
+//! - The translation runs on a blocking thread, never on the async runtime.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use tokio::sync::{Notify, watch};
+
+use crate::objects::{ClusterObjects, Note};
+use crate::translate::{MeshConfig, translate};
+
+/// One cluster to watch.
+#[derive(Clone)]
+pub struct Cluster {
+    /// Its cluster ID.
+    pub id: String,
+    /// Its network (`None`: from its system namespace's label, else the ID).
+    pub network: Option<String>,
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("id", &self.id)
+            .field("network", &self.network)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the watch behaves.
+#[derive(Clone, Debug)]
+pub struct WatchConfig {
+    pub mesh: MeshConfig,
+    /// How long the stores must be quiet after a change before the mesh is translated again.
+    pub debounce: Duration,
+    /// The longest the first translation waits for every cluster's first list.
+    pub initial_sync: Duration,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            mesh: MeshConfig::default(),
+            debounce: Duration::from_millis(50),
+            initial_sync: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the watch has seen, for the admin endpoint and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchStatus {
+    /// By cluster ID.
+    pub clusters: BTreeMap<String, ClusterStatus>,
+    /// Translations applied, and rejected (the last good mesh kept serving).
+    pub applied: u64,
+    pub rejected: u64,
+    /// The notes of the last translation.
+    pub notes: Vec<Note>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// Every kind's first list has arrived.
+    pub synced: bool,
+    /// The last watch error of any kind, cleared by the next event.
+    pub last_error: Option<String>,
+    /// Objects held, all kinds.
+    pub objects: usize,
+}
+
+/// A translated mesh, or why the checks rejected it.
+pub type Outcome = Result<(ferry_topology::Topology, Vec<Note>), ferry_topology::TopologyError>;
+
+/// The kinds watched in every cluster.
+fn kinds() -> Vec<ApiResource> {
+    vec![
+        ApiResource::erase::<Namespace>(&()),
+        ApiResource::erase::<Node>(&()),
+        ApiResource::erase::<Pod>(&()),
+        ApiResource::erase::<Service>(&()),
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            "v1",
+            "Gateway",
+        )),
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "security.istio.io",
+            "v1",
+            "AuthorizationPolicy",
+        )),
+    ]
+}
+
+/// A cluster's stores, one per kind.
+struct Stores {
+    cluster: Cluster,
+    /// Each kind's store, and whether its first list has arrived.
+    kinds: Vec<(ApiResource, Store<DynamicObject>, Arc<AtomicBool>)>,
+}
+
+/// Watches `clusters` and calls `apply` with every translated mesh until the task is dropped.
+/// `status` is kept up to date.
+pub async fn run<F>(
+    clusters: Vec<Cluster>,
+    config: WatchConfig,
+    status: watch::Sender<WatchStatus>,
+    mut apply: F,
+) where
+    F: FnMut(Outcome) + Send,
+{
+    let changed = Arc::new(Notify::new());
+    let mut all = Vec::new();
+    for c in clusters {
+        status.send_modify(|s| {
+            s.clusters.insert(c.id.clone(), ClusterStatus::default());
+        });
+        let mut kinds = Vec::new();
+        for ar in self::kinds() {
+            let listed = Arc::new(AtomicBool::new(false));
+            let store = spawn_reflector(&c, &ar, changed.clone(), status.clone(), listed.clone());
+            kinds.push((ar, store, listed));
+        }
+        all.push(Stores { cluster: c, kinds });
+    }
+    let all = Arc::new(all);
+    // The first translation waits for every first list, within a bound.
+    let ready = futures::future::join_all(
+        all.iter()
+            .flat_map(|s| s.kinds.iter().map(|(_, st, _)| st.wait_until_ready())),
+    );
+    if tokio::time::timeout(config.initial_sync, ready)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            timeout_s = config.initial_sync.as_secs(),
+            "not every cluster listed its objects in time; translating what there is"
+        );
+    }
+    loop {
+        mark_synced(&all, &status);
+        let stores = all.clone();
+        let mesh = config.mesh.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let mut decoding = Vec::new();
+            let objects: Vec<ClusterObjects> =
+                stores.iter().map(|s| read(s, &mut decoding)).collect();
+            let mut t = translate(&mesh, &objects);
+            t.notes.splice(0..0, decoding);
+            t.into_topology()
+        })
+        .await;
+        match outcome {
+            Ok(Ok((topology, notes))) => {
+                for n in &notes {
+                    tracing::warn!(cluster = %n.cluster, object = %n.object, note = %n.message, "kubernetes object");
+                }
+                status.send_modify(|s| {
+                    s.applied += 1;
+                    s.notes.clone_from(&notes);
+                });
+                apply(Ok((topology, notes)));
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the translated mesh was rejected; still serving the last good one");
+                status.send_modify(|s| {
+                    s.rejected += 1;
+                    s.last_error = Some(e.to_string());
+                });
+                apply(Err(e));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the translation thread failed");
+            }
+        }
+        changed.notified().await;
+        // Debounce: the burst is over once the stores have been quiet for a while.
+        while tokio::time::timeout(config.debounce, changed.notified())
+            .await
+            .is_ok()
+        {}
+    }
+}
+
+/// Starts the reflector of kind `ar` in `c`; returns its store.
+fn spawn_reflector(
+    c: &Cluster,
+    ar: &ApiResource,
+    changed: Arc<Notify>,
+    status: watch::Sender<WatchStatus>,
+    listed: Arc<AtomicBool>,
+) -> Store<DynamicObject> {
+    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), ar);
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+    let store = writer.as_reader();
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(api, watcher::Config::default()).default_backoff(),
+    );
+    let cluster = c.id.clone();
+    let kind = ar.kind.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(e) => {
+                    if matches!(e, watcher::Event::InitDone) {
+                        listed.store(true, Ordering::Release);
+                    }
+                    status.send_if_modified(|s| {
+                        let c = s.clusters.entry(cluster.clone()).or_default();
+                        c.last_error.take().is_some()
+                    });
+                    changed.notify_one();
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = %cluster, kind = %kind, error = %e, "watch failed; keeping the last objects and retrying");
+                    status.send_modify(|s| {
+                        s.clusters.entry(cluster.clone()).or_default().last_error =
+                            Some(format!("{kind}: {e}"));
+                    });
+                }
+            }
+        }
+    });
+    store
+}
+
+fn mark_synced(all: &[Stores], status: &watch::Sender<WatchStatus>) {
+    status.send_modify(|s| {
+        for st in all {
+            let c = s.clusters.entry(st.cluster.id.clone()).or_default();
+            c.objects = st.kinds.iter().map(|(_, k, _)| k.len()).sum();
+            c.synced = st.kinds.iter().all(|(_, _, l)| l.load(Ordering::Acquire));
+        }
+    });
+}
+
+/// A cluster's objects, read from its stores; objects that do not decode add to `notes`.
+fn read(s: &Stores, notes: &mut Vec<Note>) -> ClusterObjects {
+    let mut objects = ClusterObjects::new(s.cluster.id.clone());
+    objects.network.clone_from(&s.cluster.network);
+    for (ar, store, _) in &s.kinds {
+        for obj in store.state() {
+            match serde_json::to_value(&*obj) {
+                Ok(v) => objects.add_as(&ar.group, &ar.kind, v, notes),
+                Err(e) => notes.push(Note {
+                    cluster: s.cluster.id.clone(),
+                    object: ar.kind.clone(),
+                    message: format!("left out: it does not encode ({e})"),
+                }),
+            }
+        }
+    }
+    objects
+}

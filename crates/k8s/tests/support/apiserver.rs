@@ -1,0 +1,393 @@
+//! An in-process stand-in for a Kubernetes API server, because none runs on these machines. It
+//! speaks the list/watch protocol over real HTTP (hyper) to the real kube-rs client: lists with
+//! a resourceVersion, watch streams of ADDED / MODIFIED / DELETED / BOOKMARK events from a
+//! given resourceVersion, `410 Gone` (an ERROR event with an `Expired` status) once history is
+//! compacted, dropped watches, refused requests (429, 5xx) and a server that goes away. Its
+//! objects start as recorded fixtures (`kubectl get -o yaml` lists).
+//!
+//! Only cluster-wide collections (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`) are
+//! served: what `Api::all` asks for.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// One change, as a watch reports it.
+#[derive(Clone, Debug)]
+struct Change {
+    rv: u64,
+    collection: String,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    /// Collection path to `namespace/name` to object.
+    collections: BTreeMap<String, BTreeMap<String, Value>>,
+    log: Vec<Change>,
+    /// Watches from a resourceVersion below this get `410 Gone`.
+    compacted: u64,
+    /// Status codes the next requests are refused with.
+    refuse: Vec<u16>,
+    requests: u64,
+    /// Lists served, and watches answered with 410 Gone.
+    lists: u64,
+    gone: u64,
+}
+
+/// A running fake API server.
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    changes: broadcast::Sender<Change>,
+    /// Bumped to end every open watch.
+    generation: watch::Sender<u64>,
+    tasks: Mutex<Option<JoinSet<()>>>,
+}
+
+/// The collection path of an object, from its `apiVersion` and `kind`.
+pub fn collection_of(api_version: &str, kind: &str) -> String {
+    let lower = kind.to_ascii_lowercase();
+    let plural = match lower.strip_suffix('y') {
+        Some(stem) => format!("{stem}ies"),
+        None => format!("{lower}s"),
+    };
+    if api_version.contains('/') {
+        format!("/apis/{api_version}/{plural}")
+    } else {
+        format!("/api/{api_version}/{plural}")
+    }
+}
+
+fn key_of(v: &Value) -> String {
+    let m = &v["metadata"];
+    format!(
+        "{}/{}",
+        m["namespace"].as_str().unwrap_or(""),
+        m["name"].as_str().unwrap_or("")
+    )
+}
+
+fn collection_of_value(v: &Value) -> String {
+    collection_of(
+        v["apiVersion"].as_str().unwrap_or("v1"),
+        v["kind"].as_str().unwrap_or(""),
+    )
+}
+
+impl ApiServer {
+    /// Serves the objects of the YAML `List`s in `texts` on a loopback port.
+    pub async fn start(texts: &[&str]) -> Arc<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (changes, _) = broadcast::channel(4096);
+        let (generation, _) = watch::channel(0);
+        let server = Arc::new(Self {
+            addr,
+            state: Arc::new(Mutex::new(State::default())),
+            changes,
+            generation,
+            tasks: Mutex::new(None),
+        });
+        for text in texts {
+            let list: Value = serde_yaml_ng::from_str(text).unwrap();
+            for item in list["items"].as_array().cloned().unwrap_or_default() {
+                server.apply(item);
+            }
+        }
+        let mut tasks = JoinSet::new();
+        let s = server.clone();
+        tasks.spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let s = s.clone();
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let s = s.clone();
+                        async move { Ok::<_, Infallible>(s.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        *server.tasks.lock() = Some(tasks);
+        server
+    }
+
+    /// A kube client for this server.
+    pub fn client(&self) -> kube::Client {
+        let url = format!("http://{}", self.addr).parse().unwrap();
+        kube::Client::try_from(kube::Config::new(url)).unwrap()
+    }
+
+    /// Creates or replaces an object (ADDED or MODIFIED).
+    pub fn apply(&self, mut object: Value) {
+        let collection = collection_of_value(&object);
+        let key = key_of(&object);
+        let mut st = self.state.lock();
+        st.rv += 1;
+        let rv = st.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let existed = st
+            .collections
+            .entry(collection.clone())
+            .or_default()
+            .insert(key, object.clone())
+            .is_some();
+        let change = Change {
+            rv,
+            collection,
+            kind: if existed { "MODIFIED" } else { "ADDED" },
+            object,
+        };
+        st.log.push(change.clone());
+        drop(st);
+        let _ = self.changes.send(change);
+    }
+
+    /// Applies every object of a YAML document.
+    pub fn apply_yaml(&self, text: &str) {
+        self.apply(serde_yaml_ng::from_str(text).unwrap());
+    }
+
+    /// Changes the stored object `api_version`/`kind` `ns/name` with `edit` (MODIFIED).
+    pub fn edit(&self, api_version: &str, kind: &str, key: &str, edit: impl FnOnce(&mut Value)) {
+        let collection = collection_of(api_version, kind);
+        let mut object = self.state.lock().collections[&collection][key].clone();
+        edit(&mut object);
+        self.apply(object);
+    }
+
+    /// Deletes an object (DELETED).
+    pub fn delete(&self, api_version: &str, kind: &str, key: &str) {
+        let collection = collection_of(api_version, kind);
+        let mut st = self.state.lock();
+        let Some(mut object) = st
+            .collections
+            .get_mut(&collection)
+            .and_then(|c| c.remove(key))
+        else {
+            return;
+        };
+        st.rv += 1;
+        let rv = st.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let change = Change {
+            rv,
+            collection,
+            kind: "DELETED",
+            object,
+        };
+        st.log.push(change.clone());
+        drop(st);
+        let _ = self.changes.send(change);
+    }
+
+    /// Forgets the history: a watch resumed from any earlier resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        let mut st = self.state.lock();
+        st.compacted = st.rv + 1;
+        st.log.clear();
+    }
+
+    /// Ends every open watch stream (as an API server restart or a load balancer does).
+    pub fn drop_watches(&self) {
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Refuses the next requests with these status codes, one each.
+    pub fn refuse_next(&self, codes: &[u16]) {
+        self.state.lock().refuse.extend_from_slice(codes);
+    }
+
+    /// Requests served so far.
+    pub fn requests(&self) -> u64 {
+        self.state.lock().requests
+    }
+
+    /// Lists served so far.
+    pub fn lists(&self) -> u64 {
+        self.state.lock().lists
+    }
+
+    /// Watches answered with 410 Gone so far.
+    pub fn gone(&self) -> u64 {
+        self.state.lock().gone
+    }
+
+    /// Refusals not yet served.
+    pub fn refusals_left(&self) -> usize {
+        self.state.lock().refuse.len()
+    }
+
+    /// Stops listening and closes every connection: the cluster is unreachable.
+    pub fn stop(&self) {
+        if let Some(mut t) = self.tasks.lock().take() {
+            t.abort_all();
+        }
+        self.drop_watches();
+    }
+
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_string();
+        let query: BTreeMap<String, String> = req
+            .uri()
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        {
+            let mut st = self.state.lock();
+            st.requests += 1;
+            if !st.refuse.is_empty() {
+                let code = st.refuse.remove(0);
+                return status(code, "Refused", "refused by the test");
+            }
+        }
+        let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+        if watching {
+            let from: u64 = query
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let bookmarks = query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
+            self.watch(path, from, bookmarks)
+        } else {
+            self.list(&path)
+        }
+    }
+
+    fn list(&self, path: &str) -> Response<Body> {
+        let mut st = self.state.lock();
+        st.lists += 1;
+        let items: Vec<Value> = st
+            .collections
+            .get(path)
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default();
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": st.rv.to_string()},
+            "items": items,
+        });
+        json_response(StatusCode::OK, &body)
+    }
+
+    fn watch(self: &Arc<Self>, path: String, from: u64, bookmarks: bool) -> Response<Body> {
+        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let mut live = self.changes.subscribe();
+        let mut generation = self.generation.subscribe();
+        let (backlog, gone, now) = {
+            let mut st = self.state.lock();
+            let gone = from != 0 && from < st.compacted;
+            st.gone += u64::from(gone);
+            let backlog: Vec<Change> = st
+                .log
+                .iter()
+                .filter(|c| c.rv > from && c.collection == path)
+                .cloned()
+                .collect();
+            (backlog, gone, st.rv)
+        };
+        tokio::spawn(async move {
+            let line = |v: Value| Bytes::from(format!("{v}\n"));
+            if gone {
+                let _ = tx
+                    .send(line(json!({"type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "reason": "Expired", "code": 410,
+                        "message": format!("too old resource version: {from}"),
+                    }})))
+                    .await;
+                return;
+            }
+            let mut sent = from;
+            for c in backlog {
+                sent = c.rv;
+                if tx
+                    .send(line(json!({"type": c.kind, "object": c.object})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if bookmarks {
+                let bm = json!({"type": "BOOKMARK", "object": {
+                    "kind": "Bookmark", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": now.max(sent).to_string()},
+                }});
+                if tx.send(line(bm)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                tokio::select! {
+                    _ = generation.changed() => return,
+                    c = live.recv() => match c {
+                        Ok(c) if c.collection == path && c.rv > sent => {
+                            sent = c.rv;
+                            if tx.send(line(json!({"type": c.kind, "object": c.object}))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => return,
+                    },
+                    () = tokio::time::sleep(Duration::from_secs(300)) => return,
+                }
+            }
+        });
+        let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(StreamBody::new(stream).boxed())
+            .unwrap()
+    }
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "reason": reason, "message": message, "code": code,
+    });
+    json_response(StatusCode::from_u16(code).unwrap(), &body)
+}

@@ -1,0 +1,308 @@
+//! The watch layer against an in-process API server (tests/support/apiserver.rs) driven by the
+//! real kube-rs client over a real socket: every kind's add, change and delete reaches the
+//! translated mesh; a dropped watch, a 410 Gone and refused requests lose and duplicate
+//! nothing; an unreachable cluster keeps its last good state.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::model::{Health, ScopeRule, ServiceKey, TunnelProtocol};
+use ferry_core::snapshot::Snapshot;
+use ferry_k8s::watch::{Cluster, WatchConfig, WatchStatus, run};
+use serde_json::json;
+use support::apiserver::ApiServer;
+use tokio::sync::watch;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!(
+        "{}/tests/fixtures/two-clusters/{name}.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+/// Two fake clusters and a watch over both; the latest translated mesh in `meshes`.
+struct Rig {
+    alpha: Arc<ApiServer>,
+    beta: Arc<ApiServer>,
+    meshes: watch::Receiver<Option<Arc<Snapshot>>>,
+    status: watch::Receiver<WatchStatus>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.alpha.stop();
+        self.beta.stop();
+    }
+}
+
+async fn rig() -> Rig {
+    let alpha = ApiServer::start(&[&fixture("alpha")]).await;
+    let beta = ApiServer::start(&[&fixture("beta")]).await;
+    let clusters = vec![
+        Cluster {
+            id: "alpha".into(),
+            network: None,
+            client: alpha.client(),
+        },
+        Cluster {
+            id: "beta".into(),
+            network: None,
+            client: beta.client(),
+        },
+    ];
+    let (mesh_tx, meshes) = watch::channel(None);
+    let (status_tx, status) = watch::channel(WatchStatus::default());
+    let task = tokio::spawn(run(clusters, WatchConfig::default(), status_tx, move |o| {
+        if let Ok((t, _)) = o {
+            mesh_tx.send_replace(Some(Arc::new(t.snapshot)));
+        }
+    }));
+    Rig {
+        alpha,
+        beta,
+        meshes,
+        status,
+        task,
+    }
+}
+
+impl Rig {
+    /// Waits (on change events, within the deadline) for a mesh that satisfies `what`.
+    async fn until(&mut self, why: &str, what: impl Fn(&Snapshot) -> bool) -> Arc<Snapshot> {
+        let found = tokio::time::timeout(DEADLINE, async {
+            loop {
+                if let Some(s) = self.meshes.borrow_and_update().clone()
+                    && what(&s)
+                {
+                    return s;
+                }
+                self.meshes.changed().await.expect("the watch runs");
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no mesh where {why} within {DEADLINE:?}"))
+    }
+}
+
+fn has(s: &Snapshot, name: &str) -> bool {
+    s.workloads().any(|w| w.name == name)
+}
+
+fn workload<'s>(s: &'s Snapshot, name: &str) -> &'s ferry_core::model::Workload {
+    s.workloads().find(|w| w.name == name).unwrap()
+}
+
+fn key(name: &str) -> ServiceKey {
+    ServiceKey::new("default", format!("{name}.default.svc.cluster.local"))
+}
+
+fn pod(name: &str, node: &str, ip: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "echo"}},
+        "spec": {"nodeName": node, "serviceAccountName": "echo", "containers": [{"name": "app", "image": "x"}]},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_of_every_kind_reach_the_mesh() {
+    let mut r = rig().await;
+    r.until("both clusters are in", |s| {
+        has(s, "sleep") && has(s, "echo-beta")
+    })
+    .await;
+
+    // Pod: add, change, delete.
+    r.alpha.apply(pod("echo-alpha-3", "alpha-1", "198.18.1.30"));
+    r.until("the new pod is in", |s| has(s, "echo-alpha-3"))
+        .await;
+    r.alpha.edit("v1", "Pod", "default/echo-alpha-3", |p| {
+        p["status"]["conditions"][0]["status"] = json!("False");
+    });
+    r.until("the pod is unhealthy", |s| {
+        has(s, "echo-alpha-3") && workload(s, "echo-alpha-3").health == Health::Unhealthy
+    })
+    .await;
+    r.alpha.delete("v1", "Pod", "default/echo-alpha-3");
+    r.until("the pod is gone", |s| !has(s, "echo-alpha-3"))
+        .await;
+
+    // Service: add, change, delete.
+    r.beta.apply_yaml(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: extra, namespace: default}\nspec: {clusterIP: 198.18.11.9, ports: [{port: 80, targetPort: 8080}], selector: {app: echo}}\n",
+    );
+    r.until("the new service is in", |s| {
+        s.service(&key("extra")).is_some()
+    })
+    .await;
+    r.beta.edit("v1", "Service", "default/extra", |s| {
+        s["metadata"]["labels"] = json!({"istio.io/global": "true"});
+    });
+    r.until("the service is global", |s| {
+        s.service(&key("extra"))
+            .is_some_and(|x| x.scope.by_cluster.get(&"beta".into()) == Some(&ScopeRule::Global))
+    })
+    .await;
+    r.beta.delete("v1", "Service", "default/extra");
+    r.until("the service is gone", |s| {
+        s.service(&key("extra")).is_none()
+    })
+    .await;
+
+    // Namespace: leaving ambient makes alpha's pods plain TCP.
+    r.alpha.edit("v1", "Namespace", "/default", |n| {
+        n["metadata"]["labels"] = json!({});
+    });
+    r.until("sleep is out of the mesh", |s| {
+        workload(s, "sleep").tunnel == TunnelProtocol::Tcp
+    })
+    .await;
+
+    // Node: a new node takes pods.
+    r.alpha.apply_yaml(
+        "apiVersion: v1\nkind: Node\nmetadata: {name: alpha-3, labels: {topology.kubernetes.io/region: r1, topology.kubernetes.io/zone: z3}}\n",
+    );
+    r.alpha.apply(pod("echo-alpha-4", "alpha-3", "198.18.4.10"));
+    r.until("the pod on the new node is in", |s| {
+        has(s, "echo-alpha-4")
+            && workload(s, "echo-alpha-4")
+                .node
+                .as_ref()
+                .map(|n| n.as_str())
+                == Some("alpha-3")
+    })
+    .await;
+
+    // Gateway: removing the waypoint from both clusters detaches audit.
+    r.alpha.delete(
+        "gateway.networking.k8s.io/v1",
+        "Gateway",
+        "default/audit-waypoint",
+    );
+    r.beta.delete(
+        "gateway.networking.k8s.io/v1",
+        "Gateway",
+        "default/audit-waypoint",
+    );
+    r.until("audit has no waypoint", |s| {
+        s.service(&key("audit"))
+            .is_some_and(|a| a.waypoint.is_none())
+    })
+    .await;
+
+    // AuthorizationPolicy: a new one is in the mesh; deleted, it is gone.
+    r.beta.apply_yaml(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-all-echo, namespace: default}\nspec: {selector: {matchLabels: {app: echo}}, action: DENY, rules: [{}]}\n",
+    );
+    r.until("the policy is in", |s| {
+        s.policies().any(|p| p.name == "deny-all-echo")
+    })
+    .await;
+    r.beta.delete(
+        "security.istio.io/v1",
+        "AuthorizationPolicy",
+        "default/deny-all-echo",
+    );
+    r.until("the policy is gone", |s| {
+        !s.policies().any(|p| p.name == "deny-all-echo")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_watches_gone_and_refusals_lose_and_duplicate_nothing() {
+    let mut r = rig().await;
+    let first = r
+        .until("both clusters are in", |s| {
+            has(s, "sleep") && has(s, "echo-beta")
+        })
+        .await;
+    let count = first.workloads().count();
+
+    // A dropped watch resumes from its last resourceVersion.
+    r.alpha.drop_watches();
+    r.alpha.apply(pod("after-drop", "alpha-1", "198.18.1.31"));
+    r.until("the pod added after the drop is in", |s| {
+        has(s, "after-drop")
+    })
+    .await;
+
+    // History compacted, then the watch dropped: resuming gets 410 Gone and relists. A pod
+    // deleted and one added meanwhile are both seen.
+    let lists = r.alpha.lists();
+    r.alpha.compact();
+    r.alpha.drop_watches();
+    r.alpha.delete("v1", "Pod", "default/after-drop");
+    r.alpha.apply(pod("after-gone", "alpha-1", "198.18.1.32"));
+    let s = r
+        .until("the relist is in", |s| {
+            has(s, "after-gone") && !has(s, "after-drop")
+        })
+        .await;
+    assert_eq!(
+        s.workloads().count(),
+        count + 1,
+        "nothing lost or duplicated"
+    );
+    assert!(r.alpha.gone() >= 1, "a resumed watch was answered 410 Gone");
+    assert!(r.alpha.lists() > lists, "and the watcher listed again");
+
+    // Refused requests (429, 500) are retried.
+    r.alpha.refuse_next(&[429, 500, 503]);
+    r.alpha.drop_watches();
+    r.alpha
+        .apply(pod("after-refusals", "alpha-1", "198.18.1.33"));
+    let s = r
+        .until("the pod added after the refusals is in", |s| {
+            has(s, "after-refusals")
+        })
+        .await;
+    assert_eq!(s.workloads().count(), count + 2);
+    assert_eq!(
+        r.alpha.refusals_left(),
+        0,
+        "every refusal was met and retried"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_keeps_its_last_good_state() {
+    let mut r = rig().await;
+    r.until("both clusters are in", |s| {
+        has(s, "sleep") && has(s, "echo-beta")
+    })
+    .await;
+    r.beta.stop();
+    // A change in alpha makes a new mesh: beta's objects are still in it.
+    r.alpha
+        .apply(pod("while-beta-is-away", "alpha-1", "198.18.1.34"));
+    let s = r
+        .until("alpha's change is in", |s| has(s, "while-beta-is-away"))
+        .await;
+    assert!(
+        has(&s, "echo-beta") && has(&s, "ledger-beta"),
+        "beta is not wiped"
+    );
+    // And beta is reported.
+    let reported = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if r.status.borrow_and_update().clusters["beta"]
+                .last_error
+                .is_some()
+            {
+                return;
+            }
+            r.status.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(reported.is_ok(), "the unreachable cluster is reported");
+}
