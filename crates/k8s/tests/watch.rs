@@ -252,8 +252,20 @@ async fn dropped_watches_gone_and_refusals_lose_and_duplicate_nothing() {
         count + 1,
         "nothing lost or duplicated"
     );
-    assert!(r.alpha.gone() >= 1, "a resumed watch was answered 410 Gone");
-    assert!(r.alpha.lists() > lists, "and the watcher listed again");
+    // Resumed watches were answered 410 Gone, and the watcher listed again (after its
+    // backoff, so polled for).
+    let relisted = tokio::time::timeout(DEADLINE, async {
+        while !(r.alpha.gone() >= 1 && r.alpha.lists() > lists) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        relisted.is_ok(),
+        "410 Gone and a relist: {lists} then {} lists, {} gone",
+        r.alpha.lists(),
+        r.alpha.gone()
+    );
 
     // Refused requests (429, 500) are retried.
     r.alpha.refuse_next(&[429, 500, 503]);
