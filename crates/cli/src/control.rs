@@ -7,13 +7,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use ferry_control::app::{Config, Listening, ServeLimits};
+use ferry_control::app::{Config, Listening, ServeLimits, Source};
 use ferry_control::ca::k8s::{K8sConfig, ServiceAccount};
+use ferry_control::kube_source::KubeSource;
 use ferry_control::source::WatchConfig;
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ControlCommand {
-    /// Serve the CA and xDS (gRPC over TLS) for the mesh a topology file describes.
+    /// Serve the CA and xDS (gRPC over TLS) for the mesh a topology file or Kubernetes
+    /// clusters describe.
     Serve(Box<ServeArgs>),
     /// Print the bootstrap credential of a node (give it to that node's proxy only).
     Token {
@@ -33,9 +35,36 @@ pub(crate) enum ControlCommand {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
-    /// Topology file: the mesh's source of truth.
-    #[arg(long, short)]
-    topology: PathBuf,
+    /// Topology file: the mesh's source of truth (or the Kubernetes clusters: --cluster-id).
+    #[arg(
+        long,
+        short,
+        required_unless_present = "cluster_id",
+        conflicts_with = "cluster_id"
+    )]
+    topology: Option<PathBuf>,
+    /// Read the mesh from Kubernetes: this cluster's ID (Istio's CLUSTER_ID). Its API server is
+    /// found through --kubeconfig, else KUBECONFIG, ~/.kube/config or the pod's service account.
+    #[arg(long, env = "CLUSTER_ID")]
+    cluster_id: Option<String>,
+    /// A kubeconfig for the local cluster.
+    #[arg(long, requires = "cluster_id")]
+    kubeconfig: Option<PathBuf>,
+    /// The local cluster's network (default: its istio-system namespace's
+    /// topology.istio.io/network label, else the cluster ID).
+    #[arg(long, requires = "cluster_id")]
+    network: Option<String>,
+    /// A remote cluster's Istio remote secret (`istioctl create-remote-secret` output), one file
+    /// per secret. Repeatable.
+    #[arg(long, requires = "cluster_id")]
+    remote_secret: Vec<PathBuf>,
+    /// The scope of a Kubernetes service that declares none (ferry.dev/scope or
+    /// istio.io/global): local or global.
+    #[arg(long, default_value = "local", value_parser = ["local", "global"])]
+    default_scope: String,
+    /// The trust domain of workload identities read from Kubernetes.
+    #[arg(long, default_value = "cluster.local")]
+    trust_domain: String,
     /// Where the CA root, its key and the node-token secret live (created on first start).
     #[arg(long, default_value = "ferry-state")]
     state_dir: PathBuf,
@@ -130,8 +159,28 @@ impl ServeArgs {
     fn into_config(self) -> anyhow::Result<Config> {
         let issuers = K8sConfig::from_args(&self.k8s_issuer, &self.k8s_jwks, &self.k8s_ca)
             .map_err(|e| anyhow!(e))?;
+        let source = match (self.topology, self.cluster_id) {
+            (Some(path), _) => Source::File(path),
+            (None, Some(cluster_id)) => Source::Kubernetes(Box::new(KubeSource {
+                cluster_id,
+                network: self.network,
+                kubeconfig: self.kubeconfig,
+                remote_secrets: self.remote_secret,
+                mesh: ferry_k8s::MeshConfig {
+                    trust_domain: self.trust_domain,
+                    default_scope: if self.default_scope == "global" {
+                        ferry_k8s::Scope::Global
+                    } else {
+                        ferry_k8s::Scope::Local
+                    },
+                    ..ferry_k8s::MeshConfig::default()
+                },
+                initial_sync: Duration::from_secs(30),
+            })),
+            (None, None) => return Err(anyhow!("expected --topology or --cluster-id")),
+        };
         Ok(Config {
-            topology: self.topology,
+            source,
             state_dir: self.state_dir,
             listen: self.listen,
             ca: self.ca_cert.zip(self.ca_key),

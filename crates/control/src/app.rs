@@ -28,11 +28,20 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 /// Lifetime of the control plane's own serving certificate.
 const SERVER_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The mesh's source of truth.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A topology file, watched for edits.
+    File(PathBuf),
+    /// Kubernetes clusters, watched.
+    Kubernetes(Box<crate::kube_source::KubeSource>),
+}
+
 /// What `ferry control serve` runs with.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Topology file: the mesh's source of truth.
-    pub topology: PathBuf,
+    /// Where the mesh comes from.
+    pub source: Source,
     /// Where the CA root, its key and the node-token secret live (created on first start).
     pub state_dir: PathBuf,
     /// Address to serve the CA and xDS on (port 0 picks one).
@@ -105,10 +114,19 @@ pub async fn serve(
     ready: impl FnOnce(&Listening),
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    // Watch first, so an edit made while the first state loads is not missed.
-    let watch = TopologyWatch::new(config.topology.clone(), config.watch)?;
-    let topology =
-        crate::source::load(&config.topology, config.watch.limits, config.watch.budget).await?;
+    let (topology, source) = match &config.source {
+        Source::File(path) => {
+            // Watch first, so an edit made while the first state loads is not missed.
+            let watch = TopologyWatch::new(path.clone(), config.watch)?;
+            let topology =
+                crate::source::load(path, config.watch.limits, config.watch.budget).await?;
+            (topology, Running::File(watch))
+        }
+        Source::Kubernetes(k) => {
+            let (first, started) = crate::kube_source::start(k).await?;
+            (first, Running::Kubernetes(started))
+        }
+    };
     let ca = Arc::new(load_ca(config, &topology.trust_domain)?);
     std::fs::create_dir_all(&config.state_dir)?;
     let tokens = Arc::new(
@@ -136,7 +154,14 @@ pub async fn serve(
         .with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
     let (reload_tx, _reloads) = tokio::sync::watch::channel(Reloads::default());
-    let watcher = tokio::spawn(watch.run(store.clone(), res_tx, reload_tx));
+    let kubernetes_status = match &source {
+        Running::File(_) => None,
+        Running::Kubernetes(k) => Some(k.status.clone()),
+    };
+    let watcher = match source {
+        Running::File(watch) => tokio::spawn(watch.run(store.clone(), res_tx, reload_tx)),
+        Running::Kubernetes(k) => tokio::spawn(k.run(store.clone(), res_tx, reload_tx)),
+    };
     let xds =
         XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone())).with_k8s(k8s.clone());
     let metrics = xds.metrics();
@@ -144,9 +169,10 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the metrics address {}", config.metrics_listen))?;
     let metrics_addr = metrics_listener.local_addr()?;
-    tokio::spawn(crate::metrics::serve(
+    tokio::spawn(crate::metrics::serve_with(
         metrics_listener,
         Arc::new(metrics.registry()),
+        kubernetes_status,
     ));
     let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes)
         .with_metrics(metrics.clone())
@@ -208,6 +234,12 @@ pub async fn serve(
         () = deadline => tracing::warn!(deadline_s = DRAIN_DEADLINE.as_secs(), "streams still open at the drain deadline; closing them"),
     }
     Ok(())
+}
+
+/// A started source, before it publishes.
+enum Running {
+    File(TopologyWatch),
+    Kubernetes(crate::kube_source::Started),
 }
 
 /// The bootstrap credential of `node` (created with the state directory's secret on first use).

@@ -16,6 +16,7 @@ pub mod admission;
 pub mod app;
 pub mod ca;
 pub mod flatten;
+pub mod kube_source;
 pub mod metrics;
 pub mod source;
 pub mod xds_server;

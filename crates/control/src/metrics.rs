@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferry_k8s::watch::WatchStatus;
 use http_body_util::Full;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response};
@@ -15,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 /// The exposition's content type.
 const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -95,6 +97,17 @@ pub fn render(registry: &Registry) -> String {
 
 /// Serves `render(registry)` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
+    serve_with(listener, registry, None).await;
+}
+
+/// [`serve`], and with a Kubernetes source, its status as JSON on `/debug/kubernetes`
+/// (clusters synced or failing, and the notes of the last translation: objects left out or
+/// failed closed, and why).
+pub async fn serve_with(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    kubernetes: Option<watch::Receiver<WatchStatus>>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -104,10 +117,17 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
             }
         };
         let registry = registry.clone();
+        let kubernetes = kubernetes.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let registry = registry.clone();
-                async move { Ok::<_, Infallible>(respond(&registry)) }
+                let kubernetes = kubernetes.clone();
+                async move {
+                    Ok::<_, Infallible>(match (req.uri().path(), &kubernetes) {
+                        ("/debug/kubernetes", Some(k)) => kubernetes_status(&k.borrow()),
+                        _ => respond(&registry),
+                    })
+                }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .keep_alive(false)
@@ -118,6 +138,15 @@ pub async fn serve(listener: TcpListener, registry: Arc<Registry>) {
             }
         });
     }
+}
+
+fn kubernetes_status(status: &WatchStatus) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(status).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 fn respond(registry: &Registry) -> Response<Full<Bytes>> {

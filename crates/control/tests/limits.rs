@@ -47,7 +47,7 @@ impl Drop for Served {
 async fn serve(tag: &str, plaintext: bool, limits: ServeLimits) -> Served {
     let dir = Dir(std::env::temp_dir().join(format!("ferry-limits-{}-{tag}", std::process::id())));
     let config = Config {
-        topology: example(),
+        source: ferry_control::app::Source::File(example()),
         state_dir: dir.0.clone(),
         listen: "127.0.0.1:0".parse().unwrap(),
         ca: None,

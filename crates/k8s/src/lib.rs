@@ -12,7 +12,10 @@
 
 pub mod crd;
 pub mod objects;
+pub mod remote;
 mod repair;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod translate;
 pub mod watch;
 

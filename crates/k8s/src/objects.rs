@@ -33,7 +33,7 @@ pub struct ClusterObjects {
 }
 
 /// Something the translation left out or changed, and why: logged and counted by the caller.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Note {
     pub cluster: String,
     /// `Kind namespace/name` (or `Kind name` for cluster-wide kinds).

@@ -66,7 +66,7 @@ impl Default for WatchConfig {
 }
 
 /// What the watch has seen, for the admin endpoint and tests.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WatchStatus {
     /// By cluster ID.
     pub clusters: BTreeMap<String, ClusterStatus>,
@@ -78,7 +78,7 @@ pub struct WatchStatus {
     pub last_error: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ClusterStatus {
     /// Every kind's first list has arrived.
     pub synced: bool,

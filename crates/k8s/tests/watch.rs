@@ -3,16 +3,14 @@
 //! translated mesh; a dropped watch, a 410 Gone and refused requests lose and duplicate
 //! nothing; an unreachable cluster keeps its last good state.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::model::{Health, ScopeRule, ServiceKey, TunnelProtocol};
 use ferry_core::snapshot::Snapshot;
+use ferry_k8s::testing::ApiServer;
 use ferry_k8s::watch::{Cluster, WatchConfig, WatchStatus, run};
 use serde_json::json;
-use support::apiserver::ApiServer;
 use tokio::sync::watch;
 
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -6,9 +6,7 @@
 //! objects start as recorded fixtures (`kubectl get -o yaml` lists).
 //!
 //! Only cluster-wide collections (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`) are
-//! served: what `Api::all` asks for.
-
-#![allow(dead_code, unreachable_pub)]
+//! served: what `Api::all` asks for. Built with the `testing` feature, for tests only.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -40,7 +38,7 @@ struct Change {
     object: Value,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct State {
     rv: u64,
     /// Collection path to `namespace/name` to object.
@@ -57,6 +55,7 @@ struct State {
 }
 
 /// A running fake API server.
+#[derive(Debug)]
 pub struct ApiServer {
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,

@@ -1,0 +1,163 @@
+//! Kubernetes clusters as the control plane's source of truth (`ferry control serve
+//! --cluster-id`): the local cluster from a kubeconfig (or the pod's own service account),
+//! remote clusters from Istio remote secrets, watched by `ferry_k8s::watch` and published
+//! like a topology edit: the snapshot and the served resources in one step each, and a
+//! rejected translation keeps the last good state serving.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ferry_core::store::Store;
+use ferry_k8s::MeshConfig;
+use ferry_k8s::remote::parse_remote_secret;
+use ferry_k8s::watch::{Cluster, Outcome, WatchConfig, WatchStatus};
+use ferry_topology::Topology;
+use ferry_xds::resources::ResourceSet;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::{mpsc, watch};
+
+use crate::flatten::resource_set;
+use crate::source::Reloads;
+
+/// Where the clusters are and how to read them.
+#[derive(Clone, Debug)]
+pub struct KubeSource {
+    /// The local cluster's ID (Istio's `CLUSTER_ID`).
+    pub cluster_id: String,
+    /// Its network (none: its `istio-system` namespace's `topology.istio.io/network` label,
+    /// else the cluster ID).
+    pub network: Option<String>,
+    /// A kubeconfig for it; none: `KUBECONFIG`, `~/.kube/config`, else the in-cluster
+    /// service account, as kubectl finds them.
+    pub kubeconfig: Option<PathBuf>,
+    /// Istio remote secrets (`istioctl create-remote-secret` output), one file each.
+    pub remote_secrets: Vec<PathBuf>,
+    pub mesh: MeshConfig,
+    /// How long to wait for the first translated mesh before giving up.
+    pub initial_sync: Duration,
+}
+
+/// A running source, after its first mesh: publishes the rest.
+pub(crate) struct Started {
+    rest: mpsc::UnboundedReceiver<Outcome>,
+    watch: AbortOnDrop,
+    pub(crate) status: watch::Receiver<WatchStatus>,
+}
+
+/// Connects to every cluster and waits for the first translated mesh.
+pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started)> {
+    let mut clusters = vec![Cluster {
+        id: src.cluster_id.clone(),
+        network: src.network.clone(),
+        client: local_client(src.kubeconfig.as_ref()).await?,
+    }];
+    for path in &src.remote_secrets {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the remote secret {}", path.display()))?;
+        for remote in parse_remote_secret(&path.display().to_string(), &text)? {
+            let kc = Kubeconfig::from_yaml(&remote.kubeconfig).with_context(|| {
+                format!("{}: cluster {}'s kubeconfig", path.display(), remote.id)
+            })?;
+            let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("{}: cluster {}", path.display(), remote.id))?;
+            clusters.push(Cluster {
+                id: remote.id,
+                network: None,
+                client: kube::Client::try_from(config)?,
+            });
+        }
+    }
+    let mut ids: Vec<&str> = clusters.iter().map(|c| c.id.as_str()).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        bail!("a cluster ID is given twice: {ids:?}");
+    }
+    let (tx, mut rest) = mpsc::unbounded_channel();
+    let (status_tx, status) = watch::channel(WatchStatus::default());
+    let config = WatchConfig {
+        mesh: src.mesh.clone(),
+        initial_sync: src.initial_sync,
+        ..WatchConfig::default()
+    };
+    let watch = tokio::spawn(ferry_k8s::watch::run(
+        clusters,
+        config,
+        status_tx,
+        move |o| {
+            let _ = tx.send(o);
+        },
+    ));
+    let first = tokio::time::timeout(src.initial_sync * 2, async {
+        loop {
+            match rest.recv().await {
+                Some(Ok((t, _))) => return Ok(t),
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "the first translated mesh was rejected; waiting for a good one");
+                }
+                None => bail!("the Kubernetes watch ended"),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no mesh from the clusters within {:?}", src.initial_sync * 2))??;
+    let started = Started {
+        rest,
+        watch: AbortOnDrop(watch),
+        status,
+    };
+    Ok((first, started))
+}
+
+async fn local_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("the kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and no in-cluster service account")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+impl Started {
+    /// Publishes every later mesh to `store` and `resources` until the watch ends.
+    pub(crate) async fn run(
+        mut self,
+        store: Arc<Store>,
+        resources: watch::Sender<Arc<ResourceSet>>,
+        reloads: watch::Sender<Reloads>,
+    ) {
+        while let Some(outcome) = self.rest.recv().await {
+            match outcome {
+                Ok((t, _)) => {
+                    let set = Arc::new(resource_set(&t.snapshot));
+                    store.publish(t.snapshot);
+                    resources.send_replace(set);
+                    reloads.send_modify(|r| r.applied += 1);
+                }
+                Err(e) => reloads.send_modify(|r| {
+                    r.rejected += 1;
+                    r.last_error = Some(e.to_string());
+                }),
+            }
+        }
+        drop(self.watch);
+    }
+}
+
+/// Ends the watch (every reflector with it) when the source is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,170 @@
+//! `ferry control serve --cluster-id` reading two clusters (the local one by kubeconfig, the
+//! remote one by an Istio remote secret) from in-process list/watch API servers, serving a
+//! node proxy's xDS client: the clusters' objects reach it, and so does a change.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_control::app::{Config, Listening, ServeLimits, Source};
+use ferry_control::kube_source::KubeSource;
+use ferry_control::source::WatchConfig;
+use ferry_core::store::Store;
+use ferry_k8s::testing::ApiServer;
+use ferry_xds::client::{ClientConfig, XdsClient};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../k8s/tests/fixtures/two-clusters/{name}.yaml")),
+    )
+    .unwrap()
+}
+
+fn kubeconfig(server: &ApiServer, name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: {name}, cluster: {{server: 'http://{}'}}}}]\nusers: [{{name: {name}, user: {{}}}}]\ncontexts: [{{name: {name}, context: {{cluster: {name}, user: {name}}}}}]\ncurrent-context: {name}\n",
+        server.addr
+    )
+}
+
+/// A temporary directory, removed when dropped.
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn has(store: &Store, name: &str) -> bool {
+    store.load().workloads().any(|w| w.name == name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
+    let alpha = ApiServer::start(&[&fixture("alpha")]).await;
+    let beta = ApiServer::start(&[&fixture("beta")]).await;
+    let dir = Dir(std::env::temp_dir().join(format!("ferry-k8s-control-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let local = dir.0.join("kubeconfig");
+    std::fs::write(&local, kubeconfig(&alpha, "alpha")).unwrap();
+    let secret = dir.0.join("remote-secret-beta.yaml");
+    let indented: String = kubeconfig(&beta, "beta")
+        .lines()
+        .map(|l| format!("    {l}\n"))
+        .collect();
+    std::fs::write(
+        &secret,
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: istio-remote-secret-beta\n  namespace: istio-system\n  labels: {{istio/multiCluster: \"true\"}}\nstringData:\n  beta: |\n{indented}"
+        ),
+    )
+    .unwrap();
+
+    let config = Config {
+        source: Source::Kubernetes(Box::new(KubeSource {
+            cluster_id: "alpha".into(),
+            network: None,
+            kubeconfig: Some(local),
+            remote_secrets: vec![secret],
+            mesh: ferry_k8s::MeshConfig::default(),
+            initial_sync: Duration::from_secs(10),
+        })),
+        state_dir: dir.0.join("state"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ca: None,
+        extra_roots: None,
+        max_lifetime: Duration::from_secs(3600),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        plaintext: true,
+        watch: WatchConfig::default(),
+        limits: ServeLimits::default(),
+        k8s: Default::default(),
+        server_names: vec![],
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<Listening>();
+    let server = tokio::spawn(async move {
+        ferry_control::app::serve(
+            &config,
+            |l| {
+                let _ = tx.send(*l);
+            },
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+    });
+    let listening = tokio::time::timeout(DEADLINE, rx).await.unwrap().unwrap();
+
+    let store = Arc::new(Store::default());
+    let client = XdsClient::new(
+        ClientConfig {
+            endpoint: format!("http://{}", listening.addr),
+            bundle_pem: String::new(),
+            server_name: "ferry-control".into(),
+            token: String::new(),
+            cluster: "alpha".into(),
+            node_id: "ferry~alpha-1".into(),
+            plaintext: true,
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(200),
+        },
+        store.clone(),
+    );
+    let node = tokio::spawn(client.run());
+    eventually("both clusters' pods reach the node proxy", || {
+        has(&store, "sleep") && has(&store, "echo-beta")
+    })
+    .await;
+
+    // A pod started in the remote cluster reaches it too.
+    beta.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "echo-beta-2", "namespace": "default", "labels": {"app": "echo"}},
+        "spec": {"nodeName": "beta-1", "serviceAccountName": "echo", "containers": [{"name": "app", "image": "x"}]},
+        "status": {"phase": "Running", "podIP": "198.18.3.21", "conditions": [{"type": "Ready", "status": "True"}]},
+    }));
+    eventually("the new pod reaches the node proxy", || {
+        has(&store, "echo-beta-2")
+    })
+    .await;
+
+    // The admin endpoint shows both clusters synced.
+    let status = fetch(listening.metrics_addr, "/debug/kubernetes").await;
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["clusters"]["alpha"]["synced"], json!(true), "{status}");
+    assert_eq!(v["clusters"]["beta"]["synced"], json!(true), "{status}");
+    node.abort();
+    server.abort();
+    alpha.stop();
+    beta.stop();
+}
+
+/// GET `path` from `addr` with HTTP/1.1.
+async fn fetch(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
