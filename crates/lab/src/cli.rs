@@ -52,22 +52,36 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
-    /// Measure A -> B through Ferry against A -> B direct, in the same run; and node proxy
-    /// memory with many idle proxied connections.
+    /// Measure A -> B through Ferry against A -> B direct (no proxy at either end), measure by
+    /// measure in the same run, each with both node proxies' CPU per unit of work; and, first,
+    /// node proxy memory idle and with many idle proxied connections.
     Bench {
         #[arg(long, default_value = "sleep")]
         from: String,
         #[arg(long, default_value = "echo-alpha-2")]
         to: String,
-        #[arg(long, default_value_t = 512)]
+        /// MiB written to the sink on one connection.
+        #[arg(long, default_value_t = 256)]
         bulk_mib: usize,
-        #[arg(long, default_value_t = 5000)]
+        /// Round trips at each size (64 B and 1 KiB).
+        #[arg(long, default_value_t = 2000)]
         round_trips: usize,
-        #[arg(long, default_value_t = 500)]
+        /// New connections, one after another.
+        #[arg(long, default_value_t = 300)]
         conns: usize,
-        /// Idle proxied connections to hold while measuring node proxy memory.
-        #[arg(long, default_value_t = 10000)]
+        /// Idle proxied connections to hold while measuring node proxy memory (0: none).
+        #[arg(long, default_value_t = 1000)]
         idle: usize,
+        /// The arms to measure, in order.
+        #[arg(long, value_delimiter = ',', default_value = "direct,ferry")]
+        arms: Vec<bench::client::Arm>,
+        /// Pin the client, both node proxies and the server app to one CPU (default 0) for the
+        /// round trips; their affinity is given back after.
+        #[arg(long, num_args = 0..=1, default_missing_value = "0")]
+        pinned: Option<usize>,
+        /// Write every figure (units in the key names), the commit and the topology as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -163,17 +177,23 @@ pub enum LabCommand {
         #[arg(long)]
         requests: usize,
     },
-    /// (inside the lab) the benchmark client.
+    /// (inside the lab) the benchmark client: one measure of one arm, printed as JSON.
     #[command(hide = true)]
     BenchClient {
         #[arg(long)]
         target: std::net::IpAddr,
         #[arg(long)]
-        bulk_mib: usize,
+        arm: bench::client::Arm,
         #[arg(long)]
-        round_trips: usize,
+        measure: bench::client::Measure,
+        /// MiB (bulk), round trips (rr) or connections (conns).
         #[arg(long)]
-        conns: usize,
+        count: usize,
+        /// Bytes per round trip (rr).
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        #[arg(long)]
+        pin_cpu: Option<usize>,
     },
     /// (inside the lab) hold idle connections until stdin closes (or one is closed).
     #[command(hide = true)]
@@ -320,24 +340,36 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             round_trips,
             conns,
             idle,
+            arms,
+            pinned,
+            json,
             lab,
         } => done(bench::run(
             &lab.state_dir,
             &from,
             &to,
-            bench::Sizes {
-                bulk_mib,
-                round_trips,
-                conns,
-                idle,
+            &bench::Options {
+                sizes: bench::Sizes {
+                    bulk_mib,
+                    round_trips,
+                    conns,
+                    idle,
+                },
+                arms,
+                pinned,
+                json,
             },
         )),
         LabCommand::BenchClient {
             target,
-            bulk_mib,
-            round_trips,
-            conns,
-        } => done(apps::bench(target, bulk_mib, round_trips, conns)),
+            arm,
+            measure,
+            count,
+            size,
+            pin_cpu,
+        } => done(bench::client::run(
+            target, arm, measure, count, size, pin_cpu,
+        )),
         LabCommand::BenchPaths {
             from,
             near,
