@@ -567,4 +567,39 @@ mod tests {
             }
         ));
     }
+
+    #[test]
+    fn bench_defaults_are_small_and_pinned_takes_an_optional_cpu() {
+        let lab = Lab::try_parse_from(["lab", "bench"]).expect("parses");
+        match lab.cmd {
+            LabCommand::Bench {
+                bulk_mib,
+                round_trips,
+                conns,
+                idle,
+                arms,
+                pinned,
+                json,
+                ..
+            } => {
+                assert_eq!((bulk_mib, round_trips, conns, idle), (256, 2000, 300, 1000));
+                assert_eq!(
+                    arms,
+                    [bench::client::Arm::Direct, bench::client::Arm::Ferry]
+                );
+                assert_eq!((pinned, json), (None, None));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let pinned = |args: &[&str]| match Lab::try_parse_from(args).expect("parses").cmd {
+            LabCommand::Bench { pinned, arms, .. } => (pinned, arms),
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(pinned(&["lab", "bench", "--pinned"]).0, Some(0));
+        assert_eq!(pinned(&["lab", "bench", "--pinned", "1"]).0, Some(1));
+        assert_eq!(
+            pinned(&["lab", "bench", "--arms", "ferry", "--pinned"]),
+            (Some(0), vec![bench::client::Arm::Ferry])
+        );
+    }
 }
