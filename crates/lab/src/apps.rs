@@ -18,6 +18,10 @@ pub(crate) const SINK_PORT: u16 = 7777;
 /// enrollment API), so a marked connection to them crosses no proxy at either end.
 pub(crate) const DIRECT_ECHO_PORT: u16 = 18080;
 pub(crate) const DIRECT_SINK_PORT: u16 = 17778;
+/// The HTTP server of [`HTTP_PORT`] again, on a port left out of capture like those above.
+pub(crate) const DIRECT_HTTP_PORT: u16 = 18081;
+/// Every port the lab enrolls its pods with left out of inbound capture.
+pub(crate) const DIRECT_PORTS: [u16; 3] = [DIRECT_SINK_PORT, DIRECT_ECHO_PORT, DIRECT_HTTP_PORT];
 /// A server that reads to EOF and then never answers nor closes: a peer that never finishes.
 pub(crate) const STUBBORN_PORT: u16 = 7171;
 
@@ -27,7 +31,7 @@ pub(crate) const HTTP_PORT: u16 = 8081;
 
 /// Serves every port in `ports` and [`DIRECT_ECHO_PORT`] (each connection gets `"<name> port
 /// <p> saw <peer>\n"`, then its own bytes back until it closes its side), the sink on
-/// [`SINK_PORT`] and [`DIRECT_SINK_PORT`] and HTTP on [`HTTP_PORT`].
+/// [`SINK_PORT`] and [`DIRECT_SINK_PORT`] and HTTP on [`HTTP_PORT`] and [`DIRECT_HTTP_PORT`].
 pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -89,8 +93,10 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
                 }
             })
         }));
-        let http = TcpListener::bind(("0.0.0.0", HTTP_PORT)).await?;
-        tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
+        for port in [HTTP_PORT, DIRECT_HTTP_PORT] {
+            let http = TcpListener::bind(("0.0.0.0", port)).await?;
+            tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
+        }
         for t in tasks {
             let _ = t.await;
         }

@@ -232,7 +232,7 @@ impl Report {
         }
         let _ = writeln!(
             o,
-            "{:<16} {:>22} {:>22}   {:>22}",
+            "{:<16} {:>26} {:>26}   {:>22}",
             "measure", "direct", "ferry", "ferry vs direct"
         );
         let arm = |n: &str| self.arms.get(n);
@@ -245,7 +245,7 @@ impl Report {
             |o: &mut String, what: &str, pick: &dyn Fn(&Arm) -> Option<String>, ratio: String| {
                 let _ = writeln!(
                     o,
-                    "{what:<16} {:>22} {:>22}   {ratio:>22}",
+                    "{what:<16} {:>26} {:>26}   {ratio:>22}",
                     cell(d, pick),
                     cell(f, pick)
                 );

@@ -61,8 +61,7 @@ fn app_ports(snap: &Snapshot) -> String {
         *p != 0
             && *p != crate::apps::SINK_PORT
             && *p != crate::apps::HTTP_PORT
-            && *p != crate::apps::DIRECT_ECHO_PORT
-            && *p != crate::apps::DIRECT_SINK_PORT
+            && !crate::apps::DIRECT_PORTS.contains(p)
             && ![15001, 15006, 15008].contains(p)
     });
     app_ports
@@ -110,11 +109,10 @@ pub(super) fn enroll(
         let answer = api_call(
             api,
             &format!(
-                "add {} /var/run/netns/{} uncaptured={},{}",
+                "add {} /var/run/netns/{} uncaptured={}",
                 pod.uid,
                 pod.netns,
-                crate::apps::DIRECT_SINK_PORT,
-                crate::apps::DIRECT_ECHO_PORT
+                crate::apps::DIRECT_PORTS.map(|p| p.to_string()).join(",")
             ),
         )?;
         if answer.trim() != "ok" {
