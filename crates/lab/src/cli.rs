@@ -85,6 +85,23 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// The node proxies' CPU per unit of work in `bench --json` reports (the median of each
+    /// figure over them) against a baseline report: exits 1 if a figure is more than the margin
+    /// above the baseline's. Needs no lab.
+    BenchGate {
+        /// The committed baseline (a `bench --json` report of the same build profile).
+        #[arg(long)]
+        baseline: PathBuf,
+        /// The reports to judge.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// How much worse than the baseline a figure may be (0.25: 25%).
+        #[arg(long, default_value_t = 0.25)]
+        margin: f64,
+        /// Write the reports' medians as the baseline instead of judging them.
+        #[arg(long)]
+        write: bool,
+    },
     /// Compare two paths from one pod through Ferry, in the same run (e.g. same-network HBONE
     /// against double HBONE through a gateway).
     BenchPaths {
@@ -370,6 +387,12 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         } => done(bench::client::run(
             target, arm, measure, count, size, pin_cpu,
         )),
+        LabCommand::BenchGate {
+            baseline,
+            reports,
+            margin,
+            write,
+        } => bench::gate::run(&baseline, &reports, margin, write),
         LabCommand::BenchPaths {
             from,
             near,

@@ -9,6 +9,7 @@
 //! unit of work. Memory is read first, on quiet processes, before any load.
 
 pub(crate) mod client;
+pub(crate) mod gate;
 pub(crate) mod handover;
 pub(crate) mod http;
 pub(crate) mod memory;
@@ -136,6 +137,13 @@ pub(crate) fn run(state_dir: &Path, from: &str, to: &str, opts: &Options) -> any
     };
     let report = report::Report {
         commit: commit(),
+        build_profile: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .into(),
+        cpus: std::thread::available_parallelism().map_or(0, usize::from),
         topology: report::Topology {
             file: state.topology.display().to_string(),
             from_pod: from.into(),

@@ -13,6 +13,10 @@ use super::client::Sample;
 pub(crate) struct Report {
     /// `git rev-parse HEAD` where the run was started, if that is a checkout.
     pub(crate) commit: Option<String>,
+    /// `debug` or `release`: the build that ran (the gate compares only like with like).
+    pub(crate) build_profile: String,
+    /// CPUs this machine offers.
+    pub(crate) cpus: usize,
     pub(crate) topology: Topology,
     /// The CPU the latency measures were pinned to (client, both node proxies, server app).
     pub(crate) pinned_cpu: Option<usize>,

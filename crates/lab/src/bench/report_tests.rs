@@ -114,6 +114,8 @@ fn the_json_names_every_figure_with_its_unit_and_the_text_what_each_arm_crosses(
     memory_figures(&mut memory);
     let report = Report {
         commit: Some("0123456789abcdef".into()),
+        build_profile: "debug".into(),
+        cpus: 2,
         topology: Topology {
             file: "lab.yaml".into(),
             from_pod: "sleep".into(),
