@@ -69,6 +69,9 @@ pub enum LabCommand {
         /// New connections, one after another.
         #[arg(long, default_value_t = 300)]
         conns: usize,
+        /// Then as many again from this many client threads at once (1: not).
+        #[arg(long, default_value_t = 4)]
+        conn_threads: usize,
         /// Idle proxied connections to hold while measuring node proxy memory (0: none).
         #[arg(long, default_value_t = 1000)]
         idle: usize,
@@ -209,6 +212,9 @@ pub enum LabCommand {
         /// Bytes per round trip (rr).
         #[arg(long, default_value_t = 1024)]
         size: usize,
+        /// Client threads (conns).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
         #[arg(long)]
         pin_cpu: Option<usize>,
     },
@@ -356,6 +362,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             bulk_mib,
             round_trips,
             conns,
+            conn_threads,
             idle,
             arms,
             pinned,
@@ -370,6 +377,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
                     bulk_mib,
                     round_trips,
                     conns,
+                    conn_threads,
                     idle,
                 },
                 arms,
@@ -383,9 +391,18 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             measure,
             count,
             size,
+            threads,
             pin_cpu,
         } => done(bench::client::run(
-            target, arm, measure, count, size, pin_cpu,
+            target,
+            bench::client::Job {
+                arm,
+                measure,
+                count,
+                size,
+                threads,
+                pin_cpu,
+            },
         )),
         LabCommand::BenchGate {
             baseline,

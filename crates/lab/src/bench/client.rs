@@ -48,7 +48,8 @@ pub enum Measure {
     Bulk,
     /// `count` round trips of `size` bytes on one echo connection.
     Rr,
-    /// `count` new connections one after another: connect, read the greeting, close.
+    /// `count` new connections one after another on each of `threads` client threads:
+    /// connect, read the greeting, close.
     Conns,
 }
 
@@ -66,37 +67,54 @@ pub(crate) struct Sample {
     pub(crate) p99_us: f64,
 }
 
-/// Runs one measure from this pod to `target` on `arm` (pinned to `pin_cpu` if given) and
-/// prints its [`Sample`] as JSON.
-pub(crate) fn run(
-    target: IpAddr,
-    arm: Arm,
-    measure: Measure,
-    count: usize,
-    size: usize,
-    pin_cpu: Option<usize>,
-) -> anyhow::Result<()> {
-    if let Some(cpu) = pin_cpu {
+/// One client run: what it measures, how much, how.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Job {
+    pub(crate) arm: Arm,
+    pub(crate) measure: Measure,
+    /// MiB (bulk), round trips (rr) or connections in all (conns).
+    pub(crate) count: usize,
+    /// Bytes per round trip (rr).
+    pub(crate) size: usize,
+    /// Client threads (conns).
+    pub(crate) threads: usize,
+    pub(crate) pin_cpu: Option<usize>,
+}
+
+/// Runs one measure from this pod to `target` (pinned to `job.pin_cpu` if given) and prints
+/// its [`Sample`] as JSON.
+pub(crate) fn run(target: IpAddr, job: Job) -> anyhow::Result<()> {
+    if let Some(cpu) = job.pin_cpu {
         let mut one = nix::sched::CpuSet::new();
         one.set(cpu)?;
         nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &one)?;
     }
-    // One thread: the client's work is one connection at a time, and pinned it shares the CPU.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let sample = rt.block_on(measured(target, arm, measure, count, size))?;
+    // One thread unless connections are opened from several: otherwise the client's work is
+    // one connection at a time, and pinned it shares the CPU.
+    let threads = job.threads.max(1);
+    let rt = match (job.measure, threads) {
+        (Measure::Conns, n) if n > 1 => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+    };
+    let sample = rt.block_on(measured(target, Job { threads, ..job }))?;
     println!("{}", serde_json::to_string(&sample)?);
     Ok(())
 }
 
-async fn measured(
-    target: IpAddr,
-    arm: Arm,
-    measure: Measure,
-    count: usize,
-    size: usize,
-) -> std::io::Result<Sample> {
+async fn measured(target: IpAddr, job: Job) -> std::io::Result<Sample> {
+    let Job {
+        arm,
+        measure,
+        count,
+        size,
+        threads,
+        ..
+    } = job;
     let direct = arm == Arm::Direct;
     let (echo, sink) = arm.ports();
     let (echo, sink) = (SocketAddr::new(target, echo), SocketAddr::new(target, sink));
@@ -127,9 +145,20 @@ async fn measured(
             out.secs = start.elapsed().as_secs_f64();
         }
         Measure::Conns => {
+            let each = count.div_ceil(threads);
+            out.units = (each * threads) as u64;
             let start = Instant::now();
-            for _ in 0..count {
-                drop(greeted(echo, direct).await?);
+            let mut all = tokio::task::JoinSet::new();
+            for _ in 0..threads {
+                all.spawn(async move {
+                    for _ in 0..each {
+                        drop(greeted(echo, direct).await?);
+                    }
+                    Ok::<(), std::io::Error>(())
+                });
+            }
+            while let Some(done) = all.join_next().await {
+                done.map_err(std::io::Error::other)??;
             }
             out.secs = start.elapsed().as_secs_f64();
         }

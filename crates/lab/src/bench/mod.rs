@@ -36,8 +36,10 @@ pub(crate) struct Sizes {
     pub(crate) bulk_mib: usize,
     /// Round trips at each size (64 B and 1 KiB).
     pub(crate) round_trips: usize,
-    /// Connections opened one after another.
+    /// Connections opened one after another (by one client thread, and again in all by
+    /// `conn_threads` threads if more than one).
     pub(crate) conns: usize,
+    pub(crate) conn_threads: usize,
     /// Idle proxied connections held while measuring node proxy memory (0: no memory run).
     pub(crate) idle: usize,
 }
@@ -59,7 +61,8 @@ pub(crate) struct Options {
 enum Step {
     Bulk,
     Rr(usize),
-    Conns,
+    /// New connections from this many client threads.
+    Conns(usize),
 }
 
 /// `ferry lab bench`: `from` -> `to` on each arm, memory first; prints the report, writes it
@@ -98,7 +101,11 @@ pub(crate) fn run(state_dir: &Path, from: &str, to: &str, opts: &Options) -> any
         })
         .collect();
     let s = opts.sizes;
-    for step in [Step::Bulk, Step::Rr(64), Step::Rr(1024), Step::Conns] {
+    let mut steps = vec![Step::Bulk, Step::Rr(64), Step::Rr(1024), Step::Conns(1)];
+    if s.conn_threads > 1 {
+        steps.push(Step::Conns(s.conn_threads));
+    }
+    for step in steps {
         for &arm in &opts.arms {
             let pinned = match (step, opts.pinned) {
                 (Step::Rr(_), Some(cpu)) => {
@@ -110,12 +117,19 @@ pub(crate) fn run(state_dir: &Path, from: &str, to: &str, opts: &Options) -> any
             };
             let before = proxies.opened()?;
             let cpu0 = proxies.cpu_s();
-            let (measure, count, size) = match step {
-                Step::Bulk => (Measure::Bulk, s.bulk_mib, 0),
-                Step::Rr(size) => (Measure::Rr, s.round_trips, size),
-                Step::Conns => (Measure::Conns, s.conns, 0),
+            let (measure, count, size, threads) = match step {
+                Step::Bulk => (Measure::Bulk, s.bulk_mib, 0, 1),
+                Step::Rr(size) => (Measure::Rr, s.round_trips, size, 1),
+                Step::Conns(threads) => (Measure::Conns, s.conns, 0, threads),
             };
-            let sample = client.run(arm, measure, count, size, pinned.as_ref().map(|p| p.1))?;
+            let sample = client.run(client::Job {
+                arm,
+                measure,
+                count,
+                size,
+                threads,
+                pin_cpu: pinned.as_ref().map(|p| p.1),
+            })?;
             let cpu = proxies.cpu_s() - cpu0;
             drop::<Option<(Pinned, usize)>>(pinned);
             let opened = moved(&before, &proxies.opened()?);
@@ -127,7 +141,10 @@ pub(crate) fn run(state_dir: &Path, from: &str, to: &str, opts: &Options) -> any
                 Step::Bulk => fig.bulk = Some(report::bulk(&sample, cpu)),
                 Step::Rr(64) => fig.rr_64b = Some(report::round_trips(&sample, 64, cpu)),
                 Step::Rr(size) => fig.rr_1kib = Some(report::round_trips(&sample, size, cpu)),
-                Step::Conns => fig.conns = Some(report::conns(&sample, cpu)),
+                Step::Conns(1) => fig.conns = Some(report::conns(&sample, 1, cpu)),
+                Step::Conns(n) => {
+                    fig.conns_threads = Some(report::conns(&sample, n, cpu));
+                }
             }
         }
     }
@@ -216,21 +233,23 @@ struct Client<'a> {
 // === impl Client ===
 
 impl Client<'_> {
-    fn run(
-        &self,
-        arm: Arm,
-        measure: Measure,
-        count: usize,
-        size: usize,
-        pin_cpu: Option<usize>,
-    ) -> anyhow::Result<Sample> {
+    fn run(&self, job: client::Job) -> anyhow::Result<Sample> {
+        let client::Job {
+            arm,
+            measure,
+            count,
+            size,
+            threads,
+            pin_cpu,
+        } = job;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.netns])
             .arg(&self.exe)
             .args(["lab", "bench-client", "--target", self.target])
             .args(["--arm", arm.name(), "--measure"])
             .arg(format!("{measure:?}").to_lowercase())
-            .args(["--count", &count.to_string(), "--size", &size.to_string()]);
+            .args(["--count", &count.to_string(), "--size", &size.to_string()])
+            .args(["--threads", &threads.to_string()]);
         if let Some(cpu) = pin_cpu {
             cmd.args(["--pin-cpu", &cpu.to_string()]);
         }

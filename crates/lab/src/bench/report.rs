@@ -51,6 +51,8 @@ pub(crate) struct Arm {
     pub(crate) rr_64b: Option<RoundTrips>,
     pub(crate) rr_1kib: Option<RoundTrips>,
     pub(crate) conns: Option<Conns>,
+    /// New connections again, from several client threads at once (`--conn-threads`).
+    pub(crate) conns_threads: Option<Conns>,
     /// `istio_tcp_connections_opened_total` moves at each node proxy over the arm's measures:
     /// all zero on the direct arm, or it was not direct.
     pub(crate) proxy_connections_opened: BTreeMap<String, u64>,
@@ -76,6 +78,8 @@ pub(crate) struct RoundTrips {
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Conns {
+    /// Client threads opening them.
+    pub(crate) threads: usize,
     pub(crate) count: u64,
     pub(crate) per_s: f64,
     pub(crate) proxy_cpu_us_per_conn: f64,
@@ -86,6 +90,8 @@ pub(crate) struct Conns {
 pub(crate) struct Ratios {
     pub(crate) bulk_throughput_x: f64,
     pub(crate) conns_per_s_x: f64,
+    /// With `--conn-threads` client threads (when measured on both arms).
+    pub(crate) conns_threads_per_s_x: Option<f64>,
     pub(crate) rr_64b_added_p50_us: f64,
     pub(crate) rr_64b_added_p99_us: f64,
     pub(crate) rr_1kib_added_p50_us: f64,
@@ -135,8 +141,9 @@ pub(crate) fn round_trips(s: &Sample, size_bytes: usize, cpu_s: f64) -> RoundTri
     }
 }
 
-pub(crate) fn conns(s: &Sample, cpu_s: f64) -> Conns {
+pub(crate) fn conns(s: &Sample, threads: usize, cpu_s: f64) -> Conns {
     Conns {
+        threads,
         count: s.units,
         per_s: if s.secs > 0.0 {
             s.units as f64 / s.secs
@@ -165,6 +172,10 @@ pub(crate) fn ratios(direct: &Arm, ferry: &Arm) -> Option<Ratios> {
     Some(Ratios {
         bulk_throughput_x: x(fb.gbit_per_s, db.gbit_per_s),
         conns_per_s_x: x(fc.per_s, dc.per_s),
+        conns_threads_per_s_x: match (direct.conns_threads, ferry.conns_threads) {
+            (Some(d), Some(f)) => Some(x(f.per_s, d.per_s)),
+            _ => None,
+        },
         rr_64b_added_p50_us: f64_.p50_us - d64.p50_us,
         rr_64b_added_p99_us: f64_.p99_us - d64.p99_us,
         rr_1kib_added_p50_us: f1k.p50_us - d1k.p50_us,
@@ -310,6 +321,25 @@ impl Report {
             },
             String::new(),
         );
+        if let Some(n) = f.or(d).and_then(|a| a.conns_threads).map(|c| c.threads) {
+            row(
+                &mut o,
+                &format!("new conns x{n}"),
+                &|a| a.conns_threads.map(|c| format!("{:.0}/s", c.per_s)),
+                r.and_then(|r| r.conns_threads_per_s_x)
+                    .map(|x| format!("{x:.2}x"))
+                    .unwrap_or_default(),
+            );
+            row(
+                &mut o,
+                "  proxy CPU",
+                &|a| {
+                    a.conns_threads
+                        .map(|c| format!("{:.0} us/conn", c.proxy_cpu_us_per_conn))
+                },
+                String::new(),
+            );
+        }
         row(
             &mut o,
             "proxy conns",

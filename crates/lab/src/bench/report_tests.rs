@@ -28,11 +28,14 @@ fn figures_are_per_unit_of_work_with_both_proxies_cpu() {
     assert_eq!(rt.proxy_cpu_us_per_round_trip, 150.0);
     assert_eq!((rt.p50_us, rt.p99_us, rt.size_bytes), (180.0, 300.0, 64));
     // 500 connections in 0.25 s with 0.4 s of proxy CPU: 2,000/s, 800 us each.
-    let c = conns(&sample(0.25, 0, 500), 0.4);
-    assert_eq!((c.per_s, c.proxy_cpu_us_per_conn), (2000.0, 800.0));
+    let c = conns(&sample(0.25, 0, 500), 4, 0.4);
+    assert_eq!(
+        (c.per_s, c.proxy_cpu_us_per_conn, c.threads),
+        (2000.0, 800.0, 4)
+    );
     // Nothing measured is no division by zero.
     assert_eq!(bulk(&sample(0.0, 0, 0), 1.0).proxy_cpu_s_per_gb, 0.0);
-    assert_eq!(conns(&sample(0.0, 0, 0), 1.0).proxy_cpu_us_per_conn, 0.0);
+    assert_eq!(conns(&sample(0.0, 0, 0), 1, 1.0).proxy_cpu_us_per_conn, 0.0);
 }
 
 fn arm(gbit: f64, p50: f64, p99: f64, per_s: f64) -> Arm {
@@ -58,8 +61,15 @@ fn arm(gbit: f64, p50: f64, p99: f64, per_s: f64) -> Arm {
             ..rt
         }),
         conns: Some(Conns {
+            threads: 1,
             count: 10,
             per_s,
+            proxy_cpu_us_per_conn: 0.0,
+        }),
+        conns_threads: Some(Conns {
+            threads: 4,
+            count: 12,
+            per_s: per_s * 2.0,
             proxy_cpu_us_per_conn: 0.0,
         }),
         proxy_connections_opened: BTreeMap::new(),
@@ -79,6 +89,7 @@ fn ferry_is_compared_with_direct_as_ratios_and_added_latency() {
         (160.0, 300.0)
     );
     assert_eq!(r.rr_1kib_added_p50_us, 160.0);
+    assert_eq!(r.conns_threads_per_s_x, Some(0.25));
     let partial = Arm { conns: None, ..f };
     assert_eq!(ratios(&d, &partial), None);
 }
@@ -158,6 +169,8 @@ fn the_json_names_every_figure_with_its_unit_and_the_text_what_each_arm_crosses(
         "0.25x",
         "added +160/+300 us",
         "alpha-1 +12",
+        "new conns x4",
+        "16000/s",
     ] {
         assert!(text.contains(part), "{part:?} in:\n{text}");
     }
