@@ -48,17 +48,9 @@ async fn handle(node: &Arc<Node>, line: &str) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
     match words.as_slice() {
         ["add", uid, netns, options @ ..] => {
-            let uncaptured = match options {
-                [] => Uncaptured::default(),
-                [word] => match Uncaptured::parse(word) {
-                    Some(u) => u,
-                    None => {
-                        return format!(
-                            "error: expected `uncaptured=<port>,...` (not a proxy port), not {word:?}\n"
-                        );
-                    }
-                },
-                _ => return USAGE.into(),
+            let uncaptured = match add_options(options) {
+                Ok(u) => u,
+                Err(answer) => return answer,
             };
             add(node, uid, netns, uncaptured).await
         }
@@ -93,6 +85,18 @@ async fn handle(node: &Arc<Node>, line: &str) -> String {
 
 const USAGE: &str =
     "error: expected `add <uid> <netns> [uncaptured=<port>,...]`, `del <uid>` or `list`\n";
+
+/// The options of an `add` after the netns path: none, or `uncaptured=<port>,...`; otherwise
+/// the error answer.
+fn add_options(options: &[&str]) -> Result<Uncaptured, String> {
+    match options {
+        [] => Ok(Uncaptured::default()),
+        [word] => Uncaptured::parse(word).ok_or_else(|| {
+            format!("error: expected `uncaptured=<port>,...` (not a proxy port), not {word:?}\n")
+        }),
+        _ => Err(USAGE.into()),
+    }
+}
 
 /// `add`: enrolls the pod, leaving `uncaptured` out of its inbound capture. A pod enrolled
 /// already keeps its rules: asking for other uncaptured ports needs a `del` first.
@@ -129,5 +133,29 @@ async fn add(node: &Arc<Node>, uid: &str, netns: &str, uncaptured: Uncaptured) -
             "ok\n".into()
         }
         Err(e) => format!("error: {e}\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_takes_no_option_or_uncaptured_ports_and_refuses_anything_else() {
+        assert_eq!(add_options(&[]), Ok(Uncaptured::default()));
+        assert_eq!(
+            add_options(&["uncaptured=18080,17778"]),
+            Ok(Uncaptured::new(vec![17778, 18080]))
+        );
+        let refused = add_options(&["uncaptured=15006"]).unwrap_err();
+        assert!(
+            refused.starts_with("error: expected `uncaptured="),
+            "{refused}"
+        );
+        assert!(add_options(&["extra"]).is_err());
+        assert_eq!(
+            add_options(&["uncaptured=1", "more"]),
+            Err(USAGE.to_string())
+        );
     }
 }
