@@ -9,8 +9,19 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+/// The echo port every lab pod serves (and every example's services target).
+pub(crate) const ECHO_PORT: u16 = 8080;
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
 pub(crate) const SINK_PORT: u16 = 7777;
+/// The benchmark's direct baseline ports: an echo server and a sink like those above, on ports
+/// the lab enrolls every pod with left out of inbound capture (`uncaptured=` on the node's
+/// enrollment API), so a marked connection to them crosses no proxy at either end.
+pub(crate) const DIRECT_ECHO_PORT: u16 = 18080;
+pub(crate) const DIRECT_SINK_PORT: u16 = 17778;
+/// The HTTP server of [`HTTP_PORT`] again, on a port left out of capture like those above.
+pub(crate) const DIRECT_HTTP_PORT: u16 = 18081;
+/// Every port the lab enrolls its pods with left out of inbound capture.
+pub(crate) const DIRECT_PORTS: [u16; 3] = [DIRECT_SINK_PORT, DIRECT_ECHO_PORT, DIRECT_HTTP_PORT];
 /// A server that reads to EOF and then never answers nor closes: a peer that never finishes.
 pub(crate) const STUBBORN_PORT: u16 = 7171;
 
@@ -18,9 +29,9 @@ pub(crate) const STUBBORN_PORT: u16 = 7171;
 /// `"<name> http <method> <path> saw <peer>\n"` (for the waypoint's per-request policy).
 pub(crate) const HTTP_PORT: u16 = 8081;
 
-/// Serves every port in `ports` (each connection gets `"<name> port <p> saw <peer>\n"`, then
-/// its own bytes back until it closes its side), the sink on [`SINK_PORT`] and HTTP on
-/// [`HTTP_PORT`].
+/// Serves every port in `ports` and [`DIRECT_ECHO_PORT`] (each connection gets `"<name> port
+/// <p> saw <peer>\n"`, then its own bytes back until it closes its side), the sink on
+/// [`SINK_PORT`] and [`DIRECT_SINK_PORT`] and HTTP on [`HTTP_PORT`] and [`DIRECT_HTTP_PORT`].
 pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -28,7 +39,11 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let mut tasks = Vec::new();
-        for &port in ports {
+        let mut ports = ports.to_vec();
+        if !ports.contains(&DIRECT_ECHO_PORT) {
+            ports.push(DIRECT_ECHO_PORT);
+        }
+        for &port in &ports {
             let l = TcpListener::bind(("0.0.0.0", port)).await?;
             let name = name.to_string();
             tasks.push(tokio::spawn(async move {
@@ -49,25 +64,10 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
                 }
             }));
         }
-        let sink = TcpListener::bind(("0.0.0.0", SINK_PORT)).await?;
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let Ok((mut s, _)) = sink.accept().await else {
-                    continue;
-                };
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 256 * 1024];
-                    let mut total = 0u64;
-                    while let Ok(n) = s.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        total += n as u64;
-                    }
-                    let _ = s.write_all(&total.to_le_bytes()).await;
-                });
-            }
-        }));
+        for port in [SINK_PORT, DIRECT_SINK_PORT] {
+            let sink = TcpListener::bind(("0.0.0.0", port)).await?;
+            tasks.push(tokio::spawn(serve_sink(sink)));
+        }
         // (Unless the topology gave this port to the echo server.)
         let stubborn = match ports.contains(&STUBBORN_PORT) {
             true => None,
@@ -93,13 +93,35 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
                 }
             })
         }));
-        let http = TcpListener::bind(("0.0.0.0", HTTP_PORT)).await?;
-        tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
+        for port in [HTTP_PORT, DIRECT_HTTP_PORT] {
+            let http = TcpListener::bind(("0.0.0.0", port)).await?;
+            tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
+        }
         for t in tasks {
             let _ = t.await;
         }
         Ok(())
     })
+}
+
+/// Reads each connection to its end, then answers with the byte count (8 bytes, little endian).
+async fn serve_sink(sink: TcpListener) {
+    loop {
+        let Ok((mut s, _)) = sink.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut total = 0u64;
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            let _ = s.write_all(&total.to_le_bytes()).await;
+        });
+    }
 }
 
 async fn serve_http(name: String, l: TcpListener) {
@@ -171,9 +193,10 @@ pub(crate) fn connect(to: SocketAddr, data: &[u8], timeout: Duration) -> std::io
     Ok(out)
 }
 
-/// A connection from this pod: through Ferry (captured) or direct (marked, so the capture
-/// rules let it pass: the same wire, without the proxies).
-async fn dial(to: SocketAddr, direct: bool) -> std::io::Result<TcpStream> {
+/// A connection from this pod: through Ferry (captured) or direct (marked, so the pod's
+/// outbound capture lets it pass; it must go to a port the destination leaves uncaptured, such
+/// as [`DIRECT_ECHO_PORT`], to reach the app without its node proxy: the same wire, no proxy).
+pub(crate) async fn dial(to: SocketAddr, direct: bool) -> std::io::Result<TcpStream> {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
     if direct {
         s.set_mark(0x539)?;
@@ -186,7 +209,7 @@ async fn dial(to: SocketAddr, direct: bool) -> std::io::Result<TcpStream> {
     Ok(stream)
 }
 
-async fn greeted(to: SocketAddr, direct: bool) -> std::io::Result<BufReader<TcpStream>> {
+pub(crate) async fn greeted(to: SocketAddr, direct: bool) -> std::io::Result<BufReader<TcpStream>> {
     let mut s = BufReader::new(dial(to, direct).await?);
     let mut line = String::new();
     s.read_line(&mut line).await?;
@@ -242,26 +265,30 @@ async fn upgraded(to: SocketAddr) -> std::io::Result<BufReader<TcpStream>> {
 }
 
 /// The two-thread runtime every lab client runs on.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
 }
 
-fn pct(v: &mut [Duration], p: f64) -> f64 {
+pub(crate) fn pct(v: &mut [Duration], p: f64) -> f64 {
     v.sort();
     v[((v.len() as f64 * p) as usize).min(v.len() - 1)].as_secs_f64() * 1e6
 }
 
-/// Times `n` 1 KiB round trips on `s` (write, then read the echo back); returns the p50 and
-/// p99 in microseconds.
-async fn timed_round_trips<S>(s: &mut S, n: usize) -> std::io::Result<(f64, f64)>
+/// Times `n` round trips of `size` bytes on `s` (write, then read the echo back); returns the
+/// p50 and p99 in microseconds.
+pub(crate) async fn timed_round_trips<S>(
+    s: &mut S,
+    n: usize,
+    size: usize,
+) -> std::io::Result<(f64, f64)>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let msg = [0x42u8; 1024];
-    let mut back = [0u8; 1024];
+    let msg = vec![0x42u8; size];
+    let mut back = vec![0u8; size];
     let mut lat = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
@@ -269,49 +296,10 @@ where
         s.read_exact(&mut back).await?;
         lat.push(t.elapsed());
     }
+    if lat.is_empty() {
+        return Ok((0.0, 0.0));
+    }
     Ok((pct(&mut lat, 0.5), pct(&mut lat, 0.99)))
-}
-
-/// Measures from this pod to `target` (an echo pod), through Ferry and direct, side by side.
-pub(crate) fn bench(
-    target: std::net::IpAddr,
-    bulk_mib: usize,
-    round_trips: usize,
-    conns: usize,
-) -> anyhow::Result<()> {
-    runtime()?.block_on(async move {
-        let sink = SocketAddr::new(target, SINK_PORT);
-        let echo = SocketAddr::new(target, 8080);
-        let chunk = vec![0x5au8; 256 * 1024];
-        let mut results = Vec::new();
-        for direct in [true, false] {
-            // Bulk, one connection.
-            let mut s = dial(sink, direct).await?;
-            let start = Instant::now();
-            for _ in 0..(bulk_mib * 4) {
-                s.write_all(&chunk).await?;
-            }
-            s.shutdown().await?;
-            let mut n = [0u8; 8];
-            s.read_exact(&mut n).await?;
-            let gbps = u64::from_le_bytes(n) as f64 / start.elapsed().as_secs_f64() / 1e9;
-            let (p50, p99) = timed_round_trips(&mut greeted(echo, direct).await?, round_trips).await?;
-            // New connections: connect, greeting, close.
-            let start = Instant::now();
-            for _ in 0..conns {
-                drop(greeted(echo, direct).await?);
-            }
-            let cps = conns as f64 / start.elapsed().as_secs_f64();
-            results.push((gbps, p50, p99, cps));
-        }
-        let (d, f) = (results[0], results[1]);
-        println!("A -> B on another node, {bulk_mib} MiB bulk, {round_trips} round trips, {conns} connections");
-        println!("bulk          direct {:.2} GB/s   ferry {:.2} GB/s   ratio {:.2}x", d.0, f.0, f.0 / d.0);
-        println!("rr 1 KiB p50  direct {:.0} us   ferry {:.0} us   added {:.0} us", d.1, f.1, f.1 - d.1);
-        println!("rr 1 KiB p99  direct {:.0} us   ferry {:.0} us   added {:.0} us", d.2, f.2, f.2 - d.2);
-        println!("conns/s       direct {:.0}   ferry {:.0}   ratio {:.2}x", d.3, f.3, f.3 / d.3);
-        Ok(())
-    })
 }
 
 /// Opens `n` connections through Ferry to `target` and holds them until stdin closes, or, with
@@ -557,7 +545,7 @@ pub(crate) fn paths(
             }
             let (r, got) = reader.await??;
             let gbps = got as f64 / start.elapsed().as_secs_f64() / 1e9;
-            let (p50, p99) = timed_round_trips(&mut r.unsplit(w), round_trips).await?;
+            let (p50, p99) = timed_round_trips(&mut r.unsplit(w), round_trips, 1024).await?;
             out[i] = (gbps, p50, p99);
         }
         Ok(out)

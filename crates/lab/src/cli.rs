@@ -52,24 +52,58 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
-    /// Measure A -> B through Ferry against A -> B direct, in the same run; and node proxy
-    /// memory with many idle proxied connections.
+    /// Measure A -> B through Ferry against A -> B direct (no proxy at either end), measure by
+    /// measure in the same run, each with both node proxies' CPU per unit of work; and, first,
+    /// node proxy memory idle and with many idle proxied connections.
     Bench {
         #[arg(long, default_value = "sleep")]
         from: String,
         #[arg(long, default_value = "echo-alpha-2")]
         to: String,
-        #[arg(long, default_value_t = 512)]
+        /// MiB written to the sink on one connection.
+        #[arg(long, default_value_t = 256)]
         bulk_mib: usize,
-        #[arg(long, default_value_t = 5000)]
+        /// Round trips at each size (64 B and 1 KiB).
+        #[arg(long, default_value_t = 2000)]
         round_trips: usize,
-        #[arg(long, default_value_t = 500)]
+        /// New connections, one after another.
+        #[arg(long, default_value_t = 300)]
         conns: usize,
-        /// Idle proxied connections to hold while measuring node proxy memory.
-        #[arg(long, default_value_t = 10000)]
+        /// Then as many again from this many client threads at once (1: not).
+        #[arg(long, default_value_t = 4)]
+        conn_threads: usize,
+        /// Idle proxied connections to hold while measuring node proxy memory (0: none).
+        #[arg(long, default_value_t = 1000)]
         idle: usize,
+        /// The arms to measure, in order.
+        #[arg(long, value_delimiter = ',', default_value = "direct,ferry")]
+        arms: Vec<bench::client::Arm>,
+        /// Pin the client, both node proxies and the server app to one CPU (default 0) for the
+        /// round trips; their affinity is given back after.
+        #[arg(long, num_args = 0..=1, default_missing_value = "0")]
+        pinned: Option<usize>,
+        /// Write every figure (units in the key names), the commit and the topology as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[command(flatten)]
         lab: LabArgs,
+    },
+    /// The node proxies' CPU per unit of work in `bench --json` reports (the median of each
+    /// figure over them) against a baseline report: exits 1 if a figure is more than the margin
+    /// above the baseline's. Needs no lab.
+    BenchGate {
+        /// The committed baseline (a `bench --json` report of the same build profile).
+        #[arg(long)]
+        baseline: PathBuf,
+        /// The reports to judge.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// How much worse than the baseline a figure may be (0.25: 25%).
+        #[arg(long, default_value_t = 0.25)]
+        margin: f64,
+        /// Write the reports' medians as the baseline instead of judging them.
+        #[arg(long)]
+        write: bool,
     },
     /// Compare two paths from one pod through Ferry, in the same run (e.g. same-network HBONE
     /// against double HBONE through a gateway).
@@ -163,17 +197,26 @@ pub enum LabCommand {
         #[arg(long)]
         requests: usize,
     },
-    /// (inside the lab) the benchmark client.
+    /// (inside the lab) the benchmark client: one measure of one arm, printed as JSON.
     #[command(hide = true)]
     BenchClient {
         #[arg(long)]
         target: std::net::IpAddr,
         #[arg(long)]
-        bulk_mib: usize,
+        arm: bench::client::Arm,
         #[arg(long)]
-        round_trips: usize,
+        measure: bench::client::Measure,
+        /// MiB (bulk), round trips (rr) or connections (conns).
         #[arg(long)]
-        conns: usize,
+        count: usize,
+        /// Bytes per round trip (rr).
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Client threads (conns).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long)]
+        pin_cpu: Option<usize>,
     },
     /// (inside the lab) hold idle connections until stdin closes (or one is closed).
     #[command(hide = true)]
@@ -319,25 +362,54 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             bulk_mib,
             round_trips,
             conns,
+            conn_threads,
             idle,
+            arms,
+            pinned,
+            json,
             lab,
         } => done(bench::run(
             &lab.state_dir,
             &from,
             &to,
-            bench::Sizes {
-                bulk_mib,
-                round_trips,
-                conns,
-                idle,
+            &bench::Options {
+                sizes: bench::Sizes {
+                    bulk_mib,
+                    round_trips,
+                    conns,
+                    conn_threads,
+                    idle,
+                },
+                arms,
+                pinned,
+                json,
             },
         )),
         LabCommand::BenchClient {
             target,
-            bulk_mib,
-            round_trips,
-            conns,
-        } => done(apps::bench(target, bulk_mib, round_trips, conns)),
+            arm,
+            measure,
+            count,
+            size,
+            threads,
+            pin_cpu,
+        } => done(bench::client::run(
+            target,
+            bench::client::Job {
+                arm,
+                measure,
+                count,
+                size,
+                threads,
+                pin_cpu,
+            },
+        )),
+        LabCommand::BenchGate {
+            baseline,
+            reports,
+            margin,
+            write,
+        } => bench::gate::run(&baseline, &reports, margin, write),
         LabCommand::BenchPaths {
             from,
             near,
@@ -534,5 +606,40 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn bench_defaults_are_small_and_pinned_takes_an_optional_cpu() {
+        let lab = Lab::try_parse_from(["lab", "bench"]).expect("parses");
+        match lab.cmd {
+            LabCommand::Bench {
+                bulk_mib,
+                round_trips,
+                conns,
+                idle,
+                arms,
+                pinned,
+                json,
+                ..
+            } => {
+                assert_eq!((bulk_mib, round_trips, conns, idle), (256, 2000, 300, 1000));
+                assert_eq!(
+                    arms,
+                    [bench::client::Arm::Direct, bench::client::Arm::Ferry]
+                );
+                assert_eq!((pinned, json), (None, None));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let pinned = |args: &[&str]| match Lab::try_parse_from(args).expect("parses").cmd {
+            LabCommand::Bench { pinned, arms, .. } => (pinned, arms),
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(pinned(&["lab", "bench", "--pinned"]).0, Some(0));
+        assert_eq!(pinned(&["lab", "bench", "--pinned", "1"]).0, Some(1));
+        assert_eq!(
+            pinned(&["lab", "bench", "--arms", "ferry", "--pinned"]),
+            (Some(0), vec![bench::client::Arm::Ferry])
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! The processes a lab starts and watches: spawning them detached in a namespace, waiting on
-//! them, and reading their CPU, memory and descriptors from `/proc`.
+//! them, reading their CPU and memory from `/proc`, and pinning them to a CPU.
 
 use std::fs::File;
 use std::io::Write;
@@ -141,7 +141,177 @@ pub(crate) fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Open file descriptors of a process (0 if it is gone).
-pub(crate) fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+/// Kernel clock ticks per second (`USER_HZ`), the unit of [`cpu_ticks`].
+pub(crate) fn ticks_per_second() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|t| u64::try_from(t).ok())
+        .filter(|t| *t > 0)
+        .unwrap_or(100)
+}
+
+/// The pid of the lab app `ferry lab echo --name <name>` among `pids` (a pod's server).
+pub(crate) fn app_of(pids: &[u32], name: &str) -> Option<u32> {
+    running(pids, "lab").into_iter().find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.get(2) == Some(&b"echo".as_slice())
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
+        })
+    })
+}
+
+/// The threads of `pid` (its tasks), by thread id.
+fn threads(pid: u32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Processes pinned to one CPU (every thread of each), until dropped: then every thread gets
+/// back the affinity it had, and a thread started meanwhile that of its process's first thread.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    saved: Vec<(u32, Vec<(i32, nix::sched::CpuSet)>)>,
+}
+
+/// Pins every thread of each of `pids` to `cpu` (`sched_setaffinity`).
+pub(crate) fn pin(pids: &[u32], cpu: usize) -> anyhow::Result<Pinned> {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let mut one = CpuSet::new();
+    one.set(cpu).with_context(|| format!("no CPU {cpu}"))?;
+    let mut pinned = Pinned { saved: Vec::new() };
+    for &pid in pids {
+        let mut saved = Vec::new();
+        for tid in threads(pid) {
+            let t = Pid::from_raw(tid);
+            // A thread that has just exited is no error.
+            let Ok(before) = sched_getaffinity(t) else {
+                continue;
+            };
+            match sched_setaffinity(t, &one) {
+                Ok(()) => saved.push((tid, before)),
+                Err(nix::errno::Errno::ESRCH) => {}
+                Err(e) => {
+                    pinned.saved.push((pid, saved));
+                    return Err(e)
+                        .with_context(|| format!("pinning thread {tid} of {pid} to CPU {cpu}"));
+                }
+            }
+        }
+        pinned.saved.push((pid, saved));
+    }
+    Ok(pinned)
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        use nix::sched::sched_setaffinity;
+        for (pid, saved) in &self.saved {
+            let Some((_, first)) = saved.first() else {
+                continue;
+            };
+            for tid in threads(*pid) {
+                let mask = saved
+                    .iter()
+                    .find(|(t, _)| *t == tid)
+                    .map_or(first, |(_, m)| m);
+                let _ = sched_setaffinity(Pid::from_raw(tid), mask);
+            }
+        }
+    }
+}
+
+/// The CPUs `pid`'s first thread may run on (for a test that the pinning is undone).
+#[cfg(test)]
+fn cpus_of(pid: u32) -> Vec<usize> {
+    let Ok(set) = nix::sched::sched_getaffinity(Pid::from_raw(pid as i32)) else {
+        return Vec::new();
+    };
+    (0..nix::sched::CpuSet::count())
+        .filter(|c| set.is_set(*c).unwrap_or(false))
+        .collect()
+}
+
+/// Whether processes are quiet over a window of samples (oldest first) of their summed CPU
+/// ticks and resident KiB: at most `max_ticks` of CPU over the window and RSS within
+/// `max_rss_kib` of its lowest. Fewer than two samples is no window yet.
+pub(crate) fn quiet(window: &[(u64, u64)], max_ticks: u64, max_rss_kib: u64) -> bool {
+    let (Some(first), Some(last)) = (window.first(), window.last()) else {
+        return false;
+    };
+    if window.len() < 2 {
+        return false;
+    }
+    let lo = window.iter().map(|s| s.1).min().unwrap_or(0);
+    let hi = window.iter().map(|s| s.1).max().unwrap_or(0);
+    last.0.saturating_sub(first.0) <= max_ticks && hi - lo <= max_rss_kib
+}
+
+/// Waits, for at most `max`, until `pids` are quiet: over the last second (five samples 250 ms
+/// apart) at most one clock tick of CPU between them and RSS steady within 256 KiB. Returns
+/// whether they were, and after how long.
+pub(crate) fn wait_quiet(pids: &[u32], max: Duration) -> (bool, Duration) {
+    let start = Instant::now();
+    let sample = || {
+        (
+            pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>(),
+            pids.iter().map(|p| rss_kib(*p)).sum::<u64>(),
+        )
+    };
+    let mut window = std::collections::VecDeque::from([sample()]);
+    loop {
+        if window.len() == 5 && quiet(window.make_contiguous(), 1, 256) {
+            return (true, start.elapsed());
+        }
+        if start.elapsed() >= max {
+            return (false, start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        window.push_back(sample());
+        if window.len() > 5 {
+            window.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quiet_needs_a_window_with_little_cpu_and_a_steady_rss() {
+        assert!(!quiet(&[], 1, 256));
+        assert!(!quiet(&[(10, 1000)], 1, 256));
+        assert!(quiet(&[(10, 1000), (10, 1100), (11, 1000)], 1, 256));
+        assert!(
+            !quiet(&[(10, 1000), (11, 1000), (12, 1000)], 1, 256),
+            "2 ticks"
+        );
+        assert!(
+            !quiet(&[(10, 1000), (10, 1400), (10, 1400)], 1, 256),
+            "RSS grew"
+        );
+    }
+
+    #[test]
+    fn this_process_is_found_pinned_and_given_its_cpus_back() {
+        let me = std::process::id();
+        let before = cpus_of(me);
+        assert!(!before.is_empty());
+        {
+            let _pinned = pin(&[me], before[0]).expect("pins");
+            assert_eq!(cpus_of(me), vec![before[0]]);
+        }
+        assert_eq!(cpus_of(me), before);
+        assert!(ticks_per_second() > 0);
+        assert!(pin(&[me], 100_000).is_err(), "no such CPU");
+        assert_eq!(cpus_of(me), before);
+    }
 }

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! add <pod uid> <path of the pod's network namespace>   -> ok | error: <reason>
+//! add <pod uid> <netns path> uncaptured=<port>,...     -> the same; those inbound ports of the
+//!                                                         pod are left out of capture
 //! del <pod uid>                                          -> ok | error: not enrolled
 //! list                                                   -> <uid> <netns path>... then "end"
 //! ```
@@ -12,9 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_core::model::WorkloadUid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
+use crate::capture::Uncaptured;
 use crate::state::Node;
 
 /// Serves the API on `path` (replacing a stale socket file).
@@ -43,25 +47,22 @@ pub(crate) async fn serve(node: Arc<Node>, path: PathBuf) -> std::io::Result<()>
 async fn handle(node: &Arc<Node>, line: &str) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
     match words.as_slice() {
-        ["add", uid, netns] => match node
-            .enroll(uid, Path::new(netns), Duration::from_secs(30))
-            .await
-        {
-            Ok(_) => {
-                node.unserved
-                    .lock()
-                    .remove(&ferry_core::model::WorkloadUid::new(*uid));
-                crate::enrollment::save(node);
-                "ok\n".into()
-            }
-            Err(e) => format!("error: {e}\n"),
-        },
+        ["add", uid, netns, options @ ..] => {
+            let uncaptured = match add_options(options) {
+                Ok(u) => u,
+                Err(answer) => return answer,
+            };
+            add(node, uid, netns, uncaptured).await
+        }
         ["del", uid] => {
             let unserved = node
                 .unserved
                 .lock()
                 .remove(&ferry_core::model::WorkloadUid::new(*uid))
                 .is_some();
+            node.uncaptured
+                .lock()
+                .remove(&ferry_core::model::WorkloadUid::new(*uid));
             if node.remove(uid).await || unserved {
                 crate::enrollment::save(node);
                 "ok\n".into()
@@ -78,6 +79,83 @@ async fn handle(node: &Arc<Node>, line: &str) -> String {
             out.push_str("end\n");
             out
         }
-        _ => "error: expected `add <uid> <netns>`, `del <uid>` or `list`\n".into(),
+        _ => USAGE.into(),
+    }
+}
+
+const USAGE: &str =
+    "error: expected `add <uid> <netns> [uncaptured=<port>,...]`, `del <uid>` or `list`\n";
+
+/// The options of an `add` after the netns path: none, or `uncaptured=<port>,...`; otherwise
+/// the error answer.
+fn add_options(options: &[&str]) -> Result<Uncaptured, String> {
+    match options {
+        [] => Ok(Uncaptured::default()),
+        [word] => Uncaptured::parse(word).ok_or_else(|| {
+            format!("error: expected `uncaptured=<port>,...` (not a proxy port), not {word:?}\n")
+        }),
+        _ => Err(USAGE.into()),
+    }
+}
+
+/// `add`: enrolls the pod, leaving `uncaptured` out of its inbound capture. A pod enrolled
+/// already keeps its rules: asking for other uncaptured ports needs a `del` first.
+async fn add(node: &Arc<Node>, uid: &str, netns: &str, uncaptured: Uncaptured) -> String {
+    let key = WorkloadUid::new(uid);
+    {
+        let mut all = node.uncaptured.lock();
+        let now = all.get(&key).cloned().unwrap_or_default();
+        if now != uncaptured {
+            if node.pods.lock().contains_key(&key) {
+                return format!(
+                    "error: {uid} is enrolled with {}; `del` it first\n",
+                    if now.is_empty() {
+                        "every inbound port captured".to_string()
+                    } else {
+                        now.to_string()
+                    }
+                );
+            }
+            if uncaptured.is_empty() {
+                all.remove(&key);
+            } else {
+                all.insert(key.clone(), uncaptured);
+            }
+        }
+    }
+    match node
+        .enroll(uid, Path::new(netns), Duration::from_secs(30))
+        .await
+    {
+        Ok(_) => {
+            node.unserved.lock().remove(&key);
+            crate::enrollment::save(node);
+            "ok\n".into()
+        }
+        Err(e) => format!("error: {e}\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_takes_no_option_or_uncaptured_ports_and_refuses_anything_else() {
+        assert_eq!(add_options(&[]), Ok(Uncaptured::default()));
+        assert_eq!(
+            add_options(&["uncaptured=18080,17778"]),
+            Ok(Uncaptured::new(vec![17778, 18080]))
+        );
+        let refused = add_options(&["uncaptured=15006"]).unwrap_err();
+        assert!(
+            refused.starts_with("error: expected `uncaptured="),
+            "{refused}"
+        );
+        assert!(add_options(&["extra"]).is_err());
+        assert_eq!(
+            add_options(&["uncaptured=1", "more"]),
+            Err(USAGE.to_string())
+        );
     }
 }

@@ -65,6 +65,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         hbone_conns: Arc::default(),
         state_file: config.state_file.clone(),
         unserved: Mutex::default(),
+        uncaptured: Mutex::default(),
         enrolling: Mutex::default(),
         capture_repairs: crate::admin::capture_repairs(&mut registry),
         connect_retries: crate::admin::connect_retries(&mut registry),

@@ -5,9 +5,17 @@
 //!                                     to 127.0.0.0/8      -> RETURN
 //!                                     anything else       -> REDIRECT :15001 (outbound)
 //!   PREROUTING -p tcp -> FERRY_IN:   to :15008 (HBONE)   -> RETURN (served directly)
+//!                                     to an uncaptured port -> RETURN (only if enrolled so)
 //!                                     anything else       -> REDIRECT :15006 (inbound plain)
 //! ```
 //! Rules live in their own chains so removal is exact and leaves the pod's own rules alone.
+//!
+//! A pod may be enrolled with inbound ports left out of capture ([`Uncaptured`], `add <uid>
+//! <netns> uncaptured=<port>,...` on the node's enrollment API): `ferry lab bench` uses one for
+//! its direct baseline. Only the enroller sets it (the root-only node API, the same privilege
+//! that could leave the pod out of the mesh altogether); nothing a pod carries (labels,
+//! annotations, packet marks) can. The rules of such a pod are those with the exemption, and
+//! drift is judged against them.
 //!
 //! Enrolling a pod (also on a node proxy's start, for every pod it restores) compares the pod's
 //! whole nat table with Ferry's rules and, on any difference, rewrites both chains whole and
@@ -43,8 +51,61 @@ pub(crate) struct CaptureError {
     pub detail: String,
 }
 
+/// Inbound ports of one pod that its capture rules leave alone (set at enrollment only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Uncaptured {
+    /// Sorted, without duplicates.
+    ports: Vec<u16>,
+}
+
+// === impl Uncaptured ===
+
+impl Uncaptured {
+    pub(crate) fn new(mut ports: Vec<u16>) -> Self {
+        ports.sort_unstable();
+        ports.dedup();
+        Self { ports }
+    }
+
+    /// `uncaptured=<port>,<port>...` (as the enrollment API and state file write it). A proxy
+    /// port or port 0 is refused: leaving those out of capture would break the pod's serving.
+    pub(crate) fn parse(word: &str) -> Option<Self> {
+        let ports = word
+            .strip_prefix("uncaptured=")?
+            .split(',')
+            .map(|p| {
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0 && !PROXY_PORTS.contains(p))
+            })
+            .collect::<Option<Vec<u16>>>()?;
+        Some(Self::new(ports))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ports.is_empty()
+    }
+}
+
+impl std::fmt::Display for Uncaptured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ports: Vec<String> = self.ports.iter().map(ToString::to_string).collect();
+        write!(f, "uncaptured={}", ports.join(","))
+    }
+}
+
+const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT];
+
 /// Ferry's chain of each hook, with the rules it holds, as `iptables-save` prints them.
-fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
+fn chains(uncaptured: &Uncaptured) -> [(&'static str, &'static str, Vec<String>); 2] {
+    let mut inbound = vec![format!("-p tcp -m tcp --dport {HBONE_PORT} -j RETURN")];
+    inbound.extend(
+        uncaptured
+            .ports
+            .iter()
+            .map(|p| format!("-p tcp -m tcp --dport {p} -j RETURN")),
+    );
+    inbound.push(format!("-p tcp -j REDIRECT --to-ports {INBOUND_PORT}"));
     [
         (
             "OUTPUT",
@@ -55,14 +116,7 @@ fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
                 format!("-p tcp -j REDIRECT --to-ports {OUTBOUND_PORT}"),
             ],
         ),
-        (
-            "PREROUTING",
-            "FERRY_IN",
-            vec![
-                format!("-p tcp -m tcp --dport {HBONE_PORT} -j RETURN"),
-                format!("-p tcp -j REDIRECT --to-ports {INBOUND_PORT}"),
-            ],
-        ),
+        ("PREROUTING", "FERRY_IN", inbound),
     ]
 }
 
@@ -81,10 +135,11 @@ fn jump(chain: &str) -> String {
 
 /// How the capture rules in `saved` differ from Ferry's, if they do: each of Ferry's chains
 /// must hold exactly its rules, and each hook must jump to it once, as its first rule (a rule
-/// of the pod's before it could take traffic past the proxy).
-pub(crate) fn drift(saved: &str) -> Option<String> {
+/// of the pod's before it could take traffic past the proxy). `uncaptured` is what the pod was
+/// enrolled with.
+pub(crate) fn drift(saved: &str, uncaptured: &Uncaptured) -> Option<String> {
     let mut found = Vec::new();
-    for (hook, chain, want) in chains() {
+    for (hook, chain, want) in chains(uncaptured) {
         let have = rules_of(saved, chain);
         if have != want {
             found.push(format!(
@@ -113,12 +168,12 @@ pub(crate) fn drift(saved: &str) -> Option<String> {
 /// holds now: declaring a chain empties it, every jump to it is deleted and one is put first.
 /// Applied at once, so traffic never sees a state in between (a handover from a previous node
 /// proxy leaves no window).
-fn rewrite(saved: &str) -> String {
+fn rewrite(saved: &str, uncaptured: &Uncaptured) -> String {
     let mut script = String::from("*nat\n");
-    for (_, chain, _) in chains() {
+    for (_, chain, _) in chains(uncaptured) {
         script.push_str(&format!(":{chain} - [0:0]\n"));
     }
-    for (hook, chain, want) in chains() {
+    for (hook, chain, want) in chains(uncaptured) {
         for rule in want {
             script.push_str(&format!("-A {chain} {rule}\n"));
         }
@@ -166,7 +221,7 @@ pub(crate) async fn saved(netns: &Path) -> Result<String, CaptureError> {
 /// matches them exactly ([`drift`]: then a rewrite would change nothing, and a handover leaves
 /// the live rules of the previous node proxy untouched), Ferry's chains are rewritten whole and
 /// the jumps put first, in one transaction (see [`rewrite`]).
-pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
+pub(crate) async fn install(netns: &Path, uncaptured: &Uncaptured) -> Result<(), CaptureError> {
     // Queued connections of a closing listener move to the other listeners of its port group
     // (the next node proxy's) instead of being reset.
     let _ = nsenter(netns)
@@ -176,10 +231,10 @@ pub(crate) async fn install(netns: &Path) -> Result<(), CaptureError> {
         .status()
         .await;
     let saved = saved(netns).await?;
-    if drift(&saved).is_none() {
+    if drift(&saved, uncaptured).is_none() {
         return Ok(());
     }
-    let script = rewrite(&saved);
+    let script = rewrite(&saved, uncaptured);
     let err = |detail: String| CaptureError {
         netns: netns.display().to_string(),
         detail,
@@ -231,9 +286,9 @@ pub(crate) async fn remove(netns: &Path) {
 
 /// How the pod's capture rules differ from Ferry's, if they do (see [`drift`]); rules that
 /// cannot be read count as differing.
-pub(crate) async fn check(netns: &Path) -> Option<String> {
+pub(crate) async fn check(netns: &Path, uncaptured: &Uncaptured) -> Option<String> {
     match saved(netns).await {
-        Ok(saved) => drift(&saved),
+        Ok(saved) => drift(&saved, uncaptured),
         Err(e) => Some(e.to_string()),
     }
 }

@@ -2,8 +2,9 @@
 //! (after a crash, kill -9, or upgrade) serves every enrolled pod again without the CNI agent
 //! replaying anything, and reports the pods it cannot serve.
 //!
-//! The file holds one `<pod uid> <netns path>` line per enrolled pod; it is replaced whole
-//! (write to a temporary file, then rename) after every `add` and `del`.
+//! The file holds one `<pod uid> <netns path>` line per enrolled pod, followed by
+//! ` uncaptured=<port>,...` for a pod enrolled with inbound ports left out of capture; it is
+//! replaced whole (write to a temporary file, then rename) after every `add` and `del`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use ferry_core::model::WorkloadUid;
 
+use crate::capture::Uncaptured;
 use crate::state::Node;
 
 /// How long a restored pod may wait for its workload to appear in the first xDS snapshot.
@@ -19,7 +21,7 @@ const RESTORE_WAIT: Duration = Duration::from_secs(10);
 
 /// Reads the enrolled pods from `path` (none if the file does not exist). Malformed lines are
 /// skipped with a warning naming them.
-pub(crate) fn load(path: &Path) -> Vec<(String, PathBuf)> {
+pub(crate) fn load(path: &Path) -> Vec<(String, PathBuf, Uncaptured)> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -30,11 +32,18 @@ pub(crate) fn load(path: &Path) -> Vec<(String, PathBuf)> {
     };
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        match line.split_whitespace().collect::<Vec<_>>().as_slice() {
-            [] => {}
-            [uid, netns] => out.push(((*uid).to_string(), PathBuf::from(netns))),
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let uncaptured = match words.get(2) {
+            None => Some(Uncaptured::default()),
+            Some(word) => Uncaptured::parse(word),
+        };
+        match (words.as_slice(), uncaptured) {
+            ([], _) => {}
+            ([uid, netns] | [uid, netns, _], Some(u)) => {
+                out.push(((*uid).to_string(), PathBuf::from(netns), u));
+            }
             _ => {
-                tracing::warn!(path = %path.display(), line = i + 1, "skipping a malformed enrollment line (expected `<uid> <netns path>`)")
+                tracing::warn!(path = %path.display(), line = i + 1, "skipping a malformed enrollment line (expected `<uid> <netns path> [uncaptured=<port>,...]`)")
             }
         }
     }
@@ -48,9 +57,13 @@ pub(crate) fn save(node: &Node) {
     for (uid, (netns, _)) in node.unserved.lock().iter() {
         pods.insert(uid.to_string(), netns.clone());
     }
+    let uncaptured = node.uncaptured.lock().clone();
     let text: String = pods
         .iter()
-        .map(|(u, p)| format!("{u} {}\n", p.display()))
+        .map(|(u, p)| match uncaptured.get(&WorkloadUid::new(u)) {
+            Some(ports) if !ports.is_empty() => format!("{u} {} {ports}\n", p.display()),
+            _ => format!("{u} {}\n", p.display()),
+        })
         .collect();
     let tmp = path.with_extension("tmp");
     let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
@@ -71,7 +84,12 @@ pub(crate) async fn restore(node: &Arc<Node>) {
     }
     tracing::info!(pods = pods.len(), path = %path.display(), "serving the enrolled pods again");
     let mut all = tokio::task::JoinSet::new();
-    for (uid, netns) in pods {
+    for (uid, netns, uncaptured) in pods {
+        if !uncaptured.is_empty() {
+            node.uncaptured
+                .lock()
+                .insert(WorkloadUid::new(&uid), uncaptured);
+        }
         let node = node.clone();
         all.spawn(async move { serve_one(&node, &uid, &netns, RESTORE_WAIT).await });
     }
@@ -124,6 +142,7 @@ async fn serve_one(node: &Arc<Node>, uid: &str, netns: &Path, wait: Duration) {
 #[cfg(test)]
 mod tests {
     use super::load;
+    use crate::capture::Uncaptured;
 
     #[test]
     fn the_state_file_reads_good_lines_and_skips_bad_ones() {
@@ -140,9 +159,32 @@ mod tests {
         assert_eq!(
             pods,
             vec![
-                ("a//v1/Pod/default/x".to_string(), "/var/run/netns/x".into()),
-                ("c//v1/Pod/default/z".to_string(), "/var/run/netns/z".into()),
+                (
+                    "a//v1/Pod/default/x".to_string(),
+                    "/var/run/netns/x".into(),
+                    Uncaptured::default()
+                ),
+                (
+                    "c//v1/Pod/default/z".to_string(),
+                    "/var/run/netns/z".into(),
+                    Uncaptured::default()
+                ),
             ]
+        );
+        // A pod enrolled with uncaptured inbound ports keeps them; a third word that is not
+        // that is malformed.
+        std::fs::write(
+            &path,
+            "a//v1/Pod/default/x /var/run/netns/x uncaptured=18080,17777\nb//v1/Pod/default/y /var/run/netns/y uncaptured=15008\n",
+        )
+        .unwrap();
+        assert_eq!(
+            load(&path),
+            vec![(
+                "a//v1/Pod/default/x".to_string(),
+                "/var/run/netns/x".into(),
+                Uncaptured::parse("uncaptured=17777,18080").unwrap()
+            )]
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -166,7 +166,7 @@ impl Node {
             )));
             t.push(tokio::spawn(self.clone().keep_rules(pod.clone())));
         }
-        if let Err(e) = capture::install(netns).await {
+        if let Err(e) = capture::install(netns, &self.uncaptured(&uid)).await {
             self.by_ip.lock().remove(&ip);
             self.pods.lock().remove(&uid);
             self.stop(&pod).await;
@@ -262,11 +262,12 @@ impl Node {
             // Reported and handled by the reconcile loop.
             return;
         }
-        let Some(drift) = capture::check(path).await else {
+        let uncaptured = self.uncaptured(&pod.uid);
+        let Some(drift) = capture::check(path, &uncaptured).await else {
             return;
         };
         self.capture_repairs.inc();
-        match capture::install(path).await {
+        match capture::install(path, &uncaptured).await {
             Ok(()) => {
                 tracing::warn!(pod = %pod.uid, capture.drift = %drift, "capture rules were missing or altered; rewritten")
             }

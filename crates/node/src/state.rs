@@ -59,6 +59,9 @@ pub(crate) struct Node {
     pub(crate) state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.
     pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
+    /// Inbound ports each pod was enrolled to leave out of capture (`add ... uncaptured=`);
+    /// pods enrolled without are absent. Kept across restarts with the enrolled pods.
+    pub(crate) uncaptured: Mutex<HashMap<WorkloadUid, crate::capture::Uncaptured>>,
     /// Enrolled pods this process cannot serve, with their namespace and why.
     pub(crate) unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
     /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
@@ -191,6 +194,11 @@ impl Node {
     }
 
     /// The namespace paths of enrolled pods (for the API's `list`).
+    /// The inbound ports pod `uid` was enrolled to leave out of capture (none by default).
+    pub(crate) fn uncaptured(&self, uid: &WorkloadUid) -> crate::capture::Uncaptured {
+        self.uncaptured.lock().get(uid).cloned().unwrap_or_default()
+    }
+
     pub(crate) fn enrolled(&self) -> Vec<(String, PathBuf)> {
         let mut v: Vec<_> = self
             .pods

@@ -4,6 +4,7 @@
 //! One test binary. Read-only scenarios share one lab ([`harness::MESH`]) and run in parallel;
 //! scenarios that change a lab run one at a time on a lab of their group, or on their own lab.
 
+mod bench;
 mod crash;
 mod drain;
 mod gateway;

@@ -47,7 +47,11 @@ pub(crate) fn run(
 pub(crate) fn client(l4: SocketAddr, waypoint: SocketAddr, requests: usize) -> anyhow::Result<()> {
     crate::apps::http_bench(
         &[
-            ("direct (no proxy)".into(), l4, true),
+            (
+                "direct (no proxy)".into(),
+                SocketAddr::new(l4.ip(), crate::apps::DIRECT_HTTP_PORT),
+                true,
+            ),
             ("ferry L4 (node proxy only)".into(), l4, false),
             ("ferry + waypoint (HTTP policy)".into(), waypoint, false),
         ],

@@ -1,18 +1,27 @@
-//! `ferry lab bench-memory`: node proxy memory with many idle proxied connections, and how much
-//! of it comes back once they are gone, against the idle footprint measured in the same run.
+//! `ferry lab bench-memory` (and `bench`'s memory step): node proxy memory with many idle
+//! proxied connections, and how much of it comes back once they are gone, against the idle
+//! footprint read in the same run on quiet processes.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::procs::{open_fds, rss_kib};
+use super::proxies::Proxies;
+use super::report::{Memory, memory_figures, memory_text};
+use crate::apps::ECHO_PORT;
+use crate::procs::{rss_kib, wait_quiet};
 use crate::state::State;
 
-/// Holds `n` idle connections from `from` to `to`:8080 through Ferry; returns the holder, which
-/// lets them go when its stdin closes.
+/// How long processes may take to be quiet (CPU and RSS steady) before memory is read anyway
+/// (and reported as not quiet).
+const QUIET_WITHIN: Duration = Duration::from_secs(20);
+
+/// Holds `n` idle connections from `from` to `to`'s echo port through Ferry; returns the
+/// holder, which lets them go when its stdin closes.
 fn hold(state: &State, from: &str, to_ip: &str, n: usize) -> anyhow::Result<std::process::Child> {
     let src = state
         .pods
@@ -24,7 +33,7 @@ fn hold(state: &State, from: &str, to_ip: &str, n: usize) -> anyhow::Result<std:
         .args([
             "lab",
             "hold",
-            &format!("{to_ip}:8080"),
+            &format!("{to_ip}:{ECHO_PORT}"),
             "--n",
             &n.to_string(),
         ])
@@ -40,54 +49,52 @@ fn hold(state: &State, from: &str, to_ip: &str, n: usize) -> anyhow::Result<std:
     Ok(child)
 }
 
-/// Polls until every node's descriptors are back to (near) their idle count, for at most 30 s.
-fn settle(pids: &[(String, u32)], idle_fds: &[usize]) {
-    let end = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < end
-        && pids
-            .iter()
-            .zip(idle_fds)
-            .any(|((_, pid), idle)| open_fds(*pid) > idle + 8)
-    {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn rss(pids: &BTreeMap<String, u32>) -> BTreeMap<String, u64> {
+    pids.iter().map(|(n, p)| (n.clone(), rss_kib(*p))).collect()
 }
 
-/// Prints the idle footprint of the nodes of `from` and `to`, then, for each count, their
-/// memory with that many idle connections and after they closed.
+/// Idle RSS of the node proxies once they are quiet, then with `n` idle proxied connections
+/// from `from` to `to_ip`, then once those closed and the proxies are quiet again.
+pub(crate) fn measure(
+    state: &State,
+    proxies: &Proxies<'_>,
+    from: &str,
+    to_ip: &str,
+    n: usize,
+) -> anyhow::Result<Memory> {
+    let pids = proxies.pids();
+    let all: Vec<u32> = pids.values().copied().collect();
+    let (idle_quiet, waited) = wait_quiet(&all, QUIET_WITHIN);
+    let mut m = Memory {
+        idle_quiet,
+        idle_wait_s: waited.as_secs_f64(),
+        idle_rss_kib: rss(&pids),
+        held_conns: n,
+        ..Memory::default()
+    };
+    let mut holder = hold(state, from, to_ip, n)?;
+    m.held_rss_kib = rss(&pids);
+    drop(holder.stdin.take());
+    let _ = holder.wait();
+    let (after_quiet, waited) = wait_quiet(&all, QUIET_WITHIN);
+    m.after_close_quiet = after_quiet;
+    m.after_close_wait_s = waited.as_secs_f64();
+    m.after_close_rss_kib = rss(&pids);
+    memory_figures(&mut m);
+    Ok(m)
+}
+
+/// Prints, for each count, the idle footprint of the nodes of `from` and `to`, their memory
+/// with that many idle connections, and after they closed.
 pub(crate) fn run(state_dir: &Path, from: &str, to: &str, counts: &[usize]) -> anyhow::Result<()> {
     let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
-    let pids: Vec<(String, u32)> = [&src.node, &dst.node]
-        .into_iter()
-        .flatten()
-        .filter_map(|n| state.nodes.get(n).map(|p| (n.clone(), p.pid)))
-        .collect();
-    let idle_fds: Vec<usize> = pids.iter().map(|(_, p)| open_fds(*p)).collect();
-    let idle: Vec<u64> = pids.iter().map(|(_, p)| rss_kib(*p)).collect();
-    for (name, kib) in pids.iter().map(|(n, _)| n).zip(&idle) {
-        println!("idle footprint   node {name}: RSS {kib} KiB");
-    }
+    let proxies = Proxies::of(&state, src, dst)?;
     for &n in counts {
-        let mut holder = hold(&state, from, &dst.ip, n)?;
-        let held: Vec<u64> = pids.iter().map(|(_, p)| rss_kib(*p)).collect();
-        drop(holder.stdin.take());
-        let _ = holder.wait();
-        settle(&pids, &idle_fds);
-        // The release is measured once the connections are gone and the process had a moment
-        // to give memory back.
-        std::thread::sleep(Duration::from_secs(3));
-        let after: Vec<u64> = pids.iter().map(|(_, p)| rss_kib(*p)).collect();
-        for (i, (name, _)) in pids.iter().enumerate() {
-            println!(
-                "{n:>5} idle conns node {name}: RSS {} KiB ({:.2} KiB per connection); after they closed {} KiB = idle {:+} KiB ({:.2}x idle)",
-                held[i],
-                held[i].saturating_sub(idle[i]) as f64 / n as f64,
-                after[i],
-                after[i] as i64 - idle[i] as i64,
-                after[i] as f64 / idle[i].max(1) as f64
-            );
-        }
+        let m = measure(&state, &proxies, from, &dst.ip, n)?;
+        let mut text = String::new();
+        memory_text(&mut text, &m);
+        print!("{text}");
     }
     Ok(())
 }

@@ -61,6 +61,7 @@ fn app_ports(snap: &Snapshot) -> String {
         *p != 0
             && *p != crate::apps::SINK_PORT
             && *p != crate::apps::HTTP_PORT
+            && !crate::apps::DIRECT_PORTS.contains(p)
             && ![15001, 15006, 15008].contains(p)
     });
     app_ports
@@ -90,7 +91,9 @@ pub(super) fn start_apps(lab: &Lab<'_>, state: &mut State, snap: &Snapshot) -> a
     Ok(())
 }
 
-/// Enrolls every HBONE pod that is not a waypoint with its node proxy.
+/// Enrolls every HBONE pod that is not a waypoint with its node proxy, with the benchmark's
+/// direct ports left out of its inbound capture (see [`crate::apps::DIRECT_ECHO_PORT`]): a lab
+/// setting, made at enrollment, which no pod can make for itself.
 pub(super) fn enroll(
     state: &mut State,
     workloads: &[Arc<Workload>],
@@ -105,7 +108,12 @@ pub(super) fn enroll(
         let api = &state.nodes[node.as_str()].api;
         let answer = api_call(
             api,
-            &format!("add {} /var/run/netns/{}", pod.uid, pod.netns),
+            &format!(
+                "add {} /var/run/netns/{} uncaptured={}",
+                pod.uid,
+                pod.netns,
+                crate::apps::DIRECT_PORTS.map(|p| p.to_string()).join(",")
+            ),
         )?;
         if answer.trim() != "ok" {
             bail!("enrolling {} on {node}: {}", w.name, answer.trim());
