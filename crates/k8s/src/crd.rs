@@ -172,3 +172,27 @@ pub struct Condition {
     #[serde(flatten)]
     pub other: Other,
 }
+
+/// The Multi-Cluster Services API's `ServiceExport` (`multicluster.x-k8s.io/v1alpha1`): the
+/// Service of the same namespace and name is exported to the cluster set.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ServiceExport {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+}
+
+/// The Multi-Cluster Services API's `ServiceImport`: where an MCS controller runs, the
+/// cluster set's address of an exported service in this cluster.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ServiceImport {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ServiceImportSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ServiceImportSpec {
+    #[serde(default)]
+    pub ips: Vec<String>,
+}

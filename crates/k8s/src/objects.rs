@@ -14,7 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::crd::{AuthorizationPolicy, Gateway, PolicySpec, WorkloadSelector};
+use crate::crd::{
+    AuthorizationPolicy, Gateway, PolicySpec, ServiceExport, ServiceImport, WorkloadSelector,
+};
 
 /// Everything of one cluster the translation reads.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +32,8 @@ pub struct ClusterObjects {
     pub services: Vec<Service>,
     pub gateways: Vec<Gateway>,
     pub policies: Vec<AuthorizationPolicy>,
+    pub service_exports: Vec<ServiceExport>,
+    pub service_imports: Vec<ServiceImport>,
 }
 
 /// Something the translation left out or changed, and why: logged and counted by the caller.
@@ -132,6 +136,14 @@ impl ClusterObjects {
             },
             ("gateway.networking.k8s.io", "Gateway") => match serde_json::from_value(value) {
                 Ok(o) => self.gateways.push(o),
+                Err(e) => bad(e),
+            },
+            ("multicluster.x-k8s.io", "ServiceExport") => match serde_json::from_value(value) {
+                Ok(o) => self.service_exports.push(o),
+                Err(e) => bad(e),
+            },
+            ("multicluster.x-k8s.io", "ServiceImport") => match serde_json::from_value(value) {
+                Ok(o) => self.service_imports.push(o),
                 Err(e) => bad(e),
             },
             ("security.istio.io", "AuthorizationPolicy") => {

@@ -46,8 +46,8 @@ struct State {
     log: Vec<Change>,
     /// Watches from a resourceVersion below this get `410 Gone`.
     compacted: u64,
-    /// Status codes the next requests are refused with.
-    refuse: Vec<u16>,
+    /// Collection path to the status codes its next requests are refused with.
+    refuse: BTreeMap<String, Vec<u16>>,
     requests: u64,
     /// Lists served, and watches answered with 410 Gone.
     lists: u64,
@@ -220,9 +220,15 @@ impl ApiServer {
         self.generation.send_modify(|g| *g += 1);
     }
 
-    /// Refuses the next requests with these status codes, one each.
-    pub fn refuse_next(&self, codes: &[u16]) {
-        self.state.lock().refuse.extend_from_slice(codes);
+    /// Refuses the next requests for the collection of `api_version`/`kind` with these
+    /// status codes, one each.
+    pub fn refuse_next(&self, api_version: &str, kind: &str, codes: &[u16]) {
+        self.state
+            .lock()
+            .refuse
+            .entry(collection_of(api_version, kind))
+            .or_default()
+            .extend_from_slice(codes);
     }
 
     /// Requests served so far.
@@ -242,7 +248,7 @@ impl ApiServer {
 
     /// Refusals not yet served.
     pub fn refusals_left(&self) -> usize {
-        self.state.lock().refuse.len()
+        self.state.lock().refuse.values().map(Vec::len).sum()
     }
 
     /// Stops listening and closes every connection: the cluster is unreachable.
@@ -266,8 +272,8 @@ impl ApiServer {
         {
             let mut st = self.state.lock();
             st.requests += 1;
-            if !st.refuse.is_empty() {
-                let code = st.refuse.remove(0);
+            if let Some(codes) = st.refuse.get_mut(&path).filter(|c| !c.is_empty()) {
+                let code = codes.remove(0);
                 return status(code, "Refused", "refused by the test");
             }
         }
@@ -350,7 +356,9 @@ impl ApiServer {
                 }
             }
             loop {
+                // A dropped watch delivers nothing more, even a change already queued.
                 tokio::select! {
+                    biased;
                     _ = generation.changed() => return,
                     c = live.recv() => match c {
                         Ok(c) if c.collection == path && c.rv > sent => {

@@ -108,6 +108,16 @@ fn kinds() -> Vec<ApiResource> {
             "v1",
             "AuthorizationPolicy",
         )),
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1alpha1",
+            "ServiceExport",
+        )),
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1alpha1",
+            "ServiceImport",
+        )),
     ]
 }
 

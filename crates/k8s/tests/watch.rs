@@ -266,7 +266,7 @@ async fn dropped_watches_gone_and_refusals_lose_and_duplicate_nothing() {
     );
 
     // Refused requests (429, 500) are retried.
-    r.alpha.refuse_next(&[429, 500, 503]);
+    r.alpha.refuse_next("v1", "Pod", &[429, 500, 503]);
     r.alpha.drop_watches();
     r.alpha
         .apply(pod("after-refusals", "alpha-1", "198.18.1.33"));
@@ -276,6 +276,7 @@ async fn dropped_watches_gone_and_refusals_lose_and_duplicate_nothing() {
         })
         .await;
     assert_eq!(s.workloads().count(), count + 2);
+    // The pod watcher can only have seen it after its three refused requests.
     assert_eq!(
         r.alpha.refusals_left(),
         0,

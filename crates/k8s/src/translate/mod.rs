@@ -26,9 +26,17 @@
 //!   them; each cluster's scope applies to its own endpoints. Where copies disagree on ports,
 //!   selector or waypoint, the copy of the first cluster in ID order wins, everywhere and in
 //!   every replica, and each disagreement is a [`Note`].
+//! - **The Multi-Cluster Services API.** A Service exported (a `ServiceExport` of the same
+//!   namespace and name) from some clusters is also one cluster-set service
+//!   `<name>.<namespace>.svc.clusterset.local`, backed by the exporting clusters' pods alone,
+//!   reachable from every cluster, including those with no Service of that name, at its
+//!   cluster-set address: the `ServiceImport`'s, else one allocated from
+//!   [`MeshConfig::clusterset_cidr`] by a hash of its name (see [`mcs`]). Its scope is the
+//!   whole cluster set unless `ferry.dev/scope` on a `ServiceExport` narrows it.
 //! - **Policies** are translated with Istio's semantics (see [`policies`]); one Ferry cannot
 //!   enforce exactly fails closed.
 
+mod mcs;
 mod places;
 mod pod_status;
 mod pods;
@@ -55,6 +63,10 @@ pub struct MeshConfig {
     pub root_namespace: String,
     /// The scope of a service that says nothing: local (the secure choice) unless set.
     pub default_scope: Scope,
+    /// Where cluster-set addresses of exported services come from when no `ServiceImport`
+    /// gives one (address, prefix length). Default `240.240.0.0/16`, the range Istio
+    /// allocates automatic addresses from.
+    pub clusterset_cidr: (std::net::Ipv4Addr, u8),
 }
 
 impl Default for MeshConfig {
@@ -63,6 +75,7 @@ impl Default for MeshConfig {
             trust_domain: "cluster.local".into(),
             root_namespace: "istio-system".into(),
             default_scope: Scope::Local,
+            clusterset_cidr: (std::net::Ipv4Addr::new(240, 240, 0, 0), 16),
         }
     }
 }
@@ -113,11 +126,13 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
         },
         waypoints: BTreeMap::new(),
         nodes: BTreeMap::new(),
+        copies: Vec::new(),
     };
     tx.places();
     tx.waypoints();
     tx.services();
     tx.pods();
+    tx.clusterset();
     tx.policies();
     Translation {
         file: tx.file,
@@ -143,6 +158,8 @@ struct Tx<'a> {
     waypoints: BTreeMap<String, Serves>,
     /// Node name to the cluster that declared it.
     nodes: BTreeMap<String, String>,
+    /// Every service's copies by namespace and name, for the cluster-set services.
+    copies: Vec<(String, String, Vec<services::ServiceCopy>)>,
 }
 
 impl Tx<'_> {

@@ -10,15 +10,16 @@ use super::{Serves, Tx, ns_name};
 use crate::objects::ClusterObjects;
 
 /// One cluster's copy of a service, translated.
-struct ServiceCopy {
-    cluster: String,
-    network: String,
-    ports: Vec<(u16, u16)>,
-    selector: Option<BTreeMap<String, String>>,
-    waypoint: Option<String>,
-    scope: ferry_topology::schema::ScopeSpec,
-    vips: Vec<String>,
-    prefer_close: bool,
+#[derive(Clone)]
+pub(super) struct ServiceCopy {
+    pub(super) cluster: String,
+    pub(super) network: String,
+    pub(super) ports: Vec<(u16, u16)>,
+    pub(super) selector: Option<BTreeMap<String, String>>,
+    pub(super) waypoint: Option<String>,
+    pub(super) scope: ferry_topology::schema::ScopeSpec,
+    pub(super) vips: Vec<String>,
+    pub(super) prefer_close: bool,
 }
 
 impl Tx<'_> {
@@ -80,6 +81,7 @@ impl Tx<'_> {
         for ((ns, name), copies) in copies {
             let spec = self.merge(&ns, &name, &copies);
             self.file.services.push(spec);
+            self.copies.push((ns, name, copies));
         }
     }
 
@@ -117,25 +119,13 @@ impl Tx<'_> {
                 address: ip.clone(),
             }));
         }
-        let selector_clusters = copies
-            .iter()
-            .filter(|c| c.selector.is_some() && c.selector == first.selector)
-            .map(|c| c.cluster.clone())
-            .collect();
         ServiceSpec {
             name: name.to_string(),
             namespace: Some(ns.to_string()),
             vips,
-            ports: first
-                .ports
-                .iter()
-                .map(|&(port, target)| PortSpec {
-                    port,
-                    target_port: Some(target),
-                })
-                .collect(),
+            ports: port_specs(&first.ports),
             selector: first.selector.clone(),
-            selector_clusters: Some(selector_clusters),
+            selector_clusters: Some(selector_clusters(copies)),
             scope: Some(first.scope.clone()),
             scope_by_cluster,
             waypoint: first.waypoint.clone(),
@@ -177,6 +167,27 @@ impl Tx<'_> {
         out.sort_unstable();
         out
     }
+}
+
+/// Ports in the topology's form.
+pub(super) fn port_specs(ports: &[(u16, u16)]) -> Vec<PortSpec> {
+    ports
+        .iter()
+        .map(|&(port, target)| PortSpec {
+            port,
+            target_port: Some(target),
+        })
+        .collect()
+}
+
+/// The clusters whose copy selects what the first copy selects.
+pub(super) fn selector_clusters(copies: &[ServiceCopy]) -> Vec<String> {
+    let first = &copies[0];
+    copies
+        .iter()
+        .filter(|c| c.selector.is_some() && c.selector == first.selector)
+        .map(|c| c.cluster.clone())
+        .collect()
 }
 
 /// The number of container port `named` on the first pod `s` selects in `c`.
