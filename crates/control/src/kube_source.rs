@@ -60,6 +60,20 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
             let kc = Kubeconfig::from_yaml(&remote.kubeconfig).with_context(|| {
                 format!("{}: cluster {}'s kubeconfig", path.display(), remote.id)
             })?;
+            // A remote secret is data, not a program to run: like Istio, refuse credentials
+            // that execute a command or call an auth provider.
+            let runs = kc.auth_infos.iter().any(|a| {
+                a.auth_info
+                    .as_ref()
+                    .is_some_and(|i| i.exec.is_some() || i.auth_provider.is_some())
+            });
+            if runs {
+                bail!(
+                    "{}: cluster {}'s kubeconfig runs a command or an auth provider for its credentials; refused (give it a token or a client certificate)",
+                    path.display(),
+                    remote.id
+                );
+            }
             let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
                 .with_context(|| format!("{}: cluster {}", path.display(), remote.id))?;

@@ -135,7 +135,7 @@ async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
     // A pod started in the remote cluster reaches it too.
     beta.apply(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "echo-beta-2", "namespace": "default", "labels": {"app": "echo"}},
+        "metadata": {"name": "echo-beta-2", "namespace": "default", "labels": {"app": "echo"}, "annotations": {"ambient.istio.io/redirection": "enabled"}},
         "spec": {"nodeName": "beta-1", "serviceAccountName": "echo", "containers": [{"name": "app", "image": "x"}]},
         "status": {"phase": "Running", "podIP": "198.18.3.21", "conditions": [{"type": "Ready", "status": "True"}]},
     }));

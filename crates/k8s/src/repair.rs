@@ -1,7 +1,8 @@
 //! One bad object never blocks the rest: when the topology checks reject items of the
-//! translated file, those items are left out (a policy is first replaced by its fail-closed
-//! form, because leaving a policy out grants what it would have refused), each with a note,
-//! and the rest is converted again.
+//! translated file, those items are left out, each with a note, and the rest is converted
+//! again. A policy is never left out (that would grant what it refused): it is replaced by its
+//! fail-closed form, and if that is rejected too, the whole mesh is rejected so the last good
+//! one keeps serving.
 
 use std::collections::BTreeSet;
 
@@ -20,7 +21,7 @@ impl Translation {
     /// every note (the translation's and the repairs'). Fails only when a problem names no
     /// item that can be left out, or after [`MAX_ROUNDS`].
     pub fn into_topology(mut self) -> Result<(Topology, Vec<Note>), TopologyError> {
-        let mut failed_closed: BTreeSet<usize> = BTreeSet::new();
+        let mut failed_closed: BTreeSet<String> = BTreeSet::new();
         let mut last = None;
         for _ in 0..MAX_ROUNDS {
             let e = match self.topology() {
@@ -44,7 +45,12 @@ impl Translation {
                     .filter(|p| item_of(&p.path).as_ref() == Some(&(section.clone(), *index)))
                     .map(|p| p.message.as_str())
                     .collect();
-                self.repair(section, *index, &why.join("; "), &mut failed_closed);
+                if self
+                    .repair(section, *index, &why.join("; "), &mut failed_closed)
+                    .is_err()
+                {
+                    return Err(e);
+                }
             }
             last = Some(e);
         }
@@ -54,13 +60,16 @@ impl Translation {
         }))
     }
 
+    /// Leaves out item `index` of `section`, or makes a policy fail closed; `Err` when a policy
+    /// failed closed already is rejected again (then the whole mesh is rejected and the last
+    /// good one keeps serving).
     fn repair(
         &mut self,
         section: &str,
         index: usize,
         why: &str,
-        failed_closed: &mut BTreeSet<usize>,
-    ) {
+        failed_closed: &mut BTreeSet<String>,
+    ) -> Result<(), ()> {
         let f = &mut self.file;
         let name = match section {
             "nodes" if index < f.nodes.len() => format!("Node {}", f.nodes.remove(index).name),
@@ -76,26 +85,35 @@ impl Translation {
             "workloads" if index < f.workloads.len() => {
                 format!("Pod {}", f.workloads.remove(index).name)
             }
-            "policies" if index < f.policies.len() && failed_closed.insert(index) => {
+            "policies" if index < f.policies.len() => {
                 let p = &mut f.policies[index];
-                let msg = if matches!(p.action, ActionSpec::Allow) {
-                    p.rules.clear();
-                    "rejected by the checks; now matches nothing (fails closed)"
-                } else {
-                    p.action = ActionSpec::Deny;
-                    p.rules = vec![RuleSpec::default()];
-                    "rejected by the checks; now denies everything it selects (fails closed)"
+                let key = format!("{}/{}", p.namespace.as_deref().unwrap_or("default"), p.name);
+                if !failed_closed.insert(key) {
+                    // Its fail-closed form was rejected too: a policy is never left out.
+                    return Err(());
+                }
+                let msg = match p.action {
+                    ActionSpec::Allow => {
+                        p.rules.clear();
+                        "rejected by the checks; now matches nothing (fails closed)"
+                    }
+                    ActionSpec::Audit => {
+                        p.rules.clear();
+                        "rejected by the checks; now audits nothing"
+                    }
+                    ActionSpec::Deny => {
+                        p.rules = vec![RuleSpec::default()];
+                        "rejected by the checks; now denies everything it selects (fails closed)"
+                    }
                 };
                 let object = format!("AuthorizationPolicy {}", p.name);
                 self.push(object, format!("{msg}: {why}"));
-                return;
+                return Ok(());
             }
-            "policies" if index < f.policies.len() => {
-                format!("AuthorizationPolicy {}", f.policies.remove(index).name)
-            }
-            _ => return,
+            _ => return Ok(()),
         };
         self.push(name, format!("left out: rejected by the checks: {why}"));
+        Ok(())
     }
 
     fn push(&mut self, object: String, message: String) {

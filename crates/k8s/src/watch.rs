@@ -154,18 +154,18 @@ pub async fn run<F>(
     }
     let all = Arc::new(all);
     // The first translation waits for every first list, within a bound.
-    let ready = futures::future::join_all(
-        all.iter()
-            .flat_map(|s| s.kinds.iter().map(|(_, st, _)| st.wait_until_ready())),
-    );
-    if tokio::time::timeout(config.initial_sync, ready)
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            timeout_s = config.initial_sync.as_secs(),
-            "not every cluster listed its objects in time; translating what there is"
-        );
+    let deadline = tokio::time::Instant::now() + config.initial_sync;
+    while !all.iter().all(Stores::listed) {
+        if tokio::time::timeout_at(deadline, changed.notified())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout_s = config.initial_sync.as_secs(),
+                "not every cluster listed its objects in time; serving the clusters that did"
+            );
+            break;
+        }
     }
     loop {
         mark_synced(&all, &status);
@@ -204,10 +204,13 @@ pub async fn run<F>(
             }
         }
         changed.notified().await;
-        // Debounce: the burst is over once the stores have been quiet for a while.
-        while tokio::time::timeout(config.debounce, changed.notified())
-            .await
-            .is_ok()
+        // Debounce: the burst is over once the stores have been quiet for a while, or after
+        // ten quiet periods at most, so steady churn cannot starve the translation.
+        let latest = tokio::time::Instant::now() + config.debounce * 10;
+        while tokio::time::Instant::now() < latest
+            && tokio::time::timeout(config.debounce, changed.notified())
+                .await
+                .is_ok()
         {}
     }
 }
@@ -244,6 +247,11 @@ fn spawn_reflector(
                     changed.notify_one();
                 }
                 Err(e) => {
+                    if is_not_served(&e) && !listed.swap(true, Ordering::AcqRel) {
+                        // The kind is not installed (no CRD): listed, and empty.
+                        tracing::info!(cluster = %cluster, kind = %kind, "kind not served by this cluster; taken as empty");
+                        changed.notify_one();
+                    }
                     tracing::warn!(cluster = %cluster, kind = %kind, error = %e, "watch failed; keeping the last objects and retrying");
                     status.send_modify(|s| {
                         s.clusters.entry(cluster.clone()).or_default().last_error =
@@ -266,12 +274,41 @@ fn mark_synced(all: &[Stores], status: &watch::Sender<WatchStatus>) {
     });
 }
 
-/// A cluster's objects, read from its stores; objects that do not decode add to `notes`.
+impl Stores {
+    /// Every kind's first list has arrived (or the kind is not served).
+    fn listed(&self) -> bool {
+        self.kinds.iter().all(|(_, _, l)| l.load(Ordering::Acquire))
+    }
+}
+
+/// The watch error of a kind the API server does not serve (its CRD is not installed).
+fn is_not_served(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
+}
+
+/// A cluster's objects, read from its stores in namespace/name order (the same in every
+/// replica); objects that do not decode add to `notes`. A cluster some of whose kinds have
+/// not listed yet contributes nothing: serving its pods without, say, its policies would fail
+/// open.
 fn read(s: &Stores, notes: &mut Vec<Note>) -> ClusterObjects {
     let mut objects = ClusterObjects::new(s.cluster.id.clone());
     objects.network.clone_from(&s.cluster.network);
+    if !s.listed() {
+        notes.push(Note {
+            cluster: s.cluster.id.clone(),
+            object: "(cluster)".into(),
+            message: "not every kind has listed yet: none of this cluster's objects are served"
+                .into(),
+        });
+        return objects;
+    }
     for (ar, store, _) in &s.kinds {
-        for obj in store.state() {
+        let mut state = store.state();
+        state.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        for obj in state {
             match serde_json::to_value(&*obj) {
                 Ok(v) => objects.add_as(&ar.group, &ar.kind, v, notes),
                 Err(e) => notes.push(Note {

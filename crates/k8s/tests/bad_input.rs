@@ -152,7 +152,7 @@ fn a_pod_the_checks_reject_is_left_out_and_the_rest_kept() {
     let doc = "\
 apiVersion: v1
 kind: Pod
-metadata: {name: impostor, namespace: default, labels: {app: echo}}
+metadata: {name: impostor, namespace: default, labels: {app: echo}, annotations: {ambient.istio.io/redirection: enabled}}
 spec: {nodeName: alpha-1, serviceAccountName: echo, containers: [{name: app, image: x}]}
 status: {phase: Running, podIP: 198.18.1.10, conditions: [{type: Ready, status: 'True'}]}
 ";
@@ -225,4 +225,148 @@ spec: {clusterIP: 198.18.10.9, ports: [{port: 80, targetPort: 8080}], selector: 
         "{:?}",
         svc.scope
     );
+}
+
+#[test]
+fn a_root_namespace_policy_with_a_selector_applies_in_every_namespace() {
+    let doc = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-echo-everywhere, namespace: istio-system}
+spec: {selector: {matchLabels: {app: echo}}, action: DENY, rules: [{}]}
+";
+    let (snap, _) = mesh(doc, "");
+    assert!(
+        !allowed(&snap, "sleep", "echo-alpha-1", 8080),
+        "default/echo is denied"
+    );
+    assert!(allowed(&snap, "sleep", "ledger-alpha", 8080));
+}
+
+#[test]
+fn a_dry_run_policy_is_not_enforced_and_a_bad_dry_run_value_fails_closed() {
+    let dry = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: dry, namespace: default, annotations: {istio.io/dry-run: 'true'}}
+spec: {selector: {matchLabels: {app: echo}}, action: DENY, rules: [{}]}
+";
+    let (snap, _) = mesh(dry, "");
+    assert!(
+        allowed(&snap, "sleep", "echo-alpha-1", 8080),
+        "dry run: reported, not enforced"
+    );
+    let odd = dry.replace("'true'", "'yes'");
+    let (snap, notes) = mesh(&odd, "");
+    assert!(has_note(
+        &notes,
+        "AuthorizationPolicy default/dry",
+        "istio.io/dry-run"
+    ));
+    assert!(
+        !allowed(&snap, "sleep", "echo-alpha-1", 8080),
+        "an unknown value is enforced, failing closed"
+    );
+}
+
+#[test]
+fn two_conditions_on_one_header_fail_closed() {
+    let doc = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: env, namespace: default}
+spec:
+  selector: {matchLabels: {app: ledger}}
+  action: ALLOW
+  rules:
+    - when: [{key: 'request.headers[x-env]', values: [prod]}, {key: 'request.headers[X-Env]', values: [staging]}]
+";
+    let (_, notes) = mesh(doc, "");
+    assert!(has_note(
+        &notes,
+        "AuthorizationPolicy default/env",
+        "a second condition on header"
+    ));
+}
+
+#[test]
+fn each_cluster_s_policy_governs_its_own_workloads() {
+    // Only beta has this ALLOW: alpha's ledger is not narrowed by it.
+    let doc = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: echo-only-from-echo, namespace: default}
+spec:
+  selector: {matchLabels: {app: echo}}
+  action: ALLOW
+  rules: [{from: [{source: {principals: [cluster.local/ns/default/sa/echo]}}]}]
+";
+    let (snap, _) = mesh("", doc);
+    assert!(
+        allowed(&snap, "sleep", "echo-alpha-1", 8080),
+        "alpha's echo: no ALLOW policy"
+    );
+    assert!(
+        !allowed(&snap, "sleep", "echo-beta", 8080),
+        "beta's echo: only from echo"
+    );
+    assert!(allowed(&snap, "echo", "echo-beta", 8080));
+}
+
+#[test]
+fn exporting_a_service_never_widens_its_declared_scope() {
+    let doc = "\
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Service
+    metadata: {name: vault, namespace: default, annotations: {ferry.dev/scope: local}}
+    spec: {clusterIP: 198.18.10.30, ports: [{port: 80, targetPort: 8080}], selector: {app: ledger}}
+  - apiVersion: multicluster.x-k8s.io/v1alpha1
+    kind: ServiceExport
+    metadata: {name: vault, namespace: default}
+";
+    let (snap, _) = mesh(doc, "");
+    let key = ferry_core::model::ServiceKey::new("default", "vault.default.svc.clusterset.local");
+    let svc = snap.service(&key).expect("exported");
+    assert_eq!(
+        svc.scope.by_cluster.get(&"alpha".into()),
+        Some(&ferry_core::model::ScopeRule::Local),
+        "{:?}",
+        svc.scope
+    );
+}
+
+#[test]
+fn a_scope_naming_an_unknown_cluster_keeps_the_known_ones() {
+    let doc = "\
+apiVersion: v1
+kind: Service
+metadata: {name: odd, namespace: default, annotations: {ferry.dev/scope: 'beta,gamma'}}
+spec: {clusterIP: 198.18.10.9, ports: [{port: 80, targetPort: 8080}], selector: {app: echo}}
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(has_note(
+        &notes,
+        "Service default/odd",
+        "no cluster [\"gamma\"]"
+    ));
+    let key = ferry_core::model::ServiceKey::new("default", "odd.default.svc.cluster.local");
+    assert!(snap.service(&key).is_some(), "the service is kept");
+}
+
+#[test]
+fn a_pod_asked_into_the_mesh_but_not_redirected_is_plain_tcp() {
+    let doc = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: fresh, namespace: default, labels: {app: echo}}
+spec: {nodeName: alpha-1, serviceAccountName: echo, containers: [{name: app, image: x}]}
+status: {phase: Running, podIP: 198.18.1.99, conditions: [{type: Ready, status: 'True'}]}
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(has_note(&notes, "Pod default/fresh", "not redirected yet"));
+    let w = snap.workloads().find(|w| w.name == "fresh").unwrap();
+    assert_eq!(w.tunnel, ferry_core::model::TunnelProtocol::Tcp);
 }

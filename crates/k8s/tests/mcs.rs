@@ -104,7 +104,7 @@ items:
     spec: {clusterIP: 198.18.11.40, ports: [{port: 80, targetPort: 8080}], selector: {app: inventory}}
   - apiVersion: v1
     kind: Pod
-    metadata: {name: inventory-beta, namespace: default, labels: {app: inventory}}
+    metadata: {name: inventory-beta, namespace: default, labels: {app: inventory}, annotations: {ambient.istio.io/redirection: enabled}}
     spec: {nodeName: beta-1, serviceAccountName: inventory, containers: [{name: app, image: x}]}
     status: {phase: Running, podIP: 198.18.3.40, conditions: [{type: Ready, status: 'True'}]}
   - apiVersion: multicluster.x-k8s.io/v1alpha1

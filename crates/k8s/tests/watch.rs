@@ -104,7 +104,7 @@ fn key(name: &str) -> ServiceKey {
 fn pod(name: &str, node: &str, ip: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": "echo"}},
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "echo"}, "annotations": {"ambient.istio.io/redirection": "enabled"}},
         "spec": {"nodeName": node, "serviceAccountName": "echo", "containers": [{"name": "app", "image": "x"}]},
         "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
     })
@@ -316,4 +316,67 @@ async fn an_unreachable_cluster_keeps_its_last_good_state() {
     })
     .await;
     assert!(reported.is_ok(), "the unreachable cluster is reported");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_not_installed_is_empty_and_a_kind_never_listed_keeps_its_cluster_out() {
+    let alpha = ApiServer::start(&[&fixture("alpha")]).await;
+    let beta = ApiServer::start(&[&fixture("beta")]).await;
+    // alpha has no AuthorizationPolicy CRD (404); beta forbids listing them (403), for good.
+    alpha.refuse_next(
+        "security.istio.io/v1",
+        "AuthorizationPolicy",
+        &[404; 10_000],
+    );
+    beta.refuse_next(
+        "security.istio.io/v1",
+        "AuthorizationPolicy",
+        &[403; 10_000],
+    );
+    let clusters = vec![
+        Cluster {
+            id: "alpha".into(),
+            network: None,
+            client: alpha.client(),
+        },
+        Cluster {
+            id: "beta".into(),
+            network: None,
+            client: beta.client(),
+        },
+    ];
+    let (tx, mut meshes) = watch::channel::<Option<(Arc<Snapshot>, Vec<ferry_k8s::Note>)>>(None);
+    let (status_tx, _status) = watch::channel(WatchStatus::default());
+    let config = WatchConfig {
+        initial_sync: Duration::from_secs(2),
+        ..WatchConfig::default()
+    };
+    let task = tokio::spawn(run(clusters, config, status_tx, move |o| {
+        if let Ok((t, notes)) = o {
+            tx.send_replace(Some((Arc::new(t.snapshot), notes)));
+        }
+    }));
+    let (snap, notes) = tokio::time::timeout(DEADLINE, meshes.wait_for(Option::is_some))
+        .await
+        .expect("a mesh")
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert!(
+        has(&snap, "sleep"),
+        "alpha is served: its missing kind is empty"
+    );
+    assert!(
+        !has(&snap, "echo-beta"),
+        "beta is not served without its policies"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.cluster == "beta" && n.message.contains("not every kind has listed")),
+        "{notes:?}"
+    );
+    task.abort();
+    alpha.stop();
+    beta.stop();
 }

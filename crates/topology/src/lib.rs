@@ -39,8 +39,9 @@
 //!   `instances`; its load balancing defaults to `prefer_close`. A service or workload names its
 //!   waypoint as `name` (same namespace) or `namespace/name`, and the waypoint's `for` must serve
 //!   it.
-//! - A policy applies mesh-wide (`mesh: true`), to the workloads matching its `selector`, or
-//!   else to its namespace. Its rules use Istio's Kubernetes shape with `from[].source` and
+//! - A policy applies mesh-wide (`mesh: true`), to the workloads of its namespace matching its
+//!   `selector` (of every namespace with `any_namespace: true`), or else to its namespace;
+//!   `clusters: [..]` limits any of these to the workloads of the clusters named. Its rules use Istio's Kubernetes shape with `from[].source` and
 //!   `to[].operation` flattened: `{from: [{principals: [..]}], to: [{ports: [..]}]}`. A rule `{}`
 //!   matches everything; a policy without rules matches nothing.
 

@@ -272,6 +272,13 @@ pub struct PolicySpec {
     #[serde(default)]
     pub mesh: bool,
     pub selector: Option<Labels>,
+    /// With a `selector`: the matching workloads of every namespace, not only the policy's own
+    /// (Istio's policy with a selector in its root namespace).
+    #[serde(default)]
+    pub any_namespace: bool,
+    /// Only the workloads of these clusters (none: of every cluster). A policy read from one
+    /// Kubernetes cluster governs that cluster's workloads.
+    pub clusters: Option<Vec<String>>,
     #[serde(default)]
     pub action: ActionSpec,
     #[serde(default)]

@@ -390,3 +390,44 @@ workloads:
         ]
     );
 }
+
+#[test]
+fn policy_any_namespace_and_clusters_select_the_workloads_named() {
+    let doc = "\
+clusters:
+  - {name: east, network: net}
+  - {name: west, network: net}
+nodes:
+  - {name: east-1, cluster: east}
+  - {name: west-1, cluster: west}
+workloads:
+  - {name: a-east, namespace: a, node: east-1, address: 198.18.1.1, labels: {app: x}}
+  - {name: b-east, namespace: b, node: east-1, address: 198.18.1.2, labels: {app: x}}
+  - {name: b-west, namespace: b, node: west-1, address: 198.18.2.2, labels: {app: x}}
+policies:
+  - {name: root, namespace: istio-system, selector: {app: x}, any_namespace: true, action: deny, rules: [{}]}
+  - {name: east-only, namespace: b, clusters: [east], action: deny, rules: [{}]}
+";
+    let snap = ferry_topology::parse("t.yaml", doc)
+        .expect("valid")
+        .snapshot;
+    let attached = |w: &str| -> Vec<String> {
+        let mut v: Vec<String> = snap
+            .workloads()
+            .find(|x| x.name == w)
+            .unwrap()
+            .authorization_policies
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(attached("a-east"), ["istio-system/root"]);
+    assert_eq!(attached("b-east"), ["b/east-only", "istio-system/root"]);
+    assert_eq!(
+        attached("b-west"),
+        ["istio-system/root"],
+        "east's policy stays in east"
+    );
+}

@@ -10,7 +10,8 @@
 //!   replica of the control plane, given the same objects, allocates the same). A cluster with
 //!   no Service of that name reaches it there: no stub Service is needed.
 //! - Its scope: the cluster set (global), unless the exporting cluster's `ServiceExport` says
-//!   otherwise with `ferry.dev/scope`, which then applies to that cluster's endpoints.
+//!   otherwise with `ferry.dev/scope`, which then applies to that cluster's endpoints; a Service
+//!   that declares its own scope is never widened by exporting it (the narrower of the two).
 //! - Where exporting copies disagree on ports, selector or waypoint, the first exporting
 //!   cluster's copy is used and every other exporting cluster gets a note on its
 //!   `ServiceExport` (the MCS API's `Conflict` condition).
@@ -73,7 +74,14 @@ impl Tx<'_> {
                 .iter()
                 .map(|c| {
                     let key = (c.cluster.clone(), ns.clone(), name.clone());
-                    (c.cluster.clone(), exports[&key].clone())
+                    let export = exports[&key].clone();
+                    // A Service that declares its scope is never widened by its export.
+                    let scope = if c.declared_scope {
+                        narrowest(&c.scope, &export)
+                    } else {
+                        export
+                    };
+                    (c.cluster.clone(), scope)
                 })
                 .collect();
             let owned: Vec<ServiceCopy> = exporting.iter().map(|c| (*c).clone()).collect();
@@ -191,6 +199,22 @@ impl Tx<'_> {
             .chain(gateways)
             .filter_map(|a| a.parse().ok())
             .collect()
+    }
+}
+
+/// The narrower of two scopes (local is narrowest; two lists: the clusters in both).
+fn narrowest(a: &ScopeSpec, b: &ScopeSpec) -> ScopeSpec {
+    match (a, b) {
+        (ScopeSpec::Local, _) | (_, ScopeSpec::Local) => ScopeSpec::Local,
+        (ScopeSpec::Global, x) | (x, ScopeSpec::Global) => x.clone(),
+        (ScopeSpec::Clusters(x), ScopeSpec::Clusters(y)) => {
+            let both: Vec<String> = x.iter().filter(|c| y.contains(c)).cloned().collect();
+            if both.is_empty() {
+                ScopeSpec::Local
+            } else {
+                ScopeSpec::Clusters(both)
+            }
+        }
     }
 }
 

@@ -7,8 +7,9 @@
 //!   `topology.kubernetes.io/region|zone` and `topology.istio.io/subzone` labels are its
 //!   locality.
 //! - **Enrollment.** A pod is in the mesh (reached over HBONE) when it or its namespace has
-//!   `istio.io/dataplane-mode=ambient`; `none` on the pod opts it out. Other pods are plain
-//!   TCP workloads. Pods without an address, finished pods and host-network pods are left out.
+//!   `istio.io/dataplane-mode=ambient` (`none` on the pod opts it out) and the CNI side has
+//!   marked it redirected (`ambient.istio.io/redirection: enabled`, as Istio's does); one asked
+//!   for but not redirected is a note. Other pods are plain TCP workloads. Pods without an address, finished pods and host-network pods are left out.
 //!   `Ready` is health; a deletion timestamp marks a pod terminating.
 //! - **Waypoints.** A `Gateway` of class `istio-waypoint` is a waypoint; its
 //!   `istio.io/waypoint-for` label says what it serves (`service`, the default, `workload`,

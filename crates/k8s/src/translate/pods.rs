@@ -7,6 +7,8 @@ use super::{Serves, Tx, label, ns_name};
 
 /// Istio's enrollment label, on a namespace or a pod: `ambient`, or `none` to opt a pod out.
 const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+/// Set by the CNI side (Istio's, or `ferry cni`) once the pod's traffic is redirected.
+const REDIRECTION: &str = "ambient.istio.io/redirection";
 
 impl Tx<'_> {
     pub(super) fn pods(&mut self) {
@@ -31,11 +33,26 @@ impl Tx<'_> {
                     continue;
                 }
                 let ns_labels = self.namespace_labels(c, &ns);
-                let enrolled = match label(&p.metadata, DATAPLANE_MODE) {
+                let asked = match label(&p.metadata, DATAPLANE_MODE) {
                     Some("ambient") => true,
                     Some(_) => false,
                     None => ns_labels.get(DATAPLANE_MODE).map(String::as_str) == Some("ambient"),
                 };
+                // In the mesh only once the CNI side says its traffic is redirected (Istio's
+                // annotation): a pod asked for but not captured is reached over plain TCP.
+                let redirected = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(REDIRECTION))
+                    .is_some_and(|v| v == "enabled");
+                let enrolled = asked && redirected;
+                if asked && !redirected {
+                    let msg = format!(
+                        "asked into the mesh but not redirected yet ({REDIRECTION} is not `enabled`): reached over plain TCP"
+                    );
+                    self.note(&c.cluster, object.clone(), msg);
+                }
                 let node = spec.and_then(|s| s.node_name.clone());
                 let (node, cluster) = match node {
                     Some(n) if self.nodes.get(&n) == Some(&c.cluster) => (Some(n), None),

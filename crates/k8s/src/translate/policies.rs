@@ -12,8 +12,11 @@
 //!   matches nothing (so the workloads it selects accept only what other policies allow) and
 //!   a `DENY` policy denies everything it selects. A policy that did not decode at all fails
 //!   closed the same way.
-//! - One policy name in several clusters is one policy: identical copies are taken once; where
-//!   copies differ, the first cluster's copy is used and the others are notes.
+//! - A policy governs the workloads of the cluster it was read from (as each cluster's istiod
+//!   does); identical copies in several clusters are one policy over those clusters, and a
+//!   copy that differs is a policy of its own, `<name>@<cluster>`, with a note. In the root
+//!   namespace, no selector means the whole mesh and a selector means its matches in every
+//!   namespace. `istio.io/dry-run: "true"` is honoured (evaluated, never enforced).
 
 use std::collections::BTreeMap;
 
@@ -24,28 +27,48 @@ use ferry_topology::schema::{
 use super::{Tx, ns_name};
 use crate::crd::{AuthorizationPolicy, Condition, Other, Rule};
 
+/// Istio's annotation for a policy that is evaluated and reported, never enforced.
+const DRY_RUN: &str = "istio.io/dry-run";
+
 /// Why a policy cannot be enforced exactly.
 struct Unsupported(String);
 
 impl Tx<'_> {
     pub(super) fn policies(&mut self) {
-        let mut seen: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
+        // Each cluster's policies govern its own workloads (as each cluster's istiod does):
+        // identical copies are one policy limited to their clusters; a copy that differs is a
+        // policy of its own, named `<name>@<cluster>` (no Kubernetes name holds an `@`).
+        type Group = (String, PolicySpec, Vec<String>);
+        let mut groups: BTreeMap<(String, String), Vec<Group>> = BTreeMap::new();
         for c in self.clusters.clone() {
             for p in &c.policies {
                 let (ns, name) = ns_name(&p.metadata);
                 let object = format!("AuthorizationPolicy {ns}/{name}");
                 let spec = self.policy(&c.cluster, &object, p);
                 let text = format!("{spec:?}");
-                if let Some((first, first_text)) = seen.get(&(ns.clone(), name.clone())) {
-                    if *first_text != text {
-                        let msg = format!(
-                            "differs from cluster {first}'s copy: cluster {first}'s copy is used"
-                        );
-                        self.note(&c.cluster, object, msg);
-                    }
-                    continue;
+                let group = groups.entry((ns, name)).or_default();
+                match group.iter_mut().find(|(t, _, _)| *t == text) {
+                    Some((_, _, clusters)) => clusters.push(c.cluster.clone()),
+                    None => group.push((text, spec, vec![c.cluster.clone()])),
                 }
-                seen.insert((ns, name), (c.cluster.clone(), text));
+            }
+        }
+        for ((ns, name), group) in groups {
+            let first = group[0].2[0].clone();
+            for (i, (_, mut spec, clusters)) in group.into_iter().enumerate() {
+                if i > 0 {
+                    spec.name = format!("{name}@{}", clusters[0]);
+                    let msg = format!(
+                        "differs from cluster {first}'s copy: each copy governs its own cluster's workloads (this one as {})",
+                        spec.name
+                    );
+                    self.note(
+                        &clusters[0],
+                        format!("AuthorizationPolicy {ns}/{name}"),
+                        msg,
+                    );
+                }
+                spec.clusters = Some(clusters);
                 self.file.policies.push(spec);
             }
         }
@@ -60,7 +83,20 @@ impl Tx<'_> {
             .as_ref()
             .map(|s| s.match_labels.clone())
             .filter(|l| !l.is_empty());
-        let mesh = selector.is_none() && ns == self.mesh.root_namespace;
+        let root = ns == self.mesh.root_namespace;
+        let mesh = selector.is_none() && root;
+        // Istio's `istio.io/dry-run` annotation: evaluated and reported, never enforced.
+        let dry_run = match p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DRY_RUN))
+            .map(String::as_str)
+        {
+            None | Some("false") => Ok(false),
+            Some("true") => Ok(true),
+            Some(other) => Err(Unsupported(format!("{DRY_RUN}: {other:?}"))),
+        };
         let action = match p.spec.action.as_deref().unwrap_or("ALLOW") {
             "ALLOW" => Some(ActionSpec::Allow),
             "DENY" => Some(ActionSpec::Deny),
@@ -71,11 +107,14 @@ impl Tx<'_> {
             name,
             namespace: Some(ns),
             mesh,
+            any_namespace: root && selector.is_some(),
             selector: if mesh { None } else { selector },
+            dry_run: *dry_run.as_ref().unwrap_or(&false),
             ..PolicySpec::default()
         };
         let rules = match (&p.invalid, action) {
             (Some(why), _) => Err(Unsupported(format!("the object does not decode ({why})"))),
+            (None, _) if dry_run.is_err() => dry_run.map(|_| Vec::new()),
             (None, None) => Err(Unsupported(format!(
                 "action {:?}",
                 p.spec.action.as_deref().unwrap_or_default()
@@ -238,7 +277,15 @@ fn conditions(
                 "{at}: a condition without `values`, or with `notValues`"
             )));
         }
-        headers.insert(name.to_ascii_lowercase(), c.values.clone());
+        if headers
+            .insert(name.to_ascii_lowercase(), c.values.clone())
+            .is_some()
+        {
+            // Istio ANDs the conditions; two on one header are not one match.
+            return Err(Unsupported(format!(
+                "{at}: a second condition on header {name:?}"
+            )));
+        }
     }
     Ok(headers)
 }

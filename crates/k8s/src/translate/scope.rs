@@ -12,10 +12,32 @@ const ISTIO_GLOBAL: &str = "istio.io/global";
 
 impl Tx<'_> {
     /// The scope `meta` declares in `cluster`, else the mesh default. A value that does not
-    /// parse is a note and makes the scope local: never wider than what was asked.
+    /// parse is a note and makes the scope local: never wider than what was asked. Clusters
+    /// the mesh does not have are left out of a list, with a note (none left: local).
+    /// Whether `meta` declares a scope of its own (Ferry's or Istio's), not the mesh default.
+    pub(super) fn declares_scope(meta: &ObjectMeta) -> bool {
+        setting(meta, SCOPE_KEY).is_some() || label(meta, ISTIO_GLOBAL).is_some()
+    }
+
     pub(super) fn scope_of(&mut self, cluster: &str, object: &str, meta: &ObjectMeta) -> ScopeSpec {
         if let Some(v) = setting(meta, SCOPE_KEY) {
             return match parse(v) {
+                Ok(ScopeSpec::Clusters(list)) => {
+                    let (known, unknown): (Vec<String>, Vec<String>) = list
+                        .into_iter()
+                        .partition(|c| self.file.clusters.iter().any(|k| &k.name == c));
+                    if !unknown.is_empty() {
+                        let msg = format!(
+                            "{SCOPE_KEY}: no cluster {unknown:?} in the mesh; left out of the scope"
+                        );
+                        self.note(cluster, object.to_string(), msg);
+                    }
+                    if known.is_empty() {
+                        ScopeSpec::Local
+                    } else {
+                        ScopeSpec::Clusters(known)
+                    }
+                }
                 Ok(s) => s,
                 Err(why) => {
                     let msg = format!("{SCOPE_KEY}: {why}; taken as local");
@@ -34,8 +56,8 @@ impl Tx<'_> {
 /// Parses `local`, `global` or a comma list of cluster IDs.
 fn parse(v: &str) -> Result<ScopeSpec, String> {
     match v.trim() {
-        "local" => Ok(ScopeSpec::Local),
-        "global" => Ok(ScopeSpec::Global),
+        v if v.eq_ignore_ascii_case("local") => Ok(ScopeSpec::Local),
+        v if v.eq_ignore_ascii_case("global") => Ok(ScopeSpec::Global),
         "" => Err("expected `local`, `global` or a comma list of clusters, found \"\"".into()),
         list => {
             let clusters: Vec<String> = list.split(',').map(|c| c.trim().to_string()).collect();

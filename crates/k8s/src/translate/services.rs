@@ -18,6 +18,8 @@ pub(super) struct ServiceCopy {
     pub(super) selector: Option<BTreeMap<String, String>>,
     pub(super) waypoint: Option<String>,
     pub(super) scope: ferry_topology::schema::ScopeSpec,
+    /// The Service declares its scope itself (else `scope` is the mesh default).
+    pub(super) declared_scope: bool,
     pub(super) vips: Vec<String>,
     pub(super) prefer_close: bool,
 }
@@ -56,6 +58,7 @@ impl Tx<'_> {
                     Serves::Service,
                 );
                 let scope = self.scope_of(&c.cluster, &object, &s.metadata);
+                let declared_scope = Self::declares_scope(&s.metadata);
                 let vips = spec
                     .cluster_ips
                     .iter()
@@ -73,6 +76,7 @@ impl Tx<'_> {
                     selector: spec.selector.clone().filter(|s| !s.is_empty()),
                     waypoint,
                     scope,
+                    declared_scope,
                     vips,
                     prefer_close: spec.traffic_distribution.as_deref() == Some("PreferClose"),
                 });
@@ -114,10 +118,18 @@ impl Tx<'_> {
         let mut vips = Vec::new();
         for c in copies {
             scope_by_cluster.insert(c.cluster.clone(), c.scope.clone());
-            vips.extend(c.vips.iter().map(|ip| VipSpec {
-                network: c.network.clone(),
-                address: ip.clone(),
-            }));
+            for ip in &c.vips {
+                // Two clusters on one network may give a service the same address.
+                if !vips
+                    .iter()
+                    .any(|v: &VipSpec| v.network == c.network && &v.address == ip)
+                {
+                    vips.push(VipSpec {
+                        network: c.network.clone(),
+                        address: ip.clone(),
+                    });
+                }
+            }
         }
         ServiceSpec {
             name: name.to_string(),

@@ -96,6 +96,13 @@ impl Tx<'_> {
                         }
                     }
                 }
+                let declares = c.gateways.iter().any(|g| {
+                    g.spec.gateway_class_name == WAYPOINT_CLASS
+                        && ns_name(&g.metadata) == (ns.clone(), name.clone())
+                });
+                if !declares {
+                    continue;
+                }
                 for p in c.pods.iter().filter(|p| is_instance(p, ns, name)) {
                     let (Some(address), Some(node)) = (pod_ip(p), node_of(p)) else {
                         continue;

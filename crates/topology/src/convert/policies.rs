@@ -1,8 +1,10 @@
 //! Authorization policies, from Istio's Kubernetes shape to the model's rules, clauses and
 //! matches.
 
+use std::collections::BTreeSet;
+
 use ferry_core::model::{
-    Action, Cidr, Clause, Match, Policy, PolicyKey, PolicyScope, Rule, StringMatch,
+    Action, Cidr, Clause, ClusterId, Match, Policy, PolicyKey, PolicyScope, Rule, StringMatch,
 };
 
 use super::{Cx, item, namespace, selects};
@@ -23,6 +25,23 @@ impl Cx {
                 &key.to_string(),
             );
             let selector = p.selector.as_ref();
+            let clusters: Option<BTreeSet<ClusterId>> = p.clusters.as_ref().map(|names| {
+                names
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, c)| {
+                        self.cluster_network(&format!("{path}.clusters[{j}]"), c)
+                            .is_some()
+                    })
+                    .map(|(_, c)| ClusterId::new(c))
+                    .collect()
+            });
+            if p.any_namespace && selector.is_none() {
+                self.problem(
+                    format!("{path}.any_namespace"),
+                    "expected a `selector` with `any_namespace: true` (use `mesh: true` for every workload), found none",
+                );
+            }
             let scope = match (p.mesh, selector) {
                 (true, Some(_)) => {
                     self.problem(
@@ -52,9 +71,19 @@ impl Cx {
             if !unique {
                 continue;
             }
-            if let (PolicyScope::WorkloadSelector, Some(labels)) = (scope, selector) {
+            // A cluster limit or `any_namespace` is a selection of its own: the workloads
+            // are listed, whatever the scope said.
+            let scope = if clusters.is_some() || p.any_namespace {
+                PolicyScope::WorkloadSelector
+            } else {
+                scope
+            };
+            if scope == PolicyScope::WorkloadSelector {
                 for w in &mut self.out.workloads {
-                    if w.namespace == ns && selects(labels, &w.labels) {
+                    let in_namespace = p.mesh || p.any_namespace || w.namespace == ns;
+                    let labelled = selector.is_none_or(|l| selects(l, &w.labels));
+                    let in_cluster = clusters.as_ref().is_none_or(|c| c.contains(&w.cluster));
+                    if in_namespace && labelled && in_cluster {
                         w.authorization_policies.push(key.clone());
                     }
                 }
