@@ -13,6 +13,7 @@
 pub mod crd;
 pub mod objects;
 pub mod remote;
+mod status;
 mod repair;
 #[cfg(feature = "testing")]
 pub mod testing;

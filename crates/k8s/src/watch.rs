@@ -10,6 +10,8 @@
 //! - An unreachable cluster keeps its last good objects (its stores are never cleared) and is
 //!   reported in [`WatchStatus`].
 //! - The translation runs on a blocking thread, never on the async runtime.
+//! - Each `ServiceExport`'s `Conflict` condition is written back when it changes
+//!   ([`crate::status`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::{Notify, watch};
 
 use crate::objects::{ClusterObjects, Note};
+use crate::status::ExportStatus;
 use crate::translate::{MeshConfig, translate};
 
 /// One cluster to watch.
@@ -152,6 +155,11 @@ pub async fn run<F>(
         }
         all.push(Stores { cluster: c, kinds });
     }
+    let clients: BTreeMap<String, kube::Client> = all
+        .iter()
+        .map(|s| (s.cluster.id.clone(), s.cluster.client.clone()))
+        .collect();
+    let mut export_status = ExportStatus::default();
     let all = Arc::new(all);
     // The first translation waits for every first list, within a bound.
     let deadline = tokio::time::Instant::now() + config.initial_sync;
@@ -177,9 +185,17 @@ pub async fn run<F>(
                 stores.iter().map(|s| read(s, &mut decoding)).collect();
             let mut t = translate(&mesh, &objects);
             t.notes.splice(0..0, decoding);
-            t.into_topology()
+            let exports = std::mem::take(&mut t.exports);
+            (t.into_topology(), exports)
         })
         .await;
+        let outcome = match outcome {
+            Ok((outcome, exports)) => {
+                export_status.write(&clients, &exports).await;
+                Ok(outcome)
+            }
+            Err(e) => Err(e),
+        };
         match outcome {
             Ok(Ok((topology, notes))) => {
                 for n in &notes {

@@ -38,6 +38,8 @@ impl Tx<'_> {
                     Some(_) => self.scope_of(&c.cluster, &object, &e.metadata),
                     None => ScopeSpec::Global,
                 };
+                self.exports
+                    .insert((c.cluster.clone(), ns.clone(), name.clone()), None);
                 exports.insert((c.cluster.clone(), ns, name), scope);
             }
         }
@@ -66,6 +68,10 @@ impl Tx<'_> {
                         "Conflict: {} differ from cluster {}'s export, whose are used",
                         differ.join(", "),
                         first.cluster
+                    );
+                    self.exports.insert(
+                        (other.cluster.clone(), ns.clone(), name.clone()),
+                        Some(msg.clone()),
                     );
                     self.note(&other.cluster, object.clone(), msg);
                 }

@@ -104,6 +104,9 @@ impl Scope {
 pub struct Translation {
     pub file: File,
     pub notes: Vec<Note>,
+    /// The `Conflict` condition every `ServiceExport` should carry: `(cluster, namespace,
+    /// name)` to the conflict's message, or `None` for no conflict.
+    pub exports: BTreeMap<(String, String, String), Option<String>>,
 }
 
 impl Translation {
@@ -128,6 +131,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
         waypoints: BTreeMap::new(),
         nodes: BTreeMap::new(),
         copies: Vec::new(),
+        exports: BTreeMap::new(),
     };
     tx.places();
     tx.waypoints();
@@ -138,6 +142,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
     Translation {
         file: tx.file,
         notes: tx.notes,
+        exports: tx.exports,
     }
 }
 
@@ -161,6 +166,8 @@ struct Tx<'a> {
     nodes: BTreeMap<String, String>,
     /// Every service's copies by namespace and name, for the cluster-set services.
     copies: Vec<(String, String, Vec<services::ServiceCopy>)>,
+    /// Each `ServiceExport`'s conflict, if any.
+    exports: BTreeMap<(String, String, String), Option<String>>,
 }
 
 impl Tx<'_> {
