@@ -8,13 +8,14 @@
 //! list                                                   -> <uid> <netns path>... then "end"
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
+use crate::pods::PodNetns;
 use crate::state::Node;
 
 /// Serves the API on `path` (replacing a stale socket file).
@@ -44,7 +45,11 @@ async fn handle(node: &Arc<Node>, line: &str) -> String {
     let words: Vec<&str> = line.split_whitespace().collect();
     match words.as_slice() {
         ["add", uid, netns] => match node
-            .enroll(uid, Path::new(netns), Duration::from_secs(30))
+            .enroll(
+                uid,
+                PodNetns::Path(PathBuf::from(netns)),
+                Duration::from_secs(30),
+            )
             .await
         {
             Ok(_) => {
