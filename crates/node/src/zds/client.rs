@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_api::zds::WorkloadInfo;
 use ferry_core::model::WorkloadUid;
 use ferry_runtime::netns::Netns;
 use tokio_seqpacket::UnixSeqpacket;
 use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
 
 use super::frames::{self, FrameError, MAX_FRAME};
-use super::session::{Action, Session, SessionError};
+use super::session::{Action, Aliases, Session, SessionError};
 use crate::pods::{EnrollError, PodNetns};
 use crate::state::Node;
 
@@ -92,6 +93,7 @@ impl Backoff {
 /// Serves the node agent's requests from `socket` until the node drains.
 pub(crate) async fn run(node: Arc<Node>, socket: PathBuf) {
     let mut backoff = Backoff(BACKOFF_MIN);
+    let mut aliases = Aliases::default();
     loop {
         let connected = tokio::select! {
             () = node.drain.draining() => return,
@@ -100,7 +102,7 @@ pub(crate) async fn run(node: Arc<Node>, socket: PathBuf) {
         let wait = match connected {
             Ok(conn) => {
                 tracing::info!(zds.socket = %socket.display(), "connected to the node agent");
-                match serve(&node, &conn, &mut backoff).await {
+                match serve(&node, &conn, &mut backoff, &mut aliases).await {
                     Ok(Ended::Draining) => return,
                     Ok(Ended::Closed) => {
                         tracing::warn!(zds.socket = %socket.display(), "the node agent closed the connection; its pods stay served until it replays");
@@ -130,6 +132,7 @@ async fn serve(
     node: &Arc<Node>,
     conn: &UnixSeqpacket,
     backoff: &mut Backoff,
+    aliases: &mut Aliases,
 ) -> Result<Ended, ConnectionError> {
     conn.send(&frames::hello())
         .await
@@ -145,7 +148,7 @@ async fn serve(
         };
         // The agent speaks the protocol: connect promptly next time it goes away.
         backoff.reset();
-        let answer = match handle(node, &mut session, packet).await {
+        let answer = match handle(node, &mut session, aliases, packet).await {
             Ok(()) => frames::ack(None),
             Err(e) => {
                 tracing::warn!(error = %e, "node agent request failed");
@@ -187,33 +190,65 @@ async fn receive(conn: &UnixSeqpacket) -> std::io::Result<Option<Packet>> {
 async fn handle(
     node: &Arc<Node>,
     session: &mut Session,
+    aliases: &mut Aliases,
     packet: Packet,
 ) -> Result<(), RequestError> {
     let request = frames::decode(&packet.bytes, packet.fds, packet.truncated)?;
-    if let frames::Request::Add {
-        uid,
-        info: Some(info),
-        ..
-    } = &request
-    {
-        tracing::info!(pod = %uid, k8s.name = %info.name, k8s.namespace = %info.namespace, k8s.service_account = %info.service_account, "node agent adds a pod");
+    let mut mesh_uid = None;
+    if let frames::Request::Add { uid, info, .. } = &request {
+        let mesh = resolve(node, uid, info.as_ref());
+        match info {
+            Some(i) => {
+                tracing::info!(pod = %mesh, zds.uid = %uid, k8s.name = %i.name, k8s.namespace = %i.namespace, k8s.service_account = %i.service_account, "node agent adds a pod")
+            }
+            None => tracing::info!(pod = %mesh, zds.uid = %uid, "node agent adds a pod"),
+        }
+        mesh_uid = Some(mesh);
     }
-    match session.step(request, || agent_pods(node))? {
+    let action = session.step(request, || {
+        agent_pods(node)
+            .iter()
+            .map(|u| aliases.agent_uid(u))
+            .collect()
+    })?;
+    match action {
         Action::Serve { uid, netns } => {
-            serve_pod(node, &uid, netns).await?;
+            let mesh = mesh_uid.unwrap_or_else(|| uid.clone());
+            serve_pod(node, &mesh, netns).await?;
+            aliases.insert(uid, mesh);
         }
         Action::Keep => {}
         Action::Release(uid) => {
-            release(node, &uid).await;
+            release(node, &aliases.take(&uid)).await;
         }
         Action::Reconcile(gone) => {
             tracing::info!(released = gone.len(), "node agent replay over");
             for uid in gone {
-                release(node, &uid).await;
+                release(node, &aliases.take(&uid)).await;
             }
         }
     }
     Ok(())
+}
+
+/// The mesh's uid of the pod the agent calls `uid`: that uid if the mesh has it, else the one
+/// workload on this node with the name and namespace of `info` (Istio's agent sends Kubernetes
+/// UIDs), else `uid` (whose workload may still appear).
+fn resolve(node: &Node, uid: &str, info: Option<&WorkloadInfo>) -> WorkloadUid {
+    let uid = WorkloadUid::new(uid);
+    let snap = node.store.load();
+    if snap.workload(&uid).is_some() {
+        return uid;
+    }
+    let Some(info) = info else { return uid };
+    let mut named = snap.workloads_on_node(&node.name).iter().filter(|u| {
+        snap.workload(u)
+            .is_some_and(|w| w.name == info.name && w.namespace == info.namespace)
+    });
+    match (named.next(), named.next()) {
+        (Some(one), None) => one.clone(),
+        _ => uid,
+    }
 }
 
 /// The pods the node agent enrolled, served now.

@@ -11,7 +11,7 @@
 //! Only the agent's pods are reconciled: pods enrolled through the enrollment API are not the
 //! agent's to release.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_core::model::WorkloadUid;
 
@@ -100,6 +100,39 @@ impl Session {
     }
 }
 
+/// The agent's uids of the pods whose workload has another uid in the mesh. Istio's agent
+/// names a pod by its Kubernetes UID, which the mesh's workloads do not carry; such a pod is
+/// found by the name and namespace of its `workload_info` among this node's workloads. Kept
+/// across connections: a del or a replay names the pod by the agent's uid.
+#[derive(Debug, Default)]
+pub(crate) struct Aliases(BTreeMap<WorkloadUid, WorkloadUid>);
+
+// === impl Aliases ===
+
+impl Aliases {
+    /// Records that the agent's `agent` is the mesh's `mesh` (nothing if they are the same).
+    pub(crate) fn insert(&mut self, agent: WorkloadUid, mesh: WorkloadUid) {
+        if agent == mesh {
+            self.0.remove(&agent);
+        } else {
+            self.0.insert(agent, mesh);
+        }
+    }
+
+    /// The mesh's uid of the agent's `agent`, forgotten.
+    pub(crate) fn take(&mut self, agent: &WorkloadUid) -> WorkloadUid {
+        self.0.remove(agent).unwrap_or_else(|| agent.clone())
+    }
+
+    /// The agent's uid of the mesh's `mesh`.
+    pub(crate) fn agent_uid(&self, mesh: &WorkloadUid) -> WorkloadUid {
+        self.0
+            .iter()
+            .find(|(_, m)| *m == mesh)
+            .map_or_else(|| mesh.clone(), |(a, _)| a.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +211,20 @@ mod tests {
             s.step(Request::<u8>::Del { uid: "x".into() }, served(&[])),
             Ok(Action::Release(uid("x")))
         );
+    }
+
+    #[test]
+    fn an_alias_maps_the_agents_uid_both_ways_until_taken() {
+        let mut a = Aliases::default();
+        a.insert(uid("k8s-1"), uid("east//v1/Pod/default/web-1"));
+        a.insert(uid("same"), uid("same"));
+        assert_eq!(
+            a.agent_uid(&uid("east//v1/Pod/default/web-1")),
+            uid("k8s-1")
+        );
+        assert_eq!(a.agent_uid(&uid("other")), uid("other"));
+        assert_eq!(a.take(&uid("k8s-1")), uid("east//v1/Pod/default/web-1"));
+        assert_eq!(a.take(&uid("k8s-1")), uid("k8s-1"), "forgotten");
+        assert_eq!(a.take(&uid("same")), uid("same"));
     }
 }

@@ -280,21 +280,28 @@ impl AgentConn {
     }
 
     async fn add(&self, pod: &PodNs) -> String {
+        self.add_as(pod, pod.uid.as_str(), "not-looked-at").await
+    }
+
+    /// An add of `pod` that the agent calls `uid` and names `name` in namespace `default`.
+    async fn add_as(&self, pod: &PodNs, uid: &str, name: &str) -> String {
         let add = request(Payload::Add(AddWorkload {
-            uid: pod.uid.to_string(),
+            uid: uid.into(),
             workload_info: Some(WorkloadInfo {
-                name: pod.uid.to_string(),
+                name: name.into(),
                 namespace: "default".into(),
-                service_account: "web".into(),
+                service_account: name.into(),
             }),
         }));
         self.send(&add, Some(&pod.file)).await
     }
 
     async fn del(&self, pod: &PodNs) -> String {
-        let del = request(Payload::Del(DelWorkload {
-            uid: pod.uid.to_string(),
-        }));
+        self.del_as(pod.uid.as_str()).await
+    }
+
+    async fn del_as(&self, uid: &str) -> String {
+        let del = request(Payload::Del(DelWorkload { uid: uid.into() }));
         self.send(&del, None).await
     }
 
@@ -412,6 +419,38 @@ async fn malformed_frames_a_missing_descriptor_and_unknown_requests_get_an_error
     // The connection is still good.
     assert_eq!(agent.add(&f.pods[1]).await, "");
     assert_eq!(f.served(), f.uids(&[0, 1]));
+    client.abort();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[tokio::test]
+async fn a_pod_the_agent_names_by_its_kubernetes_uid_is_found_by_name_and_namespace() {
+    if !is_root() {
+        eprintln!("skipping: needs root for network namespaces and iptables");
+        return;
+    }
+    let f = Fixture::new("alias");
+    let path = socket_path("alias");
+    let mut listener = listen(&path);
+    let client = tokio::spawn(super::run(f.node.clone(), path.clone()));
+    let agent = accept(&mut listener).await;
+    // As Istio's agent sends it: the Kubernetes UID, and the pod's name and namespace.
+    let k8s_uid = "6f1c2a9e-0d4b-4b8e-9f27-3c1d5e7a0b42";
+    assert_eq!(agent.add_as(&f.pods[3], k8s_uid, "web-4").await, "");
+    assert_eq!(agent.snapshot_sent().await, "");
+    assert_eq!(f.served(), f.uids(&[3]), "served as the mesh's web-4");
+    assert_eq!(f.captured().await, [3]);
+    // A replay after the agent restarts names it by the same uid: it stays.
+    drop(agent);
+    drop(listener);
+    let mut listener = listen(&path);
+    let agent = accept(&mut listener).await;
+    assert_eq!(agent.add_as(&f.pods[3], k8s_uid, "web-4").await, "");
+    assert_eq!(agent.snapshot_sent().await, "");
+    assert_eq!(f.served(), f.uids(&[3]));
+    assert_eq!(agent.del_as(k8s_uid).await, "");
+    assert!(f.served().is_empty());
+    assert!(f.captured().await.is_empty());
     client.abort();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
