@@ -111,8 +111,9 @@ pub(crate) async fn run(node: Arc<Node>, socket: PathBuf) {
                         tracing::warn!(zds.socket = %socket.display(), error = %e, "the connection to the node agent failed; its pods stay served until it replays");
                     }
                 }
-                // Straight away once: the agent may be back already.
-                Duration::ZERO
+                // The shortest wait if the agent took requests on it (the backoff was reset),
+                // longer each time if it keeps closing connections it took none on.
+                backoff.next()
             }
             Err(e) => {
                 let wait = backoff.next();
@@ -287,5 +288,22 @@ async fn release(node: &Node, uid: &WorkloadUid) {
     if node.remove(uid.as_str()).await || unserved {
         tracing::info!(pod = %uid, "node agent released a pod");
         crate::enrollment::save(node);
+    }
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap_and_resets() {
+        let mut b = Backoff(BACKOFF_MIN);
+        let waits: Vec<Duration> = (0..10).map(|_| b.next()).collect();
+        assert_eq!(waits[0], Duration::from_millis(100));
+        assert_eq!(waits[1], Duration::from_millis(200));
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(waits[9], BACKOFF_MAX);
+        b.reset();
+        assert_eq!(b.next(), BACKOFF_MIN);
     }
 }

@@ -121,8 +121,12 @@ impl PodNs {
             .run(move || std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(5)))
             .await
             .unwrap();
+        // The node proxy may end the connection at once (nothing it could route to): a reset
+        // that comes before connect returns still means a listener took it. With no listener
+        // the SYN itself is refused.
         match r {
             Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => false,
             Err(e) => panic!("connecting from pod {}: {e}", self.uid),
         }
