@@ -54,5 +54,9 @@ fuzz_target!(|data: &[u8]| {
     }
     .encode_to_vec();
     let fds: Vec<u32> = (0..count as u32).map(|i| 100 + i).collect();
-    assert_eq!(decode(&again, fds, false), Ok(request), "decode(encode(r)) == r");
+    assert_eq!(
+        decode(&again, fds, false),
+        Ok(request),
+        "decode(encode(r)) == r"
+    );
 });
