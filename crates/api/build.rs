@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/workload.proto",
         "proto/authorization.proto",
         "proto/discovery.proto",
+        "proto/zds.proto",
         "proto/google/rpc/status.proto",
     ];
     for p in &protos {

@@ -22,6 +22,12 @@ pub mod istio {
     /// `istio.workload`: workloads and services.
     pub mod workload {
         tonic::include_proto!("istio.workload");
+
+        /// `istio.workload.zds`: the node agent's protocol (pods handed to the node proxy
+        /// with their network namespace as a file descriptor).
+        pub mod zds {
+            tonic::include_proto!("istio.workload.zds");
+        }
     }
     /// `istio.security`: authorization policies.
     pub mod security {
@@ -65,6 +71,7 @@ pub use envoy::service::discovery::v3 as discovery;
 pub use istio::security;
 pub use istio::v1::auth as citadel;
 pub use istio::workload;
+pub use istio::workload::zds;
 
 /// The type URL of `istio.workload.Address` resources.
 pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";

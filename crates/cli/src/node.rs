@@ -60,6 +60,11 @@ pub(crate) struct NodeArgs {
     /// the CNI agent enrolling them anew. Default: beside the API socket (`<api>.pods`).
     #[arg(long)]
     state_file: Option<PathBuf>,
+    /// The node agent's ZDS socket (Istio's `istio.workload.zds`): connect to it and serve the
+    /// pods it hands over with their network namespaces (Istio's `INPOD_UDS`; Istio's CNI agent
+    /// listens on `/var/run/ztunnel/ztunnel.sock`). Without it, no agent is asked.
+    #[arg(long, env = "INPOD_UDS")]
+    zds_socket: Option<PathBuf>,
     /// LOCAL EXPERIMENTS ONLY: talk to the control plane without TLS.
     #[arg(long)]
     plaintext: bool,
@@ -189,6 +194,7 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
                 p.push(".pods");
                 PathBuf::from(p)
             })),
+            zds_socket: args.zds_socket.clone(),
         }))
     })
 }

@@ -10,7 +10,7 @@
 //! list                                                   -> <uid> <netns path>... then "end"
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
 use crate::capture::Uncaptured;
+use crate::pods::PodNetns;
 use crate::state::Node;
 
 /// Serves the API on `path` (replacing a stale socket file).
@@ -124,7 +125,7 @@ async fn add(node: &Arc<Node>, uid: &str, netns: &str, uncaptured: Uncaptured) -
         }
     }
     match node
-        .enroll(uid, Path::new(netns), Duration::from_secs(30))
+        .enroll(uid, PodNetns::Path(PathBuf::from(netns)), Duration::from_secs(30))
         .await
     {
         Ok(_) => {

@@ -35,6 +35,8 @@ pub struct Config {
     pub idle_bound: Duration,
     /// See [`Node::state_file`].
     pub state_file: Option<PathBuf>,
+    /// The node agent's ZDS socket ([`crate::zds`]), when pods are enrolled by one.
+    pub zds_socket: Option<PathBuf>,
     /// Passive health: when connects that keep failing eject an endpoint ([`Node::health`]).
     pub outlier: ferry_core::outlier::OutlierConfig,
 }
@@ -118,6 +120,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::spawn(async move {
             let _ = ready.wait_for(|r| *r).await;
             crate::enrollment::restore(&node).await;
+        });
+    }
+    if let Some(socket) = config.zds_socket.clone() {
+        // Once the mesh is known: the agent's adds are looked up in it.
+        let (node, mut ready) = (node.clone(), ready.clone());
+        tokio::spawn(async move {
+            let _ = ready.wait_for(|r| *r).await;
+            crate::zds::run(node, socket).await;
         });
     }
     tokio::spawn(prefetch(node.clone(), ready));

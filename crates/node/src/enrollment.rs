@@ -14,6 +14,7 @@ use std::time::Duration;
 use ferry_core::model::WorkloadUid;
 
 use crate::capture::Uncaptured;
+use crate::pods::PodNetns;
 use crate::state::Node;
 
 /// How long a restored pod may wait for its workload to appear in the first xDS snapshot.
@@ -51,9 +52,16 @@ pub(crate) fn load(path: &Path) -> Vec<(String, PathBuf, Uncaptured)> {
 }
 
 /// Writes what `node` has been asked to serve: its pods, and the enrolled pods it cannot serve.
+/// Not the node agent's pods: their namespaces are descriptors this process holds, and the
+/// agent replays them to a node proxy that restarts.
 pub(crate) fn save(node: &Node) {
     let Some(path) = &node.state_file else { return };
-    let mut pods: BTreeMap<String, PathBuf> = node.enrolled().into_iter().collect();
+    let mut pods: BTreeMap<String, PathBuf> = node
+        .pods()
+        .iter()
+        .filter(|p| !p.is_agents())
+        .map(|p| (p.uid.to_string(), p.netns.path().to_path_buf()))
+        .collect();
     for (uid, (netns, _)) in node.unserved.lock().iter() {
         pods.insert(uid.to_string(), netns.clone());
     }
@@ -114,7 +122,10 @@ pub(crate) async fn retry_unserved(node: &Arc<Node>) {
 }
 
 async fn serve_one(node: &Arc<Node>, uid: &str, netns: &Path, wait: Duration) {
-    match node.enroll(uid, netns, wait).await {
+    match node
+        .enroll(uid, PodNetns::Path(netns.to_path_buf()), wait)
+        .await
+    {
         Ok(_) => {
             if node
                 .unserved

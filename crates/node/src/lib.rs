@@ -9,7 +9,8 @@
 //! - `app`: configuration and the composition root (xDS, certificates, pool, API, admin, drain).
 //! - `state`: the node's state (`Node`, `Pod`, the open-connection count); `pods`: pod
 //!   enrollment; `api`: the node-local enrollment API;
-//!   `enrollment`: enrolled pods kept across restarts.
+//!   `enrollment`: enrolled pods kept across restarts; [`zds`]: the node agent's protocol
+//!   (Istio's `istio.workload.zds`), pods handed over with their namespace as a descriptor.
 //! - `capture`: the iptables rules in each pod's namespace.
 //! - `outbound`, `inbound`: the two directions; a held inbound connection re-checks its own
 //!   authorization on each snapshot change (`ferry_runtime::recheck`).
@@ -31,5 +32,6 @@ mod outbound;
 mod outlier;
 mod pods;
 mod state;
+pub mod zds;
 
 pub use app::{Config, run};

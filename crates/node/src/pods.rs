@@ -2,7 +2,8 @@
 //! capture rules installed; and removing them.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,35 @@ const RULES_SETTLE: Duration = Duration::from_secs(1);
 
 /// How often a pod's capture rules are compared even without a ruleset event.
 const RULES_SAFETY_CHECK: Duration = Duration::from_secs(30);
+
+/// Where the network namespace of a pod being enrolled is.
+#[derive(Debug)]
+pub(crate) enum PodNetns {
+    /// A path to open (`/var/run/netns/NAME`, `/proc/PID/ns/net`): the enrollment API.
+    Path(PathBuf),
+    /// A descriptor of it, which the pod then holds for as long as it is served: the node
+    /// agent's (ZDS). Such a pod is the agent's: its replays decide whether it stays.
+    Fd(OwnedFd),
+}
+
+// === impl PodNetns ===
+
+impl PodNetns {
+    /// Names it in errors and logs.
+    fn label(&self) -> String {
+        match self {
+            Self::Path(p) => p.display().to_string(),
+            Self::Fd(_) => "(the node agent's descriptor)".into(),
+        }
+    }
+
+    fn open(self) -> std::io::Result<Netns> {
+        match self {
+            Self::Path(p) => Netns::open(&p),
+            Self::Fd(fd) => Netns::from_fd(fd),
+        }
+    }
+}
 
 /// Why a pod could not be enrolled.
 #[derive(Debug, thiserror::Error)]
@@ -47,13 +77,14 @@ pub(crate) enum EnrollError {
 }
 
 impl Node {
-    /// Enrolls pod `uid` whose network namespace is at `netns`: waits (up to `wait`) for it to
+    /// Enrolls pod `uid` whose network namespace is `netns`: waits (up to `wait`) for it to
     /// appear in the mesh, gets its certificate, opens its listeners inside its namespace and
-    /// installs the capture rules.
+    /// installs the capture rules. A pod already served is served once: it is returned as it is
+    /// (and a descriptor passed in is closed).
     pub(crate) async fn enroll(
         self: &Arc<Self>,
         uid: &str,
-        netns: &Path,
+        netns: PodNetns,
         wait: Duration,
     ) -> Result<Arc<Pod>, EnrollError> {
         let uid = WorkloadUid::new(uid);
@@ -108,8 +139,9 @@ impl Node {
             .fetch(&identity)
             .await
             .map_err(|e| EnrollError::Certificate(identity.clone(), e.to_string()))?;
-        let ns = Netns::open(netns).map_err(|source| EnrollError::Netns {
-            path: netns.display().to_string(),
+        let label = netns.label();
+        let ns = netns.open().map_err(|source| EnrollError::Netns {
+            path: label.clone(),
             source,
         })?;
         let pod = Arc::new(Pod {
@@ -122,7 +154,7 @@ impl Node {
         });
         let listen = |port| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port);
         let io = |source| EnrollError::Netns {
-            path: netns.display().to_string(),
+            path: label.clone(),
             source,
         };
         let outbound = pod
@@ -166,13 +198,13 @@ impl Node {
             )));
             t.push(tokio::spawn(self.clone().keep_rules(pod.clone())));
         }
-        if let Err(e) = capture::install(netns, &self.uncaptured(&uid)).await {
+        if let Err(e) = capture::install(pod.netns.path(), &self.uncaptured(&uid)).await {
             self.by_ip.lock().remove(&ip);
             self.pods.lock().remove(&uid);
             self.stop(&pod).await;
             return Err(e.into());
         }
-        tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %netns.display(), "pod enrolled");
+        tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %pod.netns.path().display(), "pod enrolled");
         Ok(pod)
     }
 
@@ -213,7 +245,8 @@ impl Node {
             t.abort();
         }
         let path = old.netns.path().to_path_buf();
-        self.enroll(uid.as_str(), &path, Duration::ZERO).await
+        self.enroll(uid.as_str(), PodNetns::Path(path), Duration::ZERO)
+            .await
     }
 
     /// Keeps `pod`'s capture rules in place for as long as it is served: whenever its

@@ -33,6 +33,15 @@ pub(crate) struct Pod {
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
+// === impl Pod ===
+
+impl Pod {
+    /// Whether the node agent enrolled it (over ZDS, with its namespace as a descriptor).
+    pub(crate) fn is_agents(&self) -> bool {
+        self.netns.is_held()
+    }
+}
+
 /// Enrolled pods by source IP, shared with the tunnel pool's dialer.
 pub(crate) type PodsByIp = Arc<Mutex<HashMap<IpAddr, Arc<Pod>>>>;
 

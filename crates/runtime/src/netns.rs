@@ -24,6 +24,10 @@ pub struct Netns {
     path: PathBuf,
     /// The namespace's identity (device and inode of its nsfs file) when it was entered.
     id: (u64, u64),
+    /// For a namespace handed over as a descriptor ([`Netns::from_fd`]): that descriptor, held
+    /// for as long as this value lives, so that [`Netns::path`] (its `/proc/<pid>/fd/<n>` link)
+    /// names this namespace and no other descriptor that might reuse the number.
+    held: Option<File>,
     jobs: std::sync::mpsc::Sender<Job>,
 }
 
@@ -31,11 +35,44 @@ impl Netns {
     /// Enters the namespace at `path` (e.g. `/var/run/netns/NAME` or `/proc/PID/ns/net`).
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = File::open(path)?;
-        let id = {
-            use std::os::unix::fs::MetadataExt;
-            let m = file.metadata()?;
-            (m.dev(), m.ino())
-        };
+        Self::enter(file, path.to_path_buf(), None)
+    }
+
+    /// Enters the namespace that `fd` refers to (one a node agent passed over a Unix socket),
+    /// and keeps `fd` open for as long as this value lives. Its [`Netns::path`] is
+    /// `/proc/<this pid>/fd/<fd>`, which other processes (`nsenter`) can open meanwhile.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let held = File::from(fd);
+        let path = PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            held.as_raw_fd()
+        ));
+        let entered = held.try_clone()?;
+        Self::enter(entered, path, Some(held))
+    }
+
+    /// The identity (device and inode of its nsfs file) of the namespace `file` refers to.
+    pub fn id_of(file: &File) -> io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok((m.dev(), m.ino()))
+    }
+
+    /// The identity of the namespace entered (see [`Netns::id_of`]).
+    pub fn id(&self) -> (u64, u64) {
+        self.id
+    }
+
+    /// Whether this namespace was handed over as a descriptor ([`Netns::from_fd`]).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Starts the namespace's thread in the namespace `file` refers to.
+    fn enter(file: File, path: PathBuf, held: Option<File>) -> io::Result<Self> {
+        let id = Self::id_of(&file)?;
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -55,8 +92,9 @@ impl Netns {
             .recv()
             .map_err(|_| io::Error::other("the namespace thread died"))??;
         Ok(Self {
-            path: path.to_path_buf(),
+            path,
             id,
+            held,
             jobs,
         })
     }
