@@ -13,8 +13,8 @@
 pub mod crd;
 pub mod objects;
 pub mod remote;
-mod status;
 mod repair;
+mod status;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod translate;

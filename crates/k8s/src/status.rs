@@ -38,7 +38,8 @@ impl ExportStatus {
                 continue;
             };
             let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
-            let patch = serde_json::json!({"status": {"conditions": [condition(conflict.as_deref())]}});
+            let patch =
+                serde_json::json!({"status": {"conditions": [condition(conflict.as_deref())]}});
             match api
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await

@@ -52,6 +52,7 @@ struct State {
     /// Lists served, and watches answered with 410 Gone.
     lists: u64,
     gone: u64,
+    patches: u64,
 }
 
 /// A running fake API server.
@@ -277,6 +278,9 @@ impl ApiServer {
                 return status(code, "Refused", "refused by the test");
             }
         }
+        if req.method() == hyper::Method::PATCH {
+            return self.patch_status(&path, req).await;
+        }
         let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
         if watching {
             let from: u64 = query
@@ -288,6 +292,55 @@ impl ApiServer {
         } else {
             self.list(&path)
         }
+    }
+
+    /// `PATCH <group path>/namespaces/<ns>/<plural>/<name>/status` with a JSON merge patch
+    /// (RFC 7386): applied to the stored object, a MODIFIED event.
+    async fn patch_status(&self, path: &str, req: Request<Incoming>) -> Response<Body> {
+        let Some(rest) = path.strip_suffix("/status") else {
+            return status(405, "MethodNotAllowed", "only status is patched here");
+        };
+        let parts: Vec<&str> = rest.rsplitn(5, '/').collect();
+        let [name, plural, ns, "namespaces", prefix] = parts.as_slice() else {
+            return status(404, "NotFound", "not a namespaced object");
+        };
+        let collection = format!("{prefix}/{plural}");
+        let key = format!("{ns}/{name}");
+        let Ok(body) = req.into_body().collect().await else {
+            return status(400, "BadRequest", "unreadable body");
+        };
+        let Ok(patch) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
+            return status(400, "BadRequest", "not JSON");
+        };
+        let current = self
+            .state
+            .lock()
+            .collections
+            .get(&collection)
+            .and_then(|c| c.get(&key))
+            .cloned();
+        let Some(mut object) = current else {
+            return status(404, "NotFound", "no such object");
+        };
+        json_patch::merge(&mut object, &patch);
+        self.state.lock().patches += 1;
+        self.apply(object.clone());
+        json_response(StatusCode::OK, &object)
+    }
+
+    /// Status patches served so far.
+    pub fn patches(&self) -> u64 {
+        self.state.lock().patches
+    }
+
+    /// The stored object `api_version`/`kind` `ns/name`, if any.
+    pub fn get(&self, api_version: &str, kind: &str, key: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .collections
+            .get(&collection_of(api_version, kind))
+            .and_then(|c| c.get(key))
+            .cloned()
     }
 
     fn list(&self, path: &str) -> Response<Body> {

@@ -380,3 +380,77 @@ async fn a_kind_not_installed_is_empty_and_a_kind_never_listed_keeps_its_cluster
     alpha.stop();
     beta.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_between_exports_is_written_to_the_export_and_cleared_when_it_ends() {
+    let mut r = rig().await;
+    r.until("both clusters are in", |s| {
+        has(s, "sleep") && has(s, "echo-beta")
+    })
+    .await;
+    let export = |name: &str| {
+        json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+               "metadata": {"name": name, "namespace": "default"}})
+    };
+    r.alpha.apply(export("ledger"));
+    r.beta.apply(export("ledger"));
+    // beta's ledger targets another port: a conflict, on beta's export.
+    r.beta.edit("v1", "Service", "default/ledger", |s| {
+        s["spec"]["ports"][0]["targetPort"] = json!(9999);
+    });
+    let condition = |server: &ApiServer| {
+        server
+            .get(
+                "multicluster.x-k8s.io/v1alpha1",
+                "ServiceExport",
+                "default/ledger",
+            )
+            .and_then(|o| o["status"]["conditions"].as_array().cloned())
+            .and_then(|c| c.first().cloned())
+    };
+    let conflicted = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if let Some(c) = condition(&r.beta)
+                && c["status"] == json!("True")
+            {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the conflict is written to beta's export");
+    assert_eq!(conflicted["type"], json!("Conflict"));
+    assert!(
+        conflicted["message"]
+            .as_str()
+            .unwrap()
+            .contains("ports differ from cluster alpha's"),
+        "{conflicted}"
+    );
+    assert!(conflicted["lastTransitionTime"].is_string());
+    // alpha's copy is the one used: its export carries no conflict.
+    let alpha_condition = condition(&r.alpha).expect("alpha's export has a condition");
+    assert_eq!(alpha_condition["status"], json!("False"));
+    // The ports agree again: the condition is cleared.
+    r.beta.edit("v1", "Service", "default/ledger", |s| {
+        s["spec"]["ports"][0]["targetPort"] = json!(8080);
+    });
+    let cleared = tokio::time::timeout(DEADLINE, async {
+        while condition(&r.beta).is_some_and(|c| c["status"] == json!("True")) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(cleared.is_ok(), "the conflict is cleared");
+    // Writes happen on change only: no patch storm from its own status events.
+    let patches = r.beta.patches();
+    r.alpha.apply(pod("unrelated", "alpha-1", "198.18.1.77"));
+    r.until("the unrelated pod is in", |s| has(s, "unrelated"))
+        .await;
+    assert_eq!(
+        r.beta.patches(),
+        patches,
+        "an unrelated change writes no status"
+    );
+}

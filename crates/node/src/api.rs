@@ -125,7 +125,11 @@ async fn add(node: &Arc<Node>, uid: &str, netns: &str, uncaptured: Uncaptured) -
         }
     }
     match node
-        .enroll(uid, PodNetns::Path(PathBuf::from(netns)), Duration::from_secs(30))
+        .enroll(
+            uid,
+            PodNetns::Path(PathBuf::from(netns)),
+            Duration::from_secs(30),
+        )
         .await
     {
         Ok(_) => {
