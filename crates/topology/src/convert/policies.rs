@@ -1,7 +1,7 @@
 //! Authorization policies, from Istio's Kubernetes shape to the model's rules, clauses and
 //! matches.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use ferry_core::model::{
     Action, Cidr, Clause, ClusterId, Match, Policy, PolicyKey, PolicyScope, Rule, StringMatch,
@@ -12,6 +12,25 @@ use crate::schema::{ActionSpec, FromSpec, PolicySpec, PortValue, RuleSpec, ToSpe
 
 impl Cx {
     pub(super) fn policies(&mut self, specs: &[PolicySpec]) {
+        // Workloads by namespace and by label, so a policy looks only at the workloads its
+        // selector (or namespace) can name, not at every workload of the mesh.
+        let mut by_namespace: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_label: HashMap<(String, String, String), Vec<usize>> = HashMap::new();
+        let mut by_any_label: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        for (i, w) in self.out.workloads.iter().enumerate() {
+            by_namespace.entry(w.namespace.clone()).or_default().push(i);
+            for (k, v) in &w.labels {
+                by_label
+                    .entry((w.namespace.clone(), k.clone(), v.clone()))
+                    .or_default()
+                    .push(i);
+                by_any_label
+                    .entry((k.clone(), v.clone()))
+                    .or_default()
+                    .push(i);
+            }
+        }
+        let all: Vec<usize> = (0..self.out.workloads.len()).collect();
         for (i, p) in specs.iter().enumerate() {
             let path = item("policies", i, &p.name);
             self.check_name(&path, "name", &p.name);
@@ -79,7 +98,19 @@ impl Cx {
                 scope
             };
             if scope == PolicyScope::WorkloadSelector {
-                for w in &mut self.out.workloads {
+                let first = selector.and_then(|l| l.iter().next());
+                let candidates: &[usize] = match first {
+                    Some((k, v)) if p.mesh || p.any_namespace => by_any_label
+                        .get(&(k.clone(), v.clone()))
+                        .map_or(&[], Vec::as_slice),
+                    Some((k, v)) => by_label
+                        .get(&(ns.clone(), k.clone(), v.clone()))
+                        .map_or(&[], Vec::as_slice),
+                    None if p.mesh => &all,
+                    None => by_namespace.get(&ns).map_or(&[], Vec::as_slice),
+                };
+                for &i in candidates {
+                    let w = &mut self.out.workloads[i];
                     let in_namespace = p.mesh || p.any_namespace || w.namespace == ns;
                     let labelled = selector.is_none_or(|l| selects(l, &w.labels));
                     let in_cluster = clusters.as_ref().is_none_or(|c| c.contains(&w.cluster));

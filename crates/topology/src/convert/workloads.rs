@@ -1,6 +1,6 @@
 //! Workloads and waypoint instances: placement, addresses, identity, and the services they back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use ferry_core::model::{
@@ -33,6 +33,18 @@ struct Pod<'a> {
 
 impl Cx {
     pub(super) fn workloads(&mut self, specs: &[WorkloadSpec]) {
+        // Selectors by (namespace, first label): a workload looks at the selectors one of its
+        // own labels starts, not at every selector of the mesh.
+        let selectors = std::mem::take(&mut self.selectors);
+        let mut index: HashMap<(&str, &str, &str), Vec<usize>> = HashMap::new();
+        for (j, s) in selectors.iter().enumerate() {
+            if let Some((k, v)) = s.labels.iter().next() {
+                index
+                    .entry((s.namespace.as_str(), k.as_str(), v.as_str()))
+                    .or_default()
+                    .push(j);
+            }
+        }
         for (i, w) in specs.iter().enumerate() {
             let path = item("workloads", i, &w.name);
             self.check_name(&path, "name", &w.name);
@@ -71,10 +83,18 @@ impl Cx {
             let waypoint = w.waypoint.as_ref().and_then(|r| {
                 self.waypoint_ref(&format!("{path}.waypoint"), &ns, r, User::Workload)
             });
-            let services: BTreeMap<ServiceKey, Vec<PortMapping>> = self
-                .selectors
+            let mut candidates: Vec<usize> = w
+                .labels
                 .iter()
-                .filter(|s| s.namespace == ns && selects(&s.labels, &w.labels))
+                .filter_map(|(k, v)| index.get(&(ns.as_str(), k.as_str(), v.as_str())))
+                .flatten()
+                .copied()
+                .collect();
+            candidates.sort_unstable();
+            let services: BTreeMap<ServiceKey, Vec<PortMapping>> = candidates
+                .iter()
+                .map(|&j| &selectors[j])
+                .filter(|s| selects(&s.labels, &w.labels))
                 .filter(|s| match (&s.clusters, &placement) {
                     (None, _) => true,
                     (Some(set), Some(p)) => set.contains(&p.cluster),
@@ -107,6 +127,8 @@ impl Cx {
             workload.labels.clone_from(&w.labels);
             self.out.workloads.push(workload);
         }
+        drop(index);
+        self.selectors = selectors;
     }
 
     /// An instance of the waypoint whose service is `waypoint`: a label-less HBONE pod that
