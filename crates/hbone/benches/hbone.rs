@@ -15,7 +15,6 @@
 //! - idle: heap and RSS per idle tunnel with 10,000 tunnels open (both tunnel ends are in this
 //!   process; the target runs in a child process so its sockets do not count).
 
-use std::alloc::System;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -30,13 +29,15 @@ use ferry_hbone::server::{ConnectRequest, Handler, Server};
 use ferry_hbone::settings::Settings;
 use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
-use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use stats_alloc::StatsAlloc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Counts heap bytes, for the idle tunnels' memory.
+/// Counts heap bytes, for the idle tunnels' memory, over the allocator the `ferry` binary runs
+/// on (jemalloc).
 #[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+static GLOBAL: StatsAlloc<tikv_jemallocator::Jemalloc> =
+    StatsAlloc::new(tikv_jemallocator::Jemalloc);
 
 /// Live heap bytes.
 fn live() -> isize {
