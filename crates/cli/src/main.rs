@@ -12,6 +12,16 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// jemalloc, not glibc's malloc: a tunnel's buffers (HTTP/2 frames up to 1 MiB, windows of
+/// several MiB) are allocated and freed over and over, and glibc maps every allocation above a
+/// threshold afresh and trims its heap's top, thresholds raised only when a large mapped block
+/// happens to be freed. Which history a process had decided, for its whole life, whether it
+/// page-faulted for every few KiB it carried (1.4x the CPU per GB, issue 21 finding 1: the slow
+/// state of a proxy whose pool opened under load). jemalloc reuses freed pages and returns them
+/// after a few idle seconds. `crates/hbone/tests/pool_under_load.rs` checks the faults.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Ferry: a sidecarless service mesh for multi-cluster Kubernetes.
 #[derive(Debug, Parser)]
 #[command(name = "ferry", version, about)]

@@ -1,9 +1,13 @@
 //! HBONE against plain TCP, measured side by side in one run on loopback.
 //!
-//! Run: `cargo bench -p ferry-hbone --bench hbone` (add `-- quick` for a short run).
+//! Run: `cargo bench -p ferry-hbone --bench hbone` (add `-- quick` for a short run, or
+//! `-- bulk-only` for one bulk run of `FERRY_BENCH_MIB` MiB (default 64): what a profiler, such as
+//! `valgrind --tool=callgrind`, is run on).
 //!
-//! - bulk: one tunnel (client lib -> TLS/HTTP/2 -> server -> TCP sink) vs one direct TCP
-//!   connection to the same sink; GB/s and the ratio.
+//! - bulk: one tunnel (client lib -> TLS/HTTP/2 -> server -> TCP sink), and one TCP connection
+//!   relayed into a tunnel as a node proxy's outbound does (TCP -> relay -> tunnel -> ...), vs
+//!   one direct TCP connection to the same sink; GB/s, the ratio, and this process's CPU
+//!   seconds per GB (both tunnel ends, the sink and the sender are all in it).
 //! - rr: 1 KiB request / 1 KiB response round trips at concurrency 1 and 64; p50 / p99 added
 //!   over direct TCP.
 //! - handshakes: new HBONE connections per second (connect, TLS, HTTP/2, CONNECT, 1-byte echo,
@@ -11,7 +15,6 @@
 //! - idle: heap and RSS per idle tunnel with 10,000 tunnels open (both tunnel ends are in this
 //!   process; the target runs in a child process so its sockets do not count).
 
-use std::alloc::System;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -26,13 +29,15 @@ use ferry_hbone::server::{ConnectRequest, Handler, Server};
 use ferry_hbone::settings::Settings;
 use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
-use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use stats_alloc::StatsAlloc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Counts heap bytes, for the idle tunnels' memory.
+/// Counts heap bytes, for the idle tunnels' memory, over the allocator the `ferry` binary runs
+/// on (jemalloc).
 #[global_allocator]
-static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+static GLOBAL: StatsAlloc<tikv_jemallocator::Jemalloc> =
+    StatsAlloc::new(tikv_jemallocator::Jemalloc);
 
 /// Live heap bytes.
 fn live() -> isize {
@@ -62,11 +67,19 @@ fn main() {
         return hold_target();
     }
     let quick = std::env::args().any(|a| a == "quick");
+    let bulk_only = std::env::args().any(|a| a == "bulk-only");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    if bulk_only {
+        let mib: usize = std::env::var("FERRY_BENCH_MIB")
+            .ok()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(64);
+        return rt.block_on(async { bulk(&Env::new().await, mib << 20, 1).await });
+    }
     rt.block_on(run(quick));
 }
 
@@ -210,22 +223,67 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn bulk(env: &Env, total: usize, runs: usize) {
-    let target = sink().await;
+/// This process's CPU time so far (user + system, all threads), from `/proc/self/stat`.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which ends with the last ')'): utime, stime are the
+    // 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    Duration::from_millis(f.iter().sum::<u64>() * 10)
+}
+
+/// A node proxy's outbound, in miniature: each connection accepted on the returned address is
+/// relayed into a new pooled tunnel to `target` ([`ferry_hbone::copy::relay`]).
+async fn outbound(env: &Env, target: SocketAddr) -> SocketAddr {
     let (pool, key, creds) = env.pool(100);
     let bundle = env.ca.bundle();
-    let (mut direct, mut hbone) = (Vec::new(), Vec::new());
+    let ctx = Arc::new((pool, key, creds, bundle));
+    serve_each(move |mut s| {
+        let ctx = ctx.clone();
+        async move {
+            let (p, k, c, b) = &*ctx;
+            let mut t = tunnel(p, k, c, b, target).await;
+            let _ = ferry_hbone::copy::relay(&mut s, &mut t, Default::default()).await;
+        }
+    })
+    .await
+}
+
+async fn bulk(env: &Env, total: usize, runs: usize) {
+    let target = sink().await;
+    let relay = outbound(env, target).await;
+    let (pool, key, creds) = env.pool(100);
+    let bundle = env.ca.bundle();
+    let (mut direct, mut hbone, mut relayed) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut hbone_cpu, mut relayed_cpu) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..runs {
         let mut s = TcpStream::connect(target).await.unwrap();
         s.set_nodelay(true).unwrap();
         direct.push(total as f64 / send_all(&mut s, total).await.as_secs_f64() / 1e9);
+        let cpu = cpu_time();
         let mut t = tunnel(&pool, &key, &creds, &bundle, target).await;
         hbone.push(total as f64 / send_all(&mut t, total).await.as_secs_f64() / 1e9);
+        hbone_cpu += cpu_time() - cpu;
+        let cpu = cpu_time();
+        let mut s = TcpStream::connect(relay).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        relayed.push(total as f64 / send_all(&mut s, total).await.as_secs_f64() / 1e9);
+        relayed_cpu += cpu_time() - cpu;
     }
-    let (d, h) = (median(direct), median(hbone));
+    let (d, h, r) = (median(direct), median(hbone), median(relayed));
+    let gb = (total * runs) as f64 / 1e9;
     println!(
-        "bulk       direct {d:.2} GB/s   hbone {h:.2} GB/s   ratio {:.2}x direct   ({} MiB x {runs}, medians)",
+        "bulk       direct {d:.2} GB/s   hbone {h:.2} GB/s ({:.2}x direct, {:.2} s CPU/GB)   relayed into hbone {r:.2} GB/s ({:.2}x direct, {:.2} s CPU/GB)   ({} MiB x {runs}, medians; CPU: this whole process)",
         h / d,
+        hbone_cpu.as_secs_f64() / gb,
+        r / d,
+        relayed_cpu.as_secs_f64() / gb,
         total >> 20
     );
 }

@@ -17,7 +17,6 @@ use tokio_rustls::TlsConnector;
 
 use crate::error::Error;
 use crate::headers::ConnectHeaders;
-use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 
@@ -58,7 +57,7 @@ impl Connection {
         })
         .await?;
         tune_socket(&tcp, settings);
-        establish(ReadAhead::new(tcp), addr, config, settings, deadline).await
+        establish(tcp, addr, config, settings, deadline).await
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -7,6 +7,11 @@
 //! moves bytes: [`Bounds::half_closed_idle`] ends a half-closed copy that went quiet, so no
 //! socket waits in CLOSE-WAIT or FIN-WAIT-2 for a peer that will never finish.
 //!
+//! One copy per direction: a side that holds its data as `Bytes` (an HTTP/2 stream, see
+//! [`Reset::poll_read_bytes`] and [`Reset::poll_write_bytes`]) hands its chunks over as they
+//! are, and a TCP side is read into a buffer whose chunks are passed on the same way; only a
+//! TCP writer gets a slice.
+//!
 //! [`relay`] is the copy a proxy runs: it copies, then resets the side that did not fail;
 //! [`relay_until`] also ends it, resetting both sides, when a future resolves (a policy change).
 //!
@@ -48,6 +53,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -61,7 +67,8 @@ const FINISH_BUDGET: usize = 1 << 20;
 /// and dropped, so their sockets close with a FIN rather than a reset for unread data.
 const FINISH_LINGER: Duration = Duration::from_secs(2);
 
-/// Buffers up to this size are given back while their direction waits for data.
+/// Buffers up to this size are given back while their direction waits for data (larger ones
+/// mean a transfer in full swing: kept).
 const IDLE_RELEASE: usize = 16 * 1024;
 
 /// Which stream of a copy failed.
@@ -90,18 +97,19 @@ impl CopyError {
 }
 
 struct Direction {
-    buf: Vec<u8>,
-    pos: usize,
-    cap: usize,
+    /// Where a reader that holds no `Bytes` of its own is read into; the chunks split off it
+    /// go back to it once written (no allocation while the writer copies them).
+    buf: BytesMut,
+    /// What was read and is not yet written.
+    chunk: Bytes,
+    /// How much the next read asks for: grows fourfold when a read fills it.
+    size: usize,
     read_done: bool,
     /// Reads only what is already there, then takes the next wait for EOF (a drain deadline).
     finishing: bool,
     /// How much more a finishing direction reads before it stops regardless.
     finish_budget: usize,
     shut_down: bool,
-    grow: bool,
-    /// The size of the buffer given back while idle: the next one is as large.
-    released: usize,
     need_flush: bool,
     amount: u64,
 }
@@ -115,18 +123,38 @@ enum DirError {
 impl Direction {
     fn new() -> Self {
         Self {
-            buf: Vec::new(),
-            pos: 0,
-            cap: 0,
+            buf: BytesMut::new(),
+            chunk: Bytes::new(),
+            size: INITIAL_BUF,
             read_done: false,
             finishing: false,
             finish_budget: FINISH_BUDGET,
             shut_down: false,
-            grow: false,
-            released: 0,
             need_flush: false,
             amount: 0,
         }
+    }
+
+    /// The next chunk from `r`: the reader's own `Bytes` when it holds its data so (an HTTP/2
+    /// stream: no copy), else read into this direction's buffer.
+    fn poll_read<R: AsyncRead + Reset + Unpin + ?Sized>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut r: Pin<&mut R>,
+    ) -> Poll<io::Result<Bytes>> {
+        if let Some(got) = r.as_mut().get_mut().poll_read_bytes(cx) {
+            return got;
+        }
+        if self.buf.capacity() < self.size {
+            // Gets its earlier chunks' memory back when they are all written and dropped.
+            self.buf.reserve(self.size);
+        }
+        ready!(tokio_util::io::poll_read_buf(
+            r,
+            cx,
+            &mut (&mut self.buf).limit(self.size)
+        ))?;
+        Poll::Ready(Ok(self.buf.split().freeze()))
     }
 
     fn poll_copy<R, W>(
@@ -136,27 +164,21 @@ impl Direction {
         mut w: Pin<&mut W>,
     ) -> Poll<Result<(), DirError>>
     where
-        R: AsyncRead + ?Sized,
-        W: AsyncWrite + ?Sized,
+        R: AsyncRead + Reset + Unpin + ?Sized,
+        W: AsyncWrite + Reset + Unpin + ?Sized,
     {
         loop {
-            if self.pos == self.cap && !self.read_done {
-                self.pos = 0;
-                self.cap = 0;
-                if self.buf.is_empty() {
-                    self.buf = vec![0; self.released.max(INITIAL_BUF)];
-                } else if self.grow && self.buf.len() < MAX_BUF {
-                    self.buf = vec![0; (self.buf.len() * 4).min(MAX_BUF)];
-                }
-                let mut rb = ReadBuf::new(&mut self.buf);
-                match r.as_mut().poll_read(cx, &mut rb) {
-                    Poll::Ready(Ok(())) => {
-                        let n = rb.filled().len();
+            if self.chunk.is_empty() && !self.read_done {
+                match self.poll_read(cx, r.as_mut()) {
+                    Poll::Ready(Ok(chunk)) => {
+                        let n = chunk.len();
                         if n == 0 {
                             self.read_done = true;
                         } else {
-                            self.cap = n;
-                            self.grow = n == self.buf.len();
+                            if n >= self.size && self.size < MAX_BUF {
+                                self.size = (self.size * 4).min(MAX_BUF);
+                            }
+                            self.chunk = chunk;
                             if self.finishing {
                                 // A peer that never pauses does not hold the deadline off.
                                 self.finish_budget = self.finish_budget.saturating_sub(n);
@@ -171,9 +193,8 @@ impl Direction {
                     Poll::Pending => {
                         // Nothing buffered and nothing to read: an idle direction keeps no
                         // small buffer (a large one means a transfer in full swing: kept).
-                        if !self.buf.is_empty() && self.buf.len() <= IDLE_RELEASE {
-                            self.released = self.buf.len();
-                            self.buf = Vec::new();
+                        if self.size <= IDLE_RELEASE {
+                            self.buf = BytesMut::new();
                         }
                         if self.need_flush {
                             ready!(w.as_mut().poll_flush(cx)).map_err(DirError::Write)?;
@@ -183,26 +204,33 @@ impl Direction {
                     }
                 }
             }
-            while self.pos < self.cap {
-                let n = ready!(w.as_mut().poll_write(cx, &self.buf[self.pos..self.cap]))
-                    .map_err(DirError::Write)?;
+            while !self.chunk.is_empty() {
+                let n = match w.as_mut().get_mut().poll_write_bytes(cx, &mut self.chunk) {
+                    Some(written) => ready!(written),
+                    None => ready!(w.as_mut().poll_write(cx, &self.chunk)).map(|n| {
+                        self.chunk.advance(n);
+                        n
+                    }),
+                }
+                .map_err(DirError::Write)?;
                 if n == 0 {
                     return Poll::Ready(Err(DirError::Write(io::Error::new(
                         io::ErrorKind::WriteZero,
                         "wrote zero bytes",
                     ))));
                 }
-                self.pos += n;
                 self.amount += n as u64;
                 self.need_flush = true;
             }
+            // Written: its memory goes back to `buf` (an empty `Bytes` would still hold it).
+            self.chunk = Bytes::new();
             if self.read_done {
                 if !self.shut_down {
                     ready!(w.as_mut().poll_flush(cx)).map_err(DirError::Write)?;
                     ready!(w.as_mut().poll_shutdown(cx)).map_err(DirError::Write)?;
                     self.shut_down = true;
                     // An idle half-closed direction keeps no buffer.
-                    self.buf = Vec::new();
+                    self.buf = BytesMut::new();
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -234,8 +262,8 @@ where
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
     match copy_until(
-        a,
-        b,
+        &mut Plain(a),
+        &mut Plain(b),
         bounds,
         std::future::pending::<std::convert::Infallible>(),
     )
@@ -245,6 +273,42 @@ where
         Err(Stop::Failed(e)) => Err(e),
         Err(Stop::Until { reason, .. }) => match reason {},
     }
+}
+
+/// A side of [`bidirectional_bounded`]: never reset, and moving its bytes through
+/// `AsyncRead` and `AsyncWrite` only.
+struct Plain<'a, T: ?Sized>(&'a mut T);
+
+impl<T: AsyncRead + Unpin + ?Sized> AsyncRead for Plain<'_, T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin + ?Sized> AsyncWrite for Plain<'_, T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl<T: ?Sized> Reset for Plain<'_, T> {
+    fn reset(&mut self) {}
 }
 
 /// Why [`copy_until`] stopped before both directions ended.
@@ -268,8 +332,8 @@ fn copy_until<'a, A, B, T>(
     until: impl Future<Output = T> + 'a,
 ) -> impl Future<Output = Result<(u64, u64), Stop<T>>> + 'a
 where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    A: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Reset + Unpin + ?Sized,
     T: 'a,
 {
     async move {
@@ -390,11 +454,31 @@ fn discard<R: AsyncRead + ?Sized>(cx: &mut Context<'_>, mut r: Pin<&mut R>) -> b
 
 // === relay ===
 
-/// Ends a stream with a reset rather than a clean close, so its peer learns that the other end
-/// broke rather than finished.
+/// A side of a [`relay`]: how it is ended with a reset rather than a clean close, so its peer
+/// learns that the other end broke rather than finished; and, for a side that holds its data
+/// as [`Bytes`] (an HTTP/2 stream), how the copy hands chunks in and out of it without copying
+/// them (by default it does not: the copy uses `AsyncRead` and `AsyncWrite`).
 pub trait Reset {
     /// A TCP socket sends its RST when it is closed (dropped); a tunnel sends RST_STREAM now.
     fn reset(&mut self);
+
+    /// The next chunk received, as the side holds it (empty at EOF); `None` if this side has
+    /// no chunks of its own to give.
+    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<Bytes>>> {
+        let _ = cx;
+        None
+    }
+
+    /// Takes a prefix of `data` to send (advancing it) and returns its length; `None` if this
+    /// side only takes slices (`poll_write`).
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut Bytes,
+    ) -> Option<Poll<io::Result<usize>>> {
+        let _ = (cx, data);
+        None
+    }
 }
 
 impl Reset for TcpStream {
@@ -407,11 +491,35 @@ impl<T: Reset + ?Sized> Reset for &mut T {
     fn reset(&mut self) {
         (**self).reset();
     }
+
+    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<Bytes>>> {
+        (**self).poll_read_bytes(cx)
+    }
+
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut Bytes,
+    ) -> Option<Poll<io::Result<usize>>> {
+        (**self).poll_write_bytes(cx, data)
+    }
 }
 
 impl<T: Reset + ?Sized> Reset for Box<T> {
     fn reset(&mut self) {
         (**self).reset();
+    }
+
+    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<Bytes>>> {
+        (**self).poll_read_bytes(cx)
+    }
+
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut Bytes,
+    ) -> Option<Poll<io::Result<usize>>> {
+        (**self).poll_write_bytes(cx, data)
     }
 }
 
@@ -525,7 +633,80 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+
     use super::*;
+
+    /// A side that only moves `Bytes` (as an HTTP/2 stream does): what it gives, then EOF; what
+    /// it takes, kept as it was handed over.
+    #[derive(Default)]
+    struct Chunks {
+        give: VecDeque<Bytes>,
+        took: Vec<Bytes>,
+    }
+
+    impl AsyncRead for Chunks {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            unreachable!("a side with chunks of its own is read with poll_read_bytes")
+        }
+    }
+
+    impl AsyncWrite for Chunks {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            unreachable!("a side that takes chunks is written with poll_write_bytes")
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl Reset for Chunks {
+        fn reset(&mut self) {}
+
+        fn poll_read_bytes(&mut self, _: &mut Context<'_>) -> Option<Poll<io::Result<Bytes>>> {
+            Some(Poll::Ready(Ok(self.give.pop_front().unwrap_or_default())))
+        }
+
+        fn poll_write_bytes(
+            &mut self,
+            _: &mut Context<'_>,
+            data: &mut Bytes,
+        ) -> Option<Poll<io::Result<usize>>> {
+            let n = data.len();
+            self.took.push(data.split_to(n));
+            Some(Poll::Ready(Ok(n)))
+        }
+    }
+
+    #[tokio::test]
+    async fn chunks_pass_between_sides_that_hold_bytes_without_a_copy() {
+        let sent = [Bytes::from(vec![1u8; 300_000]), Bytes::from_static(b"tail")];
+        let mut a = Chunks {
+            give: sent.iter().cloned().collect(),
+            ..Chunks::default()
+        };
+        let mut b = Chunks::default();
+        let moved = relay(&mut a, &mut b, Bounds::default()).await.unwrap();
+        assert_eq!(moved, (300_004, 0));
+        assert_eq!(b.took.len(), 2);
+        for (got, sent) in b.took.iter().zip(&sent) {
+            assert_eq!(got.as_ptr(), sent.as_ptr(), "the same memory, not a copy");
+            assert_eq!(got.len(), sent.len());
+        }
+    }
 
     fn failure(failed: Failed, kind: io::ErrorKind) -> CopyError {
         CopyError {

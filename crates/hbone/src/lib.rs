@@ -14,7 +14,7 @@
 //! - [`stream`]: an HTTP/2 stream as `AsyncRead + AsyncWrite`; [`copy`]: bidirectional copy,
 //!   and [`copy::relay`], which resets the side that did not fail.
 //! - [`settings`]: HTTP/2 windows, limits, timeouts and keepalive; [`socket`]: socket helpers
-//!   (`reset_tcp`). `readahead` (private): a read-ahead buffer under TLS.
+//!   (`reset_tcp`).
 //! - [`error`]: [`Error`] with the [`Side`] that failed; it wraps `ferry_tls`'s TLS set-up
 //!   errors and identity mismatches.
 //!
@@ -26,7 +26,6 @@ pub mod double;
 pub mod error;
 pub mod headers;
 pub mod pool;
-mod readahead;
 pub mod server;
 pub mod settings;
 pub mod socket;

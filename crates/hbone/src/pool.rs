@@ -463,6 +463,21 @@ impl crate::copy::Reset for Tunnel {
     fn reset(&mut self) {
         self.abort();
     }
+
+    fn poll_read_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Option<Poll<std::io::Result<bytes::Bytes>>> {
+        self.stream.poll_read_bytes(cx)
+    }
+
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut bytes::Bytes,
+    ) -> Option<Poll<std::io::Result<usize>>> {
+        self.stream.poll_write_bytes(cx, data)
+    }
 }
 
 impl AsyncRead for Tunnel {

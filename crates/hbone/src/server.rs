@@ -18,7 +18,6 @@ use crate::copy;
 use crate::error::Error;
 use crate::error::Side;
 use crate::headers::{self, Refusal, Target};
-use crate::readahead::ReadAhead;
 use crate::settings::{Settings, ping_until_dead, tune_socket};
 use crate::stream::H2Stream;
 use crate::upstream::Forward;
@@ -225,7 +224,7 @@ impl Server {
     ) -> Result<(), Error> {
         tune_socket(&tcp, &self.settings);
         let timeout = self.settings.connect_timeout;
-        let tls = tokio::time::timeout(timeout, self.acceptor.accept(ReadAhead::new(tcp)))
+        let tls = tokio::time::timeout(timeout, self.acceptor.accept(tcp))
             .await
             .map_err(|_| Error::Timeout {
                 doing: "accepting a TLS handshake",

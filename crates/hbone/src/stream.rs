@@ -99,6 +99,103 @@ impl crate::copy::Reset for H2Stream {
     fn reset(&mut self) {
         self.abort();
     }
+
+    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<Bytes>>> {
+        Some(self.poll_chunk(cx, usize::MAX))
+    }
+
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut Bytes,
+    ) -> Option<Poll<io::Result<usize>>> {
+        Some(self.poll_send(cx, data.len(), |n| data.split_to(n)))
+    }
+}
+
+// === impl H2Stream: moving bytes ===
+
+impl H2Stream {
+    /// The next received chunk, at most `max` bytes of it (empty at the end of the stream): the
+    /// `Bytes` h2 received, not a copy.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<io::Result<Bytes>> {
+        if self.pending.is_empty() {
+            match ready!(self.recv().poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Give the window back as soon as h2 hands the data over: the pending
+                    // buffer holds at most one frame, so memory stays bounded by the stream
+                    // window.
+                    let _ = self.recv().flow_control().release_capacity(data.len());
+                    self.pending = data;
+                }
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => {
+                    self.read_done = true;
+                    return Poll::Ready(Ok(Bytes::new()));
+                }
+            }
+        }
+        let chunk = if self.pending.len() <= max {
+            std::mem::take(&mut self.pending)
+        } else {
+            self.pending.split_to(max)
+        };
+        if let Some(m) = &self.moved {
+            m.read.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+        Poll::Ready(Ok(chunk))
+    }
+
+    /// Sends a prefix of `len` bytes, as soon as the stream has capacity for some: `take(n)`
+    /// gives the first `n` as `Bytes`. Returns `n`.
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        len: usize,
+        take: impl FnOnce(usize) -> Bytes,
+    ) -> Poll<io::Result<usize>> {
+        if len == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        if self.write_closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "tunnel write half is closed",
+            )));
+        }
+        self.send().reserve_capacity(len);
+        // Capacity already assigned is used at once: `poll_capacity` only reports increases.
+        let mut n = self.send().capacity();
+        while n == 0 {
+            match self.send().poll_capacity(cx) {
+                Poll::Ready(Some(Ok(c))) => n = c,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "tunnel closed",
+                    )));
+                }
+                Poll::Pending => {
+                    // No capacity: the peer may have reset the stream meanwhile.
+                    return match self.send().poll_reset(cx) {
+                        Poll::Ready(Ok(reason)) => Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::ConnectionReset,
+                            format!("tunnel reset by peer ({reason})"),
+                        ))),
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(h2_to_io(e))),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+        let n = n.min(len);
+        self.send().send_data(take(n), false).map_err(h2_to_io)?;
+        if let Some(m) = &self.moved {
+            m.written.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Poll::Ready(Ok(n))
+    }
 }
 
 /// Maps an h2 error to the I/O error a byte stream would report.
@@ -125,30 +222,9 @@ impl AsyncRead for H2Stream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        loop {
-            if !self.pending.is_empty() {
-                let n = self.pending.len().min(buf.remaining());
-                let chunk = self.pending.split_to(n);
-                buf.put_slice(&chunk);
-                if let Some(m) = &self.moved {
-                    m.read.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(self.recv().poll_data(cx)) {
-                Some(Ok(data)) => {
-                    // Give the window back as soon as h2 hands the data over: the pending buffer
-                    // holds at most one frame, so memory stays bounded by the stream window.
-                    let _ = self.recv().flow_control().release_capacity(data.len());
-                    self.pending = data;
-                }
-                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => {
-                    self.read_done = true;
-                    return Poll::Ready(Ok(()));
-                }
-            }
-        }
+        let chunk = ready!(self.poll_chunk(cx, buf.remaining()))?;
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -158,49 +234,7 @@ impl AsyncWrite for H2Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if buf.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        if self.write_closed {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "tunnel write half is closed",
-            )));
-        }
-        self.send().reserve_capacity(buf.len());
-        loop {
-            match self.send().poll_capacity(cx) {
-                Poll::Ready(Some(Ok(0))) => {}
-                Poll::Ready(Some(Ok(n))) => {
-                    let n = n.min(buf.len());
-                    self.send()
-                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                        .map_err(h2_to_io)?;
-                    if let Some(m) = &self.moved {
-                        m.written.fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_to_io(e))),
-                Poll::Ready(None) => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "tunnel closed",
-                    )));
-                }
-                Poll::Pending => {
-                    // No capacity: the peer may have reset the stream meanwhile.
-                    return match self.send().poll_reset(cx) {
-                        Poll::Ready(Ok(reason)) => Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::ConnectionReset,
-                            format!("tunnel reset by peer ({reason})"),
-                        ))),
-                        Poll::Ready(Err(e)) => Poll::Ready(Err(h2_to_io(e))),
-                        Poll::Pending => Poll::Pending,
-                    };
-                }
-            }
-        }
+        self.poll_send(cx, buf.len(), |n| Bytes::copy_from_slice(&buf[..n]))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {

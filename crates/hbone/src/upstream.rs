@@ -108,6 +108,24 @@ impl crate::copy::Reset for Upstream {
     fn reset(&mut self) {
         Self::reset(self);
     }
+
+    fn poll_read_bytes(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<bytes::Bytes>>> {
+        match self {
+            Self::Tcp(_) => None,
+            Self::Tunnel(t) => t.poll_read_bytes(cx),
+        }
+    }
+
+    fn poll_write_bytes(
+        &mut self,
+        cx: &mut Context<'_>,
+        data: &mut bytes::Bytes,
+    ) -> Option<Poll<io::Result<usize>>> {
+        match self {
+            Self::Tcp(_) => None,
+            Self::Tunnel(t) => t.poll_write_bytes(cx, data),
+        }
+    }
 }
 
 impl AsyncRead for Upstream {
