@@ -196,3 +196,60 @@ fn an_export_scope_narrows_the_cluster_set_service() {
         ]
     );
 }
+
+#[test]
+fn a_workload_waypoint_on_another_network_is_never_chosen() {
+    // beta on a network of its own, with an east-west gateway, and the only instance of a
+    // workload waypoint that alpha's echo-alpha-1 is attached to.
+    let beta_extra = "\
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: gateway.networking.k8s.io/v1
+    kind: Gateway
+    metadata: {name: wl-waypoint, namespace: default, labels: {istio.io/waypoint-for: workload}}
+    spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}
+  - apiVersion: v1
+    kind: Pod
+    metadata: {name: wl-waypoint-beta, namespace: default, labels: {gateway.networking.k8s.io/gateway-name: wl-waypoint}, annotations: {ambient.istio.io/redirection: enabled}}
+    spec: {nodeName: beta-1, serviceAccountName: wl-waypoint, containers: [{name: app, image: x}]}
+    status: {phase: Running, podIP: 198.18.3.55, conditions: [{type: Ready, status: 'True'}]}
+  - apiVersion: gateway.networking.k8s.io/v1
+    kind: Gateway
+    metadata: {name: eastwest, namespace: istio-system}
+    spec: {gatewayClassName: istio-east-west, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}
+    status: {addresses: [{type: IPAddress, value: 198.19.255.2}]}
+";
+    let mut alpha = cluster("alpha", "");
+    // echo-alpha-1 uses the workload waypoint.
+    for p in &mut alpha.pods {
+        if p.metadata.name.as_deref() == Some("echo-alpha-1") {
+            p.metadata
+                .labels
+                .get_or_insert_default()
+                .insert("istio.io/use-waypoint".into(), "wl-waypoint".into());
+        }
+    }
+    let mut beta = cluster("beta", beta_extra);
+    beta.network = Some("far".into());
+    let (t, _) = translate(&MeshConfig::default(), &[alpha, beta])
+        .into_topology()
+        .unwrap_or_else(|e| panic!("valid: {e}"));
+    let snap = t.snapshot;
+    let echo = snap.workloads().find(|w| w.name == "echo-alpha-1").unwrap();
+    assert!(echo.waypoint.is_some(), "attached to the workload waypoint");
+    let sleep = snap
+        .workloads()
+        .find(|w| w.name == "sleep")
+        .unwrap()
+        .clone();
+    let dst = Destination::Addr("198.18.1.20:8080".parse().unwrap());
+    for seed in 0..16 {
+        let d = route(&snap, Source::new(&sleep), &dst, &mut SplitMix64::new(seed));
+        let text = format!("{:?}", d.outcome);
+        assert!(
+            !text.contains("wl-waypoint-beta"),
+            "never the waypoint on beta's network: {text}"
+        );
+    }
+}
