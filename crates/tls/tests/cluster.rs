@@ -98,3 +98,35 @@ fn reading_a_certificate_finds_its_cluster_or_none() {
     // And the rest of the certificate is as before: the identity is still its only SPIFFE SAN.
     assert_eq!(with.identity(), without.identity());
 }
+
+/// A stock verifier — rustls's own WebPKI client verifier, with no Ferry code, as a peer that
+/// knows nothing of Ferry's extension verifies (Istio's ztunnel verifies with webpki too) —
+/// accepts a certificate that carries the cluster, and one that does not.
+#[test]
+fn a_stock_webpki_verifier_accepts_certificates_that_carry_the_cluster() {
+    use rustls::server::danger::ClientCertVerifier as _;
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let ca = TestCa::new("stock");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.root()).unwrap();
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+            .build()
+            .unwrap();
+    let now = rustls::pki_types::UnixTime::now();
+    let id: ferry_core::identity::Identity = CLIENT.parse().unwrap();
+    let with = ca.issue_in(&id, &ClusterId::new("east"));
+    let without = ca.issue(&id);
+    assert_eq!(
+        peer_cluster(Some(with.chain())).unwrap(),
+        Some(ClusterId::new("east")),
+        "the extension is really there"
+    );
+    assert_eq!(peer_cluster(Some(without.chain())).unwrap(), None);
+    for creds in [&with, &without] {
+        let chain = creds.chain();
+        verifier
+            .verify_client_cert(&chain[0], &chain[1..], now)
+            .expect("a stock verifier accepts it");
+    }
+}
