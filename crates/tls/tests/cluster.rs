@@ -104,7 +104,6 @@ fn reading_a_certificate_finds_its_cluster_or_none() {
 /// accepts a certificate that carries the cluster, and one that does not.
 #[test]
 fn a_stock_webpki_verifier_accepts_certificates_that_carry_the_cluster() {
-    use rustls::server::danger::ClientCertVerifier as _;
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let ca = TestCa::new("stock");
     let mut roots = rustls::RootCertStore::empty();
