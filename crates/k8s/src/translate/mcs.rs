@@ -53,16 +53,7 @@ impl Tx<'_> {
             };
             let object = format!("ServiceExport {ns}/{name}");
             for other in &exporting[1..] {
-                let mut differ = Vec::new();
-                if other.ports != first.ports {
-                    differ.push("ports");
-                }
-                if other.selector != first.selector {
-                    differ.push("selector");
-                }
-                if other.waypoint != first.waypoint {
-                    differ.push("waypoint");
-                }
+                let differ = other.differences(first);
                 if !differ.is_empty() {
                     let msg = format!(
                         "Conflict: {} differ from cluster {}'s export, whose are used",

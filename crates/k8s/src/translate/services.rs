@@ -94,16 +94,7 @@ impl Tx<'_> {
         let first = &copies[0];
         let object = format!("Service {ns}/{name}");
         for other in &copies[1..] {
-            let mut differ = Vec::new();
-            if other.ports != first.ports {
-                differ.push("ports");
-            }
-            if other.selector != first.selector {
-                differ.push("selector");
-            }
-            if other.waypoint != first.waypoint {
-                differ.push("waypoint");
-            }
+            let differ = other.differences(first);
             if !differ.is_empty() {
                 let msg = format!(
                     "conflicts with cluster {} on {}: cluster {}'s copy is used",
@@ -178,6 +169,23 @@ impl Tx<'_> {
         }
         out.sort_unstable();
         out
+    }
+}
+
+impl ServiceCopy {
+    /// What this copy and `first` disagree on, of what the first copy decides.
+    pub(super) fn differences(&self, first: &Self) -> Vec<&'static str> {
+        let mut differ = Vec::new();
+        if self.ports != first.ports {
+            differ.push("ports");
+        }
+        if self.selector != first.selector {
+            differ.push("selector");
+        }
+        if self.waypoint != first.waypoint {
+            differ.push("waypoint");
+        }
+        differ
     }
 }
 
