@@ -158,9 +158,13 @@ pub async fn serve(
         Running::File(_) => None,
         Running::Kubernetes(k) => Some(k.status.clone()),
     };
+    let kube_metrics = crate::metrics::KubeMetrics::default();
+    let is_kubernetes = matches!(source, Running::Kubernetes(_));
     let watcher = match source {
         Running::File(watch) => tokio::spawn(watch.run(store.clone(), res_tx, reload_tx)),
-        Running::Kubernetes(k) => tokio::spawn(k.run(store.clone(), res_tx, reload_tx)),
+        Running::Kubernetes(k) => {
+            tokio::spawn(k.run(store.clone(), res_tx, reload_tx, kube_metrics.clone()))
+        }
     };
     let xds =
         XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone())).with_k8s(k8s.clone());
@@ -169,9 +173,13 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the metrics address {}", config.metrics_listen))?;
     let metrics_addr = metrics_listener.local_addr()?;
+    let mut registry = metrics.registry();
+    if is_kubernetes {
+        kube_metrics.register(&mut registry);
+    }
     tokio::spawn(crate::metrics::serve_with(
         metrics_listener,
-        Arc::new(metrics.registry()),
+        Arc::new(registry),
         kubernetes_status,
     ));
     let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes)

@@ -19,6 +19,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{mpsc, watch};
 
 use crate::flatten::resource_set;
+use crate::metrics::KubeMetrics;
 use crate::source::Reloads;
 
 /// Where the clusters are and how to read them.
@@ -41,6 +42,8 @@ pub struct KubeSource {
 
 /// A running source, after its first mesh: publishes the rest.
 pub(crate) struct Started {
+    /// The notes of the first mesh.
+    first_notes: Vec<ferry_k8s::Note>,
     rest: mpsc::UnboundedReceiver<Outcome>,
     watch: AbortOnDrop,
     pub(crate) status: watch::Receiver<WatchStatus>,
@@ -107,7 +110,7 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
     let first = tokio::time::timeout(src.initial_sync * 2, async {
         loop {
             match rest.recv().await {
-                Some(Ok((t, _))) => return Ok(t),
+                Some(Ok((t, notes))) => return Ok((t, notes)),
                 Some(Err(e)) => {
                     tracing::error!(error = %e, "the first translated mesh was rejected; waiting for a good one");
                 }
@@ -117,7 +120,9 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
     })
     .await
     .map_err(|_| anyhow::anyhow!("no mesh from the clusters within {:?}", src.initial_sync * 2))??;
+    let (first, first_notes) = first;
     let started = Started {
+        first_notes,
         rest,
         watch: AbortOnDrop(watch),
         status,
@@ -148,10 +153,13 @@ impl Started {
         store: Arc<Store>,
         resources: watch::Sender<Arc<ResourceSet>>,
         reloads: watch::Sender<Reloads>,
+        metrics: KubeMetrics,
     ) {
+        metrics.set(&self.first_notes);
         while let Some(outcome) = self.rest.recv().await {
             match outcome {
-                Ok((t, _)) => {
+                Ok((t, notes)) => {
+                    metrics.set(&notes);
                     let set = Arc::new(resource_set(&t.snapshot));
                     store.publish(t.snapshot);
                     resources.send_replace(set);

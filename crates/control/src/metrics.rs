@@ -14,6 +14,8 @@ use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -83,6 +85,46 @@ impl Metrics {
             r.register(name, help, c.clone());
         }
         r
+    }
+}
+
+/// The labels of a Kubernetes object the last translation left out or changed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct NoteLabels {
+    pub cluster: String,
+    /// `Kind namespace/name`.
+    pub object: String,
+}
+
+/// What the Kubernetes source exports: one gauge per object of the last translation's notes
+/// (1 while the note holds, gone once it does not), so an alert can name the object; the
+/// reason is on `/debug/kubernetes` and in the log.
+#[derive(Clone, Debug, Default)]
+pub struct KubeMetrics {
+    pub notes: Family<NoteLabels, Gauge>,
+}
+
+impl KubeMetrics {
+    /// Adds these to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "ferry_kubernetes_notes",
+            "Kubernetes objects the last translation left out, failed closed or changed (1 each)",
+            self.notes.clone(),
+        );
+    }
+
+    /// Shows the notes of a translation, and only those.
+    pub fn set(&self, notes: &[ferry_k8s::Note]) {
+        self.notes.clear();
+        for n in notes {
+            self.notes
+                .get_or_create(&NoteLabels {
+                    cluster: n.cluster.clone(),
+                    object: n.object.clone(),
+                })
+                .set(1);
+        }
     }
 }
 

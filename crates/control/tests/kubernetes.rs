@@ -144,6 +144,24 @@ async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
     })
     .await;
 
+    // A policy Ferry cannot enforce exactly fails closed, and the metrics name it.
+    beta.apply(json!({
+        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "jwt", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "echo"}}, "action": "ALLOW",
+                 "rules": [{"from": [{"source": {"requestPrincipals": ["issuer/subject"]}}]}]},
+    }));
+    let line =
+        "ferry_kubernetes_notes{cluster=\"beta\",object=\"AuthorizationPolicy default/jwt\"} 1";
+    let end = tokio::time::Instant::now() + DEADLINE;
+    while !fetch(listening.metrics_addr, "/metrics")
+        .await
+        .contains(line)
+    {
+        assert!(tokio::time::Instant::now() < end, "no metric line {line}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // The admin endpoint shows both clusters synced.
     let status = fetch(listening.metrics_addr, "/debug/kubernetes").await;
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();
