@@ -28,6 +28,8 @@ struct Rig {
     alpha: Arc<ApiServer>,
     beta: Arc<ApiServer>,
     meshes: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// The notes of the latest mesh (sent before it).
+    notes: watch::Receiver<Vec<ferry_k8s::Note>>,
     status: watch::Receiver<WatchStatus>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -41,8 +43,14 @@ impl Drop for Rig {
 }
 
 async fn rig() -> Rig {
+    rig_with(WatchConfig::default(), |_, _| {}).await
+}
+
+/// A rig whose watch runs with `config`, after `prepare` has set up the two servers.
+async fn rig_with(config: WatchConfig, prepare: impl FnOnce(&ApiServer, &ApiServer)) -> Rig {
     let alpha = ApiServer::start(&[&fixture("alpha")]).await;
     let beta = ApiServer::start(&[&fixture("beta")]).await;
+    prepare(&alpha, &beta);
     let clusters = vec![
         Cluster {
             id: "alpha".into(),
@@ -56,9 +64,11 @@ async fn rig() -> Rig {
         },
     ];
     let (mesh_tx, meshes) = watch::channel(None);
+    let (notes_tx, notes) = watch::channel(Vec::new());
     let (status_tx, status) = watch::channel(WatchStatus::default());
-    let task = tokio::spawn(run(clusters, WatchConfig::default(), status_tx, move |o| {
-        if let Ok((t, _)) = o {
+    let task = tokio::spawn(run(clusters, config, status_tx, move |o| {
+        if let Ok((t, n)) = o {
+            notes_tx.send_replace(n);
             mesh_tx.send_replace(Some(Arc::new(t.snapshot)));
         }
     }));
@@ -66,6 +76,7 @@ async fn rig() -> Rig {
         alpha,
         beta,
         meshes,
+        notes,
         status,
         task,
     }
@@ -320,48 +331,26 @@ async fn an_unreachable_cluster_keeps_its_last_good_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kind_not_installed_is_empty_and_a_kind_never_listed_keeps_its_cluster_out() {
-    let alpha = ApiServer::start(&[&fixture("alpha")]).await;
-    let beta = ApiServer::start(&[&fixture("beta")]).await;
-    // alpha has no AuthorizationPolicy CRD (404); beta forbids listing them (403), for good.
-    alpha.refuse_next(
-        "security.istio.io/v1",
-        "AuthorizationPolicy",
-        &[404; 10_000],
-    );
-    beta.refuse_next(
-        "security.istio.io/v1",
-        "AuthorizationPolicy",
-        &[403; 10_000],
-    );
-    let clusters = vec![
-        Cluster {
-            id: "alpha".into(),
-            network: None,
-            client: alpha.client(),
-        },
-        Cluster {
-            id: "beta".into(),
-            network: None,
-            client: beta.client(),
-        },
-    ];
-    let (tx, mut meshes) = watch::channel::<Option<(Arc<Snapshot>, Vec<ferry_k8s::Note>)>>(None);
-    let (status_tx, _status) = watch::channel(WatchStatus::default());
     let config = WatchConfig {
         initial_sync: Duration::from_secs(2),
         ..WatchConfig::default()
     };
-    let task = tokio::spawn(run(clusters, config, status_tx, move |o| {
-        if let Ok((t, notes)) = o {
-            tx.send_replace(Some((Arc::new(t.snapshot), notes)));
-        }
-    }));
-    let (snap, notes) = tokio::time::timeout(DEADLINE, meshes.wait_for(Option::is_some))
-        .await
-        .expect("a mesh")
-        .unwrap()
-        .clone()
-        .unwrap();
+    // alpha has no AuthorizationPolicy CRD (404); beta forbids listing them (403), for good.
+    let mut r = rig_with(config, |alpha, beta| {
+        alpha.refuse_next(
+            "security.istio.io/v1",
+            "AuthorizationPolicy",
+            &[404; 10_000],
+        );
+        beta.refuse_next(
+            "security.istio.io/v1",
+            "AuthorizationPolicy",
+            &[403; 10_000],
+        );
+    })
+    .await;
+    let snap = r.until("a mesh", |_| true).await;
+    let notes = r.notes.borrow().clone();
     assert!(
         has(&snap, "sleep"),
         "alpha is served: its missing kind is empty"
@@ -376,9 +365,6 @@ async fn a_kind_not_installed_is_empty_and_a_kind_never_listed_keeps_its_cluster
             .any(|n| n.cluster == "beta" && n.message.contains("not every kind has listed")),
         "{notes:?}"
     );
-    task.abort();
-    alpha.stop();
-    beta.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
