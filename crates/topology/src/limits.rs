@@ -72,6 +72,8 @@ struct Scan<'a> {
     pairs: usize,
     /// Columns of the open block collections, innermost last.
     indents: Vec<usize>,
+    /// Whether each of `indents` is a sequence (a `-` opened it).
+    seqs: Vec<bool>,
     /// Whether a simple key (`key:`) may start here.
     allowed: bool,
     /// Where the last simple key candidate started: (byte, line, column).
@@ -91,6 +93,7 @@ impl<'a> Scan<'a> {
             flow: Vec::new(),
             pairs: 0,
             indents: Vec::new(),
+            seqs: Vec::new(),
             allowed: true,
             key: None,
         }
@@ -182,9 +185,14 @@ impl<'a> Scan<'a> {
     }
 
     /// libyaml's `roll_indent`: a block collection opens at `col` in block context.
-    fn roll(&mut self, col: usize) -> Result<(), Problem> {
-        if !self.in_flow() && self.indents.last().is_none_or(|&top| top < col) {
+    fn roll(&mut self, col: usize, seq: bool) -> Result<(), Problem> {
+        let top = self.indents.last().copied();
+        // An indentless sequence (`key:` then `- item` in the key's own column) is a level of
+        // its own to the parser though it opens no new column.
+        let indentless = seq && top == Some(col) && self.seqs.last() == Some(&false);
+        if !self.in_flow() && (top.is_none_or(|top| top < col) || indentless) {
             self.indents.push(col);
+            self.seqs.push(seq);
             if self.depth() > self.max_depth {
                 return Err(self.too_deep());
             }
@@ -215,10 +223,21 @@ impl<'a> Scan<'a> {
                 // libyaml's `unroll_indent`: blocks indented past this token have ended.
                 while self.indents.last().is_some_and(|&top| top > self.col) {
                     self.indents.pop();
+                    self.seqs.pop();
+                }
+                // A key back in an indentless sequence's column ends that sequence.
+                if c != b'-'
+                    && self.seqs.last() == Some(&true)
+                    && self.indents.len() >= 2
+                    && self.indents[self.indents.len() - 2] == self.col
+                {
+                    self.indents.pop();
+                    self.seqs.pop();
                 }
             }
             if self.col == 0 && (c == b'-' || c == b'.') && self.document_marker() {
                 self.indents.clear();
+                self.seqs.clear();
                 self.key = None;
                 self.allowed = false;
                 for _ in 0..3 {
@@ -253,13 +272,13 @@ impl<'a> Scan<'a> {
                     self.advance();
                 }
                 b'-' if self.blankz(1) => {
-                    self.roll(self.col)?;
+                    self.roll(self.col, true)?;
                     self.allowed = true;
                     self.key = None;
                     self.advance();
                 }
                 b'?' if self.in_flow() || self.blankz(1) => {
-                    self.roll(self.col)?;
+                    self.roll(self.col, false)?;
                     self.open_pair()?;
                     self.allowed = !self.in_flow();
                     self.key = None;
@@ -274,7 +293,7 @@ impl<'a> Scan<'a> {
                         }
                         _ => self.col,
                     };
-                    self.roll(col)?;
+                    self.roll(col, false)?;
                     self.open_pair()?;
                     self.allowed = !self.in_flow();
                     self.key = None;
