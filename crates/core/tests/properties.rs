@@ -6,9 +6,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    AddressEndpoint, ClusterId, HBONE_PORT, Health, HealthPolicy, LbMode, LoadBalancing,
-    LocalityScope, NetworkAddress, PortMapping, ScopeRule, ServiceScope, TunnelProtocol,
-    WaypointFor,
+    AddressEndpoint, ClusterId, FailoverMinimum, HBONE_PORT, Health, HealthPolicy, LbMode,
+    LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule, ServiceScope,
+    TunnelProtocol, WaypointFor,
 };
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{Destination, Plan, Source, Transport, route};
@@ -73,11 +73,23 @@ fn load_balancing(g: &mut Gen) -> Option<LoadBalancing> {
     match g.below(4) {
         0 => None,
         1 => Some(LoadBalancing::prefer_close()),
-        _ => Some(LoadBalancing {
-            mode: *g.pick(&[LbMode::Standard, LbMode::Strict, LbMode::Failover]),
-            routing_preference: all.iter().copied().filter(|_| g.chance(50)).collect(),
-            health_policy: *g.pick(&[HealthPolicy::OnlyHealthy, HealthPolicy::AllowAll]),
-        }),
+        _ => {
+            let mode = *g.pick(&[LbMode::Standard, LbMode::Strict, LbMode::Failover]);
+            // Graduated failover on half of the failover services: its spills must keep scope.
+            let failover_minimum = (mode == LbMode::Failover && g.chance(50)).then(|| {
+                if g.chance(50) {
+                    FailoverMinimum::Endpoints(1 + u32::try_from(g.below(4)).unwrap_or(1))
+                } else {
+                    FailoverMinimum::Percent(*g.pick(&[10, 50, 70, 100]))
+                }
+            });
+            Some(LoadBalancing {
+                mode,
+                routing_preference: all.iter().copied().filter(|_| g.chance(50)).collect(),
+                health_policy: *g.pick(&[HealthPolicy::OnlyHealthy, HealthPolicy::AllowAll]),
+                failover_minimum,
+            })
+        }
     }
 }
 
@@ -196,9 +208,11 @@ fn generate(seed: u64) -> (Snapshot, Vec<(usize, String)>) {
             }
         }
     }
-    // Address endpoints: other services' VIPs (cycles allowed) and unknown addresses.
+    // Address endpoints: other services' VIPs (cycles allowed) and unknown addresses, on half
+    // of the services (a service with any has no reachability for its waypoints).
     for i in 0..n_services {
-        for _ in 0..g.below(3) {
+        let n = if g.chance(50) { 1 + g.below(2) } else { 0 };
+        for _ in 0..n {
             let (net, a) = if !vips.is_empty() && g.chance(80) {
                 let (_, net, a) = g.pick(&vips).clone();
                 (net, a)
@@ -391,6 +405,34 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
+    /// A retry before the first byte: the same decision with the failed landing set aside. Its
+    /// plan keeps scope and reachability, never lands on the failed endpoint, and fails rather
+    /// than reach outside the scope when nothing else is left.
+    #[test]
+    fn a_retry_never_moves_a_pick_out_of_scope(seed in any::<u64>(), rng_seed in any::<u64>()) {
+        let (snap, dests) = generate(seed);
+        let mut rng = SplitMix64::new(rng_seed);
+        for src in snap.workloads() {
+            for (_, d) in &dests {
+                let dst = Destination::Addr(d.parse().unwrap());
+                let Ok(first) = route(&snap, Source::new(src), &dst, &mut rng).outcome else {
+                    continue;
+                };
+                let (Some(_), Some(failed)) = (&first.service, first.landing.clone()) else {
+                    continue;
+                };
+                let failed = [failed];
+                let retry = route(&snap, Source::new(src).excluding(&failed), &dst, &mut rng);
+                if let Ok(plan) = &retry.outcome {
+                    if let Err(e) = check_plan(&snap, src, plan) {
+                        prop_assert!(false, "seed {seed}: retry {} -> {d}: {e}", src.uid);
+                    }
+                    prop_assert!(plan.landing.as_ref() != Some(&failed[0]), "seed {seed}: retried onto {}", failed[0]);
+                }
+            }
+        }
+    }
+
     /// Outlier detection fed random connect failures (and successes), then every decision with
     /// its ejections: a plan still keeps scope and reachability, never lands on an ejected
     /// endpoint, and at most half of any service's endpoints are ejected.
@@ -465,12 +507,25 @@ fn generated_meshes_are_not_trivial() {
                     },
                 };
                 kinds.insert(kind);
-                if decision
-                    .steps
-                    .iter()
-                    .any(|s| matches!(s, ferry_core::route::Step::Nested { .. }))
-                {
-                    kinds.insert("nested");
+                for step in &decision.steps {
+                    match step {
+                        ferry_core::route::Step::Nested { .. } => {
+                            kinds.insert("nested");
+                        }
+                        // A graduated failover that shared the traffic between tiers.
+                        ferry_core::route::Step::Tiers { tiers, .. }
+                            if tiers.iter().filter(|t| t.share_ppm > 0).count() > 1 =>
+                        {
+                            kinds.insert("spill");
+                        }
+                        ferry_core::route::Step::Dropped {
+                            reason: ferry_core::route::DropReason::NoLiveBackendsNear { .. },
+                            ..
+                        } => {
+                            kinds.insert("reach");
+                        }
+                        _ => {}
+                    }
                 }
             }
         }
@@ -485,6 +540,8 @@ fn generated_meshes_are_not_trivial() {
         "no-waypoint",
         "cycle",
         "nested",
+        "spill",
+        "reach",
     ] {
         assert!(kinds.contains(k), "generator never produced {k}: {kinds:?}");
     }

@@ -500,6 +500,18 @@ pub struct LbDetail {
     pub prefer: Vec<PreferSpec>,
     #[serde(default)]
     pub health: HealthSpec,
+    /// Ferry's graduated failover (mode `failover` only): `2` (usable endpoints) or `"60%"` (of
+    /// the tier's capacity) a locality tier needs before it takes all of the traffic.
+    #[serde(default)]
+    pub min_healthy: Option<MinHealthySpec>,
+}
+
+/// A graduated-failover minimum as written: a count, or a percentage as text (`"60%"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MinHealthySpec {
+    Endpoints(u32),
+    Text(String),
 }
 
 /// A load-balancing setting: `prefer_close`, `standard` or the long form.

@@ -247,6 +247,16 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "graduated failover minimums",
+        "services:\n  - {name: a, load_balancing: {mode: standard, min_healthy: 2}}\n  - {name: b, load_balancing: {mode: failover, prefer: [zone], min_healthy: 0}}\n  - {name: c, load_balancing: {mode: failover, min_healthy: \"120%\"}}\n  - {name: d, load_balancing: {mode: failover, min_healthy: lots}}\n",
+        &[
+            "services[0] (a).load_balancing.min_healthy: expected `mode: failover` for a graduated minimum, found mode standard",
+            "services[1] (b).load_balancing.min_healthy: expected a failover minimum of at least 1 endpoint, found 0",
+            "services[2] (c).load_balancing.min_healthy: expected a failover minimum of 1 to 100 percent, found 120%",
+            "services[3] (d).load_balancing.min_healthy: expected a count of endpoints or a percentage like \"60%\", found \"lots\"",
+        ],
+    ),
+    (
         "several errors at once",
         "gateways:\n  - {name: gw, cluster: north, address: 198.18.255.1}\nservices:\n  - name: echo\n    ports: [{port: 80}]\n    scope: {clusters: []}\n    waypoint: nowhere\nworkloads:\n  - {name: sleep, node: east-9}\n",
         &[
@@ -384,4 +394,26 @@ fn terminating_wins_over_healthy() {
     assert_eq!(health("b"), Health::Unhealthy);
     assert_eq!(health("c"), Health::Terminating);
     assert_eq!(health("d"), Health::Terminating);
+}
+
+#[test]
+fn graduated_failover_minimums_are_read() {
+    use ferry_core::model::FailoverMinimum;
+    let t = parse(
+        "good.yaml",
+        &format!(
+            "{BASE}services:\n  - {{name: a, load_balancing: {{mode: failover, prefer: [zone], min_healthy: 2}}}}\n  - {{name: b, load_balancing: {{mode: failover, min_healthy: \"60%\"}}}}\n  - {{name: c, load_balancing: {{mode: failover}}}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let min = |name: &str| {
+        t.snapshot
+            .services()
+            .find(|s| s.name == name)
+            .and_then(|s| s.load_balancing.as_ref())
+            .and_then(|lb| lb.failover_minimum)
+    };
+    assert_eq!(min("a"), Some(FailoverMinimum::Endpoints(2)));
+    assert_eq!(min("b"), Some(FailoverMinimum::Percent(60)));
+    assert_eq!(min("c"), None);
 }

@@ -207,3 +207,60 @@ fn versions_do_not_depend_on_map_order() {
         .collect();
     assert!(versions.windows(2).all(|w| w[0] == w[1]), "{versions:?}");
 }
+
+/// The resource name of the service `service_with_lb` builds.
+const NAME: &str = "default/web.default.svc.cluster.local";
+
+/// A service with `load_balancing` (field 8) holding `lb`, as an Address.
+fn service_with_lb(lb: &[u8]) -> Vec<u8> {
+    let mut s = Vec::new();
+    s.extend(ld(1, b"web")); // name
+    s.extend(ld(2, b"default")); // namespace
+    s.extend(ld(3, b"web.default.svc.cluster.local")); // hostname
+    s.extend(ld(8, lb));
+    ld(2, &s) // Address.service
+}
+
+#[test]
+fn graduated_failover_travels_in_ferry_failover_minimum() {
+    use ferry_core::model::{FailoverMinimum, LbMode};
+    // mode FAILOVER, routing_preference [ZONE], ferry_failover_minimum { percent: 60 }.
+    let good = [vi(2, 2), vi(1, 2), ld(10000, &vi(2, 60))].concat();
+    let Decoded::Service(s) =
+        decode_address(NAME, &service_with_lb(&good)).unwrap_or_else(|e| panic!("{e}"))
+    else {
+        panic!("not a service");
+    };
+    let lb = s.load_balancing.as_ref().expect("load balancing");
+    assert_eq!(lb.mode, LbMode::Failover);
+    assert_eq!(lb.failover_minimum, Some(FailoverMinimum::Percent(60)));
+    let endpoints = [vi(2, 2), ld(10000, &vi(1, 3))].concat();
+    let Ok(Decoded::Service(s)) = decode_address(NAME, &service_with_lb(&endpoints)) else {
+        panic!("not a service");
+    };
+    assert_eq!(
+        s.load_balancing.as_ref().and_then(|lb| lb.failover_minimum),
+        Some(FailoverMinimum::Endpoints(3))
+    );
+    // Rejected, each with a reason: outside FAILOVER, out of bounds, naming nothing.
+    for (lb, why) in [
+        (
+            [vi(2, 1), ld(10000, &vi(1, 2))].concat(),
+            "outside FAILOVER",
+        ),
+        (
+            [vi(2, 2), ld(10000, &vi(2, 150))].concat(),
+            "1 to 100 percent",
+        ),
+        (
+            [vi(2, 2), ld(10000, &vi(1, 0))].concat(),
+            "at least 1 endpoint",
+        ),
+        ([vi(2, 2), ld(10000, &[])].concat(), "names no minimum"),
+    ] {
+        match decode_address(NAME, &service_with_lb(&lb)) {
+            Ok(_) => panic!("accepted a bad minimum ({why})"),
+            Err(e) => assert!(e.to_string().contains(why), "{e}"),
+        }
+    }
+}

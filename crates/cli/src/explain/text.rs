@@ -111,6 +111,45 @@ pub(crate) fn text(r: &Report, topology: &str) -> String {
                         ),
                     )
                 }
+                Step::WaypointReach {
+                    service,
+                    near,
+                    instances,
+                } => line(
+                    &mut out,
+                    "reach",
+                    format!(
+                        "live capacity of {service} near each waypoint instance (same {}): {}",
+                        near.as_str(),
+                        instances
+                            .iter()
+                            .map(|(i, r)| format!("{i} {r}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ),
+                Step::Tiers {
+                    role,
+                    minimum,
+                    tiers,
+                } => line(
+                    &mut out,
+                    "failover",
+                    format!(
+                        "graduated: a tier takes all {} connections once it has {minimum} usable; {}",
+                        role_name(*role),
+                        tiers
+                            .iter()
+                            .map(|t| format!(
+                                "tier sharing {} preference(s): {} usable, {:.1}% of new connections",
+                                t.rank,
+                                t.usable,
+                                f64::from(t.share_ppm) / 10_000.0
+                            ))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    ),
+                ),
                 Step::Nested {
                     outer,
                     address,
@@ -262,6 +301,13 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
             "health",
             "ejected (its connects kept failing; outlier detection)".to_string(),
         ),
+        DropReason::NoLiveBackendsNear { service, near } => (
+            "reach",
+            format!(
+                "no live endpoint of {service} in its {}, while another instance has some",
+                near.as_str()
+            ),
+        ),
         DropReason::NotInSubset { subset } => ("subset", format!("not in subset {subset}")),
         DropReason::Balancer(LbDrop::Unhealthy) => ("health", "unhealthy".to_string()),
         DropReason::Balancer(LbDrop::Terminating) => (
@@ -269,6 +315,12 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
             "terminating (no new connections; open ones are kept)".to_string(),
         ),
         DropReason::Balancer(LbDrop::NoCapacity) => ("capacity", "capacity 0".to_string()),
+        DropReason::Balancer(LbDrop::OtherTier { rank, of }) => (
+            "failover",
+            format!(
+                "in the tier sharing {rank} of {of} locality preferences; this connection was drawn to another tier"
+            ),
+        ),
         DropReason::Balancer(LbDrop::LessPreferred { rank, of }) => (
             "locality",
             format!(

@@ -19,8 +19,8 @@ pub use policy::{
     ServiceAccountMatch, StringMatch,
 };
 pub use service::{
-    AddressEndpoint, GatewayDestination, GatewayRef, HealthPolicy, LbMode, LoadBalancing,
-    LocalityScope, ScopeRule, Service, ServicePort, ServiceScope, WaypointFor,
+    AddressEndpoint, FailoverMinimum, GatewayDestination, GatewayRef, HealthPolicy, LbMode,
+    LoadBalancing, LocalityScope, ScopeRule, Service, ServicePort, ServiceScope, WaypointFor,
 };
 pub use topology::{Cluster, Locality, Node};
 pub use workload::{Health, PortMapping, TunnelProtocol, Workload};

@@ -47,12 +47,51 @@ pub enum HealthPolicy {
     AllowAll,
 }
 
-/// Istio's `LoadBalancing`.
+/// Ferry's graduated failover (an extension of `Failover` mode): what a locality tier needs to
+/// take all of the traffic. Below it, the tier takes the share it has of that minimum and the
+/// rest spills to the next tier, as Envoy's priority levels do with an overprovisioning factor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailoverMinimum {
+    /// This many usable endpoints (healthy, serving, capacity above 0).
+    Endpoints(u32),
+    /// This percentage (1 to 100) of the tier's capacity usable.
+    Percent(u8),
+}
+
+impl FailoverMinimum {
+    /// Checks the bounds a minimum must keep: at least one endpoint, 1 to 100 percent.
+    pub fn check(self) -> Result<Self, String> {
+        match self {
+            Self::Endpoints(0) => {
+                Err("expected a failover minimum of at least 1 endpoint, found 0".into())
+            }
+            Self::Percent(p) if p == 0 || p > 100 => Err(format!(
+                "expected a failover minimum of 1 to 100 percent, found {p}%"
+            )),
+            ok => Ok(ok),
+        }
+    }
+}
+
+impl std::fmt::Display for FailoverMinimum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Endpoints(n) => write!(f, "{n} endpoint(s)"),
+            Self::Percent(p) => write!(f, "{p}% of capacity"),
+        }
+    }
+}
+
+/// Istio's `LoadBalancing`, with Ferry's graduated failover.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LoadBalancing {
     pub mode: LbMode,
     pub routing_preference: Vec<LocalityScope>,
     pub health_policy: HealthPolicy,
+    /// Only in `Failover` mode: spill gradually instead of all at once (`None`: Istio's
+    /// failover, the best tier present takes everything).
+    pub failover_minimum: Option<FailoverMinimum>,
 }
 
 impl LoadBalancing {
@@ -69,6 +108,7 @@ impl LoadBalancing {
                 LocalityScope::Node,
             ],
             health_policy: HealthPolicy::OnlyHealthy,
+            failover_minimum: None,
         }
     }
 
@@ -78,6 +118,7 @@ impl LoadBalancing {
             mode: LbMode::Standard,
             routing_preference: Vec::new(),
             health_policy: HealthPolicy::OnlyHealthy,
+            failover_minimum: None,
         }
     }
 }

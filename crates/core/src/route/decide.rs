@@ -293,6 +293,12 @@ pub(super) enum SetAside<'s> {
 // === impl SetAside ===
 
 impl SetAside<'_> {
+    /// Set aside for what happened to it on this node (a failed connect, an ejection), not for
+    /// what it is: graduated failover counts it as its tier's lost capacity.
+    pub(super) fn is_lost(self) -> bool {
+        matches!(self, Self::FailedBefore | Self::Ejected)
+    }
+
     pub(super) fn reason(self, cand: &Cand<'_>, source_cluster: &ClusterId) -> DropReason {
         match self {
             Self::OutOfScope(s) => DropReason::OutOfScope {
@@ -373,15 +379,29 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         })
     }
 
+    /// Load-balances over `cands`; `absent` are the candidates set aside as ejected or failed
+    /// before, which graduated failover counts as lost capacity of their tier.
     pub(super) fn choose(
         &mut self,
         role: CandidateRole,
         lb_cfg: &LoadBalancing,
         cands: &[Cand<'a>],
+        absent: &[Cand<'a>],
     ) -> Option<usize> {
         let src = self.src.placement;
         let lb_cands: Vec<Candidate<'_>> = cands.iter().map(Cand::lb).collect();
-        let choice = lb::choose(lb_cfg, &src, &lb_cands, self.rng);
+        let lb_absent: Vec<Candidate<'_>> = absent.iter().map(Cand::lb).collect();
+        let choice = lb::choose_among(lb_cfg, &src, &lb_cands, &lb_absent, self.rng);
+        if let Some(minimum) = lb_cfg.failover_minimum
+            && !choice.tiers.is_empty()
+        {
+            let tiers = choice.tiers.clone();
+            self.step(|| Step::Tiers {
+                role,
+                minimum,
+                tiers,
+            });
+        }
         for (i, drop) in choice.dropped {
             self.drop_step(role, &cands[i], || DropReason::Balancer(drop));
         }

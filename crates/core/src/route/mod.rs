@@ -19,6 +19,7 @@
 mod decide;
 mod destination;
 pub mod http;
+mod reach;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -35,6 +36,7 @@ pub(crate) use decide::resolve_host;
 use decide::route_traced;
 pub use decide::{Within, plan, plan_within, route, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
+pub use reach::Near;
 pub use trace::{CandidateRole, DropReason, Step};
 pub(crate) use trace::{NoTrace, Trace};
 pub(crate) use waypoint::WaypointInstances;

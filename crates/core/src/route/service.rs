@@ -48,6 +48,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
 
         let origin = self.src.origin_cluster;
         let mut cands: Vec<Cand<'a>> = Vec::new();
+        let mut lost: Vec<Cand<'a>> = Vec::new();
         let endpoints = snap.endpoints(key);
         for ep in endpoints {
             let cand = match ep {
@@ -97,6 +98,9 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
                 self.drop_step(CandidateRole::Endpoint, &cand, || {
                     reason.reason(&cand, origin)
                 });
+                if reason.is_lost() {
+                    lost.push(cand);
+                }
             } else {
                 cands.push(cand);
             }
@@ -106,7 +110,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
             .load_balancing
             .as_ref()
             .map_or_else(|| Cow::Owned(LoadBalancing::standard()), Cow::Borrowed);
-        let Some(picked) = self.choose(CandidateRole::Endpoint, &lb_cfg, &cands) else {
+        let Some(picked) = self.choose(CandidateRole::Endpoint, &lb_cfg, &cands, &lost) else {
             return Err(RouteError::NoEndpoint {
                 service: key.clone(),
                 source_cluster: origin.clone(),

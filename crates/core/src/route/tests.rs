@@ -470,6 +470,7 @@ fn strict_mode_and_capacity_zero() {
         mode: crate::model::LbMode::Strict,
         routing_preference: vec![crate::model::LocalityScope::Cluster],
         health_policy: crate::model::HealthPolicy::OnlyHealthy,
+        failover_minimum: None,
     });
     m.pod("echo-west", "west-1", "198.18.2.40");
     m.pod("echo-east", "east-1", "198.18.1.40").capacity = 0;
@@ -1033,3 +1034,5 @@ fn an_ejected_endpoint_is_set_aside_and_the_trace_says_ejected() {
         );
     }
 }
+
+mod failover;

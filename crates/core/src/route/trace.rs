@@ -6,9 +6,9 @@
 
 use serde::Serialize;
 
-use super::{Class, Transport};
-use crate::lb::LbDrop;
-use crate::model::{ClusterId, NetworkId, ScopeRule, ServiceKey};
+use super::{Class, Near, Transport};
+use crate::lb::{LbDrop, TierShare};
+use crate::model::{ClusterId, FailoverMinimum, NetworkId, ScopeRule, ServiceKey};
 
 /// A sink for the steps of a decision.
 pub(crate) trait Trace {
@@ -83,6 +83,11 @@ pub enum DropReason {
     FailedBefore,
     /// Ejected by this node's outlier detection: its connects kept failing.
     Ejected,
+    /// A waypoint instance with no live backend of `service` near it, while another has some.
+    NoLiveBackendsNear {
+        service: ServiceKey,
+        near: Near,
+    },
     Balancer(LbDrop),
 }
 
@@ -116,6 +121,20 @@ pub enum Step {
         /// How many routing preferences the pick shares with the source.
         rank: usize,
         among: usize,
+    },
+    /// Waypoints chosen by what they reach: the live capacity of `service` near each instance
+    /// (by its label), at the nearness `near`.
+    WaypointReach {
+        service: ServiceKey,
+        near: Near,
+        instances: Vec<(String, u64)>,
+    },
+    /// Graduated failover: the locality tiers, best first, and the share of new connections each
+    /// takes (the pick that follows was drawn by these shares).
+    Tiers {
+        role: CandidateRole,
+        minimum: FailoverMinimum,
+        tiers: Vec<TierShare>,
     },
     /// An endpoint that is itself a service address, resolved in this decision.
     Nested {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use super::decide::{Attached, Cand, Cx, SetAside, Target, describe_ref, workload_of};
 use super::transport::identities;
-use super::{CandidateRole, Plan, RouteError, Step, Trace, Transport};
+use super::{CandidateRole, DropReason, Plan, RouteError, Step, Trace, Transport, reach};
 use crate::model::{
     ClusterId, GatewayDestination, GatewayRef, LoadBalancing, Service, ServiceKey, Workload,
 };
@@ -97,6 +97,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         let origin = self.src.origin_cluster;
         let src_network = self.src.placement.network;
         let mut cands = Vec::new();
+        let mut lost = Vec::new();
         for inst in &set.instances {
             let cand = Cand::workload(inst, wp.hbone_port);
             let reason = if let Some(ws) = wp_svc.filter(|_| !set.admits(inst, origin)) {
@@ -116,14 +117,21 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
                 self.drop_step(CandidateRole::WaypointEndpoint, &cand, || {
                     reason.reason(&cand, origin)
                 });
+                if reason.is_lost() {
+                    lost.push(cand);
+                }
             } else {
                 cands.push(cand);
             }
         }
+        if let Attached::Service(s, _) = attached {
+            self.by_reach(s, &mut cands);
+        }
         let lb_cfg = wp_svc
             .and_then(|s| s.load_balancing.as_ref())
             .map_or_else(|| Cow::Owned(LoadBalancing::prefer_close()), Cow::Borrowed);
-        let Some(picked) = self.choose(CandidateRole::WaypointEndpoint, &lb_cfg, &cands) else {
+        let Some(picked) = self.choose(CandidateRole::WaypointEndpoint, &lb_cfg, &cands, &lost)
+        else {
             return Err(RouteError::NoWaypointEndpoint {
                 waypoint: name,
                 attached_to: attached.describe(),
@@ -182,6 +190,43 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
             landing_port: port,
             transport,
         })
+    }
+
+    /// Waypoints chosen by what they reach (`reach.rs`): sets aside the instances in `cands` with
+    /// no live backend of `svc` near them and weights the others by instance capacity times the
+    /// live capacity near them, when reachability says anything.
+    fn by_reach(&mut self, svc: &'a Service, cands: &mut Vec<Cand<'a>>) {
+        let instances: Vec<&Workload> = cands.iter().filter_map(workload_of).collect();
+        let Some((near, reach)) = reach::reach(self.snap, svc, self.src.origin_cluster, &instances)
+        else {
+            return;
+        };
+        self.step(|| Step::WaypointReach {
+            service: svc.key(),
+            near,
+            instances: cands
+                .iter()
+                .zip(&reach)
+                .map(|(c, r)| (c.label(), *r))
+                .collect(),
+        });
+        let mut kept = Vec::with_capacity(cands.len());
+        for (mut cand, r) in cands.drain(..).zip(reach) {
+            if r == 0 {
+                self.drop_step(CandidateRole::WaypointEndpoint, &cand, || {
+                    DropReason::NoLiveBackendsNear {
+                        service: svc.key(),
+                        near,
+                    }
+                });
+            } else {
+                cand.capacity = cand
+                    .capacity
+                    .saturating_mul(u32::try_from(r).unwrap_or(u32::MAX));
+                kept.push(cand);
+            }
+        }
+        *cands = kept;
     }
 
     /// Is the source itself an instance of waypoint `wp`, or did one send the tunnel (to a

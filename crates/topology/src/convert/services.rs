@@ -5,15 +5,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    AddressEndpoint, ClusterId, GatewayDestination, GatewayRef, HBONE_PORT, HealthPolicy, LbMode,
-    LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule, Service, ServiceKey,
-    ServicePort, ServiceScope, WaypointFor,
+    AddressEndpoint, ClusterId, FailoverMinimum, GatewayDestination, GatewayRef, HBONE_PORT,
+    HealthPolicy, LbMode, LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule,
+    Service, ServiceKey, ServicePort, ServiceScope, WaypointFor,
 };
 
 use super::{Cx, Selector, WaypointInfo, item, namespace, one_of};
 use crate::schema::{
-    EndpointSpec, HealthSpec, LbModeSpec, LbSpec, PortSpec, PreferSpec, ScopeSpec, ServiceSpec,
-    VipSpec, WaypointForSpec, WaypointSpec,
+    EndpointSpec, HealthSpec, LbModeSpec, LbSpec, MinHealthySpec, PortSpec, PreferSpec, ScopeSpec,
+    ServiceSpec, VipSpec, WaypointForSpec, WaypointSpec,
 };
 
 /// The hostname of service `name` in `namespace` when the file gives none.
@@ -327,17 +327,43 @@ impl Cx {
                 routing_preference.push(scope);
             }
         }
+        let mode = match detail.mode {
+            LbModeSpec::Standard => LbMode::Standard,
+            LbModeSpec::Strict => LbMode::Strict,
+            LbModeSpec::Failover => LbMode::Failover,
+        };
+        let failover_minimum = detail.min_healthy.as_ref().and_then(|m| {
+            let at = format!("{path}.min_healthy");
+            if mode != LbMode::Failover {
+                let found = match mode {
+                    LbMode::Standard => "standard",
+                    LbMode::Strict => "strict",
+                    LbMode::Failover => "failover",
+                };
+                self.problem(
+                    at,
+                    format!(
+                        "expected `mode: failover` for a graduated minimum, found mode {found}"
+                    ),
+                );
+                return None;
+            }
+            match failover_minimum(m) {
+                Ok(min) => Some(min),
+                Err(e) => {
+                    self.problem(at, e);
+                    None
+                }
+            }
+        });
         Some(LoadBalancing {
-            mode: match detail.mode {
-                LbModeSpec::Standard => LbMode::Standard,
-                LbModeSpec::Strict => LbMode::Strict,
-                LbModeSpec::Failover => LbMode::Failover,
-            },
+            mode,
             routing_preference,
             health_policy: match detail.health {
                 HealthSpec::OnlyHealthy => HealthPolicy::OnlyHealthy,
                 HealthSpec::AllowAll => HealthPolicy::AllowAll,
             },
+            failover_minimum,
         })
     }
 
@@ -442,4 +468,23 @@ impl Cx {
         }
         out
     }
+}
+
+/// A graduated-failover minimum as written: a count of endpoints or `"N%"`.
+fn failover_minimum(spec: &MinHealthySpec) -> Result<FailoverMinimum, String> {
+    let min = match spec {
+        MinHealthySpec::Endpoints(n) => FailoverMinimum::Endpoints(*n),
+        MinHealthySpec::Text(t) => {
+            let p = t
+                .strip_suffix('%')
+                .and_then(|p| p.trim().parse::<u8>().ok())
+                .ok_or_else(|| {
+                    format!(
+                        "expected a count of endpoints or a percentage like \"60%\", found {t:?}"
+                    )
+                })?;
+            FailoverMinimum::Percent(p)
+        }
+    };
+    min.check()
 }

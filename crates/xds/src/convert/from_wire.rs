@@ -8,12 +8,12 @@ use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, AddressEndpoint, Cidr, Clause, ClusterId, Gateway, GatewayDestination, GatewayRef,
-    HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode, LoadBalancing, Locality, LocalityScope,
-    Match, NetworkAddress, NetworkId, NodeName, PathMatch, Policy, PolicyKey, PolicyScope,
-    PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service, ServiceAccountMatch,
-    ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
-    WorkloadUid,
+    Action, AddressEndpoint, Cidr, Clause, ClusterId, FailoverMinimum, Gateway, GatewayDestination,
+    GatewayRef, HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode, LoadBalancing, Locality,
+    LocalityScope, Match, NetworkAddress, NetworkId, NodeName, PathMatch, Policy, PolicyKey,
+    PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service,
+    ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
+    WaypointFor, Workload, WorkloadUid,
 };
 use prost::Message;
 
@@ -319,6 +319,7 @@ fn service(s: &wl::Service) -> R<Service> {
                 Ok(wl::load_balancing::HealthPolicy::AllowAll) => HealthPolicy::AllowAll,
                 Err(_) => return Err(format!("unknown health_policy {}", lb.health_policy)),
             },
+            failover_minimum: failover_minimum(lb)?,
         }),
     };
     let waypoint_for = match wl::FerryWaypointFor::try_from(s.ferry_waypoint_for) {
@@ -584,4 +585,25 @@ fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
         timeout_ms: r.timeout_ms,
         retries: r.retries.min(10),
     })
+}
+
+/// Ferry's graduated failover, checked: a minimum in bounds, and only in FAILOVER mode.
+fn failover_minimum(lb: &wl::LoadBalancing) -> R<Option<FailoverMinimum>> {
+    use wl::ferry_failover_minimum::Minimum;
+    let Some(m) = lb.ferry_failover_minimum.as_ref() else {
+        return Ok(None);
+    };
+    let min = match m.minimum {
+        None => return Err("ferry_failover_minimum names no minimum".into()),
+        Some(Minimum::Endpoints(n)) => FailoverMinimum::Endpoints(n),
+        Some(Minimum::Percent(p)) => {
+            FailoverMinimum::Percent(u8::try_from(p).map_err(|_| {
+                format!("expected a failover minimum of 1 to 100 percent, found {p}%")
+            })?)
+        }
+    };
+    if lb.mode != wl::load_balancing::Mode::Failover as i32 {
+        return Err("ferry_failover_minimum is set outside FAILOVER mode".into());
+    }
+    min.check().map(Some)
 }

@@ -6,9 +6,9 @@ use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, GatewayDestination, GatewayRef, Health, HealthPolicy, HttpRoute, LbMode, LocalityScope,
-    Match, NetworkAddress, PathMatch, Policy, PolicyScope, ScopeRule, Service, ServiceScope,
-    StringMatch, TunnelProtocol, WaypointFor, Workload,
+    Action, FailoverMinimum, GatewayDestination, GatewayRef, Health, HealthPolicy, HttpRoute,
+    LbMode, LocalityScope, Match, NetworkAddress, PathMatch, Policy, PolicyScope, ScopeRule,
+    Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
 
@@ -206,6 +206,14 @@ fn service(snap: &Snapshot, s: &Service) -> wl::Service {
             HealthPolicy::OnlyHealthy => wl::load_balancing::HealthPolicy::OnlyHealthy,
             HealthPolicy::AllowAll => wl::load_balancing::HealthPolicy::AllowAll,
         }) as i32,
+        ferry_failover_minimum: lb.failover_minimum.map(|m| wl::FerryFailoverMinimum {
+            minimum: Some(match m {
+                FailoverMinimum::Endpoints(n) => wl::ferry_failover_minimum::Minimum::Endpoints(n),
+                FailoverMinimum::Percent(p) => {
+                    wl::ferry_failover_minimum::Minimum::Percent(u32::from(p))
+                }
+            }),
+        }),
     });
     wl::Service {
         name: s.name.clone(),
