@@ -370,3 +370,47 @@ status: {phase: Running, podIP: 198.18.1.99, conditions: [{type: Ready, status: 
     let w = snap.workloads().find(|w| w.name == "fresh").unwrap();
     assert_eq!(w.tunnel, ferry_core::model::TunnelProtocol::Tcp);
 }
+
+#[test]
+fn a_failover_minimum_annotation_is_graduated_failover_and_a_bad_one_a_note() {
+    use ferry_core::model::{FailoverMinimum, LbMode, ServiceKey};
+    let doc = "\
+apiVersion: v1
+kind: Service
+metadata: {name: spill, namespace: default, annotations: {ferry.dev/failover-min-healthy: '2'}}
+spec: {clusterIP: 198.18.10.21, ports: [{port: 80, targetPort: 8080}], selector: {app: echo}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: share, namespace: default, annotations: {ferry.dev/failover-min-healthy: '60%'}}
+spec: {clusterIP: 198.18.10.22, ports: [{port: 80, targetPort: 8080}], selector: {app: echo}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: wrong, namespace: default, annotations: {ferry.dev/failover-min-healthy: '0'}}
+spec: {clusterIP: 198.18.10.23, ports: [{port: 80, targetPort: 8080}], selector: {app: echo}, trafficDistribution: PreferClose}
+";
+    let (snap, notes) = mesh(doc, "");
+    let lb = |name: &str| {
+        let key = ServiceKey::new("default", &format!("{name}.default.svc.cluster.local"));
+        snap.service(&key)
+            .and_then(|s| s.load_balancing.clone())
+            .unwrap_or_else(|| panic!("{name} has load balancing"))
+    };
+    let spill = lb("spill");
+    assert_eq!(spill.mode, LbMode::Failover);
+    assert_eq!(spill.failover_minimum, Some(FailoverMinimum::Endpoints(2)));
+    assert_eq!(spill.routing_preference.len(), 5, "PreferClose's tiers");
+    assert_eq!(
+        lb("share").failover_minimum,
+        Some(FailoverMinimum::Percent(60))
+    );
+    // A bad value is left out, with a note; the service keeps its PreferClose failover.
+    assert!(has_note(
+        &notes,
+        "Service default/wrong",
+        "ferry.dev/failover-min-healthy left out: expected a failover minimum of at least 1 endpoint, found 0"
+    ));
+    assert_eq!(lb("wrong").failover_minimum, None);
+    assert_eq!(lb("wrong").mode, LbMode::Failover);
+}

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use ferry_core::model::FailoverMinimum;
 use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -512,6 +513,27 @@ pub struct LbDetail {
 pub enum MinHealthySpec {
     Endpoints(u32),
     Text(String),
+}
+
+impl MinHealthySpec {
+    /// The minimum this names, checked: at least 1 endpoint, or 1 to 100 percent.
+    pub fn minimum(&self) -> Result<FailoverMinimum, String> {
+        let min = match self {
+            Self::Endpoints(n) => FailoverMinimum::Endpoints(*n),
+            Self::Text(t) => {
+                let p = t
+                    .strip_suffix('%')
+                    .and_then(|p| p.trim().parse::<u8>().ok())
+                    .ok_or_else(|| {
+                        format!(
+                            "expected a count of endpoints or a percentage like \"60%\", found {t:?}"
+                        )
+                    })?;
+                FailoverMinimum::Percent(p)
+            }
+        };
+        min.check()
+    }
 }
 
 /// A load-balancing setting: `prefer_close`, `standard` or the long form.

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
-use ferry_topology::schema::{LbSpec, ScopeSpec, ServiceSpec, VipSpec};
+use ferry_topology::schema::{ScopeSpec, ServiceSpec, VipSpec};
 
 use super::services::{ServiceCopy, port_specs, selector_clusters};
 use super::{Tx, ns_name};
@@ -94,7 +94,7 @@ impl Tx<'_> {
                 scope: Some(ScopeSpec::Global),
                 scope_by_cluster,
                 waypoint: first.waypoint.clone(),
-                load_balancing: first.prefer_close.then_some(LbSpec::PreferClose),
+                load_balancing: first.load_balancing(),
                 ..ServiceSpec::default()
             });
         }

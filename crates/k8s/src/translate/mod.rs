@@ -22,6 +22,9 @@
 //! - **Scope.** `ferry.dev/scope` (annotation or label: `local`, `global` or a comma list of
 //!   clusters) on a service, else Istio's `istio.io/global: "true"` label, else the mesh
 //!   default ([`MeshConfig::default_scope`]).
+//! - **Graduated failover.** `ferry.dev/failover-min-healthy` (annotation or label: `"2"`
+//!   usable endpoints, or `"60%"` of capacity) on a Service fails it over by `PreferClose` tiers,
+//!   spilling gradually once the nearer tier falls below the minimum; a bad value is a note.
 //! - **Services in several clusters** (namespace sameness) are one service: the addresses of
 //!   every cluster's copy; each cluster's pods back it only if that cluster's copy selects
 //!   them; each cluster's scope applies to its own endpoints. Where copies disagree on ports,

@@ -2,11 +2,15 @@
 
 use std::collections::BTreeMap;
 
-use ferry_topology::schema::{LbSpec, PortSpec, ServiceSpec, VipSpec};
+use ferry_topology::schema::{
+    HealthSpec, LbDetail, LbModeSpec, LbSpec, MinHealthySpec, PortSpec, PreferSpec, ServiceSpec,
+    VipSpec,
+};
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Serves, Tx, ns_name};
+use super::{Serves, Tx, ns_name, setting};
 use crate::objects::ClusterObjects;
 
 /// One cluster's copy of a service, translated.
@@ -22,7 +26,13 @@ pub(super) struct ServiceCopy {
     pub(super) declared_scope: bool,
     pub(super) vips: Vec<String>,
     pub(super) prefer_close: bool,
+    /// Ferry's graduated failover (`ferry.dev/failover-min-healthy`), checked.
+    pub(super) min_healthy: Option<MinHealthySpec>,
 }
+
+/// Ferry's graduated failover on a Service: `"2"` (usable endpoints) or `"60%"` (of capacity) a
+/// locality tier needs before it takes all of the traffic. It implies `PreferClose` tiers.
+pub(super) const MIN_HEALTHY_KEY: &str = "ferry.dev/failover-min-healthy";
 
 impl Tx<'_> {
     pub(super) fn services(&mut self) {
@@ -58,6 +68,7 @@ impl Tx<'_> {
                     Serves::Service,
                 );
                 let scope = self.scope_of(&c.cluster, &object, &s.metadata);
+                let min_healthy = self.min_healthy(&c.cluster, &object, &s.metadata);
                 let declared_scope = Self::declares_scope(&s.metadata);
                 let vips = spec
                     .cluster_ips
@@ -79,6 +90,7 @@ impl Tx<'_> {
                     declared_scope,
                     vips,
                     prefer_close: spec.traffic_distribution.as_deref() == Some("PreferClose"),
+                    min_healthy,
                 });
             }
         }
@@ -132,8 +144,31 @@ impl Tx<'_> {
             scope: Some(first.scope.clone()),
             scope_by_cluster,
             waypoint: first.waypoint.clone(),
-            load_balancing: first.prefer_close.then_some(LbSpec::PreferClose),
+            load_balancing: first.load_balancing(),
             ..ServiceSpec::default()
+        }
+    }
+
+    /// The `ferry.dev/failover-min-healthy` setting of a Service, if it is one Ferry can apply;
+    /// a bad one is a note and is left out (the service then fails over the Istio way).
+    fn min_healthy(
+        &mut self,
+        cluster: &str,
+        object: &str,
+        meta: &ObjectMeta,
+    ) -> Option<MinHealthySpec> {
+        let raw = setting(meta, MIN_HEALTHY_KEY)?.trim();
+        let spec = match raw.parse::<u32>() {
+            Ok(n) => MinHealthySpec::Endpoints(n),
+            Err(_) => MinHealthySpec::Text(raw.to_string()),
+        };
+        match spec.minimum() {
+            Ok(_) => Some(spec),
+            Err(e) => {
+                let msg = format!("{MIN_HEALTHY_KEY} left out: {e}");
+                self.note(cluster, object.to_string(), msg);
+                None
+            }
         }
     }
 
@@ -173,6 +208,25 @@ impl Tx<'_> {
 }
 
 impl ServiceCopy {
+    /// The load balancing this copy asks for: `PreferClose`, with a graduated minimum if set.
+    pub(super) fn load_balancing(&self) -> Option<LbSpec> {
+        match &self.min_healthy {
+            Some(min) => Some(LbSpec::Detail(LbDetail {
+                mode: LbModeSpec::Failover,
+                prefer: vec![
+                    PreferSpec::Network,
+                    PreferSpec::Region,
+                    PreferSpec::Zone,
+                    PreferSpec::Subzone,
+                    PreferSpec::Node,
+                ],
+                health: HealthSpec::OnlyHealthy,
+                min_healthy: Some(min.clone()),
+            })),
+            None => self.prefer_close.then_some(LbSpec::PreferClose),
+        }
+    }
+
     /// What this copy and `first` disagree on, of what the first copy decides.
     pub(super) fn differences(&self, first: &Self) -> Vec<&'static str> {
         let mut differ = Vec::new();

@@ -5,15 +5,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    AddressEndpoint, ClusterId, FailoverMinimum, GatewayDestination, GatewayRef, HBONE_PORT,
-    HealthPolicy, LbMode, LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule,
-    Service, ServiceKey, ServicePort, ServiceScope, WaypointFor,
+    AddressEndpoint, ClusterId, GatewayDestination, GatewayRef, HBONE_PORT, HealthPolicy, LbMode,
+    LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule, Service, ServiceKey,
+    ServicePort, ServiceScope, WaypointFor,
 };
 
 use super::{Cx, Selector, WaypointInfo, item, namespace, one_of};
 use crate::schema::{
-    EndpointSpec, HealthSpec, LbModeSpec, LbSpec, MinHealthySpec, PortSpec, PreferSpec, ScopeSpec,
-    ServiceSpec, VipSpec, WaypointForSpec, WaypointSpec,
+    EndpointSpec, HealthSpec, LbModeSpec, LbSpec, PortSpec, PreferSpec, ScopeSpec, ServiceSpec,
+    VipSpec, WaypointForSpec, WaypointSpec,
 };
 
 /// The hostname of service `name` in `namespace` when the file gives none.
@@ -348,7 +348,7 @@ impl Cx {
                 );
                 return None;
             }
-            match failover_minimum(m) {
+            match m.minimum() {
                 Ok(min) => Some(min),
                 Err(e) => {
                     self.problem(at, e);
@@ -468,23 +468,4 @@ impl Cx {
         }
         out
     }
-}
-
-/// A graduated-failover minimum as written: a count of endpoints or `"N%"`.
-fn failover_minimum(spec: &MinHealthySpec) -> Result<FailoverMinimum, String> {
-    let min = match spec {
-        MinHealthySpec::Endpoints(n) => FailoverMinimum::Endpoints(*n),
-        MinHealthySpec::Text(t) => {
-            let p = t
-                .strip_suffix('%')
-                .and_then(|p| p.trim().parse::<u8>().ok())
-                .ok_or_else(|| {
-                    format!(
-                        "expected a count of endpoints or a percentage like \"60%\", found {t:?}"
-                    )
-                })?;
-            FailoverMinimum::Percent(p)
-        }
-    };
-    min.check()
 }
