@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::session::LabArgs;
-use crate::{apps, bench, craft, ops, rollout, session};
+use crate::{apps, bench, craft, ops, pods, rollout, session};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -525,13 +525,14 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Terminate { pod, undo, lab } => {
-            ops::terminate(&lab.state_dir, &pod, undo)?;
+            let changed = pods::mark(&lab.state_dir, &pod, pods::Mark::Terminating, !undo)?;
             let now = if undo {
                 "no longer terminating"
             } else {
                 "terminating"
             };
-            println!("ferry lab: pod {pod} marked {now} in the topology");
+            let how = if changed { "marked" } else { "already" };
+            println!("ferry lab: pod {pod} {how} {now} in the topology");
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::StartNode { node, lab } => {

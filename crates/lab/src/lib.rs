@@ -18,6 +18,7 @@ mod build;
 pub mod cli;
 mod craft;
 mod ops;
+mod pods;
 mod procs;
 mod rollout;
 mod session;
