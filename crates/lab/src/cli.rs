@@ -315,6 +315,20 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// A pod crashes and fails its readiness probe: it is marked `healthy: false` in the lab's
+    /// topology, and once every node proxy applied that, its app is stopped. `revive` undoes it.
+    Kill {
+        pod: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Start a killed pod's app again and, once it answers, clear its `healthy: false` (and
+    /// wait until every node proxy applied that).
+    Revive {
+        pod: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// (inside the lab) the echo app a pod runs.
     #[command(hide = true)]
     Echo {
@@ -535,6 +549,8 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             println!("ferry lab: pod {pod} {how} {now} in the topology");
             Ok(ExitCode::SUCCESS)
         }
+        LabCommand::Kill { pod, lab } => done(pods::kill(&lab.state_dir, &pod)),
+        LabCommand::Revive { pod, lab } => done(pods::revive(&lab.state_dir, &pod)),
         LabCommand::StartNode { node, lab } => {
             ops::start_node(&lab.state_dir, &node)?;
             println!("ferry lab: node {node} started; it serves its pods again");

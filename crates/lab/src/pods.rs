@@ -1,6 +1,7 @@
 //! What `ferry lab` does to one pod of a running lab, step by step: mark it in the lab's
-//! topology and wait until every node proxy applied the edit; stop its app; start the app again
-//! and wait until it answers. `terminate` and `rollout`'s restart are built from them.
+//! topology (terminating, or unhealthy) and wait until every node proxy applied the edit; stop
+//! its app; start the app again and wait until it answers. `kill` and `revive` (a crash with a
+//! failing readiness probe, and the way back) and `rollout`'s restart are built from them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,6 +21,8 @@ const EDIT_BOUND: Duration = Duration::from_secs(15);
 pub(crate) enum Mark {
     /// `terminating: true`: no new connections, the open ones kept.
     Terminating,
+    /// `healthy: false`: what a failing readiness probe makes of a pod (no new connections).
+    Unhealthy,
 }
 
 // === impl Mark ===
@@ -29,7 +32,44 @@ impl Mark {
     fn field(self) -> (&'static str, bool) {
         match self {
             Self::Terminating => ("terminating", true),
+            Self::Unhealthy => ("healthy", false),
         }
+    }
+}
+
+/// `ferry lab kill`: a crash plus a failing readiness probe. Marks `pod` unhealthy, waits until
+/// every node proxy applied it (so no new connection is sent to it), then stops its app.
+/// Prints one line per step.
+pub(crate) fn kill(state_dir: &Path, pod: &str) -> anyhow::Result<()> {
+    // Fails, naming the pod, before anything is changed.
+    running_app(&State::up(state_dir)?, pod)?;
+    print_marked(
+        pod,
+        "unhealthy",
+        mark_applied(state_dir, pod, Mark::Unhealthy, true)?,
+    );
+    let took = stop_app(state_dir, pod)?;
+    println!("ferry lab: {pod}: app stopped in {took:.2?}");
+    Ok(())
+}
+
+/// `ferry lab revive`: starts `pod`'s app again, waits until it answers, then clears the
+/// unhealthy mark and waits until every node proxy applied that. Prints one line per step.
+pub(crate) fn revive(state_dir: &Path, pod: &str) -> anyhow::Result<()> {
+    let took = start_app(state_dir, pod, "started again by ferry lab revive")?;
+    println!("ferry lab: {pod}: app started, answering after {took:.2?}");
+    let applied = mark_applied(state_dir, pod, Mark::Unhealthy, false)?;
+    print_marked(pod, "healthy", applied);
+    Ok(())
+}
+
+/// One step's line: the mark and how long every node proxy took to apply it.
+fn print_marked(pod: &str, now: &str, applied: Option<Duration>) {
+    match applied {
+        Some(took) => {
+            println!("ferry lab: {pod}: marked {now}, applied by every node proxy in {took:.2?}")
+        }
+        None => println!("ferry lab: {pod}: already {now} in the topology"),
     }
 }
 
@@ -224,5 +264,34 @@ mod tests {
         assert!(set_mark(&mut doc, "a", Mark::Terminating, false).unwrap());
         assert!(doc["workloads"][0].get("terminating").is_none());
         assert!(set_mark(&mut doc, "c", Mark::Terminating, true).is_err());
+    }
+
+    #[test]
+    fn marking_a_pod_unhealthy_sets_and_clears_healthy_only() {
+        let mut doc = doc();
+        assert!(set_mark(&mut doc, "b", Mark::Unhealthy, true).unwrap());
+        let b = &doc["workloads"][1];
+        assert_eq!(b["healthy"], Value::Bool(false));
+        assert_eq!(b["name"], Value::from("b"));
+        assert_eq!(b["node"], Value::from("n"));
+        assert_eq!(b["labels"]["app"], Value::from("web"));
+        assert!(b.get("terminating").is_none());
+        assert_eq!(
+            doc["workloads"][0],
+            self::doc()["workloads"][0],
+            "a untouched"
+        );
+        assert!(
+            !set_mark(&mut doc, "b", Mark::Unhealthy, true).unwrap(),
+            "already unhealthy: no change"
+        );
+        assert!(set_mark(&mut doc, "b", Mark::Unhealthy, false).unwrap());
+        assert_eq!(doc, self::doc(), "cleared: every field as it was");
+        assert!(
+            !set_mark(&mut doc, "b", Mark::Unhealthy, false).unwrap(),
+            "already healthy: no change"
+        );
+        let err = set_mark(&mut doc, "web-9", Mark::Unhealthy, true).unwrap_err();
+        assert!(err.to_string().contains("web-9"), "{err}");
     }
 }
