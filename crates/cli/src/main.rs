@@ -63,6 +63,13 @@ struct ExplainArgs {
     /// Topology file (YAML). Default: the built-in two-cluster example (examples/two-clusters.yaml).
     #[arg(long, short)]
     topology: Option<PathBuf>,
+    /// Explain on the running lab's live topology: the file its control plane serves, with
+    /// every edit `ferry lab terminate` and `ferry lab kill` made. Needs --from and --to.
+    #[arg(long, conflicts_with = "topology")]
+    lab: bool,
+    /// With --lab: where the lab keeps its state (default: /run/ferry-lab, as `ferry lab`).
+    #[arg(long, requires = "lab", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Source workload: `name`, `namespace/name`, `cluster/namespace/name`, an IP, or `network/IP`.
     #[arg(long, short, requires = "to")]
     from: Option<String>,

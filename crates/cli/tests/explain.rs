@@ -308,3 +308,41 @@ fn a_terminating_endpoint_is_dropped_as_terminating() {
         "{out}"
     );
 }
+
+#[test]
+fn explain_on_the_lab_needs_a_running_lab_and_from_to_and_no_topology() {
+    let no_lab = std::env::temp_dir().join(format!("ferry-cli-{}-no-lab", std::process::id()));
+    let dir = no_lab.to_str().expect("utf-8 path");
+    let o = ferry(&[
+        "explain",
+        "--lab",
+        "--state-dir",
+        dir,
+        "--from",
+        "sleep",
+        "--to",
+        "198.18.10.1:80",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains(&format!("no lab is up in {dir}")),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferry(&["explain", "--lab", "--state-dir", dir]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--from and --to are required with --lab"),
+        "{}",
+        stderr(&o)
+    );
+    let o = ferry(&["explain", "--lab", "-t", &example("rollout.yaml")]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--lab and --topology exclude each other"
+    );
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+    let o = ferry(&["explain", "--state-dir", dir]);
+    assert_eq!(o.status.code(), Some(2), "--state-dir goes with --lab");
+}

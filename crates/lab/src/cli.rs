@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::session::LabArgs;
-use crate::{apps, bench, craft, ops, rollout, session};
+use crate::{apps, bench, craft, ops, pods, rollout, session};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -315,6 +315,20 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// A pod crashes and fails its readiness probe: it is marked `healthy: false` in the lab's
+    /// topology, and once every node proxy applied that, its app is stopped. `revive` undoes it.
+    Kill {
+        pod: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Start a killed pod's app again and, once it answers, clear its `healthy: false` (and
+    /// wait until every node proxy applied that).
+    Revive {
+        pod: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// (inside the lab) the echo app a pod runs.
     #[command(hide = true)]
     Echo {
@@ -525,15 +539,18 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Terminate { pod, undo, lab } => {
-            ops::terminate(&lab.state_dir, &pod, undo)?;
+            let changed = pods::mark(&lab.state_dir, &pod, pods::Mark::Terminating, !undo)?;
             let now = if undo {
                 "no longer terminating"
             } else {
                 "terminating"
             };
-            println!("ferry lab: pod {pod} marked {now} in the topology");
+            let how = if changed { "marked" } else { "already" };
+            println!("ferry lab: pod {pod} {how} {now} in the topology");
             Ok(ExitCode::SUCCESS)
         }
+        LabCommand::Kill { pod, lab } => done(pods::kill(&lab.state_dir, &pod)),
+        LabCommand::Revive { pod, lab } => done(pods::revive(&lab.state_dir, &pod)),
         LabCommand::StartNode { node, lab } => {
             ops::start_node(&lab.state_dir, &node)?;
             println!("ferry lab: node {node} started; it serves its pods again");

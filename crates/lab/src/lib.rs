@@ -11,6 +11,10 @@
 //! the lab reaches nothing but itself. `ferry lab down` removes every namespace and process it
 //! made, also after a partial `up`, and is safe to run twice.
 
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
 mod api;
 mod apps;
 mod bench;
@@ -18,10 +22,22 @@ mod build;
 pub mod cli;
 mod craft;
 mod ops;
+mod pods;
 mod procs;
 mod rollout;
 mod session;
 mod state;
+
+/// Where a lab keeps its state, logs and sockets unless `--state-dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/run/ferry-lab";
+
+/// The topology file that the control plane of the lab in `state_dir` serves (it watches the
+/// file): the lab's own copy, with every edit `ferry lab terminate` and `kill` made to it.
+pub fn live_topology(state_dir: &Path) -> anyhow::Result<PathBuf> {
+    let state = state::State::load(state_dir)
+        .with_context(|| format!("no lab is up in {}", state_dir.display()))?;
+    Ok(state.topology)
+}
 
 /// The reserved management network.
 pub(crate) const MGMT_PREFIX: &str = "198.19.254";

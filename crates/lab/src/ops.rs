@@ -1,5 +1,5 @@
-//! What `ferry lab` does to a running lab: hand a node proxy over, stop, start, restart it;
-//! mark a pod terminating.
+//! What `ferry lab` does to a running lab's node proxies: hand one over, stop, start, restart
+//! it. What it does to a pod is in `pods`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -131,60 +131,4 @@ pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     }
     state.save()?;
     Ok(())
-}
-
-/// Marks the workload `pod` terminating in the lab's topology file (or, with `undo`, no longer
-/// terminating). The control plane watches that file: every node proxy then sends the pod no
-/// new connection and keeps the open ones. The file is replaced whole (a rename), so the
-/// watcher never reads half of it; comments in it are not kept.
-pub(crate) fn terminate(state_dir: &Path, pod: &str, undo: bool) -> anyhow::Result<()> {
-    let state = State::up(state_dir)?;
-    let path = &state.topology;
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path:?}"))?;
-    let mut doc: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {path:?}"))?;
-    mark_terminating(&mut doc, pod, !undo)?;
-    let tmp = path.with_extension("yaml.tmp");
-    std::fs::write(&tmp, serde_yaml_ng::to_string(&doc)?)
-        .with_context(|| format!("writing {tmp:?}"))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {path:?}"))?;
-    Ok(())
-}
-
-/// Sets (or removes) `terminating: true` on the workload named `pod` in a topology document.
-fn mark_terminating(doc: &mut serde_yaml_ng::Value, pod: &str, on: bool) -> anyhow::Result<()> {
-    let workloads = doc
-        .get_mut("workloads")
-        .and_then(serde_yaml_ng::Value::as_sequence_mut)
-        .context("the topology has no workloads")?;
-    let w = workloads
-        .iter_mut()
-        .filter_map(serde_yaml_ng::Value::as_mapping_mut)
-        .find(|w| w.get("name").and_then(serde_yaml_ng::Value::as_str) == Some(pod))
-        .with_context(|| format!("no workload {pod} in the topology"))?;
-    if on {
-        w.insert("terminating".into(), true.into());
-    } else {
-        w.remove("terminating");
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn marking_a_pod_terminating_sets_and_clears_its_field_only() {
-        let text = "workloads:\n  - {name: a, node: n, healthy: false}\n  - {name: b, node: n}\n";
-        let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap();
-        mark_terminating(&mut doc, "a", true).unwrap();
-        let w = &doc["workloads"];
-        assert_eq!(w[0]["terminating"], serde_yaml_ng::Value::Bool(true));
-        assert_eq!(w[0]["healthy"], serde_yaml_ng::Value::Bool(false));
-        assert!(w[1].get("terminating").is_none());
-        mark_terminating(&mut doc, "a", false).unwrap();
-        assert!(doc["workloads"][0].get("terminating").is_none());
-        assert!(mark_terminating(&mut doc, "c", true).is_err());
-    }
 }

@@ -151,9 +151,10 @@ pub(crate) fn ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// The pid of the lab app `ferry lab echo --name <name>` among `pids` (a pod's server).
+/// The pid of the lab app `ferry lab echo --name <name>` among `pids` (a pod's server), the
+/// most recently started first.
 pub(crate) fn app_of(pids: &[u32], name: &str) -> Option<u32> {
-    running(pids, "lab").into_iter().find(|pid| {
+    running(pids, "lab").into_iter().rev().find(|pid| {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
             let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
             args.get(2) == Some(&b"echo".as_slice())

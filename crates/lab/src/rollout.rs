@@ -12,12 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::ops::terminate;
-use crate::procs::{spawn_append, stop_and_wait, wait_for};
+use crate::pods::{Mark, mark_applied, start_app, stop_app};
 use crate::state::State;
-
-/// How long a topology edit may take to reach every node proxy.
-const EDIT_BOUND: Duration = Duration::from_secs(15);
 
 /// What the rollout is asked to do.
 pub(crate) struct Plan<'a> {
@@ -147,117 +143,22 @@ fn service_of(state: &State, name: &str) -> anyhow::Result<(SocketAddr, Vec<Stri
 /// (applied everywhere). Returns how long each of the three waits took, when every node proxy
 /// had the pod terminating and when it was marked ready again.
 fn restart(state_dir: &Path, pod: &str) -> anyhow::Result<([Duration; 3], Instant, Instant)> {
-    let mut t = Instant::now();
-    let mut took = [Duration::ZERO; 3];
-    let before = versions(state_dir)?;
-    terminate(state_dir, pod, false)?;
-    wait_applied(state_dir, &before)?;
-    (took[0], t) = (t.elapsed(), Instant::now());
-    let out = t;
-    let mut state = State::up(state_dir)?;
-    let (pid, args) = app_of(&state, pod)?;
-    stop_and_wait(pid, "the app to exit", Duration::from_secs(10))?;
-    let p = state.pods.get(pod).context("pod state")?;
-    let (netns, ip) = (p.netns.clone(), p.ip.clone());
-    let log = state_dir.join(format!("app-{pod}.log"));
-    spawn_append(
-        &mut state,
-        &netns,
-        &args,
-        &log,
-        "restarted by ferry lab rollout",
-    )?;
-    let port = args
-        .iter()
-        .position(|a| a == "--ports")
-        .and_then(|i| args.get(i + 1)?.split(',').next()?.parse::<u16>().ok())
-        .context("the app's ports")?;
-    let exe = std::env::current_exe()?;
-    let to = format!("{ip}:{port}");
-    wait_for(
-        "the restarted app to answer",
-        Duration::from_secs(10),
-        || {
-            Command::new("ip")
-                .args(["netns", "exec", &netns])
-                .arg(&exe)
-                .args(["lab", "connect", &to, "--data", ""])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).starts_with(pod))
-        },
-    )?;
-    (took[1], t) = (t.elapsed(), Instant::now());
-    let before = versions(state_dir)?;
+    let out_applied = mark_applied(state_dir, pod, Mark::Terminating, true)?;
+    let out = Instant::now();
+    stop_app(state_dir, pod)?;
+    start_app(state_dir, pod, "restarted by ferry lab rollout")?;
+    let answering = out.elapsed();
     let back = Instant::now();
-    terminate(state_dir, pod, true)?;
-    wait_applied(state_dir, &before)?;
-    took[2] = t.elapsed();
-    Ok((took, out, back))
-}
-
-/// The pid and command line of `pod`'s app (`<exe> lab echo --name <pod> ...`).
-fn app_of(state: &State, pod: &str) -> anyhow::Result<(u32, Vec<String>)> {
-    state
-        .pids
-        .iter()
-        .rev()
-        .find_map(|pid| {
-            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<String> = raw
-                .split(|b| *b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            let is_app = args.get(1..3) == Some(&["lab".to_string(), "echo".to_string()][..])
-                && args.windows(2).any(|w| w[0] == "--name" && w[1] == pod);
-            is_app.then_some((*pid, args))
-        })
-        .with_context(|| format!("no running app for {pod}"))
-}
-
-/// Every node proxy's snapshot version, from its /config_dump.
-fn versions(state_dir: &Path) -> anyhow::Result<BTreeMap<String, u64>> {
-    let state = State::up(state_dir)?;
-    state
-        .nodes
-        .iter()
-        .map(|(name, n)| Ok((name.clone(), version(&n.netns, &n.admin)?)))
-        .collect()
-}
-
-/// Waits until every node proxy runs a snapshot newer than `before`.
-fn wait_applied(state_dir: &Path, before: &BTreeMap<String, u64>) -> anyhow::Result<()> {
-    let state = State::up(state_dir)?;
-    wait_for(
-        "every node proxy to apply the topology edit",
-        EDIT_BOUND,
-        || {
-            state.nodes.iter().all(|(name, n)| {
-                version(&n.netns, &n.admin).is_ok_and(|v| before.get(name).is_none_or(|b| v > *b))
-            })
-        },
-    )
-}
-
-/// One node proxy's snapshot version (a GET of /config_dump from its namespace).
-fn version(netns: &str, admin: &str) -> anyhow::Result<u64> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", netns])
-        .arg(std::env::current_exe()?)
-        .args([
-            "lab",
-            "connect",
-            admin,
-            "--data",
-            "GET /config_dump HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
-        ])
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let (_, body) = text.split_once("\r\n\r\n").context("no HTTP answer")?;
-    let dump: serde_json::Value = serde_json::from_str(body.trim())?;
-    dump["snapshot_version"]
-        .as_u64()
-        .context("no snapshot_version in /config_dump")
+    let back_applied = mark_applied(state_dir, pod, Mark::Terminating, false)?;
+    Ok((
+        [
+            out_applied.unwrap_or_default(),
+            answering,
+            back_applied.unwrap_or_default(),
+        ],
+        out,
+        back,
+    ))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::state::State;
 #[derive(Debug, clap::Args)]
 pub struct LabArgs {
     /// Where the lab keeps its state, logs and sockets.
-    #[arg(long, default_value = "/run/ferry-lab")]
+    #[arg(long, default_value = crate::DEFAULT_STATE_DIR)]
     pub(crate) state_dir: PathBuf,
     /// Prefix of the lab's namespace names (several labs can coexist).
     #[arg(long, default_value = "fl")]

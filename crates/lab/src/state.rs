@@ -16,6 +16,10 @@ pub(crate) struct Pod {
     /// Runs `ferry waypoint` (terminates HBONE itself, not captured).
     #[serde(default)]
     pub(crate) waypoint: bool,
+    /// The command line its echo app was started with (`<exe> lab echo --name <pod> ...`), to
+    /// start it again.
+    #[serde(default)]
+    pub(crate) app: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

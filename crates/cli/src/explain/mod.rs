@@ -2,6 +2,7 @@
 //! destination's authorization on the topology, and print the path.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -80,19 +81,35 @@ pub(crate) fn run(args: &ExplainArgs) -> ExitCode {
 }
 
 fn run_inner(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let topology = match &args.topology {
-        Some(path) => ferry_topology::load_file(path)?,
-        None => ferry_topology::parse(EXAMPLE_NAME, EXAMPLE)?,
-    };
-    let snap = &topology.snapshot;
     let requests: Vec<(Option<String>, &str, &str)> = match (&args.from, &args.to) {
         (Some(f), Some(t)) => vec![(None, f.as_str(), t.as_str())],
+        _ if args.lab => bail!("--from and --to are required with --lab"),
         _ if args.topology.is_none() => TOUR
             .iter()
             .map(|(title, f, t)| (Some((*title).to_string()), *f, *t))
             .collect(),
         _ => bail!("--from and --to are required with --topology"),
     };
+    // The topology, and how the text output names it.
+    let (topology, name) = match (&args.topology, args.lab) {
+        (Some(path), _) => (ferry_topology::load_file(path)?, path.display().to_string()),
+        (None, true) => {
+            let dir = args
+                .state_dir
+                .as_deref()
+                .unwrap_or(Path::new(ferry_lab::DEFAULT_STATE_DIR));
+            let path = ferry_lab::live_topology(dir)?;
+            (
+                ferry_topology::load_file(&path)?,
+                format!("the running lab's topology ({})", path.display()),
+            )
+        }
+        (None, false) => (
+            ferry_topology::parse(EXAMPLE_NAME, EXAMPLE)?,
+            EXAMPLE_NAME.to_string(),
+        ),
+    };
+    let snap = &topology.snapshot;
     let single = requests.len() == 1;
     let mut reports = Vec::new();
     for (title, from, to) in requests {
@@ -104,10 +121,6 @@ fn run_inner(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         Output::Json if single => println!("{}", serde_json::to_string_pretty(&reports[0])?),
         Output::Json => println!("{}", serde_json::to_string_pretty(&reports)?),
         Output::Text => {
-            let name = args
-                .topology
-                .as_ref()
-                .map_or(EXAMPLE_NAME.to_string(), |p| p.display().to_string());
             for (i, r) in reports.iter().enumerate() {
                 if i > 0 {
                     println!();

@@ -6,6 +6,7 @@
 //! before the next one with that id comes up. Every Ferry process in a test lab logs JSON lines,
 //! and log assertions match their fields ([`Has`]).
 
+use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -182,16 +183,21 @@ impl Lab {
             .output();
     }
 
-    /// Runs `ferry lab <args>` against this lab and requires it to succeed.
-    pub(crate) fn run(&self, args: &[&str]) {
-        let out = ferry()
+    /// Runs `ferry lab <args>` against this lab; how it ended.
+    pub(crate) fn output(&self, args: &[&str]) -> std::process::Output {
+        ferry()
             .arg("lab")
             .args(args)
             .arg("--state-dir")
             .arg(&self.dir)
             .args(["--id", &self.id])
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Runs `ferry lab <args>` against this lab and requires it to succeed.
+    pub(crate) fn run(&self, args: &[&str]) {
+        let out = self.output(args);
         assert!(
             out.status.success(),
             "lab {args:?}: {}",
@@ -211,6 +217,25 @@ impl Lab {
         } else {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
+    }
+
+    /// `n` new connections from `pod` to `to`, one after another, each of which must succeed,
+    /// counted by the pod that answered (`by` names it from the answer).
+    pub(crate) fn count_answers(
+        &self,
+        pod: &str,
+        to: &str,
+        n: usize,
+        by: fn(&str) -> &'static str,
+    ) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for i in 0..n {
+            let a = self
+                .send(pod, to, "count\n")
+                .unwrap_or_else(|e| panic!("connection {i} from {pod} to {to} failed: {e}"));
+            *counts.entry(by(&a)).or_insert(0) += 1;
+        }
+        counts
     }
 
     pub(crate) fn log(&self, node: &str) -> String {

@@ -10,6 +10,7 @@ mod drain;
 mod gateway;
 mod harness;
 mod idle;
+mod kill;
 mod l4;
 mod lifecycle;
 mod origin;

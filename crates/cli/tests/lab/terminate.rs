@@ -97,13 +97,7 @@ fn a_terminating_pod_keeps_its_open_connections_and_gets_no_new_ones() {
     );
     let took = marked.elapsed();
     const N: usize = 20;
-    let mut counts = std::collections::BTreeMap::new();
-    for i in 0..N {
-        let a = lab
-            .send("sleep", VIP, "count\n")
-            .unwrap_or_else(|e| panic!("connection {i} failed: {e}"));
-        *counts.entry(answered_by(&a)).or_insert(0) += 1;
-    }
+    let counts = lab.count_answers("sleep", VIP, N, answered_by);
     eprintln!("marked terminating, seen in {took:?}; new connections per pod: {counts:?}");
     assert_eq!(counts.get("echo-alpha-1"), None, "{counts:?}");
     assert_eq!(counts.values().sum::<usize>(), N);

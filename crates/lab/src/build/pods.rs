@@ -41,6 +41,7 @@ pub(super) fn create(
                 cluster: w.cluster.to_string(),
                 enrolled: false,
                 waypoint: false,
+                app: Vec::new(),
             },
         );
     }
@@ -81,13 +82,13 @@ pub(super) fn start_apps(lab: &Lab<'_>, state: &mut State, snap: &Snapshot) -> a
         .collect();
     for (name, ns) in pods {
         let log = lab.opts.state_dir.join(format!("app-{name}.log"));
-        spawn(
-            state,
-            &ns,
-            &[&lab.exe, "lab", "echo", "--name", &name, "--ports", &ports],
-            &log,
-        )?;
+        let args: [&str; 7] = [&lab.exe, "lab", "echo", "--name", &name, "--ports", &ports];
+        spawn(state, &ns, &args, &log)?;
+        if let Some(p) = state.pods.get_mut(&name) {
+            p.app = args.iter().map(ToString::to_string).collect();
+        }
     }
+    state.save()?;
     Ok(())
 }
 
