@@ -52,6 +52,16 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// Make N new connections from a pod to IP:port, one after another, and print how many each
+    /// pod answered and how many failed (where graduated failover spills, for instance).
+    Count {
+        pod: String,
+        to: SocketAddr,
+        #[arg(long, short, default_value_t = 100)]
+        n: u32,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// Measure A -> B through Ferry against A -> B direct (no proxy at either end), measure by
     /// measure in the same run, each with both node proxies' CPU per unit of work; and, first,
     /// node proxy memory idle and with many idle proxied connections.
@@ -337,6 +347,13 @@ pub enum LabCommand {
         #[arg(long, value_delimiter = ',')]
         ports: Vec<u16>,
     },
+    /// (inside the lab) N connections one after another; prints the answers counted by pod.
+    #[command(hide = true)]
+    Tally {
+        to: SocketAddr,
+        #[arg(long)]
+        n: u32,
+    },
     /// (inside the lab) connect, send, print the answer.
     #[command(hide = true)]
     Connect {
@@ -370,6 +387,8 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Exec { pod, lab, command } => session::exec(&lab.state_dir, &pod, &command),
         LabCommand::Send { pod, to, data, lab } => session::send(&lab.state_dir, &pod, to, &data),
         LabCommand::Connect { to, data } => session::connect(to, &data),
+        LabCommand::Count { pod, to, n, lab } => session::count(&lab.state_dir, &pod, to, n),
+        LabCommand::Tally { to, n } => done(session::tally(to, n)),
         LabCommand::Bench {
             from,
             to,

@@ -91,6 +91,46 @@ pub(crate) fn send(
     Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
 }
 
+/// `ferry lab count`: `tally` inside `pod`'s namespace.
+pub(crate) fn count(
+    state_dir: &Path,
+    pod: &str,
+    to: SocketAddr,
+    n: u32,
+) -> anyhow::Result<ExitCode> {
+    let state = State::up(state_dir)?;
+    let ns = netns_of(&state, pod)?;
+    let status = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe()?)
+        .args(["lab", "tally", &to.to_string(), "--n", &n.to_string()])
+        .status()?;
+    Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
+}
+
+/// `ferry lab tally` (inside the lab): `n` new connections to `to`, one after another; prints
+/// `<pod> <count>` per answering pod (the first word of the echo app's answer), then
+/// `failed <count>`.
+pub(crate) fn tally(to: SocketAddr, n: u32) -> anyhow::Result<()> {
+    let mut by_pod: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    let mut failed = 0u32;
+    for _ in 0..n {
+        match crate::apps::connect(to, b"count\n", Duration::from_secs(5)) {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out);
+                let pod = text.split_whitespace().next().unwrap_or("(empty answer)");
+                *by_pod.entry(pod.to_string()).or_default() += 1;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    for (pod, c) in &by_pod {
+        println!("{pod} {c}");
+    }
+    println!("failed {failed}");
+    Ok(())
+}
+
 /// `ferry lab connect` (inside the lab): prints the answer, or why the connection failed
 /// (exit code 1).
 pub(crate) fn connect(to: SocketAddr, data: &str) -> anyhow::Result<ExitCode> {

@@ -7,6 +7,7 @@
 mod bench;
 mod crash;
 mod drain;
+mod failover;
 mod gateway;
 mod harness;
 mod idle;
