@@ -227,7 +227,7 @@ fn shares(
     }
     let sum = WHOLE - left;
     for (t, s) in tiers.iter_mut().zip(raw) {
-        let scaled = if sum == 0 { 0 } else { s * WHOLE / sum };
+        let scaled = (s * WHOLE).checked_div(sum).unwrap_or(0);
         t.share_ppm = u32::try_from(scaled).unwrap_or(u32::MAX);
     }
     tiers
