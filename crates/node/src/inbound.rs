@@ -305,6 +305,10 @@ impl Handler for Inbound {
             );
             self.node.metrics.opened(&l);
             self.node.metrics.closed(&l, 0, 0);
+            self.node
+                .metrics
+                .denials
+                .count_error(Reporter::Destination, &e);
             let mut log = self.access_log(req, &src_workload, path);
             log.fail(&e);
             log.emit();
@@ -389,6 +393,14 @@ impl Handler for Inbound {
             .map(|e| *e)
             .or_else(|| out_of_scope(outcome))
             .or_else(|| ConnError::from_outcome(outcome));
+        // A tunnel that was up and then failed (a refusal was counted when it was made).
+        if let (Counted::Opened(labels), Some(e)) = (&admitted.labels, &error) {
+            self.node.metrics.failed_after_open(labels, e.flag);
+            self.node
+                .metrics
+                .denials
+                .count_error(Reporter::Destination, e);
+        }
         let path = std::mem::take(&mut admitted.path);
         let mut log = self.access_log(req, &admitted.src_workload, path);
         log.bytes_sent = outcome.sent;
@@ -527,6 +539,7 @@ async fn plain_checked(
             ),
         };
         if !verdict.is_allowed() {
+            node.metrics.denials.count(Reporter::Destination, &verdict);
             let e = ConnError::from(Denial(verdict));
             let l = labels(dst, pod, None, e.flag, None);
             node.metrics.opened(&l);
@@ -580,6 +593,10 @@ where
         Err(e) => e.moved(),
     };
     node.metrics.closed(&labels, s, rcv);
+    if let Err(e) = &r {
+        node.metrics.failed_after_open(&labels, e.flag);
+        node.metrics.denials.count_error(Reporter::Destination, e);
+    }
     r
 }
 

@@ -109,6 +109,9 @@ async fn proxy(
     log.bytes_sent = sent;
     log.bytes_recv = recv;
     node.metrics.closed(&labels, sent, recv);
+    if let Err(e) = &relayed {
+        node.metrics.failed_after_open(&labels, e.flag);
+    }
     relayed.map(drop)
 }
 

@@ -13,7 +13,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::conn::{ConnError, ResponseFlag, side_name};
+use ferry_core::authz::{Reason, Verdict};
+
+use crate::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag, side_name};
 
 /// A new metric, registered in `registry` as `name` with `help`.
 pub fn registered<M: Metric + Clone + Default>(
@@ -61,13 +63,18 @@ type Tcp = Family<Shared, Counter>;
 
 /// TCP metrics of one node proxy: `istio_tcp_connections_opened_total`,
 /// `istio_tcp_connections_closed_total`, `istio_tcp_sent_bytes_total`,
-/// `istio_tcp_received_bytes_total`.
+/// `istio_tcp_received_bytes_total`, `istio_tcp_connections_failed_total` (by response flag),
+/// and the policy denials ([`Denials`]).
 #[derive(Debug)]
 pub struct Metrics {
     opened: Tcp,
     closed: Tcp,
     sent: Tcp,
     received: Tcp,
+    /// Connections that ended with a response flag: refused (DENY, NoRoute), not connected
+    /// (ConnectionFailure), or broken once up; under their labels with that flag.
+    failed: Tcp,
+    pub denials: Denials,
     /// Each label set once: what [`Metrics::opened_shared`] hands out, and the index of the
     /// families' series (a family cannot be listed).
     sets: Mutex<HashSet<Arc<Labels>>>,
@@ -132,6 +139,11 @@ impl Metrics {
                 "istio_tcp_received_bytes",
                 "bytes received from the destination",
             ),
+            failed: family(
+                "istio_tcp_connections_failed",
+                "TCP connections that failed, by response flag",
+            ),
+            denials: Denials::new(registry),
             sets: Mutex::default(),
         }
     }
@@ -154,11 +166,30 @@ impl Metrics {
         key.0
     }
 
+    /// Counts one closed connection and its bytes; one whose labels carry a response flag (a
+    /// refusal, a failed connect) is also counted failed.
     pub fn closed(&self, l: &Labels, sent: u64, received: u64) {
         let key = self.shared(l);
         self.closed.get_or_create(&key).inc();
         self.sent.get_or_create(&key).inc_by(sent);
         self.received.get_or_create(&key).inc_by(received);
+        if l.response_flags != ResponseFlag::None.as_str() {
+            self.failed.get_or_create(&key).inc();
+        }
+    }
+
+    /// Counts a connection that was up under `l` (no flag) and then failed with `flag` (one
+    /// side broke, the idle bound, a policy change): `istio_tcp_connections_failed_total` under
+    /// `l` with that flag. A flag of `-` counts nothing.
+    pub fn failed_after_open(&self, l: &Labels, flag: ResponseFlag) {
+        if flag == ResponseFlag::None {
+            return;
+        }
+        let flagged = Labels {
+            response_flags: flag.as_str().to_string(),
+            ..l.clone()
+        };
+        self.failed.get_or_create(&Shared(Arc::new(flagged))).inc();
     }
 
     /// Connections opened with labels matching `f` (tests and admin).
@@ -187,6 +218,87 @@ impl Metrics {
             drop(family.get_or_create(&key));
         }
         key
+    }
+}
+
+/// The labels of one denial: who reported it, and the policy and rule that decided.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct DenialLabels {
+    reporter: Reporter,
+    policy: String,
+    rule: String,
+}
+
+impl EncodeLabelSet for DenialLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        [
+            ("reporter", self.reporter.as_str()),
+            ("policy", &self.policy),
+            ("rule", &self.rule),
+        ]
+        .encode(encoder)
+    }
+}
+
+/// Denials by the policy and rule that decided them: `ferry_policy_denied_total{reporter,
+/// policy, rule}`, `policy` as `namespace/name` and `rule` the rule's index in it. A denial
+/// because ALLOW policies apply and none matched has no deciding rule: `policy="-"`, `rule="-"`.
+/// Counted at the hop that decided (a destination node proxy, a waypoint), once per refused
+/// connection, request, or connection closed by a policy change.
+#[derive(Clone, Debug, Default)]
+pub struct Denials(Family<DenialLabels, Counter>);
+
+// === impl Denials ===
+
+impl Denials {
+    pub fn new(registry: &mut Registry) -> Self {
+        registered(
+            registry,
+            "ferry_policy_denied",
+            "Connections and requests denied, by the policy and rule that decided",
+        )
+    }
+
+    /// Counts `verdict` if it denies.
+    pub fn count(&self, reporter: Reporter, verdict: &Verdict) {
+        let (policy, rule) = match &verdict.reason {
+            Reason::DeniedBy(r) => (r.policy.to_string(), r.rule.to_string()),
+            Reason::NoAllowMatched { .. } => ("-".into(), "-".into()),
+            Reason::AllowedBy(_) | Reason::NoAllowPolicies => return,
+        };
+        self.0
+            .get_or_create(&DenialLabels {
+                reporter,
+                policy,
+                rule,
+            })
+            .inc();
+    }
+
+    /// Counts the denial `e` carries, if it is one (refused by policy, or closed by a change).
+    pub fn count_error(&self, reporter: Reporter, e: &ConnError) {
+        match &e.kind {
+            ConnErrorKind::Denied(Denial(v))
+            | ConnErrorKind::PolicyChanged {
+                denial: Denial(v), ..
+            } => {
+                self.count(reporter, v);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl prometheus_client::encoding::EncodeMetric for Denials {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::MetricEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        self.0.metric_type()
     }
 }
 

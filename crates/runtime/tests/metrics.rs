@@ -95,3 +95,80 @@ fn connections_share_one_label_set() {
     assert!(!Arc::ptr_eq(&a, &c));
     assert_eq!(metrics.opened_where(|l| l.response_flags == "NoRoute"), 3);
 }
+
+#[test]
+fn failures_are_counted_by_flag_and_denials_by_policy_and_rule() {
+    use ferry_core::authz::{Effect, Reason, RuleRef, Verdict};
+    use ferry_core::model::PolicyKey;
+    use ferry_runtime::conn::ResponseFlag;
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    // A refusal (its labels carry the flag), a connection that broke once up, a clean one.
+    let refused = labels("DENY");
+    metrics.opened(&refused);
+    metrics.closed(&refused, 0, 0);
+    let up = metrics.opened_shared(labels("-"));
+    metrics.closed(&up, 5, 5);
+    metrics.failed_after_open(&up, ResponseFlag::UpstreamTermination);
+    metrics.failed_after_open(&up, ResponseFlag::None);
+    let clean = metrics.opened_shared(labels("-"));
+    metrics.closed(&clean, 1, 1);
+    let verdict = |reason| Verdict {
+        effect: Effect::Deny,
+        reason,
+        audited: Vec::new(),
+        dry_run: Vec::new(),
+    };
+    let by_rule = verdict(Reason::DeniedBy(RuleRef {
+        policy: PolicyKey::new("default", "deny-debug"),
+        rule: 1,
+    }));
+    metrics.denials.count(Reporter::Destination, &by_rule);
+    metrics.denials.count(Reporter::Destination, &by_rule);
+    metrics.denials.count(
+        Reporter::Destination,
+        &verdict(Reason::NoAllowMatched { allow_policies: 2 }),
+    );
+    // An allow is no denial.
+    metrics.denials.count(
+        Reporter::Destination,
+        &Verdict {
+            effect: Effect::Allow,
+            reason: Reason::NoAllowPolicies,
+            audited: Vec::new(),
+            dry_run: Vec::new(),
+        },
+    );
+    let text = Response::metrics(&registry).body;
+    let flagged = |flag: &str| {
+        LABELS.replace(
+            "response_flags=\"-\"",
+            &format!("response_flags=\"{flag}\""),
+        )
+    };
+    for sample in [
+        format!("istio_tcp_connections_failed_total{{{}}} 1", flagged("DENY")),
+        format!(
+            "istio_tcp_connections_failed_total{{{}}} 1",
+            flagged("UpstreamConnectionTermination")
+        ),
+        "ferry_policy_denied_total{reporter=\"destination\",policy=\"default/deny-debug\",rule=\"1\"} 2".to_string(),
+        "ferry_policy_denied_total{reporter=\"destination\",policy=\"-\",rule=\"-\"} 1".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == sample), "no {sample}:\n{text}");
+    }
+    // The clean connections are not failures, and each denial family line is one of those.
+    assert!(
+        !text
+            .lines()
+            .any(|l| l == format!("istio_tcp_connections_failed_total{{{LABELS}}} 1")),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("ferry_policy_denied_total{"))
+            .count(),
+        2,
+        "{text}"
+    );
+}

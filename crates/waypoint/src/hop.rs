@@ -317,6 +317,7 @@ impl Waypoint {
             source,
             source_ip,
             port,
+            denials: self.metrics.denials.clone(),
         });
         Some((judge, uid))
     }

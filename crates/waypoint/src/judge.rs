@@ -9,6 +9,7 @@ use ferry_core::model::WorkloadUid;
 use ferry_core::snapshot::Snapshot;
 use ferry_core::store::Store;
 use ferry_runtime::conn::{ConnError, ConnErrorKind, Denial};
+use ferry_runtime::telemetry::{Denials, Reporter};
 
 /// What a waypoint knows to authorize the traffic of one tunnel.
 pub(crate) struct Judge {
@@ -18,6 +19,8 @@ pub(crate) struct Judge {
     pub(crate) source: Option<Identity>,
     pub(crate) source_ip: IpAddr,
     pub(crate) port: u16,
+    /// Where a denial is counted (`ferry_policy_denied_total`).
+    pub(crate) denials: Denials,
 }
 
 impl Judge {
@@ -68,6 +71,7 @@ impl Judge {
         if verdict.is_allowed() {
             Ok(())
         } else {
+            self.denials.count(Reporter::Destination, &verdict);
             Err(Denial(verdict).into())
         }
     }

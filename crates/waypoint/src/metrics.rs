@@ -3,7 +3,7 @@
 //! and the destination workload; plus the tunnels the waypoint refused
 //! (`ferry_waypoint_refused_total`).
 
-use ferry_runtime::telemetry::Reporter;
+use ferry_runtime::telemetry::{Denials, Reporter};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -33,6 +33,8 @@ pub struct RequestMetrics {
     durations: Durations,
     /// Tunnels refused before any byte moved (no eligible backend, scope).
     pub refused: Counter,
+    /// Requests and tunnels denied by policy, by policy and rule.
+    pub denials: Denials,
 }
 
 // === impl RequestMetrics ===
@@ -44,6 +46,7 @@ impl RequestMetrics {
             requests: Family::default(),
             durations: Durations::new_with_constructor(|| Histogram::new(BUCKETS_MS)),
             refused: Counter::default(),
+            denials: Denials::new(registry),
         };
         registry.register(
             "istio_requests",

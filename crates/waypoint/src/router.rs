@@ -170,6 +170,7 @@ impl Router for TunnelRouter {
                 source: self.source.clone(),
                 source_ip: self.source_ip,
                 port: plan.landing_port,
+                denials: self.wp.metrics.denials.clone(),
             };
             // In the snapshot the request was routed in: one load per request.
             judge
@@ -198,6 +199,7 @@ impl Router for TunnelRouter {
             source: self.source.clone(),
             source_ip: self.source_ip,
             port: plan.landing_port,
+            denials: self.wp.metrics.denials.clone(),
         };
         let upgraded = Upgraded {
             method: req.method.to_string(),

@@ -87,6 +87,19 @@ fn a_deny_on_port_9090_refuses_the_connection_and_the_log_names_the_policy() {
             Text("denied by policy default/deny-admin-port"),
         ],
     );
+    // Counted at the destination by the policy and rule that denied, and as a failed
+    // connection with the DENY flag at both ends.
+    let mut dst = String::new();
+    let counted = crate::harness::eventually(std::time::Duration::from_secs(10), || {
+        dst = lab.metrics("alpha-2", "198.19.254.11:15000");
+        dst.lines().any(|l| {
+            l.starts_with("ferry_policy_denied_total{reporter=\"destination\",policy=\"default/deny-admin-port\",rule=\"0\"} ")
+        }) && dst.lines().any(|l| {
+            l.starts_with("istio_tcp_connections_failed_total{reporter=\"destination\"")
+                && l.contains("response_flags=\"DENY\"")
+        })
+    });
+    assert!(counted, "no denial or failed connection counted:\n{dst}");
 }
 
 /// sleep -> legacy (not in the mesh).
