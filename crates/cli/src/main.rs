@@ -6,6 +6,7 @@ mod control;
 mod explain;
 mod lab;
 mod node;
+mod observe;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +37,9 @@ enum Command {
     ///
     /// Without --from/--to, walks through a tour of the example topology's interesting paths.
     Explain(ExplainArgs),
+    /// The connection records of a running lab's node proxies and waypoints (each keeps its
+    /// last ones), merged in time order and filtered.
+    Observe(observe::ObserveArgs),
     /// The control plane: the mesh CA and delta xDS on one gRPC port over TLS.
     #[command(subcommand)]
     Control(control::ControlCommand),
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Explain(args) => explain::run(&args),
+        Command::Observe(args) => observe::run(&args),
         Command::Control(cmd) => {
             init_logging();
             control::run(cmd)

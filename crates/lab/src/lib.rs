@@ -39,6 +39,66 @@ pub fn live_topology(state_dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(state.topology)
 }
 
+/// One component of a running lab whose admin endpoint serves connection records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Component {
+    /// `node/<name>` or `waypoint/<name>`.
+    pub name: String,
+    pub netns: String,
+    pub admin: String,
+}
+
+/// The node proxies and waypoint instances of the lab in `state_dir`, with their admin
+/// endpoints. (East-west gateways serve no admin endpoint in the lab.)
+pub fn components(state_dir: &Path) -> anyhow::Result<Vec<Component>> {
+    let state = state::State::up(state_dir)?;
+    let mut out: Vec<Component> = state
+        .nodes
+        .iter()
+        .map(|(name, n)| Component {
+            name: format!("node/{name}"),
+            netns: n.netns.clone(),
+            admin: n.admin.clone(),
+        })
+        .collect();
+    out.extend(
+        state
+            .pods
+            .iter()
+            .filter(|(_, p)| p.waypoint)
+            .map(|(name, p)| Component {
+                name: format!("waypoint/{name}"),
+                netns: p.netns.clone(),
+                admin: format!("{}:15020", p.ip),
+            }),
+    );
+    Ok(out)
+}
+
+/// The body of a GET of `path` on `c`'s admin endpoint, asked from inside its namespace.
+pub fn admin_get(c: &Component, path: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &c.netns])
+        .arg(std::env::current_exe()?)
+        .args(["lab", "connect", &c.admin, "--data"])
+        .arg(format!(
+            "GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n"
+        ))
+        .output()
+        .with_context(|| format!("asking {} for {path}", c.name))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("{} answered no HTTP response to {path}", c.name))?;
+    anyhow::ensure!(
+        head.starts_with("HTTP/1.1 200"),
+        "{} answered {path} with {}",
+        c.name,
+        head.lines().next().unwrap_or("nothing")
+    );
+    Ok(body.to_string())
+}
+
 /// The reserved management network.
 pub(crate) const MGMT_PREFIX: &str = "198.19.254";
 /// The control plane's address on the management network.

@@ -155,12 +155,16 @@ impl Routes {
         self
     }
 
-    /// The answer to a request for `path`.
+    /// The answer to a request for `path`. Every program also answers `/records`: its
+    /// connection records, JSON lines, oldest first ([`crate::records`]).
     pub fn respond(&self, path: &str) -> Response {
         if let Some((_, handler)) = self.routes.iter().find(|(ps, _)| ps.contains(&path)) {
             return handler();
         }
-        let mut body = String::from("paths:");
+        if path == "/records" {
+            return Response::ok("application/jsonl", crate::records::global().json_lines());
+        }
+        let mut body = String::from("paths: /records");
         for first in self.routes.iter().filter_map(|(ps, _)| ps.first()) {
             body.push(' ');
             body.push_str(first);

@@ -22,6 +22,7 @@ pub mod conn;
 pub mod drain;
 pub mod netns;
 pub mod recheck;
+pub mod records;
 pub mod serve;
 pub mod sockets;
 pub mod telemetry;

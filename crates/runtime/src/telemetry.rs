@@ -16,6 +16,7 @@ use prometheus_client::registry::{Metric, Registry};
 use ferry_core::authz::{Reason, Verdict};
 
 use crate::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag, side_name};
+use crate::records::{self, Record};
 
 /// A new metric, registered in `registry` as `name` with `help`.
 pub fn registered<M: Metric + Clone + Default>(
@@ -221,6 +222,16 @@ impl Metrics {
     }
 }
 
+/// The policy (`namespace/name`) and rule (its index) that made `verdict` a denial; `-` and `-`
+/// when ALLOW policies apply and none matched; `None` for an allow.
+fn deciding_rule(verdict: &Verdict) -> Option<(String, String)> {
+    match &verdict.reason {
+        Reason::DeniedBy(r) => Some((r.policy.to_string(), r.rule.to_string())),
+        Reason::NoAllowMatched { .. } => Some(("-".into(), "-".into())),
+        Reason::AllowedBy(_) | Reason::NoAllowPolicies => None,
+    }
+}
+
 /// The labels of one denial: who reported it, and the policy and rule that decided.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct DenialLabels {
@@ -261,10 +272,8 @@ impl Denials {
 
     /// Counts `verdict` if it denies.
     pub fn count(&self, reporter: Reporter, verdict: &Verdict) {
-        let (policy, rule) = match &verdict.reason {
-            Reason::DeniedBy(r) => (r.policy.to_string(), r.rule.to_string()),
-            Reason::NoAllowMatched { .. } => ("-".into(), "-".into()),
-            Reason::AllowedBy(_) | Reason::NoAllowPolicies => return,
+        let Some((policy, rule)) = deciding_rule(verdict) else {
+            return;
         };
         self.0
             .get_or_create(&DenialLabels {
@@ -324,6 +333,8 @@ pub struct AccessLog<'a> {
     pub response_flags: ResponseFlag,
     /// Which side failed, if one did.
     pub error_side: Option<Side>,
+    /// The policy and rule that denied it, if a policy did (`-` when no ALLOW matched).
+    pub denied_by: Option<(String, String)>,
 }
 
 impl AccessLog<'_> {
@@ -333,9 +344,53 @@ impl AccessLog<'_> {
         self.error = Some(e.kind.to_string());
         self.error_side = Some(e.side);
         self.response_flags = e.flag;
+        if let ConnErrorKind::Denied(Denial(v))
+        | ConnErrorKind::PolicyChanged {
+            denial: Denial(v), ..
+        } = &e.kind
+        {
+            self.denied_by = deciding_rule(v);
+        }
     }
 
+    /// Logs the line and keeps it as this process's connection record ([`records`]), both
+    /// under one new connection id.
     pub fn emit(&self) {
+        let records = records::global();
+        let id = records.next_id();
+        self.log(&id);
+        let (policy, rule) = self.denied_by.clone().unwrap_or_default();
+        records.push(Record {
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            id,
+            direction: self.direction.to_string(),
+            src_addr: self.src_addr.clone(),
+            src_workload: self.src_workload.to_string(),
+            src_identity: self.src_identity.clone(),
+            dst_addr: self.dst_addr.clone(),
+            dst_hbone_addr: self.dst_hbone_addr.clone(),
+            dst_service: self.dst_service.clone(),
+            dst_workload: self.dst_workload.clone(),
+            dst_identity: self.dst_identity.clone(),
+            path: self.path.clone(),
+            verdict: if self.denied_by.is_some() {
+                "denied"
+            } else {
+                "allowed"
+            },
+            policy,
+            rule,
+            response_flags: self.response_flags.as_str(),
+            error: self.error.clone().unwrap_or_default(),
+            bytes_sent: self.bytes_sent,
+            bytes_recv: self.bytes_recv,
+            duration_ms: u64::try_from(self.duration.as_millis()).unwrap_or(u64::MAX),
+        });
+    }
+
+    fn log(&self, id: &str) {
         let error = self.error.as_deref().unwrap_or("");
         let msg = if self.error.is_some() {
             "connection failed"
@@ -345,6 +400,7 @@ impl AccessLog<'_> {
         tracing::info!(
             target: "access",
             direction = self.direction,
+            conn.id = %id,
             src.addr = %self.src_addr,
             src.workload = self.src_workload,
             src.identity = %self.src_identity,

@@ -100,6 +100,53 @@ fn a_deny_on_port_9090_refuses_the_connection_and_the_log_names_the_policy() {
         })
     });
     assert!(counted, "no denial or failed connection counted:\n{dst}");
+    // `ferry observe --verdict denied` finds the record at the hop that refused it, naming the
+    // policy and rule, with the id its access-log line carries; allowed records are left out.
+    let observe = |args: &[&str]| {
+        let out = crate::harness::ferry()
+            .args(["observe", "--lab", "--state-dir"])
+            .arg(&lab.dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let denied = observe(&[
+        "--verdict",
+        "denied",
+        "--to",
+        "198.18.2.20:9090",
+        "-o",
+        "json",
+    ]);
+    let records: Vec<serde_json::Value> = denied
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record"))
+        .collect();
+    let r = records
+        .iter()
+        .find(|r| r["component"] == "node/alpha-2" && r["direction"] == "inbound")
+        .unwrap_or_else(|| panic!("no denied inbound record at alpha-2:\n{denied}"));
+    assert_eq!(r["policy"], "default/deny-admin-port", "{r}");
+    assert_eq!(r["rule"], "0", "{r}");
+    assert_eq!(r["response_flags"], "DENY", "{r}");
+    assert!(records.iter().all(|r| r["verdict"] == "denied"), "{denied}");
+    let id = r["id"].as_str().expect("an id").to_string();
+    lab.log_line(
+        "alpha-2",
+        &[Field("conn.id", &id), Field("direction", "inbound")],
+    );
+    let text = observe(&["--verdict", "denied", "--from", "sleep"]);
+    assert!(
+        text.lines().any(|l| l.contains("node/alpha-2 inbound")
+            && l.contains("DENIED by policy default/deny-admin-port rule 0")),
+        "{text}"
+    );
 }
 
 /// sleep -> legacy (not in the mesh).
