@@ -7,6 +7,7 @@ mod explain;
 mod lab;
 mod node;
 mod observe;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +41,9 @@ enum Command {
     /// The connection records of a running lab's node proxies and waypoints (each keeps its
     /// last ones), merged in time order and filtered.
     Observe(observe::ObserveArgs),
+    /// In a running lab: open one connection from a pod and print every hop it took, each
+    /// with its record, joined by the trace id the source started.
+    Trace(trace::TraceArgs),
     /// The control plane: the mesh CA and delta xDS on one gRPC port over TLS.
     #[command(subcommand)]
     Control(control::ControlCommand),
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Explain(args) => explain::run(&args),
         Command::Observe(args) => observe::run(&args),
+        Command::Trace(args) => trace::run(&args),
         Command::Control(cmd) => {
             init_logging();
             control::run(cmd)

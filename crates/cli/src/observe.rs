@@ -30,6 +30,9 @@ pub(crate) struct ObserveArgs {
     /// Only connections to a service whose name contains this.
     #[arg(long)]
     service: Option<String>,
+    /// Only the hops of one connection: its W3C trace id (`ferry trace` prints it).
+    #[arg(long)]
+    trace: Option<String>,
     #[arg(long, short, value_enum, default_value_t = Output::Text)]
     output: Output,
 }
@@ -55,8 +58,22 @@ fn run_inner(args: &ObserveArgs) -> anyhow::Result<()> {
         args.lab,
         "give --lab: the lab is the only source of records today"
     );
+    let mut records = gather(&args.state_dir)?;
+    records.retain(|r| keep(args, r));
+    for r in &records {
+        match args.output {
+            Output::Json => println!("{r}"),
+            Output::Text => println!("{}", text(r)),
+        }
+    }
+    Ok(())
+}
+
+/// Every record of every component of the lab in `state_dir`, each with its `component`,
+/// oldest first. A component that does not answer is reported on stderr and skipped.
+pub(crate) fn gather(state_dir: &std::path::Path) -> anyhow::Result<Vec<Value>> {
     let mut records = Vec::new();
-    for c in ferry_lab::components(&args.state_dir)? {
+    for c in ferry_lab::components(state_dir)? {
         let body = match ferry_lab::admin_get(&c, "/records") {
             Ok(b) => b,
             Err(e) => {
@@ -74,18 +91,11 @@ fn run_inner(args: &ObserveArgs) -> anyhow::Result<()> {
             }
         }
     }
-    records.retain(|r| keep(args, r));
     records.sort_by_key(|r| r["at_ms"].as_u64().unwrap_or(0));
-    for r in &records {
-        match args.output {
-            Output::Json => println!("{r}"),
-            Output::Text => println!("{}", text(r)),
-        }
-    }
-    Ok(())
+    Ok(records)
 }
 
-fn field<'v>(r: &'v Value, k: &str) -> &'v str {
+pub(crate) fn field<'v>(r: &'v Value, k: &str) -> &'v str {
     r[k].as_str().unwrap_or("")
 }
 
@@ -112,10 +122,14 @@ fn keep(args: &ObserveArgs, r: &Value) -> bool {
             .service
             .as_deref()
             .is_none_or(|s| field(r, "dst_service").contains(s))
+        && args
+            .trace
+            .as_deref()
+            .is_none_or(|t| field(r, "trace_id") == t)
 }
 
 /// One record as a line of text.
-fn text(r: &Value) -> String {
+pub(crate) fn text(r: &Value) -> String {
     let src = match field(r, "src_workload") {
         "" => field(r, "src_addr").to_string(),
         w => format!("{w} ({})", field(r, "src_addr")),

@@ -174,6 +174,23 @@ pub(crate) fn parse_forwarded(s: &str) -> (Option<SocketAddr>, Option<String>) {
 }
 
 /// `00-<32 lowercase hex, not all zero>-<16 hex, not all zero>-<2 hex>`.
+/// The trace id (32 hex digits) of a valid W3C `traceparent`.
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    valid_traceparent(traceparent)
+        .then(|| traceparent.split('-').nth(1))
+        .flatten()
+}
+
+/// The trace id of the `traceparent` a CONNECT carries; empty if it carries none that is valid.
+/// Every hop records it, so the records of one connection can be joined (`ferry trace`).
+pub fn trace_id(map: &HeaderMap) -> String {
+    map.get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(trace_id_of)
+        .unwrap_or_default()
+        .to_string()
+}
+
 pub fn valid_traceparent(t: &str) -> bool {
     let parts: Vec<&str> = t.split('-').collect();
     let hex = |s: &str, n: usize| {

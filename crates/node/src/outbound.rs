@@ -176,6 +176,12 @@ async fn set_up(
         log.dst_addr = fields.dst_addr;
         log.dst_hbone_addr = fields.dst_hbone_addr;
         log.dst_identity = fields.dst_identity;
+        log.trace_id = headers
+            .traceparent
+            .as_deref()
+            .and_then(ferry_hbone::headers::trace_id_of)
+            .unwrap_or_default()
+            .to_string();
         log.path = match failed.as_slice() {
             [] => fields.path,
             tried => format!(

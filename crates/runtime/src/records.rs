@@ -22,6 +22,8 @@ pub const DEFAULT_CAPACITY: usize = 1024;
 pub struct Record {
     /// `<process id>-<sequence>`: the same id as the access-log line's `conn.id`.
     pub id: String,
+    /// The W3C trace id all hops of the connection share (empty if none travelled).
+    pub trace_id: String,
     /// When it ended, in milliseconds since the Unix epoch.
     pub at_ms: u64,
     /// `outbound`, `inbound`, `waypoint`, `gateway`, ...

@@ -335,6 +335,8 @@ pub struct AccessLog<'a> {
     pub error_side: Option<Side>,
     /// The policy and rule that denied it, if a policy did (`-` when no ALLOW matched).
     pub denied_by: Option<(String, String)>,
+    /// The W3C trace id every hop of the connection records (the source starts it).
+    pub trace_id: String,
 }
 
 impl AccessLog<'_> {
@@ -365,6 +367,7 @@ impl AccessLog<'_> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             id,
+            trace_id: self.trace_id.clone(),
             direction: self.direction.to_string(),
             src_addr: self.src_addr.clone(),
             src_workload: self.src_workload.to_string(),
@@ -401,6 +404,7 @@ impl AccessLog<'_> {
             target: "access",
             direction = self.direction,
             conn.id = %id,
+            trace.id = %self.trace_id,
             src.addr = %self.src_addr,
             src.workload = self.src_workload,
             src.identity = %self.src_identity,
