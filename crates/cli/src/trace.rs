@@ -57,38 +57,52 @@ fn order(r: &Value) -> u8 {
 
 /// Runs the connection; `Ok(false)` if it was refused or failed.
 fn run_inner(args: &TraceArgs) -> anyhow::Result<bool> {
+    let ns = ferry_lab::pod_netns(&args.state_dir, &args.pod)?;
     let start = now_ms();
-    let sent = Command::new(std::env::current_exe()?)
+    let sent = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe()?)
         .args([
             "lab",
-            "send",
-            &args.pod,
+            "connect",
             &args.to.to_string(),
             "--data",
             "trace\n",
+            "--local",
         ])
-        .arg("--state-dir")
-        .arg(&args.state_dir)
         .output()
         .context("opening the connection")?;
     let answer = String::from_utf8_lossy(&sent.stdout).trim().to_string();
     let connected = sent.status.success();
-    // The source's record: the newest outbound one from the pod since the connection started.
+    let stderr = String::from_utf8_lossy(&sent.stderr);
+    // The source's record: the outbound one from exactly the connection's address; if it was
+    // reset before its address could be read (refused at once), the newest from the pod since.
+    let local = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("local "))
+        .map(str::to_string);
+    let to = args.to.to_string();
+    let ours = |r: &Value| {
+        field(r, "direction") == "outbound"
+            && match &local {
+                Some(addr) => field(r, "src_addr") == addr,
+                None => {
+                    field(r, "src_workload") == args.pod
+                        && field(r, "dst_addr") == to
+                        && r["at_ms"].as_u64().unwrap_or(0) >= start
+                }
+            }
+    };
     let deadline = Instant::now() + RECORDS_BOUND;
     let source = loop {
-        let records = gather(&args.state_dir)?;
-        let found = records.into_iter().rev().find(|r| {
-            field(r, "direction") == "outbound"
-                && field(r, "src_workload") == args.pod
-                && r["at_ms"].as_u64().unwrap_or(0) >= start
-        });
-        if let Some(r) = found {
+        if let Some(r) = gather(&args.state_dir)?.into_iter().rev().find(|r| ours(r)) {
             break r;
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "no record of the connection from {} at its node proxy",
-            args.pod
+            "no record of the connection from {} at its node proxy ({})",
+            args.pod,
+            stderr.trim()
         );
         std::thread::yield_now();
     };

@@ -165,7 +165,7 @@ impl Handler for Gateway {
             dst_addr: req.target.to_string(),
             dst_hbone_addr: admitted.to.to_string(),
             path: "forwarded to its network, inner tunnel untouched".into(),
-            trace_id: ferry_hbone::headers::trace_id(&req.headers),
+            trace_id: req.trace_text(),
             bytes_sent: outcome.sent,
             bytes_recv: outcome.received,
             ..AccessLog::default()

@@ -181,14 +181,13 @@ pub fn trace_id_of(traceparent: &str) -> Option<&str> {
         .flatten()
 }
 
-/// The trace id of the `traceparent` a CONNECT carries; empty if it carries none that is valid.
-/// Every hop records it, so the records of one connection can be joined (`ferry trace`).
-pub fn trace_id(map: &HeaderMap) -> String {
+/// The trace id of the `traceparent` a CONNECT carries, if it carries a valid one. Every hop
+/// records it, so the records of one connection can be joined (`ferry trace`).
+pub fn trace_id(map: &HeaderMap) -> Option<u128> {
     map.get(TRACEPARENT)
         .and_then(|v| v.to_str().ok())
         .and_then(trace_id_of)
-        .unwrap_or_default()
-        .to_string()
+        .and_then(|t| u128::from_str_radix(t, 16).ok())
 }
 
 pub fn valid_traceparent(t: &str) -> bool {

@@ -46,6 +46,18 @@ pub struct ConnectRequest {
     /// the tunnel is up, so that a held tunnel does not keep them (read them in `connect` at
     /// the latest).
     pub headers: HeaderMap,
+    /// The trace id of the CONNECT's `traceparent`, kept for the tunnel's life (16 bytes, not
+    /// the headers): every hop records it, so one connection's records can be joined.
+    pub trace_id: Option<u128>,
+}
+
+impl ConnectRequest {
+    /// [`ConnectRequest::trace_id`] as 32 hex digits; empty if the CONNECT carried none.
+    pub fn trace_text(&self) -> String {
+        self.trace_id
+            .map(|t| format!("{t:032x}"))
+            .unwrap_or_default()
+    }
 }
 
 /// Decides about and serves CONNECT requests. Supplied by the node proxy, waypoint or gateway.
@@ -494,6 +506,7 @@ async fn open_stream<H: Handler>(
         peer_cluster: peer.cluster.clone(),
         peer_addr: peer.addr,
         target,
+        trace_id: headers::trace_id(&parts.headers),
         headers: parts.headers,
     };
     let mut admitted = match handler.admit(&req) {

@@ -173,8 +173,19 @@ async fn serve_http(name: String, l: TcpListener) {
 
 /// Connects to `to`, sends `data`, closes its side, and returns everything received.
 pub(crate) fn connect(to: SocketAddr, data: &[u8], timeout: Duration) -> std::io::Result<Vec<u8>> {
+    connect_then(to, data, timeout, |_| {})
+}
+
+/// [`connect`], telling `connected` the connection's local address once it is up.
+pub(crate) fn connect_then(
+    to: SocketAddr,
+    data: &[u8],
+    timeout: Duration,
+    connected: impl FnOnce(SocketAddr),
+) -> std::io::Result<Vec<u8>> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&to, timeout)?;
+    connected(s.local_addr()?);
     s.set_read_timeout(Some(timeout))?;
     s.write_all(data)?;
     match s.shutdown(std::net::Shutdown::Write) {

@@ -360,6 +360,9 @@ pub enum LabCommand {
         to: SocketAddr,
         #[arg(long, default_value = "hello\n")]
         data: String,
+        /// Print `local <addr>` on stderr once connected (`ferry trace` finds its record by it).
+        #[arg(long)]
+        local: bool,
     },
 }
 
@@ -386,7 +389,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Status { lab } => done(session::status(&lab.state_dir)),
         LabCommand::Exec { pod, lab, command } => session::exec(&lab.state_dir, &pod, &command),
         LabCommand::Send { pod, to, data, lab } => session::send(&lab.state_dir, &pod, to, &data),
-        LabCommand::Connect { to, data } => session::connect(to, &data),
+        LabCommand::Connect { to, data, local } => session::connect(to, &data, local),
         LabCommand::Count { pod, to, n, lab } => session::count(&lab.state_dir, &pod, to, n),
         LabCommand::Tally { to, n } => done(session::tally(to, n)),
         LabCommand::Bench {

@@ -75,6 +75,16 @@ pub fn components(state_dir: &Path) -> anyhow::Result<Vec<Component>> {
     Ok(out)
 }
 
+/// The network namespace of `pod` in the lab in `state_dir`.
+pub fn pod_netns(state_dir: &Path, pod: &str) -> anyhow::Result<String> {
+    let state = state::State::up(state_dir)?;
+    state
+        .pods
+        .get(pod)
+        .map(|p| p.netns.clone())
+        .with_context(|| format!("no pod {pod} in the lab"))
+}
+
 /// The body of a GET of `path` on `c`'s admin endpoint, asked from inside its namespace.
 pub fn admin_get(c: &Component, path: &str) -> anyhow::Result<String> {
     let out = std::process::Command::new("ip")

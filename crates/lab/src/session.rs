@@ -133,8 +133,13 @@ pub(crate) fn tally(to: SocketAddr, n: u32) -> anyhow::Result<()> {
 
 /// `ferry lab connect` (inside the lab): prints the answer, or why the connection failed
 /// (exit code 1).
-pub(crate) fn connect(to: SocketAddr, data: &str) -> anyhow::Result<ExitCode> {
-    match crate::apps::connect(to, data.as_bytes(), Duration::from_secs(5)) {
+pub(crate) fn connect(to: SocketAddr, data: &str, local: bool) -> anyhow::Result<ExitCode> {
+    let shown = |addr: SocketAddr| {
+        if local {
+            eprintln!("local {addr}");
+        }
+    };
+    match crate::apps::connect_then(to, data.as_bytes(), Duration::from_secs(5), shown) {
         Ok(out) => {
             print!("{}", String::from_utf8_lossy(&out));
             Ok(ExitCode::SUCCESS)

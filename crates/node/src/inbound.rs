@@ -258,7 +258,7 @@ impl Inbound {
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
             path: path.into_owned(),
-            trace_id: ferry_hbone::headers::trace_id(&req.headers),
+            trace_id: req.trace_text(),
             ..AccessLog::default()
         }
     }

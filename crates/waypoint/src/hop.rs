@@ -278,7 +278,7 @@ impl Handler for Waypoint {
             src_identity: req.peer.to_string(),
             dst_addr: req.target.to_string(),
             path: "hbone via this waypoint".into(),
-            trace_id: ferry_hbone::headers::trace_id(&req.headers),
+            trace_id: req.trace_text(),
             bytes_sent: outcome.sent,
             bytes_recv: outcome.received,
             ..AccessLog::default()

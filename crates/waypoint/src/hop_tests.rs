@@ -219,6 +219,7 @@ async fn a_tunnel_to_a_workload_whose_destination_is_down_is_refused_not_answere
     );
     // And why, for the access log: the destination could not be reached.
     let req = ConnectRequest {
+        trace_id: None,
         id: 2,
         peer: Arc::new(
             "spiffe://cluster.local/ns/default/sa/sleep"
@@ -329,6 +330,7 @@ async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_si
     let dead = dead_port().await;
     let f = waypoint(&ca, dead).await;
     let req = ConnectRequest {
+        trace_id: None,
         id: 1,
         peer: Arc::new(
             "spiffe://cluster.local/ns/default/sa/sleep"

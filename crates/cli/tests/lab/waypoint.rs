@@ -286,3 +286,71 @@ fn straight_to_the_pod_around_the_waypoint_is_refused() {
         ],
     );
 }
+
+/// `ferry trace`: echo-beta -> audit through beta's waypoint yields one record per hop (source
+/// node proxy, waypoint, destination node proxy) with one trace id, printed in hop order; a
+/// connection refused by scope at the source shows that hop and why.
+#[test]
+fn ferry_trace_prints_every_hop_joined_by_one_trace_id_and_the_hop_that_refused() {
+    let Some(lab) = MESH.get() else { return };
+    let trace = |pod: &str, to: &str, output: &str| {
+        crate::harness::ferry()
+            .args(["trace", pod, to, "--state-dir"])
+            .arg(&lab.dir)
+            .args(["-o", output])
+            .output()
+            .unwrap()
+    };
+    let out = trace("echo-beta", "198.18.10.5:80", "json");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let id = v["trace_id"].as_str().unwrap_or_default();
+    assert_eq!(id.len(), 32, "{v}");
+    let hops: Vec<(String, String)> = v["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .map(|h| {
+            assert_eq!(h["trace_id"], id, "{h}");
+            (
+                h["component"].as_str().unwrap_or_default().to_string(),
+                h["direction"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("node/beta-1", "outbound"),
+        ("waypoint/audit-waypoint-beta", "waypoint"),
+        ("node/beta-1", "inbound"),
+    ]
+    .map(|(c, d)| (c.to_string(), d.to_string()));
+    assert_eq!(hops, expected, "{v}");
+    // The same trace id is in each hop's access-log line.
+    lab.log_line(
+        "beta-1",
+        &[Field("trace.id", id), Field("direction", "inbound")],
+    );
+
+    let out = trace("sleep", "198.18.10.5:80", "text");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("refused or failed"), "{text}");
+    assert!(
+        text.contains("node/alpha-1 outbound") && text.contains("flags=NoRoute"),
+        "{text}"
+    );
+    assert!(
+        text.contains("no waypoint endpoint is eligible for a source in cluster alpha"),
+        "{text}"
+    );
+}
