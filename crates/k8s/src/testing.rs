@@ -69,9 +69,10 @@ pub struct ApiServer {
 /// The collection path of an object, from its `apiVersion` and `kind`.
 pub fn collection_of(api_version: &str, kind: &str) -> String {
     let lower = kind.to_ascii_lowercase();
+    // `policy` -> `policies`, but `gateway` -> `gateways` (a vowel before the `y`).
     let plural = match lower.strip_suffix('y') {
-        Some(stem) => format!("{stem}ies"),
-        None => format!("{lower}s"),
+        Some(stem) if !stem.ends_with(['a', 'e', 'i', 'o', 'u']) => format!("{stem}ies"),
+        _ => format!("{lower}s"),
     };
     if api_version.contains('/') {
         format!("/apis/{api_version}/{plural}")

@@ -337,3 +337,20 @@ fn read(s: &Stores, notes: &mut Vec<Note>) -> ClusterObjects {
     }
     objects
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    /// The in-process API server serves every watched kind where kube-rs asks for it.
+    #[test]
+    fn the_test_api_server_serves_every_watched_kind() {
+        for ar in super::kinds() {
+            let prefix = if ar.group.is_empty() { "/api" } else { "/apis" };
+            assert_eq!(
+                crate::testing::collection_of(&ar.api_version, &ar.kind),
+                format!("{prefix}/{}/{}", ar.api_version, ar.plural),
+                "{}",
+                ar.kind
+            );
+        }
+    }
+}

@@ -191,6 +191,11 @@ async fn changes_of_every_kind_reach_the_mesh() {
     .await;
 
     // Gateway: removing the waypoint from both clusters detaches audit.
+    r.until("audit has its waypoint", |s| {
+        s.service(&key("audit"))
+            .is_some_and(|a| a.waypoint.is_some())
+    })
+    .await;
     r.alpha.delete(
         "gateway.networking.k8s.io/v1",
         "Gateway",
