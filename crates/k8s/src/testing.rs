@@ -6,7 +6,10 @@
 //! objects start as recorded fixtures (`kubectl get -o yaml` lists).
 //!
 //! Only cluster-wide collections (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`) are
-//! served: what `Api::all` asks for. Built with the `testing` feature, for tests only.
+//! served: what `Api::all` asks for. Every kind the watch reads is served at the path kube-rs
+//! asks for (see [`collection_of`]), `discovery.k8s.io/v1` EndpointSlices at
+//! `/apis/discovery.k8s.io/v1/endpointslices` included; a kind with no objects lists empty.
+//! Built with the `testing` feature, for tests only.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

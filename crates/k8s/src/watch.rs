@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -101,6 +102,7 @@ fn kinds() -> Vec<ApiResource> {
         ApiResource::erase::<Node>(&()),
         ApiResource::erase::<Pod>(&()),
         ApiResource::erase::<Service>(&()),
+        ApiResource::erase::<EndpointSlice>(&()),
         ApiResource::from_gvk(&GroupVersionKind::gvk(
             "gateway.networking.k8s.io",
             "v1",
