@@ -372,7 +372,7 @@ spec: {clusterIP: 198.18.10.23, ports: [{port: 80, targetPort: 8080}], selector:
 ";
     let (snap, notes) = mesh(doc, "");
     let lb = |name: &str| {
-        let key = ServiceKey::new("default", &format!("{name}.default.svc.cluster.local"));
+        let key = ServiceKey::new("default", format!("{name}.default.svc.cluster.local"));
         snap.service(&key)
             .and_then(|s| s.load_balancing.clone())
             .unwrap_or_else(|| panic!("{name} has load balancing"))

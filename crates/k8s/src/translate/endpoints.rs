@@ -31,10 +31,17 @@ pub(super) struct PodState {
     pub(super) terminating: bool,
 }
 
-/// One cluster's pods as their slices' endpoints name them: `(namespace, name)` to each
-/// endpoint's `targetRef` uid (if it gives one) and state.
+/// One cluster's pods as their slices' endpoints name them, by `(namespace, name)`.
 #[derive(Debug, Default)]
-pub(super) struct SliceStates(BTreeMap<(String, String), Vec<(Option<String>, PodState)>>);
+pub(super) struct SliceStates(BTreeMap<(String, String), Vec<Named>>);
+
+/// One endpoint naming a pod.
+#[derive(Debug)]
+struct Named {
+    /// The `targetRef`'s uid, if it gives one.
+    uid: Option<String>,
+    state: PodState,
+}
 
 impl Tx<'_> {
     /// Reads every cluster's slices; a slice with endpoints that name no pod is a note.
@@ -89,10 +96,10 @@ impl SliceStates {
                 continue;
             };
             let pod_ns = target.namespace.clone().unwrap_or_else(|| ns.clone());
-            self.0
-                .entry((pod_ns, name))
-                .or_default()
-                .push((target.uid.clone(), state(e.conditions.as_ref())));
+            self.0.entry((pod_ns, name)).or_default().push(Named {
+                uid: target.uid.clone(),
+                state: state(e.conditions.as_ref()),
+            });
         }
         let api_server = ns == "default" && service == "kubernetes";
         (unnamed > 0 && !api_server).then_some(unnamed)
@@ -106,11 +113,11 @@ impl SliceStates {
         self.0
             .get(&ns_name(&p.metadata))?
             .iter()
-            .filter(|(target, _)| match (target.as_deref(), uid) {
+            .filter(|n| match (n.uid.as_deref(), uid) {
                 (Some(t), Some(u)) => t == u,
                 _ => true,
             })
-            .map(|(_, s)| *s)
+            .map(|n| n.state)
             .reduce(|a, b| PodState {
                 healthy: a.healthy && b.healthy,
                 terminating: a.terminating || b.terminating,

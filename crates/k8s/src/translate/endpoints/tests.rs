@@ -12,25 +12,22 @@ fn conditions(
     }
 }
 
+const fn pod_state(healthy: bool, terminating: bool) -> PodState {
+    PodState {
+        healthy,
+        terminating,
+    }
+}
+
+/// Healthy, unhealthy, terminating while serving, terminating and not serving.
+const HEALTHY: PodState = pod_state(true, false);
+const UNHEALTHY: PodState = pod_state(false, false);
+const DRAINING: PodState = pod_state(true, true);
+const DEAD: PodState = pod_state(false, true);
+
 /// Every combination of the three conditions (each true, false or nil), and none at all.
 #[test]
 fn conditions_give_the_pod_state() {
-    const HEALTHY: PodState = PodState {
-        healthy: true,
-        terminating: false,
-    };
-    const UNHEALTHY: PodState = PodState {
-        healthy: false,
-        terminating: false,
-    };
-    const DRAINING: PodState = PodState {
-        healthy: true,
-        terminating: true,
-    };
-    const DEAD: PodState = PodState {
-        healthy: false,
-        terminating: true,
-    };
     let (t, f, n) = (Some(true), Some(false), None);
     #[rustfmt::skip]
     let table = [
@@ -54,7 +51,7 @@ fn conditions_give_the_pod_state() {
     assert_eq!(state(None), HEALTHY, "no conditions at all");
 }
 
-fn slice(name: &str, endpoints: serde_json::Value) -> EndpointSlice {
+fn slice(name: &str, endpoints: &serde_json::Value) -> EndpointSlice {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": "default", "labels": {SERVICE_NAME: "echo"}},
         "addressType": "IPv4",
@@ -63,7 +60,7 @@ fn slice(name: &str, endpoints: serde_json::Value) -> EndpointSlice {
     .unwrap()
 }
 
-fn endpoint(pod: &str, conditions: serde_json::Value) -> serde_json::Value {
+fn endpoint(pod: &str, conditions: &serde_json::Value) -> serde_json::Value {
     serde_json::json!({
         "addresses": ["198.18.1.20"],
         "conditions": conditions,
@@ -97,23 +94,18 @@ fn a_pod_in_several_slices_takes_the_most_cautious_state() {
             3 => &["c", "d"],
             _ => &[],
         };
-        let eps = pods
-            .iter()
-            .map(|p| endpoint(p, conditions.clone()))
-            .collect();
-        assert_eq!(s.add(&slice(&format!("echo-{i}"), eps)), None);
+        let eps = pods.iter().map(|p| endpoint(p, conditions)).collect();
+        assert_eq!(s.add(&slice(&format!("echo-{i}"), &eps)), None);
     }
     let of = |name: &str| s.of(&pod(name, &format!("uid-{name}")));
-    let want = |healthy, terminating| {
-        Some(PodState {
-            healthy,
-            terminating,
-        })
-    };
-    assert_eq!(of("a"), want(false, false), "not serving in one slice");
-    assert_eq!(of("b"), want(false, true), "terminating in one slice");
-    assert_eq!(of("c"), want(true, true), "terminating in one slice");
-    assert_eq!(of("d"), want(true, false));
+    assert_eq!(of("a"), Some(UNHEALTHY), "not serving in one slice");
+    assert_eq!(
+        of("b"),
+        Some(DEAD),
+        "terminating in one, not serving in one"
+    );
+    assert_eq!(of("c"), Some(DRAINING), "terminating in one slice");
+    assert_eq!(of("d"), Some(HEALTHY));
     assert_eq!(of("e"), None, "in no slice: the pod's own rule applies");
 }
 
@@ -122,7 +114,7 @@ fn an_endpoint_of_an_earlier_pod_of_the_same_name_says_nothing() {
     let mut s = SliceStates::default();
     s.add(&slice(
         "web",
-        serde_json::json!([endpoint("web-0", serde_json::json!({"terminating": true}))]),
+        &serde_json::json!([endpoint("web-0", &serde_json::json!({"terminating": true}))]),
     ));
     assert_eq!(
         s.of(&pod("web-0", "uid-web-0")).map(|s| s.terminating),
@@ -135,11 +127,11 @@ fn an_endpoint_of_an_earlier_pod_of_the_same_name_says_nothing() {
 fn endpoints_that_name_no_pod_are_counted_except_the_api_server_s() {
     let bare = serde_json::json!([{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"]}]);
     let mut s = SliceStates::default();
-    assert_eq!(s.add(&slice("manual", bare.clone())), Some(2));
-    let mut api_server = slice("kubernetes", bare.clone());
+    assert_eq!(s.add(&slice("manual", &bare)), Some(2));
+    let mut api_server = slice("kubernetes", &bare);
     api_server.metadata.labels = Some([(SERVICE_NAME.into(), "kubernetes".into())].into());
     assert_eq!(s.add(&api_server), None);
-    let mut no_service = slice("loose", bare);
+    let mut no_service = slice("loose", &bare);
     no_service.metadata.labels = None;
     assert_eq!(s.add(&no_service), None, "not a Service's slice: not read");
     assert!(s.0.is_empty());
