@@ -10,6 +10,7 @@
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
@@ -30,6 +31,8 @@ pub struct ClusterObjects {
     pub nodes: Vec<Node>,
     pub pods: Vec<Pod>,
     pub services: Vec<Service>,
+    /// `discovery.k8s.io/v1` slices: their endpoints' conditions are their pods' state.
+    pub endpoint_slices: Vec<EndpointSlice>,
     pub gateways: Vec<Gateway>,
     pub policies: Vec<AuthorizationPolicy>,
     pub service_exports: Vec<ServiceExport>,
@@ -132,6 +135,10 @@ impl ClusterObjects {
             },
             ("", "Service") => match serde_json::from_value(value) {
                 Ok(o) => self.services.push(o),
+                Err(e) => bad(e),
+            },
+            ("discovery.k8s.io", "EndpointSlice") => match serde_json::from_value(value) {
+                Ok(o) => self.endpoint_slices.push(o),
                 Err(e) => bad(e),
             },
             ("gateway.networking.k8s.io", "Gateway") => match serde_json::from_value(value) {

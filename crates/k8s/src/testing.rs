@@ -6,7 +6,10 @@
 //! objects start as recorded fixtures (`kubectl get -o yaml` lists).
 //!
 //! Only cluster-wide collections (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`) are
-//! served: what `Api::all` asks for. Built with the `testing` feature, for tests only.
+//! served: what `Api::all` asks for. Every kind the watch reads is served at the path kube-rs
+//! asks for (see [`collection_of`]), `discovery.k8s.io/v1` EndpointSlices at
+//! `/apis/discovery.k8s.io/v1/endpointslices` included; a kind with no objects lists empty.
+//! Built with the `testing` feature, for tests only.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -69,9 +72,10 @@ pub struct ApiServer {
 /// The collection path of an object, from its `apiVersion` and `kind`.
 pub fn collection_of(api_version: &str, kind: &str) -> String {
     let lower = kind.to_ascii_lowercase();
+    // `policy` -> `policies`, but `gateway` -> `gateways` (a vowel before the `y`).
     let plural = match lower.strip_suffix('y') {
-        Some(stem) => format!("{stem}ies"),
-        None => format!("{lower}s"),
+        Some(stem) if !stem.ends_with(['a', 'e', 'i', 'o', 'u']) => format!("{stem}ies"),
+        _ => format!("{lower}s"),
     };
     if api_version.contains('/') {
         format!("/apis/{api_version}/{plural}")

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -101,6 +102,7 @@ fn kinds() -> Vec<ApiResource> {
         ApiResource::erase::<Node>(&()),
         ApiResource::erase::<Pod>(&()),
         ApiResource::erase::<Service>(&()),
+        ApiResource::erase::<EndpointSlice>(&()),
         ApiResource::from_gvk(&GroupVersionKind::gvk(
             "gateway.networking.k8s.io",
             "v1",
@@ -336,4 +338,21 @@ fn read(s: &Stores, notes: &mut Vec<Note>) -> ClusterObjects {
         }
     }
     objects
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    /// The in-process API server serves every watched kind where kube-rs asks for it.
+    #[test]
+    fn the_test_api_server_serves_every_watched_kind() {
+        for ar in super::kinds() {
+            let prefix = if ar.group.is_empty() { "/api" } else { "/apis" };
+            assert_eq!(
+                crate::testing::collection_of(&ar.api_version, &ar.kind),
+                format!("{prefix}/{}/{}", ar.api_version, ar.plural),
+                "{}",
+                ar.kind
+            );
+        }
+    }
 }

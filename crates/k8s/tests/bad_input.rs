@@ -1,34 +1,14 @@
 //! Objects Ferry cannot use are left out with a note, one bad object never blocks the rest,
 //! and a policy Ferry cannot enforce exactly fails closed.
 
-use std::path::PathBuf;
+mod support;
 
 use ferry_core::authz::{ConnInfo, Effect, authorize};
 use ferry_core::identity::Identity;
+use ferry_core::model::Health;
 use ferry_core::snapshot::Snapshot;
-use ferry_k8s::{ClusterObjects, MeshConfig, Note, translate};
-
-fn cluster(name: &str, extra: &str) -> (ClusterObjects, Vec<Note>) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
-    let mut c = ClusterObjects::new(name);
-    let mut notes = c
-        .add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
-        .unwrap();
-    notes.extend(c.add_yaml("extra", extra).unwrap());
-    (c, notes)
-}
-
-fn mesh(alpha_extra: &str, beta_extra: &str) -> (Snapshot, Vec<Note>) {
-    let (a, mut notes) = cluster("alpha", alpha_extra);
-    let (b, more) = cluster("beta", beta_extra);
-    notes.extend(more);
-    let (t, n) = translate(&MeshConfig::default(), &[a, b])
-        .into_topology()
-        .unwrap_or_else(|e| panic!("a mesh despite the bad objects: {e}"));
-    notes.extend(n);
-    (t.snapshot, notes)
-}
+use ferry_k8s::{MeshConfig, Note, translate};
+use support::{cluster, mesh};
 
 fn allowed(snap: &Snapshot, from_sa: &str, dst: &str, port: u16) -> bool {
     let id = Identity::new("cluster.local", "default", from_sa).unwrap();
@@ -413,4 +393,70 @@ spec: {clusterIP: 198.18.10.23, ports: [{port: 80, targetPort: 8080}], selector:
     ));
     assert_eq!(lb("wrong").failover_minimum, None);
     assert_eq!(lb("wrong").mode, LbMode::Failover);
+}
+
+#[test]
+fn an_endpoint_slice_that_does_not_decode_is_left_out_and_the_rest_kept() {
+    // `endpoints` must be a list. The good slice next to it still decides its pod's state.
+    let doc = "\
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-broken, namespace: default, labels: {kubernetes.io/service-name: echo}}
+addressType: IPv4
+endpoints: 7
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-good, namespace: default, labels: {kubernetes.io/service-name: echo}}
+addressType: IPv4
+endpoints:
+  - addresses: [198.18.2.20]
+    conditions: {ready: false, serving: false, terminating: false}
+    targetRef: {kind: Pod, namespace: default, name: echo-alpha-2, uid: 0000-echo-alpha-2}
+";
+    let (snap, notes) = mesh(doc, "");
+    assert!(
+        has_note(
+            &notes,
+            "EndpointSlice default/echo-broken",
+            "left out: it does not decode"
+        ),
+        "{notes:?}"
+    );
+    let health = |name: &str| snap.workloads().find(|w| w.name == name).unwrap().health;
+    assert_eq!(health("echo-alpha-2"), Health::Unhealthy, "the good slice");
+    assert_eq!(health("echo-alpha-1"), Health::Healthy, "its own Ready");
+    assert!(snap.workloads().any(|w| w.name == "sleep"));
+}
+
+#[test]
+fn endpoints_that_name_no_pod_are_a_note_except_the_api_server_s() {
+    let doc = "\
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: external-db-1, namespace: default, labels: {kubernetes.io/service-name: external-db}}
+addressType: IPv4
+endpoints: [{addresses: [10.9.0.1]}, {addresses: [10.9.0.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: kubernetes, namespace: default, labels: {kubernetes.io/service-name: kubernetes}}
+addressType: IPv4
+endpoints: [{addresses: [10.0.0.1]}]
+";
+    let (_, notes) = mesh(doc, "");
+    assert!(
+        has_note(
+            &notes,
+            "EndpointSlice default/external-db-1",
+            "2 endpoint(s) left out: they name no pod (no targetRef)"
+        ),
+        "{notes:?}"
+    );
+    assert!(
+        !notes
+            .iter()
+            .any(|n| n.object == "EndpointSlice default/kubernetes"),
+        "{notes:?}"
+    );
 }

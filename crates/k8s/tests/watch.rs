@@ -191,6 +191,11 @@ async fn changes_of_every_kind_reach_the_mesh() {
     .await;
 
     // Gateway: removing the waypoint from both clusters detaches audit.
+    r.until("audit has its waypoint", |s| {
+        s.service(&key("audit"))
+            .is_some_and(|a| a.waypoint.is_some())
+    })
+    .await;
     r.alpha.delete(
         "gateway.networking.k8s.io/v1",
         "Gateway",
@@ -222,6 +227,64 @@ async fn changes_of_every_kind_reach_the_mesh() {
     );
     r.until("the policy is gone", |s| {
         !s.policies().any(|p| p.name == "deny-all-echo")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_slice_update_marking_a_pod_terminating_reaches_the_mesh() {
+    let mut r = rig().await;
+    r.until("both clusters are in", |s| {
+        has(s, "sleep") && has(s, "echo-beta")
+    })
+    .await;
+    let endpoint = |pod: &str, ip: &str, conditions: serde_json::Value| {
+        json!({"addresses": [ip], "conditions": conditions,
+               "targetRef": {"kind": "Pod", "namespace": "default", "name": pod, "uid": format!("0000-{pod}")}})
+    };
+    r.alpha.apply(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "echo-x7k2p", "namespace": "default", "labels": {"kubernetes.io/service-name": "echo"}},
+        "addressType": "IPv4",
+        "endpoints": [
+            endpoint("echo-alpha-1", "198.18.1.20", json!({"ready": true, "serving": true, "terminating": false})),
+            endpoint("echo-alpha-2", "198.18.2.20", json!({"ready": false, "serving": false, "terminating": false})),
+        ],
+    }));
+    r.until("the slice is in: echo-alpha-2 is not serving", |s| {
+        workload(s, "echo-alpha-2").health == Health::Unhealthy
+    })
+    .await;
+    assert_eq!(
+        workload(&r.meshes.borrow().clone().unwrap(), "echo-alpha-1").health,
+        Health::Healthy
+    );
+    // The pod is being deleted: the controller marks its endpoint terminating, still serving.
+    r.alpha.edit(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        "default/echo-x7k2p",
+        |s| {
+            s["endpoints"][0]["conditions"] =
+                json!({"ready": false, "serving": true, "terminating": true});
+        },
+    );
+    r.until("echo-alpha-1 is terminating", |s| {
+        workload(s, "echo-alpha-1").health == Health::Terminating
+    })
+    .await;
+    let pod = r.alpha.get("v1", "Pod", "default/echo-alpha-1").unwrap();
+    assert_eq!(
+        pod["status"]["conditions"][0],
+        json!({"type": "Ready", "status": "True"}),
+        "the pod's own Ready is unchanged"
+    );
+    // The slice gone, each pod's own Ready decides again.
+    r.alpha
+        .delete("discovery.k8s.io/v1", "EndpointSlice", "default/echo-x7k2p");
+    r.until("both pods are healthy again", |s| {
+        workload(s, "echo-alpha-1").health == Health::Healthy
+            && workload(s, "echo-alpha-2").health == Health::Healthy
     })
     .await;
 }

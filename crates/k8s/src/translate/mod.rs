@@ -10,7 +10,16 @@
 //!   `istio.io/dataplane-mode=ambient` (`none` on the pod opts it out) and the CNI side has
 //!   marked it redirected (`ambient.istio.io/redirection: enabled`, as Istio's does); one asked
 //!   for but not redirected is a note. Other pods are plain TCP workloads. Pods without an address, finished pods and host-network pods are left out.
-//!   `Ready` is health; a deletion timestamp marks a pod terminating.
+//! - **Health** (workloads and waypoint instances alike). A pod named by an endpoint
+//!   (`targetRef`) of an EndpointSlice labelled `kubernetes.io/service-name` takes its state from
+//!   the endpoint's conditions, with Kubernetes' nils (`terminating` nil is false, `serving` nil
+//!   is `ready`, `ready` nil is true): `terminating: true` is terminating (no new connections,
+//!   open ones kept), else `serving: false` is unhealthy, else healthy. Named by several
+//!   endpoints, it is terminating if any says so, else unhealthy if any is not serving. An
+//!   endpoint whose `targetRef` uid is not the pod's names an earlier pod of that name and is
+//!   not read. A pod no endpoint names keeps its own: `Ready` is health, a deletion timestamp
+//!   is terminating. Endpoints with no `targetRef` name no pod: left out, with a note per slice
+//!   (none for the API server's own `default/kubernetes`, in every cluster). See [`endpoints`].
 //! - **Waypoints.** A `Gateway` of class `istio-waypoint` is a waypoint; its
 //!   `istio.io/waypoint-for` label says what it serves (`service`, the default, `workload`,
 //!   `all`; `none` leaves it out); its instances are the pods labelled
@@ -40,6 +49,7 @@
 //! - **Policies** are translated with Istio's semantics (see [`policies`]); one Ferry cannot
 //!   enforce exactly fails closed.
 
+mod endpoints;
 mod mcs;
 mod places;
 mod pod_status;
@@ -133,10 +143,12 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
         },
         waypoints: BTreeMap::new(),
         nodes: BTreeMap::new(),
+        pod_states: BTreeMap::new(),
         copies: Vec::new(),
         exports: BTreeMap::new(),
     };
     tx.places();
+    tx.endpoints();
     tx.waypoints();
     tx.services();
     tx.pods();
@@ -167,6 +179,8 @@ struct Tx<'a> {
     waypoints: BTreeMap<String, Serves>,
     /// Node name to the cluster that declared it.
     nodes: BTreeMap<String, String>,
+    /// By cluster, what its EndpointSlices say of its pods.
+    pod_states: BTreeMap<String, endpoints::SliceStates>,
     /// Every service's copies by namespace and name, for the cluster-set services.
     copies: Vec<(String, String, Vec<services::ServiceCopy>)>,
     /// Each `ServiceExport`'s conflict, if any.

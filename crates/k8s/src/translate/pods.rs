@@ -2,7 +2,7 @@
 
 use ferry_topology::schema::{ProtocolSpec, WorkloadSpec};
 
-use super::pod_status::{GATEWAY_NAME, is_ready, pod_ips};
+use super::pod_status::{GATEWAY_NAME, pod_ips};
 use super::{Serves, Tx, label, ns_name};
 
 /// Istio's enrollment label, on a namespace or a pod: `ambient`, or `none` to opt a pod out.
@@ -69,6 +69,7 @@ impl Tx<'_> {
                 } else {
                     None
                 };
+                let state = self.pod_state(&c.cluster, p);
                 let (address, addresses) = match addresses.as_slice() {
                     [one] => (Some(one.clone()), None),
                     _ => (None, Some(addresses)),
@@ -89,8 +90,8 @@ impl Tx<'_> {
                     } else {
                         ProtocolSpec::Tcp
                     },
-                    healthy: is_ready(p),
-                    terminating: p.metadata.deletion_timestamp.is_some(),
+                    healthy: state.healthy,
+                    terminating: state.terminating,
                     labels: p.metadata.labels.clone().unwrap_or_default(),
                     waypoint,
                     ..WorkloadSpec::default()

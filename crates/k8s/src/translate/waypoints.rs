@@ -7,7 +7,7 @@ use ferry_topology::schema::{InstanceSpec, VipSpec, WaypointForSpec, WaypointSpe
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::pod_status::{GATEWAY_NAME, is_ready, pod_ip};
+use super::pod_status::{GATEWAY_NAME, pod_ip};
 use super::{Serves, Tx, label, ns_name};
 
 /// Gateway API class of Istio's waypoints.
@@ -120,12 +120,13 @@ impl Tx<'_> {
                         spec.service_account =
                             p.spec.as_ref().and_then(|s| s.service_account_name.clone());
                     }
+                    let state = self.pod_state(&c.cluster, p);
                     spec.instances.push(InstanceSpec {
                         name: p.metadata.name.clone().unwrap_or_default(),
                         node,
                         address,
-                        healthy: is_ready(p),
-                        terminating: p.metadata.deletion_timestamp.is_some(),
+                        healthy: state.healthy,
+                        terminating: state.terminating,
                         capacity: 1,
                     });
                 }
