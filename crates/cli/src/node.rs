@@ -68,6 +68,8 @@ pub(crate) struct NodeArgs {
     /// LOCAL EXPERIMENTS ONLY: talk to the control plane without TLS.
     #[arg(long)]
     plaintext: bool,
+    #[command(flatten)]
+    records: RecordsArgs,
 }
 
 /// How every data-plane process reaches the control plane. Each option falls back to the
@@ -171,6 +173,7 @@ where
 }
 
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
+    ferry_runtime::records::configure(args.records.records);
     run_process("node", || {
         let control = args.control.read(args.plaintext)?;
         Ok(ferry_node::run(ferry_node::Config {
@@ -199,6 +202,14 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     })
 }
 
+/// The connection records a process keeps (`/records`, `ferry observe`).
+#[derive(Debug, clap::Args)]
+struct RecordsArgs {
+    /// Connection records kept in memory, newest last (about 1 KiB each at most); 0 keeps none.
+    #[arg(long, default_value_t = ferry_runtime::records::DEFAULT_CAPACITY)]
+    records: usize,
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct WaypointArgs {
     /// This instance's workload uid.
@@ -220,9 +231,12 @@ pub(crate) struct WaypointArgs {
     /// Seconds open tunnels may finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    #[command(flatten)]
+    records: RecordsArgs,
 }
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
+    ferry_runtime::records::configure(args.records.records);
     run_process("waypoint", || {
         let control = args.control.read(PLAINTEXT_NEVER)?;
         Ok(ferry_waypoint::run(ferry_waypoint::Config {
@@ -252,9 +266,12 @@ pub(crate) struct GatewayArgs {
     /// Admin endpoint (`/ready`, `/metrics` with refused tunnels and accept errors).
     #[arg(long)]
     admin: Option<SocketAddr>,
+    #[command(flatten)]
+    records: RecordsArgs,
 }
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
+    ferry_runtime::records::configure(args.records.records);
     run_process("gateway", || {
         let control = args.control.read(PLAINTEXT_NEVER)?;
         Ok(ferry_gateway::run(ferry_gateway::Config {

@@ -118,9 +118,81 @@ impl Records {
     }
 }
 
+// === impl Record ===
+
+impl Record {
+    /// The bytes this record holds: itself and its strings' buffers.
+    pub fn footprint(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + [
+                &self.id,
+                &self.trace_id,
+                &self.direction,
+                &self.src_addr,
+                &self.src_workload,
+                &self.src_identity,
+                &self.dst_addr,
+                &self.dst_hbone_addr,
+                &self.dst_service,
+                &self.dst_workload,
+                &self.dst_identity,
+                &self.path,
+                &self.policy,
+                &self.rule,
+                &self.error,
+            ]
+            .iter()
+            .map(|s| s.capacity())
+            .sum::<usize>()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record as a cross-cluster connection through a waypoint writes it.
+    fn typical(i: usize) -> Record {
+        Record {
+            id: format!("1f2e3-{i}"),
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            at_ms: 1_796_164_665_898,
+            direction: "outbound".into(),
+            src_addr: "198.18.3.20:34428".into(),
+            src_workload: "echo-beta-7d9f8c6b5-x2x9q".into(),
+            src_identity: "spiffe://cluster.local/ns/default/sa/echo".into(),
+            dst_addr: "198.18.3.50:15008".into(),
+            dst_hbone_addr: "198.18.10.5:80".into(),
+            dst_service: "default/audit.default.svc.cluster.local".into(),
+            dst_workload: "beta//v1/Pod/default/audit-waypoint-beta-5c8d7f9b4-q7w2e".into(),
+            dst_identity: "spiffe://cluster.local/ns/default/sa/audit-waypoint".into(),
+            path: "hbone via waypoint default/audit-waypoint.default.svc.cluster.local".into(),
+            verdict: "allowed",
+            response_flags: "-",
+            ..Record::default()
+        }
+    }
+
+    #[test]
+    fn a_full_ring_of_typical_records_stays_under_its_stated_bound() {
+        let r = Records::new(DEFAULT_CAPACITY);
+        for i in 0..DEFAULT_CAPACITY * 2 {
+            r.push(typical(i));
+        }
+        let kept = r.snapshot();
+        assert_eq!(kept.len(), DEFAULT_CAPACITY);
+        let bytes: usize = kept.iter().map(Record::footprint).sum();
+        eprintln!("{bytes} bytes for {DEFAULT_CAPACITY} typical records");
+        // The documented bound: about 1 MiB at the default size.
+        assert!(
+            bytes < 1024 * 1024,
+            "{bytes} bytes for {DEFAULT_CAPACITY} records"
+        );
+        assert!(
+            bytes > 256 * 1024,
+            "the measure counts the strings too: {bytes}"
+        );
+    }
 
     #[test]
     fn the_ring_keeps_the_newest_up_to_its_capacity() {
