@@ -46,7 +46,7 @@ fn now_ms() -> u64 {
 }
 
 /// Where a hop stands on the path: the source first, the destination last.
-fn order(r: &Value) -> u8 {
+pub(crate) fn order(r: &Value) -> u8 {
     match field(r, "direction") {
         "outbound" => 0,
         "waypoint" => 1,
