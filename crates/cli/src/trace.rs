@@ -109,7 +109,7 @@ fn run_inner(args: &TraceArgs) -> anyhow::Result<bool> {
     let trace = field(&source, "trace_id").to_string();
     // Every hop with the same trace id; the destination's record ends the path (a refusal at
     // an earlier hop has none: then whatever hops recorded it by the deadline).
-    let mut hops = vec![source.clone()];
+    let mut hops = vec![source];
     if !trace.is_empty() {
         loop {
             hops = gather(&args.state_dir)?

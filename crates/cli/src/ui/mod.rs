@@ -5,7 +5,8 @@
 //! - `/api/mesh`: the running lab's live topology ([`mesh::mesh`]);
 //! - `/api/records`: every component's connection records ([`crate::observe::gather`]), each
 //!   with its `hop` (its place on the path, as `ferry trace` orders hops);
-//! - `/api/explain?from=X&to=Y`: [`crate::explain::explain`]'s report, `400` for bad input.
+//! - `/api/explain?from=X&to=Y`: [`crate::explain::explain`]'s report (with `refused`, and
+//!   `text` as `ferry explain` prints it), `400` for bad input.
 //!
 //! Gathering records asks every node proxy and waypoint (one process each, in their network
 //! namespaces), so one gathering runs at a time and its answer serves every request that
@@ -137,7 +138,7 @@ fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>
     r
 }
 
-fn error(status: StatusCode, message: String) -> Answer {
+fn error(status: StatusCode, message: &str) -> Answer {
     answer(status, JSON, json!({ "error": message }).to_string())
 }
 
@@ -148,7 +149,7 @@ impl Ui {
         if method != Method::GET {
             return error(
                 StatusCode::METHOD_NOT_ALLOWED,
-                format!("{method}: only GET is served"),
+                &format!("{method}: only GET is served"),
             );
         }
         match uri.path() {
@@ -157,25 +158,25 @@ impl Ui {
                 let dir = self.state_dir.clone();
                 match blocking(move || mesh::mesh(&dir)).await {
                     Ok(v) => answer(StatusCode::OK, JSON, v.to_string()),
-                    Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
+                    Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}")),
                 }
             }
             "/api/records" => match self.records().await {
                 Ok(body) => answer(StatusCode::OK, JSON, body),
-                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
+                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}")),
             },
             "/api/explain" => {
                 let query = uri.query().unwrap_or("").to_string();
                 let dir = self.state_dir.clone();
                 match blocking(move || explain(&dir, &query)).await {
                     Ok(Ok(v)) => answer(StatusCode::OK, JSON, v.to_string()),
-                    Ok(Err(bad)) => error(StatusCode::BAD_REQUEST, bad),
-                    Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")),
+                    Ok(Err(bad)) => error(StatusCode::BAD_REQUEST, &bad),
+                    Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}")),
                 }
             }
             p => error(
                 StatusCode::NOT_FOUND,
-                format!("{p}: paths are /, /api/mesh, /api/records, /api/explain?from=X&to=Y"),
+                &format!("{p}: paths are /, /api/mesh, /api/records, /api/explain?from=X&to=Y"),
             ),
         }
     }
@@ -233,13 +234,16 @@ fn explain(state_dir: &Path, query: &str) -> anyhow::Result<Result<Value, String
             "give from (a workload: name, namespace/name, cluster/namespace/name, IP or network/IP) and to (IP:port or hostname:port)".into(),
         ));
     };
-    let topology = ferry_topology::load_file(&ferry_lab::live_topology(state_dir)?)?;
+    let path = ferry_lab::live_topology(state_dir)?;
+    let topology = ferry_topology::load_file(&path)?;
     Ok(
         match crate::explain::explain(&topology.snapshot, &from, &to, seed) {
             Ok(report) => {
-                let refused = report.refused();
                 let mut v = serde_json::to_value(&report)?;
-                v["refused"] = Value::Bool(refused);
+                v["refused"] = Value::Bool(report.refused());
+                // The explanation as `ferry explain --lab` prints it.
+                let name = format!("the running lab's topology ({})", path.display());
+                v["text"] = Value::String(crate::explain::text::text(&report, &name));
                 Ok(v)
             }
             Err(e) => Err(format!("{e:#}")),

@@ -173,6 +173,8 @@ fn the_mesh_map_shows_a_live_flow_through_the_waypoint_and_its_hops() {
     // echo-beta to audit's VIP: through audit-waypoint-beta, then to an audit pod.
     let (trace, hops) = traced(&lab, "echo-beta", "198.18.10.5:80");
     assert_eq!(hops, ["outbound", "waypoint", "inbound"], "trace {trace}");
+    // And one that policy deny-admin-port refuses at echo-alpha-2's node proxy.
+    assert!(lab.send("sleep", "198.18.2.20:9090", "denied\n").is_err());
     let (_driver, webdriver) = start_chromedriver();
     let profile = TempDir(
         std::env::temp_dir().join(format!("ferry-ui-test-chromium-{}", std::process::id())),
@@ -245,6 +247,11 @@ async fn check_the_map(c: &Client, url: &str, trace: &str, screenshot: &Path) {
         drawn.attr("data-verdict").await.unwrap().as_deref(),
         Some("allowed")
     );
+    c.wait()
+        .at_most(PAGE_BOUND)
+        .for_element(Locator::Css(r#"g.flow[data-verdict="denied"]"#))
+        .await
+        .expect("the denied connection drawn as a denied flow");
     c.find(Locator::Css(&format!(
         r#"circle[data-flow-handle="{trace}"]"#
     )))
