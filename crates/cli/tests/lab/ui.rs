@@ -276,19 +276,14 @@ async fn check_the_map(c: &Client, url: &str, trace: &str, screenshot: &Path) {
         hops.contains("waypoint/audit-waypoint-beta") && hops.contains("echo-beta"),
         "{hops}"
     );
-    // What would happen from sleep to audit: explained, and drawn.
-    c.find(Locator::Id("explain-from"))
-        .await
-        .unwrap()
-        .send_keys("echo-beta")
-        .await
-        .unwrap();
-    c.find(Locator::Id("explain-to"))
-        .await
-        .unwrap()
-        .send_keys("198.18.10.5:80")
-        .await
-        .unwrap();
+    // What would happen from echo-beta to audit: explained, and drawn.
+    for (field, value) in [
+        ("explain-from", "echo-beta"),
+        ("explain-to", "198.18.10.5:80"),
+    ] {
+        let input = c.find(Locator::Id(field)).await.unwrap();
+        input.send_keys(value).await.unwrap();
+    }
     c.find(Locator::Id("explain-go"))
         .await
         .unwrap()
