@@ -8,6 +8,7 @@ mod lab;
 mod node;
 mod observe;
 mod trace;
+mod ui;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +45,9 @@ enum Command {
     /// In a running lab: open one connection from a pod and print every hop it took, each
     /// with its record, joined by the trace id the source started.
     Trace(trace::TraceArgs),
+    /// The mesh map in the browser: a running lab's clusters, nodes, workloads, services,
+    /// waypoints and gateways, its live connections as flows, each with its hops, and explain.
+    Ui(ui::UiArgs),
     /// The control plane: the mesh CA and delta xDS on one gRPC port over TLS.
     #[command(subcommand)]
     Control(control::ControlCommand),
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain::run(&args),
         Command::Observe(args) => observe::run(&args),
         Command::Trace(args) => trace::run(&args),
+        Command::Ui(args) => ui::run(&args),
         Command::Control(cmd) => {
             init_logging();
             control::run(cmd)

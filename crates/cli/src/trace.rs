@@ -46,7 +46,7 @@ fn now_ms() -> u64 {
 }
 
 /// Where a hop stands on the path: the source first, the destination last.
-fn order(r: &Value) -> u8 {
+pub(crate) fn order(r: &Value) -> u8 {
     match field(r, "direction") {
         "outbound" => 0,
         "waypoint" => 1,
@@ -109,7 +109,7 @@ fn run_inner(args: &TraceArgs) -> anyhow::Result<bool> {
     let trace = field(&source, "trace_id").to_string();
     // Every hop with the same trace id; the destination's record ends the path (a refusal at
     // an earlier hop has none: then whatever hops recorded it by the deadline).
-    let mut hops = vec![source.clone()];
+    let mut hops = vec![source];
     if !trace.is_empty() {
         loop {
             hops = gather(&args.state_dir)?

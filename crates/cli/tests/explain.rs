@@ -93,6 +93,29 @@ fn one_connection_as_json() {
     assert_eq!(hops[1]["authorization"]["kind"], "checked");
 }
 
+/// A source that backs services (a map keyed by service) is JSON too.
+#[test]
+fn a_service_member_source_as_json() {
+    let lab = example("lab.yaml");
+    let o = ferry(&[
+        "explain",
+        "-t",
+        &lab,
+        "--from",
+        "echo-beta",
+        "--to",
+        "198.18.10.5:80",
+        "-o",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("valid JSON");
+    assert!(
+        v["source"]["workload"]["services"]["default/echo.default.svc.cluster.local"].is_array(),
+        "{v}"
+    );
+}
+
 #[test]
 fn source_by_ip_and_explicit_topology() {
     let o = ferry(&[

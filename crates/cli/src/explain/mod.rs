@@ -17,7 +17,7 @@ use ferry_core::snapshot::Snapshot;
 use crate::{ExplainArgs, Output};
 
 mod report;
-mod text;
+pub(crate) mod text;
 
 pub(crate) use report::{Authorization, Hop, Report, SourceView};
 

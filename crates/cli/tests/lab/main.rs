@@ -21,4 +21,5 @@ mod retry;
 mod rollout;
 mod terminate;
 mod trust;
+mod ui;
 mod waypoint;

@@ -62,11 +62,20 @@ pub struct Workload {
     pub waypoint: Option<GatewayRef>,
     /// The east-west gateway through which other networks reach this workload.
     pub network_gateway: Option<GatewayRef>,
-    /// The services this workload backs, with their port maps.
+    /// The services this workload backs, with their port maps (serialized by `namespace/hostname`:
+    /// a JSON object's keys are strings).
+    #[serde(serialize_with = "by_service_name")]
     pub services: BTreeMap<ServiceKey, Vec<PortMapping>>,
     /// Workload-selector policies that select this workload.
     pub authorization_policies: Vec<PolicyKey>,
     pub labels: BTreeMap<String, String>,
+}
+
+fn by_service_name<S: serde::Serializer>(
+    services: &BTreeMap<ServiceKey, Vec<PortMapping>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(services.iter().map(|(k, v)| (k.to_string(), v)))
 }
 
 // === impl Workload ===
