@@ -291,6 +291,6 @@ mod tests {
         assert_eq!(routes.respond("/ready").body, "ready\n");
         let missing = routes.respond("/config_dump");
         assert_eq!(missing.status.as_u16(), 404);
-        assert_eq!(missing.body, "paths: /ready /metrics\n");
+        assert_eq!(missing.body, "paths: /ready /metrics /records\n");
     }
 }

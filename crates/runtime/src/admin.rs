@@ -164,11 +164,12 @@ impl Routes {
         if path == "/records" {
             return Response::ok("application/jsonl", crate::records::global().json_lines());
         }
-        let mut body = String::from("paths: /records");
+        let mut body = String::from("paths:");
         for first in self.routes.iter().filter_map(|(ps, _)| ps.first()) {
             body.push(' ');
             body.push_str(first);
         }
+        body.push_str(" /records");
         body.push('\n');
         Response::new(StatusCode::NOT_FOUND, "text/plain", body)
     }

@@ -66,7 +66,7 @@ async fn an_unknown_path_gets_404_naming_the_paths() {
     let addr = server().await;
     let r = get(addr, "GET /nope HTTP/1.1\r\nhost: a\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 404 Not Found\r\n"), "{r}");
-    assert!(r.ends_with("\r\n\r\npaths: /ready /busy\n"), "{r}");
+    assert!(r.ends_with("\r\n\r\npaths: /ready /busy /records\n"), "{r}");
 }
 
 #[tokio::test]

@@ -304,7 +304,7 @@ fn drop_reason(reason: &DropReason) -> (&'static str, String) {
         DropReason::NoLiveBackendsNear { service, near } => (
             "reach",
             format!(
-                "no live endpoint of {service} in its {}, while another instance has some",
+                "in front of dead backends: the endpoints of {service} in its {} are all down, while another instance has live ones",
                 near.as_str()
             ),
         ),

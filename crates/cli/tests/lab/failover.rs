@@ -134,7 +134,7 @@ fn below_its_minimum_the_near_zone_spills_half_and_takes_it_back_when_restored()
     );
     let text = explain(&lab, WEB);
     assert!(
-        text.contains("drop waypoint endpoint main//v1/Pod/default/wp-a (cluster main): no live endpoint of default/web.default.svc.cluster.local in its zone"),
+        text.contains("drop waypoint endpoint main//v1/Pod/default/wp-a (cluster main): in front of dead backends: the endpoints of default/web.default.svc.cluster.local in its zone are all down"),
         "{text}"
     );
     assert!(

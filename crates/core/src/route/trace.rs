@@ -83,7 +83,8 @@ pub enum DropReason {
     FailedBefore,
     /// Ejected by this node's outlier detection: its connects kept failing.
     Ejected,
-    /// A waypoint instance with no live backend of `service` near it, while another has some.
+    /// A waypoint instance in front of dead backends of `service` (endpoints near it, none
+    /// usable), while another has usable ones near it.
     NoLiveBackendsNear {
         service: ServiceKey,
         near: Near,
@@ -122,8 +123,8 @@ pub enum Step {
         rank: usize,
         among: usize,
     },
-    /// Waypoints chosen by what they reach: the live capacity of `service` near each instance
-    /// (by its label), at the nearness `near`.
+    /// Waypoints chosen by what they reach: the usable capacity of `service` near each
+    /// instance (by its label), at the nearness `near`; recorded when it sets an instance aside.
     WaypointReach {
         service: ServiceKey,
         near: Near,

@@ -192,12 +192,12 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         })
     }
 
-    /// Waypoints chosen by what they reach (`reach.rs`): sets aside the instances in `cands` with
-    /// no live backend of `svc` near them and weights the others by instance capacity times the
-    /// live capacity near them, when reachability says anything.
+    /// Waypoints chosen by what they reach (`reach.rs`): sets aside the instances in `cands` in
+    /// front of dead backends of `svc`, when another has live ones near it.
     fn by_reach(&mut self, svc: &'a Service, cands: &mut Vec<Cand<'a>>) {
         let instances: Vec<&Workload> = cands.iter().filter_map(workload_of).collect();
-        let Some((near, reach)) = reach::reach(self.snap, svc, self.src.origin_cluster, &instances)
+        let Some((near, live, dead)) =
+            reach::reach(self.snap, svc, self.src.origin_cluster, &instances)
         else {
             return;
         };
@@ -206,13 +206,13 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
             near,
             instances: cands
                 .iter()
-                .zip(&reach)
+                .zip(&live)
                 .map(|(c, r)| (c.label(), *r))
                 .collect(),
         });
         let mut kept = Vec::with_capacity(cands.len());
-        for (mut cand, r) in cands.drain(..).zip(reach) {
-            if r == 0 {
+        for (cand, dead) in cands.drain(..).zip(dead) {
+            if dead {
                 self.drop_step(CandidateRole::WaypointEndpoint, &cand, || {
                     DropReason::NoLiveBackendsNear {
                         service: svc.key(),
@@ -220,9 +220,6 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
                     }
                 });
             } else {
-                cand.capacity = cand
-                    .capacity
-                    .saturating_mul(u32::try_from(r).unwrap_or(u32::MAX));
                 kept.push(cand);
             }
         }

@@ -241,27 +241,59 @@ fn a_near_waypoint_in_front_of_dead_backends_loses_to_a_far_one_in_front_of_live
 }
 
 #[test]
-fn with_no_instance_near_live_backends_the_region_decides_then_nothing() {
+fn the_region_decides_when_no_zone_holds_both_and_an_instance_near_no_backend_keeps_its_turn() {
     let mut m = zones();
     m.waypoint("wp", WaypointFor::Service).scope = ServiceScope::global();
     m.waypoint_pod("wp", "wp-r2", "n-r2", "198.18.4.50");
     m.waypoint_pod("wp", "wp-z2", "n-z2", "198.18.2.50");
     m.service("web", &[("net", "198.18.100.1")], 80, 8080)
         .waypoint = Some(waypoint_ref("wp"));
-    // The only backend is in r1/z3, where no waypoint runs; a client in r2.
+    // Live: one backend in r1/z3, where no waypoint runs. A client in r2.
     m.pod("web-c1", "n-z3", "198.18.5.21");
     m.backs("web-c1", "web");
     m.pod("client", "n-r2", "198.18.4.10");
+    // No backend in r2 at all: wp-r2 is in front of nothing dead; it is nearest, it goes.
     let l = landings(&m.build(), "client", "198.18.100.1:80", 100);
-    assert_eq!(
-        l.get("wp-z2"),
-        Some(&100),
-        "the region holds the backend: {l:?}"
+    assert_eq!(l.get("wp-r2"), Some(&100), "{l:?}");
+    // A dead backend in r2: wp-r2 is in front of it, and r1 (wp-z2) holds the live one.
+    m.pod("web-r2", "n-r2", "198.18.4.21").health = Health::Unhealthy;
+    m.backs("web-r2", "web");
+    let snap = m.build();
+    let l = landings(&snap, "client", "198.18.100.1:80", 100);
+    assert_eq!(l.get("wp-z2"), Some(&100), "the region decides: {l:?}");
+    let d = decide_seeded(&snap, "client", "198.18.100.1:80", 1);
+    assert!(
+        d.steps.iter().any(|s| matches!(s,
+            Step::Dropped { candidate, reason: DropReason::NoLiveBackendsNear { near: Near::Region, .. }, .. }
+                if candidate.ends_with("wp-r2"))),
+        "{:#?}",
+        d.steps
     );
-    // Dead too: reachability says nothing, the nearest waypoint is chosen as before.
+    // All dead: reachability says nothing, the nearest waypoint is chosen as before.
     m.workload_mut("web-c1").health = Health::Unhealthy;
     let l = landings(&m.build(), "client", "198.18.100.1:80", 100);
     assert_eq!(l.get("wp-r2"), Some(&100), "{l:?}");
+}
+
+#[test]
+fn a_waypoint_with_no_backend_on_its_network_still_sends_across_it() {
+    // Pods only on the other network: the near instance forwards through the gateway, as
+    // before; it is in front of no dead backend.
+    let mut m = MeshBuilder::new();
+    m.cluster("east", "net-east").cluster("west", "net-west");
+    m.node("east-1", "east", "r1/z1")
+        .node("west-1", "west", "r2/z1");
+    m.gateway("gw-west", "west", "198.19.255.1");
+    m.pod("sleep", "east-1", "198.18.1.10");
+    m.waypoint("wp", WaypointFor::Service).scope = ServiceScope::global();
+    m.waypoint_pod("wp", "wp-east", "east-1", "198.18.1.50");
+    m.waypoint_pod("wp", "wp-west", "west-1", "198.19.1.50");
+    m.service("web", &[("net-east", "198.18.100.1")], 80, 8080)
+        .waypoint = Some(waypoint_ref("wp"));
+    m.pod("web-w", "west-1", "198.19.1.21");
+    m.backs("web-w", "web");
+    let l = landings(&m.build(), "sleep", "198.18.100.1:80", 50);
+    assert_eq!(l.get("wp-east"), Some(&50), "{l:?}");
 }
 
 #[test]
