@@ -9,7 +9,8 @@
 //!
 //! `serve` prints the address it serves on. `drive` connects N node proxies and keeps them,
 //! then makes R one-workload edits, each applied at every node, then disconnects them all,
-//! printing the server's RSS after each step.
+//! printing the server's RSS after each step (`FERRY_CHURN_HOLD_SECS` keeps them connected
+//! that long before).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,6 +92,11 @@ fn rss_mib(pid: u32) -> f64 {
         / 1024.0
 }
 
+/// "server RSS X MiB".
+fn memory(pid: u32) -> String {
+    format!("server RSS {:.0} MiB", rss_mib(pid))
+}
+
 fn capacity(store: &Store) -> Option<u32> {
     store
         .load()
@@ -110,7 +116,7 @@ async fn drive(path: &Path, state: &Path, addr: &str, pid: u32, n: usize, rounds
     let text = std::fs::read_to_string(path).unwrap();
     let workloads = text.matches("\n  - {name: pod").count();
     let services = text.matches("\n  - {name: svc").count();
-    println!("start: server RSS {:.0} MiB", rss_mib(pid));
+    println!("start: {}", memory(pid));
     let bundle = ferry_control::app::bundle(state, "cluster.local").unwrap();
     let mut clients = Vec::new();
     let started = Instant::now();
@@ -136,9 +142,9 @@ async fn drive(path: &Path, state: &Path, addr: &str, pid: u32, n: usize, rounds
         until(Duration::from_secs(120), || capacity(&s).is_some()).await;
     }
     println!(
-        "{n} nodes connected and synced in {:.1} s: server RSS {:.0} MiB",
+        "{n} nodes connected and synced in {:.1} s: {}",
         started.elapsed().as_secs_f64(),
-        rss_mib(pid)
+        memory(pid)
     );
     let original_capacity = capacity(&clients[0].1).unwrap_or(1);
     for r in 0..rounds {
@@ -153,18 +159,25 @@ async fn drive(path: &Path, state: &Path, addr: &str, pid: u32, n: usize, rounds
         })
         .await;
         println!(
-            "edit {} applied at every node in {:.0} ms: server RSS {:.0} MiB",
+            "edit {} applied at every node in {:.0} ms: {}",
             r + 1,
             t.elapsed().as_secs_f64() * 1e3,
-            rss_mib(pid)
+            memory(pid)
         );
+    }
+    // FERRY_CHURN_HOLD_SECS: stay connected that long first (the allocator's dirty pages decay
+    // within about 10 s), printing the memory every 5 s.
+    let hold: u64 = std::env::var("FERRY_CHURN_HOLD_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for waited in (5..=hold).step_by(5) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        println!("{n} nodes connected, {waited} s later: {}", memory(pid));
     }
     for (task, _) in clients.drain(..) {
         task.abort();
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    println!(
-        "all disconnected (3 s later): server RSS {:.0} MiB",
-        rss_mib(pid)
-    );
+    println!("all disconnected (3 s later): {}", memory(pid));
 }
