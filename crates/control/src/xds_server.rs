@@ -218,11 +218,6 @@ impl Diffs {
         });
         d
     }
-
-    /// Differences cached now (for tests: bounded however many changes were made).
-    pub fn cached(&self) -> usize {
-        self.recent.lock().len()
-    }
 }
 
 // === impl OpenStream ===
