@@ -16,8 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_control::app::{Config, ServeLimits, Source};
-use ferry_control::ca::k8s::K8sConfig;
 use ferry_control::source::WatchConfig;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
@@ -56,23 +54,8 @@ fn main() {
 }
 
 async fn serve(path: PathBuf, state: PathBuf) {
-    let config = Config {
-        source: Source::File(path),
-        state_dir: state,
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ca: None,
-        extra_roots: None,
-        max_lifetime: Duration::from_secs(3600),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        plaintext: false,
-        watch: WatchConfig::default(),
-        limits: ServeLimits {
-            connections_per_peer: 256,
-            ..ServeLimits::default()
-        },
-        k8s: K8sConfig::default(),
-        server_names: Vec::new(),
-    };
+    let mut config = ferry_control::testing::local_config(&path, &state);
+    config.watch = WatchConfig::default();
     ferry_control::app::serve(
         &config,
         |l| println!("{} {}", l.addr, std::process::id()),

@@ -11,31 +11,11 @@
 //! service, namespace and selector policies); `time PATH ROUNDS` reloads it ROUNDS times and
 //! prints the median of each phase.
 
-#![allow(unsafe_code)] // the counting allocator only
-
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
+use ferry_control::testing::Counting;
 use ferry_topology::Limits;
-
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -82,10 +62,10 @@ fn time(path: &Path, rounds: usize) {
         let t3 = Instant::now();
         drop(file);
         drop(text);
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = Counting::live();
         let set = ferry_control::flatten::resource_set(&topo.snapshot);
         let t4 = Instant::now();
-        held = LIVE.load(Ordering::Relaxed) - before;
+        held = Counting::live() - before;
         drop(set);
         phases.push([t1 - t0, t2 - t1, t3 - t2, t4 - t3]);
     }

@@ -62,3 +62,66 @@ pub fn generated_topology(workloads: usize, services: usize, edit: u32) -> Strin
     }
     t
 }
+
+/// What `ferry control serve` runs with for a topology file on loopback: ports picked by the
+/// kernel, TLS, a fast debounce, and room for many node proxies from 127.0.0.1.
+pub fn local_config(topology: &std::path::Path, state_dir: &std::path::Path) -> crate::app::Config {
+    use std::time::Duration;
+    crate::app::Config {
+        source: crate::app::Source::File(topology.to_path_buf()),
+        state_dir: state_dir.to_path_buf(),
+        listen: ([127, 0, 0, 1], 0).into(),
+        ca: None,
+        extra_roots: None,
+        max_lifetime: Duration::from_secs(3600),
+        metrics_listen: ([127, 0, 0, 1], 0).into(),
+        plaintext: false,
+        watch: crate::source::WatchConfig {
+            debounce: Duration::from_millis(20),
+            ..crate::source::WatchConfig::default()
+        },
+        limits: crate::app::ServeLimits {
+            connections_per_peer: 256,
+            ..crate::app::ServeLimits::default()
+        },
+        k8s: crate::ca::k8s::K8sConfig::default(),
+        server_names: Vec::new(),
+    }
+}
+
+/// A global allocator that counts the bytes live, forwarding to the system's: for benches and
+/// tests that measure heap, e.g. `#[global_allocator] static A: Counting = Counting;`.
+#[derive(Debug)]
+pub struct Counting;
+
+static LIVE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+impl Counting {
+    /// Bytes allocated through [`Counting`] and not yet freed.
+    pub fn live() -> isize {
+        LIVE.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        LIVE.fetch_sub(l.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new as isize - l.size() as isize,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // SAFETY: same contract as the caller's.
+        unsafe { std::alloc::System.realloc(p, l, new) }
+    }
+}

@@ -5,49 +5,22 @@
 //! `FERRY_CHURN_WORKLOADS=20000 cargo test --release -p ferry-control --test churn -- --nocapture`
 //! runs it at a size where the figures mean something (and prints them).
 
-#![allow(unsafe_code)] // the counting allocator only
-
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use ferry_control::app::{Config, Listening, ServeLimits, Source};
-use ferry_control::ca::k8s::K8sConfig;
-use ferry_control::source::WatchConfig;
+use ferry_control::app::Listening;
+use ferry_control::testing::Counting;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
 use ferry_xds::client::{ClientConfig, XdsClient};
 use tokio::time::Instant;
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
 fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
+    Counting::live()
 }
 
 fn mib(b: isize) -> f64 {
@@ -148,26 +121,7 @@ async fn memory_stays_flat_through_reconnects_and_reloads() {
     let generated = |edit| ferry_control::testing::generated_topology(workloads, services, edit);
     std::fs::write(&topology, generated(0)).unwrap();
     let state = dir.0.join("state");
-    let config = Config {
-        source: Source::File(topology.clone()),
-        state_dir: state.clone(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ca: None,
-        extra_roots: None,
-        max_lifetime: Duration::from_secs(3600),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        plaintext: false,
-        watch: WatchConfig {
-            debounce: Duration::from_millis(20),
-            ..WatchConfig::default()
-        },
-        limits: ServeLimits {
-            connections_per_peer: 64,
-            ..ServeLimits::default()
-        },
-        k8s: K8sConfig::default(),
-        server_names: Vec::new(),
-    };
+    let config = ferry_control::testing::local_config(&topology, &state);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Listening>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
