@@ -2,15 +2,12 @@
 //!
 //! Run: `cargo bench -p ferry-control --bench sync` (add `-- quick` to skip the 100,000 case).
 
-#![allow(unsafe_code)] // the counting allocator only
-
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_control::ca::signer::Ca;
 use ferry_control::ca::token::NodeTokens;
+use ferry_control::testing::Counting;
 use ferry_control::xds_server::XdsServer;
 use ferry_core::model::{PortMapping, ServiceScope};
 use ferry_core::store::Store;
@@ -21,23 +18,6 @@ use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::{Server, ServerTlsConfig};
-
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -105,9 +85,9 @@ fn main() {
 
 async fn run(workloads: usize, services: usize) {
     let snap = mesh(workloads, services);
-    let heap0 = LIVE.load(Ordering::Relaxed);
+    let heap0 = Counting::live();
     let set = ferry_control::flatten::resource_set(&snap);
-    let server_heap = LIVE.load(Ordering::Relaxed) - heap0;
+    let server_heap = Counting::live() - heap0;
     let bytes: usize = set
         .by_type
         .values()
@@ -137,7 +117,7 @@ async fn run(workloads: usize, services: usize) {
         tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
     ));
 
-    let heap1 = LIVE.load(Ordering::Relaxed);
+    let heap1 = Counting::live();
     let store = Arc::new(Store::default());
     let client = XdsClient::new(
         ClientConfig {
@@ -159,7 +139,7 @@ async fn run(workloads: usize, services: usize) {
     ready.wait_for(|r| *r).await.unwrap();
     let sync = start.elapsed();
     tokio::time::sleep(Duration::from_millis(200)).await; // let transient buffers drain before measuring
-    let client_heap = LIVE.load(Ordering::Relaxed) - heap1;
+    let client_heap = Counting::live() - heap1;
     assert_eq!(store.load().workloads().count(), workloads);
 
     // One-workload edits: change pod0's capacity, watch it land.

@@ -20,12 +20,22 @@ use ferry_xds::resources::ResourceSet;
 /// What the control plane serves for `snap`: its resources, with nested service addresses
 /// flattened where that is safe.
 pub fn resource_set(snap: &Snapshot) -> ResourceSet {
-    ResourceSet::encode(&flatten(snap))
+    match flattened(snap) {
+        Some(flat) => ResourceSet::encode(&flat),
+        // Nothing to resolve: encoded as it is, without building the same snapshot again.
+        None => ResourceSet::encode(snap),
+    }
 }
 
 /// The snapshot with every safely flattenable address endpoint resolved. Objects that do not
 /// change are shared with the input, not copied.
 pub fn flatten(snap: &Snapshot) -> Snapshot {
+    flattened(snap).unwrap_or_else(|| rebuild(snap))
+}
+
+/// [`flatten`], or `None` when no address endpoint can be flattened (the snapshot would come
+/// out the same).
+fn flattened(snap: &Snapshot) -> Option<Snapshot> {
     let mut add: HashMap<WorkloadUid, Vec<(ServiceKey, Vec<PortMapping>)>> = HashMap::new();
     let mut outer: HashMap<ServiceKey, Vec<AddressEndpoint>> = HashMap::new();
     for s in snap.services() {
@@ -39,6 +49,9 @@ pub fn flatten(snap: &Snapshot) -> Snapshot {
                 None => outer.entry(s.key()).or_default().push(a.clone()),
             }
         }
+    }
+    if add.is_empty() {
+        return None;
     }
     let mut b = builder_without_services_and_workloads(snap);
     for s in snap.services() {
@@ -70,11 +83,11 @@ pub fn flatten(snap: &Snapshot) -> Snapshot {
         }
     }
     match b.build() {
-        Ok(s) => s,
+        Ok(s) => Some(s),
         Err(e) => {
             // Cannot happen for a valid input; serve it nested rather than fail.
             tracing::error!(error = %e, "flattening produced an invalid snapshot; serving it unflattened");
-            rebuild(snap)
+            None
         }
     }
 }

@@ -160,7 +160,24 @@ impl Started {
             match outcome {
                 Ok((t, notes)) => {
                     metrics.set(&notes);
-                    let set = Arc::new(resource_set(&t.snapshot));
+                    // Flattening and encoding a large mesh takes a while: off the runtime, as
+                    // the translation was.
+                    let encoded = tokio::task::spawn_blocking(move || {
+                        let set = resource_set(&t.snapshot);
+                        (t, set)
+                    })
+                    .await;
+                    let Ok((t, set)) = encoded else {
+                        tracing::error!(
+                            "encoding the Kubernetes mesh panicked; still serving the last good state"
+                        );
+                        reloads.send_modify(|r| {
+                            r.rejected += 1;
+                            r.last_error = Some("encoding the mesh panicked".into());
+                        });
+                        continue;
+                    };
+                    let set = Arc::new(set);
                     store.publish(t.snapshot);
                     resources.send_replace(set);
                     reloads.send_modify(|r| r.applied += 1);

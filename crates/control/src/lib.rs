@@ -9,6 +9,7 @@
 //! - [`source`]: the topology file, watched for edits.
 //! - [`metrics`]: the Prometheus endpoint for the xDS counters.
 //! - [`app`]: the composition root `ferry control serve` runs.
+//! - `testing` (feature `testing`): a generated topology of any size, for tests and benches.
 //!
 //! The wire conversion, resource sets and the client are in `ferry-xds`.
 
@@ -19,4 +20,6 @@ pub mod flatten;
 pub mod kube_source;
 pub mod metrics;
 pub mod source;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod xds_server;

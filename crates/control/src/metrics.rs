@@ -28,6 +28,8 @@ const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub streams: Counter,
+    /// xDS streams open now (each holds only an `Arc` of the set it was last pushed).
+    pub streams_open: Gauge,
     pub pushes: Counter,
     pub resources_sent: Counter,
     pub acks: Counter,
@@ -84,6 +86,11 @@ impl Metrics {
         ] {
             r.register(name, help, c.clone());
         }
+        r.register(
+            "ferry_xds_streams_open",
+            "xDS streams open now",
+            self.streams_open.clone(),
+        );
         r
     }
 }

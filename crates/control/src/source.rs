@@ -6,7 +6,8 @@
 //! directory has been quiet for the debounce interval, and an edit whose content is unchanged is
 //! ignored.
 //!
-//! An edit is read, checked and parsed on a thread of its own, never on the async runtime, so
+//! An edit is read, checked, parsed and encoded (flattened into the resource set xDS serves) on
+//! a thread of its own, never on the async runtime, so
 //! the CA and xDS keep answering (and SIGTERM keeps working) whatever the file holds: the size
 //! and nesting limits are checked before the YAML parser runs, and a parse that outlives its
 //! time budget is rejected (its thread is left to finish; at most [`MAX_PARSE_THREADS`] run at
@@ -165,7 +166,14 @@ impl TopologyWatch {
             let Ok(permit) = self.threads.clone().acquire_owned().await else {
                 return;
             };
-            let judged = judge(&self.path, self.config, self.last.take(), Some(permit)).await;
+            let judged = judge(
+                &self.path,
+                self.config,
+                self.last.take(),
+                Some(permit),
+                true,
+            )
+            .await;
             let (digest, result) = match judged {
                 Judged::Unchanged(digest) => {
                     self.last = Some(digest);
@@ -175,10 +183,15 @@ impl TopologyWatch {
             };
             self.last = digest;
             match *result {
-                Ok(t) => {
-                    let set = Arc::new(resource_set(&t.snapshot));
-                    store.publish(t.snapshot);
-                    resources.send_replace(set);
+                Ok(Parsed {
+                    topology,
+                    resources: set,
+                }) => {
+                    // Encoded on the parse thread (judged with `encode`).
+                    let set = set.unwrap_or_else(|| resource_set(&topology.snapshot));
+                    store.publish(topology.snapshot);
+                    // The old set goes when the last stream pushing from it is done with it.
+                    drop(resources.send_replace(Arc::new(set)));
                     reloads.send_modify(|r| r.applied += 1);
                     tracing::info!(path = %self.path.display(), "topology reloaded");
                 }
@@ -206,8 +219,8 @@ pub async fn load(
         budget,
         ..WatchConfig::default()
     };
-    match judge(path, config, None, None).await {
-        Judged::Changed(_, result) => *result,
+    match judge(path, config, None, None, false).await {
+        Judged::Changed(_, result) => result.map(|p| p.topology),
         // Nothing to compare with: it cannot be unchanged.
         Judged::Unchanged(_) => Err(TopologyError {
             file: path.display().to_string(),
@@ -221,16 +234,23 @@ enum Judged {
     /// The same content as last time.
     Unchanged(Vec<u8>),
     /// New content (its digest, when it could be read), parsed or rejected.
-    Changed(Option<Vec<u8>>, Box<Result<Topology, TopologyError>>),
+    Changed(Option<Vec<u8>>, Box<Result<Parsed, TopologyError>>),
 }
 
-/// Reads, compares and parses on a new thread (holding `permit` while it runs); gives up
-/// waiting after the budget.
+/// A topology read from the file, and the resources xDS serves for it when asked for.
+struct Parsed {
+    topology: Topology,
+    resources: Option<ResourceSet>,
+}
+
+/// Reads, compares, parses and (with `encode`) encodes on a new thread (holding `permit` while
+/// it runs); gives up waiting after the budget.
 async fn judge(
     path: &Path,
     config: WatchConfig,
     last: Option<Vec<u8>>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    encode: bool,
 ) -> Judged {
     let (tx, rx) = oneshot::channel();
     // The digest is known before the parse starts: a parse abandoned over its budget is still
@@ -250,7 +270,13 @@ async fn judge(
                         Judged::Unchanged(digest)
                     } else {
                         let name = thread_path.display().to_string();
+                        // The text is not needed past the parse: freed before encoding.
                         let parsed = ferry_topology::parse_within(&name, &text, &config.limits);
+                        drop(text);
+                        let parsed = parsed.map(|topology| Parsed {
+                            resources: encode.then(|| resource_set(&topology.snapshot)),
+                            topology,
+                        });
                         Judged::Changed(Some(digest), Box::new(parsed))
                     }
                 }

@@ -1,20 +1,25 @@
 //! `DeltaAggregatedResources` in `ferry control`: initial state on subscribe, then differences.
 //!
-//! Per stream and type the server remembers what the client holds (name -> version), seeded from
-//! `initial_resource_versions` on (re)connect, so a client that reconnects receives only what
-//! changed. Every push carries a nonce; a NACK (a request with that nonce and `error_detail`) is
-//! logged and counted.
+//! Per stream and type the server remembers what the client holds, so a client that reconnects
+//! receives only what changed: until the first push, the `initial_resource_versions` it sent
+//! (name -> version); after it, the resource set last pushed, shared with every other stream
+//! (an `Arc`, nothing copied per client). A stream's memory is therefore independent of the
+//! mesh's size once it is synced, and the server holds no older set than the one each stream
+//! was last brought to. The difference from one set to the next is computed once per change
+//! and type ([`Diffs`]) and fanned out to every stream that held the same set. Every push
+//! carries a nonce; a NACK (a request with that nonce and `error_detail`) is logged and counted.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use ferry_api::discovery::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-use ferry_xds::resources::{ResourceSet, diff};
+use ferry_xds::resources::{Diff, ResourceSet, diff, diff_sets};
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -34,6 +39,7 @@ pub struct XdsServer {
     /// Kubernetes service-account tokens, when configured.
     k8s: Option<Arc<K8sTokens>>,
     metrics: Arc<Metrics>,
+    diffs: Arc<Diffs>,
 }
 
 impl XdsServer {
@@ -51,6 +57,7 @@ impl XdsServer {
             tokens,
             k8s: None,
             metrics: Arc::new(Metrics::default()),
+            diffs: Arc::default(),
         }
     }
 
@@ -125,6 +132,8 @@ impl AggregatedDiscoveryService for XdsServer {
             inbound: request.into_inner(),
             tx,
             resources: self.resources.clone(),
+            diffs: self.diffs.clone(),
+            _open: OpenStream::new(&self.metrics),
             metrics: self.metrics.clone(),
             node,
         };
@@ -138,19 +147,97 @@ struct Stream_ {
     inbound: Streaming<DeltaDiscoveryRequest>,
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
     resources: watch::Receiver<Arc<ResourceSet>>,
+    diffs: Arc<Diffs>,
     metrics: Arc<Metrics>,
     node: String,
+    /// Counts this stream in `ferry_xds_streams_open` while it lives.
+    _open: OpenStream,
 }
 
 /// What one client holds of one type.
-#[derive(Default)]
-struct TypeState {
-    known: HashMap<String, String>,
+enum Held {
+    /// What it said it holds when it subscribed (name -> version), before the first push.
+    Initial(HashMap<String, String>),
+    /// Exactly this set's resources of the type: the set last pushed (shared, not copied).
+    Set(Arc<ResourceSet>),
+}
+
+/// The differences between consecutive resource sets, per type, computed by the first stream
+/// that needs one and reused by the others. Keyed by the two sets' allocations through `Weak`s:
+/// a `Weak` keeps the allocation's address from being reused (so a key never matches another
+/// set) but not the set's resources, so the cache keeps no old set alive.
+#[derive(Debug, Default)]
+pub struct Diffs {
+    recent: Mutex<Vec<CachedDiff>>,
+}
+
+#[derive(Debug)]
+struct CachedDiff {
+    from: Weak<ResourceSet>,
+    to: Weak<ResourceSet>,
+    type_url: String,
+    diff: Arc<Diff>,
+}
+
+/// Differences kept: both types of the last few changes.
+const CACHED_DIFFS: usize = 8;
+
+/// One open stream, counted in a gauge while it lives.
+struct OpenStream(prometheus_client::metrics::gauge::Gauge);
+
+// === impl Diffs ===
+
+impl Diffs {
+    /// What a client holding exactly `from`'s resources of `type_url` needs to match `to`'s.
+    fn between(&self, from: &Arc<ResourceSet>, to: &Arc<ResourceSet>, type_url: &str) -> Arc<Diff> {
+        let hit = |c: &CachedDiff| {
+            c.type_url == type_url
+                && Weak::as_ptr(&c.from) == Arc::as_ptr(from)
+                && Weak::as_ptr(&c.to) == Arc::as_ptr(to)
+        };
+        if let Some(c) = self.recent.lock().iter().find(|c| hit(c)) {
+            return c.diff.clone();
+        }
+        // Computed without the lock: two streams may both compute the same difference once.
+        let empty = Default::default();
+        let d = Arc::new(diff_sets(
+            from.of_type(type_url).unwrap_or(&empty),
+            to.of_type(type_url).unwrap_or(&empty),
+        ));
+        let mut recent = self.recent.lock();
+        // Entries whose sets are gone can never match again.
+        recent.retain(|c| c.from.strong_count() > 0 && c.to.strong_count() > 0);
+        if recent.len() >= CACHED_DIFFS {
+            recent.remove(0);
+        }
+        recent.push(CachedDiff {
+            from: Arc::downgrade(from),
+            to: Arc::downgrade(to),
+            type_url: type_url.to_string(),
+            diff: d.clone(),
+        });
+        d
+    }
+}
+
+// === impl OpenStream ===
+
+impl OpenStream {
+    fn new(metrics: &Metrics) -> Self {
+        metrics.streams_open.inc();
+        Self(metrics.streams_open.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Stream_ {
     async fn run(mut self) {
-        let mut types: HashMap<String, TypeState> = HashMap::new();
+        let mut types: HashMap<String, Held> = HashMap::new();
         let mut nonce = 0u64;
         loop {
             tokio::select! {
@@ -184,8 +271,8 @@ impl Stream_ {
                     if types.contains_key(&req.type_url) {
                         continue;
                     }
-                    let st = TypeState { known: req.initial_resource_versions.clone().into_iter().collect() };
-                    types.insert(req.type_url.clone(), st);
+                    let held = Held::Initial(req.initial_resource_versions.into_iter().collect());
+                    types.insert(req.type_url.clone(), held);
                     let current = self.resources.borrow().clone();
                     if !self.push(&mut types, &req.type_url, &current, &mut nonce, true).await {
                         break;
@@ -215,18 +302,25 @@ impl Stream_ {
     /// client is gone.
     async fn push(
         &mut self,
-        types: &mut HashMap<String, TypeState>,
+        types: &mut HashMap<String, Held>,
         type_url: &str,
         current: &Arc<ResourceSet>,
         nonce: &mut u64,
         first: bool,
     ) -> bool {
-        let Some(st) = types.get_mut(type_url) else {
+        let Some(held) = types.get_mut(type_url) else {
             return true;
         };
-        let empty = Default::default();
-        let set = current.of_type(type_url).unwrap_or(&empty);
-        let d = diff(&st.known, set);
+        let d = match held {
+            Held::Set(prev) if Arc::ptr_eq(prev, current) => Arc::default(),
+            Held::Set(prev) => self.diffs.between(prev, current, type_url),
+            Held::Initial(known) => {
+                let empty = Default::default();
+                Arc::new(diff(known, current.of_type(type_url).unwrap_or(&empty)))
+            }
+        };
+        // Whatever is sent below, the client then holds exactly `current`'s resources.
+        *held = Held::Set(current.clone());
         if d.is_empty() && !first {
             return true;
         }
@@ -244,12 +338,6 @@ impl Stream_ {
                 aliases: vec![],
             })
             .collect();
-        for (name, v) in &d.upserts {
-            st.known.insert(name.clone(), v.version.clone());
-        }
-        for name in &d.removed {
-            st.known.remove(name);
-        }
         self.metrics.pushes.inc();
         self.metrics.resources_sent.inc_by(resources.len() as u64);
         tracing::debug!(node = %self.node, type_url, upserts = resources.len(), removed = d.removed.len(), "xDS push");
@@ -258,8 +346,9 @@ impl Stream_ {
             resources,
             type_url: type_url.to_string(),
             nonce: nonce.to_string(),
-            removed_resources: d.removed,
+            removed_resources: d.removed.clone(),
         };
+        drop(d);
         self.tx.send(Ok(response)).await.is_ok()
     }
 }
