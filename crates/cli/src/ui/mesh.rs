@@ -19,11 +19,13 @@ fn describe(snap: &Snapshot) -> Value {
     let mut networks: Vec<String> = snap.clusters().map(|c| c.network.to_string()).collect();
     networks.sort();
     networks.dedup();
-    let clusters: Vec<Value> = snap
+    let by_name = |a: &Value, b: &Value| a["name"].as_str().cmp(&b["name"].as_str());
+    let mut clusters: Vec<Value> = snap
         .clusters()
         .map(|c| json!({"name": c.name.to_string(), "network": c.network.to_string()}))
         .collect();
-    let nodes: Vec<Value> = snap
+    clusters.sort_by(by_name);
+    let mut nodes: Vec<Value> = snap
         .nodes()
         .map(|n| {
             json!({
@@ -37,6 +39,7 @@ fn describe(snap: &Snapshot) -> Value {
             })
         })
         .collect();
+    nodes.sort_by(by_name);
     let mut workloads: Vec<Value> = snap
         .workloads()
         .map(|w| {
@@ -59,17 +62,19 @@ fn describe(snap: &Snapshot) -> Value {
             })
         })
         .collect();
-    workloads.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    workloads.sort_by(by_name);
     let mut services = Vec::new();
     let mut waypoints = Vec::new();
     for s in snap.services() {
         if s.waypoint_for.is_some() {
             let key = s.key();
-            let instances: Vec<&str> = snap
+            let mut instances: Vec<&str> = snap
                 .workloads()
                 .filter(|w| snap.waypoints_served_by(w).any(|k| *k == key))
                 .map(|w| w.name.as_str())
                 .collect();
+            // The snapshot's workload order is not stable across processes.
+            instances.sort_unstable();
             waypoints.push(json!({
                 "name": s.name,
                 "namespace": s.namespace,
@@ -80,8 +85,9 @@ fn describe(snap: &Snapshot) -> Value {
             services.push(service(snap, s));
         }
     }
-    services.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    let gateways: Vec<Value> = snap
+    services.sort_by(by_name);
+    waypoints.sort_by(by_name);
+    let mut gateways: Vec<Value> = snap
         .gateways()
         .map(|g| {
             json!({
@@ -92,6 +98,7 @@ fn describe(snap: &Snapshot) -> Value {
             })
         })
         .collect();
+    gateways.sort_by(by_name);
     json!({
         "version": snap.version(),
         "clusters": clusters,
