@@ -48,8 +48,8 @@ pub struct Component {
     pub admin: String,
 }
 
-/// The node proxies and waypoint instances of the lab in `state_dir`, with their admin
-/// endpoints. (East-west gateways serve no admin endpoint in the lab.)
+/// The node proxies, waypoint instances and east-west gateways of the lab in `state_dir`, with
+/// their admin endpoints.
 pub fn components(state_dir: &Path) -> anyhow::Result<Vec<Component>> {
     let state = state::State::up(state_dir)?;
     let mut out: Vec<Component> = state
@@ -72,6 +72,13 @@ pub fn components(state_dir: &Path) -> anyhow::Result<Vec<Component>> {
                 admin: format!("{}:15020", p.ip),
             }),
     );
+    out.extend(state.gateway_admins.iter().filter_map(|(name, admin)| {
+        Some(Component {
+            name: format!("gateway/{name}"),
+            netns: state.gateways.get(name)?.clone(),
+            admin: admin.clone(),
+        })
+    }));
     Ok(out)
 }
 

@@ -48,6 +48,9 @@ pub(crate) struct State {
     /// East-west gateways: name -> namespace.
     #[serde(default)]
     pub(crate) gateways: BTreeMap<String, String>,
+    /// East-west gateways: name -> admin address (on the management network).
+    #[serde(default)]
+    pub(crate) gateway_admins: BTreeMap<String, String>,
     pub(crate) control_log: PathBuf,
     pub(crate) control_addr: String,
     pub(crate) topology: PathBuf,

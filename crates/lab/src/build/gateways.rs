@@ -30,7 +30,10 @@ pub(super) fn start(
         let gns = netns(state, format!("{}-g{k}", lab.opts.id))?;
         state.gateways.insert(g.name.clone(), gns.clone());
         interfaces(&gns, k, g, mgmt, networks)?;
-        start_one(lab, state, &gns, g, control)?;
+        // Admin (`/ready`, `/metrics`, `/records`) on its management address.
+        let admin = format!("{MGMT_PREFIX}.{}:15000", 100 + k);
+        state.gateway_admins.insert(g.name.clone(), admin.clone());
+        start_one(lab, state, &gns, g, control, &admin)?;
     }
     Ok(())
 }
@@ -131,6 +134,7 @@ fn start_one(
     gns: &str,
     g: &Gateway,
     control: &Control,
+    admin: &str,
 ) -> anyhow::Result<()> {
     let token_file = format!("{}/gateway-{}.token", lab.dir, g.name);
     control::token(
@@ -142,7 +146,14 @@ fn start_one(
     )?;
     let log = lab.opts.state_dir.join(format!("gateway-{}.log", g.name));
     let join = control.join_args(&token_file);
-    let mut args = vec![lab.exe.as_str(), "gateway", "--name", &g.name];
+    let mut args = vec![
+        lab.exe.as_str(),
+        "gateway",
+        "--name",
+        &g.name,
+        "--admin",
+        admin,
+    ];
     args.extend(join.iter().map(String::as_str));
     args.extend(lab.opts.hop_args.iter().map(String::as_str));
     spawn(state, gns, &args, &log)?;
