@@ -87,6 +87,11 @@ impl Records {
         format!("{:x}-{n}", std::process::id())
     }
 
+    /// Whether records are kept at all (a capacity above 0): else none need be built.
+    pub fn keeps(&self) -> bool {
+        self.capacity.load(Ordering::Relaxed) > 0
+    }
+
     /// Keeps `r`, dropping the oldest record if the ring is full.
     pub fn push(&self, r: Record) {
         let cap = self.capacity.load(Ordering::Relaxed);

@@ -357,36 +357,40 @@ impl AccessLog<'_> {
 
     /// Logs the line and keeps it as this process's connection record ([`records`]), both
     /// under one new connection id.
-    pub fn emit(&self) {
+    pub fn emit(self) {
         let records = records::global();
         let id = records.next_id();
         self.log(&id);
-        let (policy, rule) = self.denied_by.clone().unwrap_or_default();
+        if !records.keeps() {
+            return;
+        }
+        // The line is written: its strings move into the record, none is copied.
+        let (policy, rule) = self.denied_by.unwrap_or_default();
         records.push(Record {
             at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             id,
-            trace_id: self.trace_id.clone(),
+            trace_id: self.trace_id,
             direction: self.direction.to_string(),
-            src_addr: self.src_addr.clone(),
+            src_addr: self.src_addr,
             src_workload: self.src_workload.to_string(),
-            src_identity: self.src_identity.clone(),
-            dst_addr: self.dst_addr.clone(),
-            dst_hbone_addr: self.dst_hbone_addr.clone(),
-            dst_service: self.dst_service.clone(),
-            dst_workload: self.dst_workload.clone(),
-            dst_identity: self.dst_identity.clone(),
-            path: self.path.clone(),
-            verdict: if self.denied_by.is_some() {
-                "denied"
-            } else {
+            src_identity: self.src_identity,
+            dst_addr: self.dst_addr,
+            dst_hbone_addr: self.dst_hbone_addr,
+            dst_service: self.dst_service,
+            dst_workload: self.dst_workload,
+            dst_identity: self.dst_identity,
+            path: self.path,
+            verdict: if policy.is_empty() {
                 "allowed"
+            } else {
+                "denied"
             },
             policy,
             rule,
             response_flags: self.response_flags.as_str(),
-            error: self.error.clone().unwrap_or_default(),
+            error: self.error.unwrap_or_default(),
             bytes_sent: self.bytes_sent,
             bytes_recv: self.bytes_recv,
             duration_ms: u64::try_from(self.duration.as_millis()).unwrap_or(u64::MAX),

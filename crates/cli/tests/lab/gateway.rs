@@ -280,34 +280,7 @@ fn a_waypoint_sends_to_another_network_through_its_gateway_which_checks_scope_ag
 #[test]
 fn ferry_trace_joins_the_hops_through_a_waypoint_and_a_gateway() {
     let Some(lab) = ACROSS.get() else { return };
-    let out = crate::harness::ferry()
-        .args(["trace", "sleep-east", "198.18.10.5:80", "--state-dir"])
-        .arg(&lab.dir)
-        .args(["-o", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    let id = v["trace_id"].as_str().unwrap_or_default().to_string();
-    assert_eq!(id.len(), 32, "{v}");
-    let hops: Vec<String> = v["hops"]
-        .as_array()
-        .expect("hops")
-        .iter()
-        .map(|h| {
-            assert_eq!(h["trace_id"], id.as_str(), "{h}");
-            format!(
-                "{} {}",
-                h["component"].as_str().unwrap_or(""),
-                h["direction"].as_str().unwrap_or("")
-            )
-        })
-        .collect();
+    let (_, hops) = lab.traced_hops("sleep-east", "198.18.10.5:80");
     assert_eq!(
         hops,
         [
@@ -316,6 +289,6 @@ fn ferry_trace_joins_the_hops_through_a_waypoint_and_a_gateway() {
             "gateway/eastwest-west gateway",
             "node/west-1 inbound",
         ],
-        "{v}"
+        "{hops:?}"
     );
 }

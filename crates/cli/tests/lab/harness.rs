@@ -238,6 +238,45 @@ impl Lab {
         counts
     }
 
+    /// `ferry trace <pod> <to> -o <output>` on this lab; how it ended.
+    pub(crate) fn trace(&self, pod: &str, to: &str, output: &str) -> std::process::Output {
+        ferry()
+            .args(["trace", pod, to, "--state-dir"])
+            .arg(&self.dir)
+            .args(["-o", output])
+            .output()
+            .unwrap()
+    }
+
+    /// A connection from `pod` to `to` traced (it must succeed): its trace id (32 hex digits,
+    /// the same on every hop) and its hops as `component direction`, in path order.
+    pub(crate) fn traced_hops(&self, pod: &str, to: &str) -> (String, Vec<String>) {
+        let out = self.trace(pod, to, "json");
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let id = v["trace_id"].as_str().unwrap_or_default().to_string();
+        assert_eq!(id.len(), 32, "{v}");
+        let hops = v["hops"]
+            .as_array()
+            .expect("hops")
+            .iter()
+            .map(|h| {
+                assert_eq!(h["trace_id"], id.as_str(), "{h}");
+                format!(
+                    "{} {}",
+                    h["component"].as_str().unwrap_or(""),
+                    h["direction"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        (id, hops)
+    }
+
     pub(crate) fn log(&self, node: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{node}.log"))).unwrap_or_default()
     }

@@ -293,50 +293,22 @@ fn straight_to_the_pod_around_the_waypoint_is_refused() {
 #[test]
 fn ferry_trace_prints_every_hop_joined_by_one_trace_id_and_the_hop_that_refused() {
     let Some(lab) = MESH.get() else { return };
-    let trace = |pod: &str, to: &str, output: &str| {
-        crate::harness::ferry()
-            .args(["trace", pod, to, "--state-dir"])
-            .arg(&lab.dir)
-            .args(["-o", output])
-            .output()
-            .unwrap()
-    };
-    let out = trace("echo-beta", "198.18.10.5:80", "json");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (id, hops) = lab.traced_hops("echo-beta", "198.18.10.5:80");
+    assert_eq!(
+        hops,
+        [
+            "node/beta-1 outbound",
+            "waypoint/audit-waypoint-beta waypoint",
+            "node/beta-1 inbound",
+        ],
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    let id = v["trace_id"].as_str().unwrap_or_default();
-    assert_eq!(id.len(), 32, "{v}");
-    let hops: Vec<(String, String)> = v["hops"]
-        .as_array()
-        .expect("hops")
-        .iter()
-        .map(|h| {
-            assert_eq!(h["trace_id"], id, "{h}");
-            (
-                h["component"].as_str().unwrap_or_default().to_string(),
-                h["direction"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
-    let expected = [
-        ("node/beta-1", "outbound"),
-        ("waypoint/audit-waypoint-beta", "waypoint"),
-        ("node/beta-1", "inbound"),
-    ]
-    .map(|(c, d)| (c.to_string(), d.to_string()));
-    assert_eq!(hops, expected, "{v}");
     // The same trace id is in each hop's access-log line.
     lab.log_line(
         "beta-1",
-        &[Field("trace.id", id), Field("direction", "inbound")],
+        &[Field("trace.id", &id), Field("direction", "inbound")],
     );
 
-    let out = trace("sleep", "198.18.10.5:80", "text");
+    let out = lab.trace("sleep", "198.18.10.5:80", "text");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
