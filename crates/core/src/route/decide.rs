@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use super::{
-    CandidateRole, Class, Decision, Destination, DropReason, NoTrace, Plan, RouteError, Source,
-    Step, Trace, Transport,
+    CandidateRole, Class, Compact, Decision, Destination, DropReason, NoTrace, Plan, RouteError,
+    Source, Step, Trace, Transport,
 };
 use crate::lb::{self, Candidate, Placement};
 use crate::model::{
@@ -79,6 +79,19 @@ pub fn plan_within(
     rng: &mut dyn Random,
 ) -> Result<Plan, RouteError> {
     route_traced(snap, src, dst, within, rng, &mut NoTrace)
+}
+
+/// [`plan_within`], keeping the decision's steps in `trace` up to its fixed budget: what a
+/// connection record shows of the decision ([`Compact::summary`]).
+pub fn plan_compact(
+    snap: &Snapshot,
+    src: Source<'_>,
+    dst: &Destination,
+    within: &Within<'_>,
+    rng: &mut dyn Random,
+    trace: &mut Compact,
+) -> Result<Plan, RouteError> {
+    route_traced(snap, src, dst, within, rng, trace)
 }
 
 /// The decision, with its steps sent to `trace`. [`route_within`] and [`plan`] are this with a
@@ -424,6 +437,9 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         cand: &Cand<'_>,
         reason: impl FnOnce() -> DropReason,
     ) {
+        if !self.trace.wants_drop() {
+            return;
+        }
         self.step(|| Step::Dropped {
             role,
             candidate: cand.label(),

@@ -16,6 +16,7 @@
 //!   connection is captured, and tunnelled, once.
 //! - **Reachability**: the next hop is on the source's network, or is an east-west gateway.
 
+mod compact;
 mod decide;
 mod destination;
 pub mod http;
@@ -31,10 +32,11 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
+pub use compact::Compact;
 pub(crate) use decide::resolve_host;
 #[cfg(test)]
 use decide::route_traced;
-pub use decide::{Within, plan, plan_within, route, route_within};
+pub use decide::{Within, plan, plan_compact, plan_within, route, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
 pub use reach::Near;
 pub use trace::{CandidateRole, DropReason, Step};

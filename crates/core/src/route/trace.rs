@@ -17,6 +17,12 @@ pub(crate) trait Trace {
 
     /// Takes one step, in the order the decision took it. Called only when [`Trace::enabled`].
     fn record(&mut self, step: Step);
+
+    /// Whether a [`Step::Dropped`] is wanted: a bounded sink keeps only so many candidates set
+    /// aside (and counts the others), so a service with many endpoints costs it no more.
+    fn wants_drop(&mut self) -> bool {
+        self.enabled()
+    }
 }
 
 /// The data path's sink: keeps nothing, so nothing is built.
