@@ -24,6 +24,7 @@ pub mod client;
 pub mod copy;
 pub mod double;
 pub mod error;
+pub mod first_byte;
 pub mod headers;
 pub mod pool;
 pub mod server;

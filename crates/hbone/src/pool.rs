@@ -181,13 +181,33 @@ impl Pool {
         authority: &str,
         headers: &ConnectHeaders,
     ) -> Result<Tunnel, Error> {
+        self.open_timed(key, creds, bundle, authority, headers)
+            .await
+            .map(|(t, _)| t)
+    }
+
+    /// [`Pool::open`], and how long the handshake of a new connection took (TCP, TLS and
+    /// HTTP/2 settings), if the tunnel needed one; `None` when a pooled connection carried it.
+    pub async fn open_timed(
+        &self,
+        key: &PoolKey,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        authority: &str,
+        headers: &ConnectHeaders,
+    ) -> Result<(Tunnel, Option<Duration>), Error> {
+        let started = Instant::now();
         let (entry, fresh) = self.acquire(key, creds, bundle).await?;
+        let mut dialed = fresh.then(|| started.elapsed());
         let reservation = Reservation(entry);
         match reservation.0.conn.open(authority, headers).await {
-            Ok(stream) => Ok(Tunnel {
-                stream,
-                _reservation: reservation,
-            }),
+            Ok(stream) => Ok((
+                Tunnel {
+                    stream,
+                    _reservation: reservation,
+                },
+                dialed,
+            )),
             // A pooled connection that went away (GOAWAY, peer restart) between uses, or a new
             // one whose peer turned the stream away unprocessed (a draining proxy that had
             // accepted the connection just before its drain began): never hand it out again,
@@ -195,13 +215,18 @@ impl Pool {
             Err(Error::H2 { ref source, .. }) if !fresh || unprocessed(source) => {
                 reservation.0.conn.mark_closed();
                 drop(reservation);
+                let redial = Instant::now();
                 let entry = self.dial_locked(key, creds, bundle).await?;
+                dialed = Some(redial.elapsed());
                 let reservation = Reservation(entry);
                 let stream = reservation.0.conn.open(authority, headers).await?;
-                Ok(Tunnel {
-                    stream,
-                    _reservation: reservation,
-                })
+                Ok((
+                    Tunnel {
+                        stream,
+                        _reservation: reservation,
+                    },
+                    dialed,
+                ))
             }
             Err(e) => Err(e),
         }
