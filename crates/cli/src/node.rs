@@ -175,7 +175,8 @@ where
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
     run_process("node", || {
-        let control = args.control.read(args.plaintext)?;
+        let mut control = args.control.read(args.plaintext)?;
+        control.admin = Some(args.admin);
         Ok(ferry_node::run(ferry_node::Config {
             name: args.name.clone(),
             cluster: args.cluster.clone(),
@@ -205,7 +206,7 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
 /// The connection records a process keeps (`/records`, `ferry observe`).
 #[derive(Debug, clap::Args)]
 struct RecordsArgs {
-    /// Connection records kept in memory, newest last (about 1 KiB each at most); 0 keeps none.
+    /// Connection records kept in memory, newest last (about 1.2 KiB each); 0 keeps none.
     #[arg(long, default_value_t = ferry_runtime::records::DEFAULT_CAPACITY)]
     records: usize,
 }
@@ -238,7 +239,8 @@ pub(crate) struct WaypointArgs {
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
     run_process("waypoint", || {
-        let control = args.control.read(PLAINTEXT_NEVER)?;
+        let mut control = args.control.read(PLAINTEXT_NEVER)?;
+        control.admin = args.admin;
         Ok(ferry_waypoint::run(ferry_waypoint::Config {
             uid: args.uid.clone(),
             cluster: args.cluster.clone(),
@@ -273,7 +275,8 @@ pub(crate) struct GatewayArgs {
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
     run_process("gateway", || {
-        let control = args.control.read(PLAINTEXT_NEVER)?;
+        let mut control = args.control.read(PLAINTEXT_NEVER)?;
+        control.admin = args.admin;
         Ok(ferry_gateway::run(ferry_gateway::Config {
             name: args.name.clone(),
             control,

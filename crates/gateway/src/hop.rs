@@ -8,13 +8,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferry_core::hop::{Hop, origin_cluster};
 use ferry_core::model::ClusterId;
 use ferry_core::random::SplitMix64;
-use ferry_core::route::{self, Destination, Source, Transport};
+use ferry_core::route::{self, Compact, Destination, Source, Transport, Within};
 use ferry_core::store::Store;
 use ferry_hbone::Side;
 use ferry_hbone::headers::{ConnectHeaders, Refusal, Target};
@@ -22,7 +22,7 @@ use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
 use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::Forward;
 use ferry_runtime::bootstrap::ControlPlane;
-use ferry_runtime::conn::{ConnError, ResponseFlag, side_name};
+use ferry_runtime::conn::{ConnError, ResponseFlag};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
@@ -52,10 +52,20 @@ struct Gateway {
 
 impl Gateway {
     fn refuse(&self, req: &ConnectRequest, why: String) -> Refusal {
+        self.refuse_noted(req, why, Noted::default())
+    }
+
+    /// Refuses the tunnel, and logs and records the refusal with what was decided before it.
+    fn refuse_noted(&self, req: &ConnectRequest, why: String, noted: Noted) -> Refusal {
         self.refused.inc();
-        let (peer, target) = (req.peer.to_string(), req.target.to_string());
         // Every refusal here is of what the caller asked for, before anything was dialled.
-        tracing::info!(target: "access", direction = "gateway", src.identity = %peer, dst.addr = %target, reason = %why, error.side = side_name(Side::Downstream), response_flags = ResponseFlag::Deny.as_str(), "gateway refused the connection");
+        let mut log = gateway_log(req);
+        log.path = "refused by this gateway".into();
+        log.error = Some(why.clone());
+        log.error_side = Some(Side::Downstream);
+        log.response_flags = ResponseFlag::Deny;
+        noted.into_log(&mut log);
+        log.emit();
         Refusal::Denied(why)
     }
 }
@@ -66,12 +76,55 @@ struct Admitted {
     to: SocketAddr,
     /// Why `connect` failed, if it did (the server reports only the refusal).
     error: Option<Box<ConnError>>,
+    /// What its record says of the decision.
+    noted: Box<Noted>,
+}
+
+/// A tunnel's decision as its connection record tells it.
+#[derive(Debug, Default)]
+struct Noted {
+    started: Option<Instant>,
+    origin: String,
+    /// The decision in short, when records are kept.
+    route: String,
+    dst_service: String,
+    dst_workload: String,
+    dst_cluster: String,
+    decision: Option<Duration>,
+    connect: Option<Duration>,
+}
+
+impl Noted {
+    fn into_log(self, log: &mut AccessLog<'_>) {
+        log.src_cluster = self.origin;
+        log.route = self.route;
+        log.dst_service = self.dst_service;
+        log.dst_workload = self.dst_workload;
+        log.dst_cluster = self.dst_cluster;
+        log.phases.decision = self.decision;
+        log.phases.connect = self.connect;
+    }
+}
+
+/// The record of a tunnel this gateway ends, before its decision is added.
+fn gateway_log<'a>(req: &ConnectRequest) -> AccessLog<'a> {
+    AccessLog {
+        direction: "gateway",
+        src_addr: req.peer_addr.to_string(),
+        src_workload: "",
+        src_identity: req.peer.to_string(),
+        dst_addr: req.target.to_string(),
+        path: "forwarded to its network, inner tunnel untouched".into(),
+        trace_id: req.trace_text(),
+        ..AccessLog::default()
+    }
 }
 
 impl Handler for Gateway {
     type Admit = Admitted;
 
     fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        let started = Instant::now();
         let Target::Host { hostname, port } = &req.target else {
             return Err(self.refuse(
                 req,
@@ -107,28 +160,53 @@ impl Handler for Gateway {
             tracing::info!(src.identity = %req.peer, src.addr = %req.peer_addr, origin.cluster = %origin.cluster, claimed.cluster = %claimed, "the baggage claims another cluster than the certificate proves; ignored");
         }
         let origin = origin.cluster;
-        match route::plan(
-            &snap,
-            // The gateway is no workload: it routes from where it stands (its network and
-            // cluster). A tunnel a waypoint instance sent has passed that waypoint: not sent
-            // back to it.
-            Source::hop(&me.network, &me.cluster, &me.identity, &origin).sent_by(&req.peer),
-            &dst,
-            &mut SplitMix64::new(req.id),
-        ) {
+        // The gateway is no workload: it routes from where it stands (its network and
+        // cluster). A tunnel a waypoint instance sent has passed that waypoint: not sent back
+        // to it.
+        let src = Source::hop(&me.network, &me.cluster, &me.identity, &origin).sent_by(&req.peer);
+        let mut rng = SplitMix64::new(req.id);
+        // Traced, within a fixed budget, only for the tunnel's record.
+        let mut trace = ferry_runtime::records::global().keeps().then(Compact::new);
+        let planned = match trace.as_mut() {
+            Some(t) => route::plan_compact(&snap, src, &dst, &Within::default(), &mut rng, t),
+            None => route::plan(&snap, src, &dst, &mut rng),
+        };
+        let landing = planned
+            .as_ref()
+            .ok()
+            .and_then(|p| p.landing.as_ref())
+            .and_then(|u| snap.workload(u));
+        let noted = Noted {
+            started: Some(started),
+            origin: origin.to_string(),
+            route: trace.map(|t| t.summary()).unwrap_or_default(),
+            dst_service: planned
+                .as_ref()
+                .ok()
+                .and_then(|p| p.service.as_ref())
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            dst_workload: landing.map(|w| w.uid.to_string()).unwrap_or_default(),
+            dst_cluster: landing.map(|w| w.cluster.to_string()).unwrap_or_default(),
+            decision: Some(started.elapsed()),
+            connect: None,
+        };
+        match planned {
             Ok(plan) => match plan.transport {
                 Transport::Hbone { connect_to, .. } => Ok(Admitted {
                     to: connect_to,
                     error: None,
+                    noted: Box::new(noted),
                 }),
-                _ => Err(self.refuse(
+                _ => Err(self.refuse_noted(
                     req,
                     format!(
                         "no endpoint of {hostname} on this gateway's network for cluster {origin}"
                     ),
+                    noted,
                 )),
             },
-            Err(e) => Err(self.refuse(req, e.to_string())),
+            Err(e) => Err(self.refuse_noted(req, e.to_string(), noted)),
         }
     }
 
@@ -141,7 +219,11 @@ impl Handler for Gateway {
         async move {
             // The inner tunnel's bytes go to the endpoint's HBONE port untouched.
             match tokio::net::TcpStream::connect(to).await {
-                Ok(tcp) => Ok(Forward::from(tcp)),
+                Ok(tcp) => {
+                    let noted = &mut admitted.noted;
+                    noted.connect = noted.started.map(|t| t.elapsed());
+                    Ok(Forward::from(tcp))
+                }
                 Err(e) => {
                     let e = ConnError::connect(to, e);
                     let refusal = e.refusal();
@@ -157,19 +239,11 @@ impl Handler for Gateway {
             .error
             .map(|e| *e)
             .or_else(|| ConnError::from_outcome(outcome));
-        let mut log = AccessLog {
-            direction: "gateway",
-            src_addr: req.peer_addr.to_string(),
-            src_workload: "",
-            src_identity: req.peer.to_string(),
-            dst_addr: req.target.to_string(),
-            dst_hbone_addr: admitted.to.to_string(),
-            path: "forwarded to its network, inner tunnel untouched".into(),
-            trace_id: req.trace_text(),
-            bytes_sent: outcome.sent,
-            bytes_recv: outcome.received,
-            ..AccessLog::default()
-        };
+        let mut log = gateway_log(req);
+        log.dst_hbone_addr = admitted.to.to_string();
+        log.bytes_sent = outcome.sent;
+        log.bytes_recv = outcome.received;
+        admitted.noted.into_log(&mut log);
         if let Some(e) = &error {
             log.fail(e);
         }

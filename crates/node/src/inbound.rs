@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferry_core::authz::{self, ConnInfo, Verdict};
 use ferry_core::hop::{self, OriginError, PeerCluster};
@@ -235,8 +235,21 @@ struct Admitted {
     path: Cow<'static, str>,
     /// The source workload the peer proved, for the access log ([`proven_source`]).
     src_workload: String,
+    /// When `admit` began, and how long after it the decision was taken and the pod reached
+    /// (microseconds; 0 when not reached): the record's phases.
+    started: Instant,
+    decided_us: u32,
+    connected_us: u32,
     /// The connection counted as open (for the drain and memory) until it is dropped.
     _open: Open,
+}
+
+fn micros_since(t: Instant) -> u32 {
+    u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX)
+}
+
+fn phase(us: u32) -> Option<Duration> {
+    (us > 0).then(|| Duration::from_micros(u64::from(us)))
 }
 
 impl Inbound {
@@ -257,6 +270,17 @@ impl Inbound {
             dst_hbone_addr: req.target.to_string(),
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
+            src_cluster: match &*req.peer_cluster {
+                PeerCluster::Proven(c) => c.to_string(),
+                PeerCluster::Unproven => "(unproven)".into(),
+            },
+            dst_cluster: self
+                .node
+                .store
+                .load()
+                .workload(&self.pod.uid)
+                .map(|w| w.cluster.to_string())
+                .unwrap_or_default(),
             path: path.into_owned(),
             trace_id: req.trace_text(),
             ..AccessLog::default()
@@ -268,6 +292,7 @@ impl Handler for Inbound {
     type Admit = Admitted;
 
     fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        let started = Instant::now();
         // Taken before the snapshot: a change after this one re-checks the tunnel.
         let changes = ferry_runtime::recheck::from_now(&self.node.changes);
         let snap = self.node.store.load();
@@ -311,6 +336,7 @@ impl Handler for Inbound {
                 .denials
                 .count_error(Reporter::Destination, &e);
             let mut log = self.access_log(req, &src_workload, path);
+            log.phases.decision = Some(started.elapsed());
             log.fail(&e);
             log.emit();
             return Err(e.refusal());
@@ -329,6 +355,9 @@ impl Handler for Inbound {
             changes: Some(changes),
             path,
             src_workload,
+            decided_us: micros_since(started).max(1),
+            connected_us: 0,
+            started,
             _open: Open::new(&self.node),
         })
     }
@@ -365,6 +394,7 @@ impl Handler for Inbound {
                 }
             };
             ferry_runtime::sockets::tune_app_socket(&up, node.idle_bound);
+            admitted.connected_us = micros_since(admitted.started).max(1);
             if let Counted::Pending(l) = &admitted.labels {
                 admitted.labels = Counted::Opened(node.metrics.opened_shared((**l).clone()));
             }
@@ -404,6 +434,8 @@ impl Handler for Inbound {
         }
         let path = std::mem::take(&mut admitted.path);
         let mut log = self.access_log(req, &admitted.src_workload, path);
+        log.phases.decision = phase(admitted.decided_us);
+        log.phases.connect = phase(admitted.connected_us);
         log.bytes_sent = outcome.sent;
         log.bytes_recv = outcome.received;
         if let Some(e) = &error {

@@ -318,13 +318,23 @@ pub struct AccessLog<'a> {
     pub src_addr: String,
     pub src_workload: &'a str,
     pub src_identity: String,
+    /// The source's cluster as this hop knows it (from the peer's certificate past the first
+    /// hop).
+    pub src_cluster: String,
     pub dst_addr: String,
     pub dst_hbone_addr: String,
     pub dst_service: String,
     pub dst_workload: String,
     pub dst_identity: String,
+    /// The cluster of the workload it landed on.
+    pub dst_cluster: String,
     /// The path taken and why (e.g. "hbone", "waypoint default/wp", "passthrough").
     pub path: String,
+    /// The routing decision in short ([`ferry_core::route::Compact::summary`]), when records
+    /// are kept and this hop routed.
+    pub route: String,
+    /// When each phase was reached, from the connection's start.
+    pub phases: Phases,
     pub bytes_sent: u64,
     pub bytes_recv: u64,
     pub duration: Duration,
@@ -337,6 +347,24 @@ pub struct AccessLog<'a> {
     pub denied_by: Option<(String, String)>,
     /// The W3C trace id every hop of the connection records (the source starts it).
     pub trace_id: String,
+}
+
+/// When a connection reached each phase, measured from its start; `None` when it did not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// The routing decision (or the admission decision at a destination) was taken.
+    pub decision: Option<Duration>,
+    /// The next hop was reached: its tunnel answered 200, or its TCP connection was up.
+    pub connect: Option<Duration>,
+    /// How long the handshake of a new HBONE connection took (TCP, TLS, HTTP/2), when the
+    /// tunnel needed one (a duration, not a moment).
+    pub tls: Option<Duration>,
+    /// The first byte came back from the next hop.
+    pub first_byte: Option<Duration>,
+}
+
+fn micros(d: Option<Duration>) -> u64 {
+    d.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 impl AccessLog<'_> {
@@ -376,12 +404,19 @@ impl AccessLog<'_> {
             src_addr: self.src_addr,
             src_workload: self.src_workload.to_string(),
             src_identity: self.src_identity,
+            src_cluster: self.src_cluster,
             dst_addr: self.dst_addr,
             dst_hbone_addr: self.dst_hbone_addr,
             dst_service: self.dst_service,
             dst_workload: self.dst_workload,
             dst_identity: self.dst_identity,
+            dst_cluster: self.dst_cluster,
             path: self.path,
+            route: self.route,
+            decision_us: micros(self.phases.decision),
+            connect_us: micros(self.phases.connect),
+            tls_us: micros(self.phases.tls),
+            first_byte_us: micros(self.phases.first_byte),
             verdict: if policy.is_empty() {
                 "allowed"
             } else {
@@ -412,12 +447,15 @@ impl AccessLog<'_> {
             src.addr = %self.src_addr,
             src.workload = self.src_workload,
             src.identity = %self.src_identity,
+            src.cluster = %self.src_cluster,
             dst.addr = %self.dst_addr,
             dst.hbone_addr = %self.dst_hbone_addr,
             dst.service = %self.dst_service,
             dst.workload = %self.dst_workload,
             dst.identity = %self.dst_identity,
+            dst.cluster = %self.dst_cluster,
             path = %self.path,
+            route = %self.route,
             bytes_sent = self.bytes_sent,
             bytes_recv = self.bytes_recv,
             duration_ms = self.duration.as_millis() as u64,

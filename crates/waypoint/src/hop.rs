@@ -9,7 +9,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferry_core::hop::{Hop, origin_cluster};
@@ -17,7 +17,7 @@ use ferry_core::identity::Identity;
 use ferry_core::inbound::fronted_by;
 use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::random::SplitMix64;
-use ferry_core::route::{self, Plan, Source, Transport};
+use ferry_core::route::{self, Compact, Plan, Source, Transport};
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
@@ -25,7 +25,7 @@ use ferry_hbone::settings::Settings;
 use ferry_hbone::upstream::{Forward, Upstream};
 use ferry_hbone::{Error as HboneError, Side};
 use ferry_runtime::bootstrap::ControlPlane;
-use ferry_runtime::conn::{ConnError, ConnErrorKind, side_name};
+use ferry_runtime::conn::{ConnError, ConnErrorKind};
 use ferry_runtime::telemetry::AccessLog;
 use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
@@ -68,12 +68,89 @@ pub(crate) struct Admitted {
     error: Option<Box<ConnError>>,
     /// How a tunnel served here (HTTP, or L4 after detection) ended, told by its server.
     served: Arc<Mutex<Option<ConnError>>>,
+    /// What its record says of the decision, when records are kept.
+    noted: Option<Box<Noted>>,
+}
+
+/// A tunnel's decision as its connection record tells it.
+struct Noted {
+    started: Instant,
+    route: String,
+    dst_workload: String,
+    dst_service: String,
+    dst_cluster: String,
+    decision: Duration,
+    connect: Option<Duration>,
+}
+
+impl Noted {
+    /// The decision `planned` took for the tunnel admitted at `started`, on `snap`.
+    fn of(
+        snap: &ferry_core::snapshot::Snapshot,
+        planned: &Result<Plan, route::RouteError>,
+        started: Instant,
+        trace: &Compact,
+    ) -> Self {
+        let plan = planned.as_ref().ok();
+        let landing = plan
+            .and_then(|p| p.landing.as_ref())
+            .and_then(|u| snap.workload(u));
+        Self {
+            started,
+            route: trace.summary(),
+            dst_workload: landing.map(|w| w.uid.to_string()).unwrap_or_default(),
+            dst_service: plan
+                .and_then(|p| p.service.as_ref())
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            dst_cluster: landing.map(|w| w.cluster.to_string()).unwrap_or_default(),
+            decision: started.elapsed(),
+            connect: None,
+        }
+    }
+
+    /// Fills the record's decision fields of `log`.
+    fn into_log(self, log: &mut AccessLog<'_>) {
+        log.route = self.route;
+        log.dst_workload = self.dst_workload;
+        log.dst_service = self.dst_service;
+        log.dst_cluster = self.dst_cluster;
+        log.phases.decision = Some(self.decision);
+        log.phases.connect = self.connect;
+    }
+}
+
+/// Logs and records a tunnel this waypoint refused before deciding where it goes (its origin
+/// unproven, or a target this instance does not front for it): a denial at this hop.
+fn refused(mut log: AccessLog<'_>, reason: &str, started: Instant) {
+    log.path = "refused by this waypoint".into();
+    log.error = Some(reason.to_string());
+    log.error_side = Some(Side::Downstream);
+    log.response_flags = ferry_runtime::conn::ResponseFlag::Deny;
+    log.phases.decision = Some(started.elapsed());
+    log.emit();
+}
+
+/// The record of a tunnel this waypoint ends, before its decision is added.
+fn waypoint_log<'a>(req: &ConnectRequest, origin: &ClusterId) -> AccessLog<'a> {
+    AccessLog {
+        direction: "waypoint",
+        src_addr: req.peer_addr.to_string(),
+        src_workload: "",
+        src_identity: req.peer.to_string(),
+        src_cluster: origin.to_string(),
+        dst_addr: req.target.to_string(),
+        path: "hbone via this waypoint".into(),
+        trace_id: req.trace_text(),
+        ..AccessLog::default()
+    }
 }
 
 impl Handler for Waypoint {
     type Admit = Admitted;
 
     fn admit(&self, req: &ConnectRequest) -> Result<Admitted, Refusal> {
+        let started = Instant::now();
         let dst = &req.target;
         let headers = ConnectHeaders::read(&req.headers);
         let snap = self.store.load();
@@ -97,7 +174,7 @@ impl Handler for Waypoint {
             Err(e) => {
                 let reason = e.to_string();
                 self.metrics.refused.inc();
-                tracing::warn!(target: "access", direction = "waypoint", src.identity = %req.peer, src.addr = %req.peer_addr, reason = %reason, error.side = side_name(Side::Downstream), response_flags = ferry_runtime::conn::ResponseFlag::Deny.as_str(), "waypoint refused the connection");
+                refused(waypoint_log(req, &ClusterId::new("")), &reason, started);
                 return Err(Refusal::Denied(reason));
             }
         };
@@ -109,23 +186,41 @@ impl Handler for Waypoint {
             .map_or_else(|| me.network.clone(), NetworkId::new);
         if let Err(e) = fronted_by(&snap, me, dst, &origin, &source_network) {
             self.metrics.refused.inc();
-            let (peer, reason) = (req.peer.to_string(), e.to_string());
-            tracing::warn!(target: "access", direction = "waypoint", src.identity = %peer, src.addr = %req.peer_addr, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %reason, error.side = side_name(Side::Downstream), response_flags = ferry_runtime::conn::ResponseFlag::Deny.as_str(), "waypoint refused the connection");
+            let reason = e.to_string();
+            refused(waypoint_log(req, &origin), &reason, started);
             return Err(Refusal::Denied(reason));
         }
         let mut rng = SplitMix64::new(req.id);
-        match route::plan(&snap, Source::on_behalf_of(me, &origin), dst, &mut rng) {
+        let src = Source::on_behalf_of(me, &origin);
+        // Traced, within a fixed budget, only for the tunnel's record.
+        let (planned, noted) = if ferry_runtime::records::global().keeps() {
+            let mut trace = Compact::new();
+            let within = route::Within::default();
+            let planned = route::plan_compact(&snap, src, dst, &within, &mut rng, &mut trace);
+            let noted = Noted::of(&snap, &planned, started, &trace);
+            (planned, Some(Box::new(noted)))
+        } else {
+            (route::plan(&snap, src, dst, &mut rng), None)
+        };
+        match planned {
             Ok(plan) => Ok(Admitted {
                 plan: Some(plan),
                 origin,
                 error: None,
                 served: Arc::default(),
+                noted,
             }),
             Err(e) => {
                 self.metrics.refused.inc();
                 let e = ConnError::from(e);
-                let peer = req.peer.to_string();
-                tracing::info!(target: "access", direction = "waypoint", src.identity = %peer, origin.cluster = %origin, dst.addr = %dst.to_string(), reason = %e.kind, error.side = side_name(e.side), response_flags = e.flag.as_str(), "waypoint refused the connection");
+                // Its record (and access-log line) names the candidates the decision set aside.
+                let mut log = waypoint_log(req, &origin);
+                log.path = "refused by this waypoint".into();
+                if let Some(n) = noted {
+                    n.into_log(&mut log);
+                }
+                log.fail(&e);
+                log.emit();
                 Err(e.refusal())
             }
         }
@@ -257,7 +352,11 @@ impl Handler for Waypoint {
             Ok(Forward::Serve(serve))
         };
         async move {
-            carrying.await.map_err(|e: ConnError| {
+            let carried = carrying.await;
+            if let Some(n) = admitted.noted.as_mut() {
+                n.connect = carried.is_ok().then(|| n.started.elapsed());
+            }
+            carried.map_err(|e: ConnError| {
                 let refusal = e.refusal();
                 admitted.error = Some(Box::new(e));
                 refusal
@@ -271,18 +370,12 @@ impl Handler for Waypoint {
             .map(|e| *e)
             .or_else(|| admitted.served.lock().take())
             .or_else(|| ConnError::from_outcome(outcome));
-        let mut log = AccessLog {
-            direction: "waypoint",
-            src_addr: req.peer_addr.to_string(),
-            src_workload: "",
-            src_identity: req.peer.to_string(),
-            dst_addr: req.target.to_string(),
-            path: "hbone via this waypoint".into(),
-            trace_id: req.trace_text(),
-            bytes_sent: outcome.sent,
-            bytes_recv: outcome.received,
-            ..AccessLog::default()
-        };
+        let mut log = waypoint_log(req, &admitted.origin);
+        log.bytes_sent = outcome.sent;
+        log.bytes_recv = outcome.received;
+        if let Some(n) = admitted.noted {
+            n.into_log(&mut log);
+        }
         if let Some(e) = &error {
             log.fail(e);
         }

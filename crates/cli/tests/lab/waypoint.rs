@@ -326,3 +326,65 @@ fn ferry_trace_prints_every_hop_joined_by_one_trace_id_and_the_hop_that_refused(
         "{text}"
     );
 }
+
+/// Each hop's record carries its decision in short and its phases: the source names the
+/// waypoint and the transport, the waypoint its pick; a connection refused by scope names the
+/// candidates the decision set aside and why.
+#[test]
+fn each_hop_records_its_decision_and_phases_and_a_scope_refusal_names_what_it_dropped() {
+    let Some(lab) = MESH.get() else { return };
+    let out = lab.trace("echo-beta", "198.18.10.5:80", "json");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let hops = v["hops"].as_array().expect("hops");
+    let hop = |direction: &str| {
+        hops.iter()
+            .find(|h| h["direction"] == direction)
+            .unwrap_or_else(|| panic!("no {direction} hop in {v}"))
+    };
+    let source = hop("outbound");
+    let route = source["route"].as_str().unwrap_or_default();
+    assert!(
+        route.starts_with("service default/audit.default.svc.cluster.local:80")
+            && route.contains("waypoint ")
+            && route.contains("picked ")
+            && route.contains("hbone to "),
+        "{source}"
+    );
+    assert_eq!(source["src_cluster"], "beta", "{source}");
+    assert_eq!(source["dst_cluster"], "beta", "{source}");
+    for phase in ["decision_us", "connect_us", "first_byte_us"] {
+        assert!(source[phase].as_u64().unwrap_or(0) > 0, "{phase}: {source}");
+    }
+    let d = source["decision_us"].as_u64().unwrap_or(0);
+    let c = source["connect_us"].as_u64().unwrap_or(0);
+    let f = source["first_byte_us"].as_u64().unwrap_or(0);
+    assert!(d <= c && c <= f, "phases in order: {source}");
+    let waypoint = hop("waypoint");
+    let route = waypoint["route"].as_str().unwrap_or_default();
+    assert!(
+        route.contains("picked ") && route.contains("hbone to "),
+        "{waypoint}"
+    );
+    assert_eq!(waypoint["src_cluster"], "beta", "{waypoint}");
+    assert!(
+        waypoint["connect_us"].as_u64().unwrap_or(0) > 0,
+        "{waypoint}"
+    );
+    let dest = hop("inbound");
+    assert_eq!(dest["src_cluster"], "beta", "the proven cluster: {dest}");
+    assert!(dest["decision_us"].as_u64().unwrap_or(0) > 0, "{dest}");
+
+    // Refused by scope at the source: its record names what was set aside and why.
+    let out = lab.trace("sleep", "198.18.10.5:80", "json");
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let refused = &v["hops"][0];
+    assert_eq!(refused["component"], "node/alpha-1", "{v}");
+    let route = refused["route"].as_str().unwrap_or_default();
+    assert!(
+        route.contains("dropped ")
+            && route.contains("(out of scope of ")
+            && route.contains("source cluster alpha"),
+        "{refused}"
+    );
+}

@@ -19,6 +19,14 @@ fn mesh() -> MeshBuilder {
 }
 
 fn plan_from_sleep(snap: &Snapshot, to: &str) -> Result<Ctx, Refused> {
+    plan_from_sleep_traced(snap, to, None)
+}
+
+fn plan_from_sleep_traced(
+    snap: &Snapshot,
+    to: &str,
+    trace: Option<&mut Compact>,
+) -> Result<Ctx, Refused> {
     let src = snap
         .workloads()
         .find(|w| w.name == "sleep")
@@ -36,7 +44,25 @@ fn plan_from_sleep(snap: &Snapshot, to: &str) -> Result<Ctx, Refused> {
             ejected: &NONE_EJECTED,
         },
         &mut SplitMix64::new(7),
+        trace,
     )
+}
+
+#[test]
+fn a_traced_plan_is_the_same_plan_and_its_record_says_the_class_the_pick_and_the_transport() {
+    let snap = mesh().build();
+    let plain = plan_from_sleep(&snap, "198.18.100.1:80").expect("planned");
+    let mut c = Compact::new();
+    let traced = plan_from_sleep_traced(&snap, "198.18.100.1:80", Some(&mut c)).expect("planned");
+    assert_eq!(plain.transport, traced.transport);
+    assert_eq!(plain.log, traced.log);
+    let s = c.summary();
+    assert!(
+        s.starts_with("service default/echo.default.svc.cluster.local:80; "),
+        "{s}"
+    );
+    assert!(s.contains("picked "), "{s}");
+    assert!(s.ends_with("hbone to 198.18.2.20:15008"), "{s}");
 }
 
 #[test]
