@@ -41,6 +41,17 @@ fn base(lab: &Lab) -> (usize, usize) {
     (lab.node_fds(SRC), lab.node_fds(DST))
 }
 
+/// Descriptors a previous scenario may leave behind a while (its ended flows' pooled tunnels):
+/// counted in a base, they can close while the next flows open.
+const LINGERING: usize = 4;
+
+/// Whether the destination holds the `FLOWS` flows opened after `base` was taken: each is one
+/// descriptor there (its tunnels share pooled connections), less what may have lingered in the
+/// base and closed since.
+fn holds_the_flows(lab: &Lab, base: (usize, usize)) -> bool {
+    lab.node_fds(DST) + LINGERING >= base.1 + FLOWS
+}
+
 /// Half-closed by the client, never finished by the server.
 #[test]
 fn live_flows_cost_two_descriptors_each_and_half_closed_ones_end_after_the_idle_bound() {
@@ -53,9 +64,10 @@ fn live_flows_cost_two_descriptors_each_and_half_closed_ones_end_after_the_idle_
     // Live flows: descriptors grow by at most two per flow (plus a few pooled tunnels).
     let (mut client, mut lines) = start(FLOWS);
     assert!(
-        eventually(Duration::from_secs(10), || lab.node_fds(dst)
-            >= base.1 + FLOWS),
-        "the destination node never held the flows"
+        eventually(Duration::from_secs(10), || holds_the_flows(lab, base)),
+        "the destination node never held the flows: {} descriptors, {} before",
+        lab.node_fds(dst),
+        base.1
     );
     let live = (lab.node_fds(src), lab.node_fds(dst));
     for (node, b, l) in [(src, base.0, live.0), (dst, base.1, live.1)] {
@@ -76,7 +88,8 @@ fn live_flows_cost_two_descriptors_each_and_half_closed_ones_end_after_the_idle_
     let _ = client.wait();
     for (node, b) in [(src, base.0), (dst, base.1)] {
         assert!(
-            eventually(Duration::from_secs(10), || lab.node_fds(node) <= b + 4),
+            eventually(Duration::from_secs(10), || lab.node_fds(node)
+                <= b + LINGERING),
             "{node}: {} descriptors after the bound, {b} before the flows",
             lab.node_fds(node)
         );
@@ -105,14 +118,18 @@ fn abandoned_flows_end_within_the_idle_bound() {
     // Abandoned: the client process is killed with its connections open (the kernel closes
     // them); the server never finishes; both proxies let go within the bound.
     let (mut client, _lines) = start(FLOWS);
-    assert!(eventually(Duration::from_secs(10), || {
-        lab.node_fds(dst) >= base.1 + FLOWS
-    }));
+    assert!(
+        eventually(Duration::from_secs(10), || holds_the_flows(lab, base)),
+        "the destination node never held the flows: {} descriptors, {} before",
+        lab.node_fds(dst),
+        base.1
+    );
     let _ = client.kill();
     let _ = client.wait();
     for (node, b) in [(src, base.0), (dst, base.1)] {
         assert!(
-            eventually(Duration::from_secs(15), || lab.node_fds(node) <= b + 4),
+            eventually(Duration::from_secs(15), || lab.node_fds(node)
+                <= b + LINGERING),
             "{node}: {} descriptors after abandoned flows, {b} before",
             lab.node_fds(node)
         );
@@ -132,9 +149,12 @@ fn flows_whose_peer_vanished_end_by_keepalive_within_the_idle_bound() {
     // the app and its node proxy inside the pod). Keepalive ends the connections within the
     // bound on the source's proxy, and the tunnels with them on the destination's.
     let (mut client, _lines) = start(FLOWS);
-    assert!(eventually(Duration::from_secs(10), || {
-        lab.node_fds(dst) >= base.1 + FLOWS
-    }));
+    assert!(
+        eventually(Duration::from_secs(10), || holds_the_flows(lab, base)),
+        "the destination node never held the flows: {} descriptors, {} before",
+        lab.node_fds(dst),
+        base.1
+    );
     let sleep_ns = lab.state(&["pods", "sleep", "netns"]);
     let sleep_ns = sleep_ns.as_str().unwrap();
     let drop_rule = |op: &str, dir: &str| {
@@ -150,7 +170,8 @@ fn flows_whose_peer_vanished_end_by_keepalive_within_the_idle_bound() {
     assert!(drop_rule("-I", "--dport") && drop_rule("-I", "--sport"));
     for (node, b) in [(src, base.0), (dst, base.1)] {
         assert!(
-            eventually(Duration::from_secs(20), || lab.node_fds(node) <= b + 4),
+            eventually(Duration::from_secs(20), || lab.node_fds(node)
+                <= b + LINGERING),
             "{node}: {} descriptors after the peers vanished, {b} before",
             lab.node_fds(node)
         );
