@@ -16,6 +16,7 @@ use crate::ca::k8s::{K8sConfig, K8sTokens};
 use crate::ca::service::{CaService, Lifetimes};
 use crate::ca::signer::Ca;
 use crate::ca::token::NodeTokens;
+use crate::nodes::Connected;
 use crate::source::{Reloads, TopologyWatch, WatchConfig};
 use crate::xds_server::XdsServer;
 
@@ -107,11 +108,30 @@ impl fmt::Display for Listening {
     }
 }
 
+/// What a view of the running control plane reads: the mesh map of `ferry control serve --ui`.
+#[derive(Clone, Debug)]
+pub struct Live {
+    /// The mesh as the source last published it (each reload swaps it).
+    pub store: Arc<Store>,
+    /// The programs with an open xDS stream, with their admin addresses.
+    pub connected: Arc<Connected>,
+}
+
 /// Serves the CA and xDS until `shutdown` resolves. `ready` is called once both ports are bound,
 /// before the first connection is accepted.
 pub async fn serve(
     config: &Config,
     ready: impl FnOnce(&Listening),
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    serve_live(config, |l, _| ready(l), shutdown).await
+}
+
+/// [`serve`], handing `ready` the live state too (called from within the runtime, so it may
+/// spawn a task that reads it).
+pub async fn serve_live(
+    config: &Config,
+    ready: impl FnOnce(&Listening, Live),
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (topology, source) = match &config.source {
@@ -182,6 +202,10 @@ pub async fn serve(
         Arc::new(registry),
         kubernetes_status,
     ));
+    let live = Live {
+        store: store.clone(),
+        connected: xds.connected(),
+    };
     let ca_service = CaService::new(ca.clone(), tokens, store, lifetimes)
         .with_metrics(metrics.clone())
         .with_k8s(k8s)
@@ -207,11 +231,14 @@ pub async fn serve(
     if addr.port() == 0 {
         bail!("the kernel gave port 0");
     }
-    ready(&Listening {
-        addr,
-        metrics_addr,
-        plaintext: config.plaintext,
-    });
+    ready(
+        &Listening {
+            addr,
+            metrics_addr,
+            plaintext: config.plaintext,
+        },
+        live,
+    );
     let incoming = PeerLimited::new(
         listener,
         config.limits.connections_per_peer,

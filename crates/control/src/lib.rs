@@ -8,6 +8,7 @@
 //! - [`flatten`]: nested service addresses resolved once, before they go on the wire.
 //! - [`source`]: the topology file, watched for edits.
 //! - [`metrics`]: the Prometheus endpoint for the xDS counters.
+//! - [`nodes`]: the programs connected over xDS and their admin addresses (for the mesh map).
 //! - [`app`]: the composition root `ferry control serve` runs.
 //! - `testing` (feature `testing`): a generated topology of any size, for tests and benches.
 //!
@@ -19,6 +20,7 @@ pub mod ca;
 pub mod flatten;
 pub mod kube_source;
 pub mod metrics;
+pub mod nodes;
 pub mod source;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

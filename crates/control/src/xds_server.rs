@@ -29,6 +29,7 @@ use crate::ca::auth::{Authenticate, Authenticated, Caller};
 use crate::ca::k8s::K8sTokens;
 use crate::ca::token::NodeTokens;
 use crate::metrics::Metrics;
+use crate::nodes::{Connected, Registration};
 
 /// The ADS service.
 #[derive(Debug, Clone)]
@@ -40,6 +41,7 @@ pub struct XdsServer {
     k8s: Option<Arc<K8sTokens>>,
     metrics: Arc<Metrics>,
     diffs: Arc<Diffs>,
+    connected: Arc<Connected>,
 }
 
 impl XdsServer {
@@ -58,6 +60,7 @@ impl XdsServer {
             k8s: None,
             metrics: Arc::new(Metrics::default()),
             diffs: Arc::default(),
+            connected: Arc::default(),
         }
     }
 
@@ -70,6 +73,11 @@ impl XdsServer {
 
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
+    }
+
+    /// The programs with an open stream, with the admin addresses they gave.
+    pub fn connected(&self) -> Arc<Connected> {
+        self.connected.clone()
     }
 
     /// The tonic server: the credential checked from the headers before any request on the
@@ -119,6 +127,7 @@ impl AggregatedDiscoveryService for XdsServer {
             },
             (None, _) => "(unauthenticated)".to_string(),
         };
+        let peer = request.remote_addr();
         let cluster = request
             .metadata()
             .get("clusterid")
@@ -136,6 +145,9 @@ impl AggregatedDiscoveryService for XdsServer {
             _open: OpenStream::new(&self.metrics),
             metrics: self.metrics.clone(),
             node,
+            peer,
+            connected: self.connected.clone(),
+            registration: None,
         };
         tokio::spawn(stream.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -150,6 +162,11 @@ struct Stream_ {
     diffs: Arc<Diffs>,
     metrics: Arc<Metrics>,
     node: String,
+    /// Where the stream comes from.
+    peer: Option<std::net::SocketAddr>,
+    connected: Arc<Connected>,
+    /// Lists this stream's program in `connected` from its first request with a node.
+    registration: Option<Registration>,
     /// Counts this stream in `ferry_xds_streams_open` while it lives.
     _open: OpenStream,
 }
@@ -250,6 +267,11 @@ impl Stream_ {
                             break;
                         }
                     };
+                    if self.registration.is_none()
+                        && let Some(n) = &req.node
+                    {
+                        self.registration = Some(self.connected.register(&self.node, n, self.peer));
+                    }
                     if req.type_url != ADDRESS_TYPE && req.type_url != AUTHORIZATION_TYPE {
                         tracing::debug!(node = %self.node, type_url = %req.type_url, "ignoring an unknown type");
                         continue;

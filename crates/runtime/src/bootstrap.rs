@@ -9,7 +9,7 @@ use ferry_core::store::Store;
 use ferry_tls::ca_client::GrpcCa;
 use ferry_tls::certs::{CertManager, ManagerConfig};
 use ferry_tls::config::TrustBundle;
-use ferry_xds::client::{ClientConfig, XdsClient};
+use ferry_xds::client::{ADMIN_ADDRESS_KEY, ClientConfig, XdsClient};
 use tokio::sync::watch;
 
 /// The name the control plane's certificate is issued for.
@@ -56,6 +56,9 @@ pub struct ControlPlane {
     /// Where `token` was read from, reread at each CA request and xDS connect (a projected
     /// Kubernetes token is rotated while the process runs).
     pub token_file: Option<std::path::PathBuf>,
+    /// This program's admin endpoint, told to the control plane in the xDS node metadata
+    /// ([`ferry_xds::client::ADMIN_ADDRESS_KEY`]): its mesh map gathers records from there.
+    pub admin: Option<std::net::SocketAddr>,
 }
 
 /// The server name to expect at `endpoint`: istiod's own when the host is an istiod service
@@ -104,6 +107,7 @@ impl ControlPlane {
             xds_server_name: name.clone(),
             ca_server_name: name,
             token_file: None,
+            admin: None,
         }
     }
 
@@ -137,6 +141,14 @@ impl ControlPlane {
         );
         let xds = match &self.token_file {
             Some(p) => xds.with_token_file(p.clone()),
+            None => xds,
+        };
+        let xds = match self.admin {
+            Some(a) => xds.with_metadata(
+                [(ADMIN_ADDRESS_KEY.to_string(), a.to_string())]
+                    .into_iter()
+                    .collect(),
+            ),
             None => xds,
         };
         let (ready, changes) = (xds.ready(), xds.changes());

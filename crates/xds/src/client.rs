@@ -25,6 +25,10 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use crate::assemble::{Held, assemble};
 use crate::convert::{self, InvalidResource};
 
+/// The node metadata key under which a data-plane program gives the address of its admin
+/// endpoint (`IP:port`), so that the control plane's mesh map can gather its records.
+pub const ADMIN_ADDRESS_KEY: &str = "FERRY_ADMIN_ADDRESS";
+
 /// Where and how to reach the control plane.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -56,6 +60,9 @@ pub struct ClientState {
     pub sessions: u64,
     /// Resources received in the current session (for observing what a reconnect costs).
     pub received_this_session: u64,
+    /// Why the last session failed (cleared when a session applies a response): what a
+    /// one-shot subscriber reports when no sync comes.
+    pub last_error: Option<String>,
 }
 
 /// The running subscriber.
@@ -64,6 +71,8 @@ pub struct XdsClient {
     config: ClientConfig,
     /// Reread at each connect when set ([`XdsClient::with_token_file`]).
     token_file: Option<std::path::PathBuf>,
+    /// Sent as the xDS node's metadata ([`XdsClient::with_metadata`]).
+    metadata: BTreeMap<String, String>,
     store: Arc<Store>,
     state: Arc<Mutex<ClientState>>,
     ready: watch::Sender<bool>,
@@ -79,6 +88,7 @@ impl XdsClient {
         Self {
             config,
             token_file: None,
+            metadata: BTreeMap::new(),
             store,
             state: Arc::new(Mutex::new(ClientState::default())),
             ready: watch::channel(false).0,
@@ -92,6 +102,14 @@ impl XdsClient {
     #[must_use]
     pub fn with_token_file(mut self, path: std::path::PathBuf) -> Self {
         self.token_file = Some(path);
+        self
+    }
+
+    /// Sends `metadata` (string values) as the node's metadata on every stream: a node proxy
+    /// tells the control plane its admin address this way ([`ADMIN_ADDRESS_KEY`]).
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: BTreeMap<String, String>) -> Self {
+        self.metadata = metadata;
         self
     }
 
@@ -138,6 +156,7 @@ impl XdsClient {
                 }
                 Err((p, e)) => {
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "xDS session failed; keeping the last good state");
+                    self.state.lock().last_error = Some(e);
                     p
                 }
             };
@@ -173,7 +192,7 @@ impl XdsClient {
         let channel = endpoint
             .connect()
             .await
-            .map_err(|e| fail(format!("connect: {e}")))?;
+            .map_err(|e| fail(format!("connect: {}", with_sources(&e))))?;
         let mut client =
             AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(200 << 20);
         let (tx, rx) = mpsc::channel(16);
@@ -188,7 +207,7 @@ impl XdsClient {
                     node: Some(Node {
                         id: c.node_id.clone(),
                         cluster: c.cluster.clone(),
-                        metadata: None,
+                        metadata: metadata_struct(&self.metadata),
                     }),
                     type_url: type_url.to_string(),
                     resource_names_subscribe: vec!["*".to_string()],
@@ -271,6 +290,7 @@ impl XdsClient {
         }
         // Phase 2: one update of the held state, one snapshot, one swap.
         let mut st = self.state.lock();
+        st.last_error = None;
         st.received_this_session += r.resources.len() as u64;
         let versions = st.versions.entry(r.type_url.clone()).or_default();
         for name in &r.removed_resources {
@@ -340,6 +360,36 @@ impl XdsClient {
             ..Default::default()
         }
     }
+}
+
+/// `e` and the errors under it: a transport error's own text says only "transport error".
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// `metadata` as a protobuf `Struct` of strings; `None` when empty.
+fn metadata_struct(metadata: &BTreeMap<String, String>) -> Option<prost_types::Struct> {
+    (!metadata.is_empty()).then(|| prost_types::Struct {
+        fields: metadata
+            .iter()
+            .map(|(k, v)| {
+                let value = prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StringValue(v.clone())),
+                };
+                (k.clone(), value)
+            })
+            .collect(),
+    })
 }
 
 /// Differs per node and per start, so nodes do not reconnect in lockstep.
