@@ -6,16 +6,27 @@
 //! unless [`configure`]d; a record is its access-log line's fields (a few hundred bytes), so
 //! the default ring holds at most about 1 MiB. Pushing takes one short lock; the oldest record
 //! is dropped when the ring is full.
+//!
+//! A [`Follower`] ([`Records::follow`]) gets every record pushed after it subscribed, as the
+//! admin endpoint's `/records?follow=1` streams them. Records are cloned for followers only
+//! while one exists (one atomic load per push otherwise), once per push whatever their number,
+//! and the followers' channel is made by the first and dropped at the first push after the
+//! last one left. A follower that falls more than [`FOLLOW_BUFFER`] records behind is told how
+//! many it missed.
 
 use std::collections::VecDeque;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use serde::Serialize;
+use tokio::sync::broadcast;
 
 /// Records kept when the program does not say.
 pub const DEFAULT_CAPACITY: usize = 1024;
+
+/// How many records a follower may fall behind by before it misses some.
+pub const FOLLOW_BUFFER: usize = 1024;
 
 /// One connection as the hop that carried it ended it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -53,9 +64,37 @@ pub struct Record {
 /// The ring.
 #[derive(Debug)]
 pub struct Records {
-    ring: Mutex<VecDeque<Record>>,
+    ring: Mutex<Ring>,
     capacity: AtomicUsize,
     next: AtomicU64,
+    /// How many [`Follower`]s exist: a push clones its record only if one does.
+    followers: Arc<AtomicUsize>,
+}
+
+/// What the lock guards: the records kept and the followers' channel, so that a follower gets
+/// exactly the records pushed after the ones it was given when it subscribed.
+#[derive(Debug, Default)]
+struct Ring {
+    kept: VecDeque<Record>,
+    /// Made by the first follower, dropped by the first push after the last one left.
+    live: Option<broadcast::Sender<Arc<Record>>>,
+}
+
+/// A subscription to the records pushed after it was made ([`Records::follow`]); dropping it
+/// unsubscribes.
+#[derive(Debug)]
+pub struct Follower {
+    rx: broadcast::Receiver<Arc<Record>>,
+    followers: Arc<AtomicUsize>,
+}
+
+/// What a [`Follower`] gets next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    /// A record pushed after the previous one.
+    Record(Arc<Record>),
+    /// This many records were pushed while the follower was too far behind to get them.
+    Lagged(u64),
 }
 
 static RECORDS: OnceLock<Records> = OnceLock::new();
@@ -75,9 +114,10 @@ pub fn configure(capacity: usize) {
 impl Records {
     pub fn new(capacity: usize) -> Self {
         Self {
-            ring: Mutex::new(VecDeque::new()),
+            ring: Mutex::new(Ring::default()),
             capacity: AtomicUsize::new(capacity),
             next: AtomicU64::new(1),
+            followers: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -92,34 +132,93 @@ impl Records {
         self.capacity.load(Ordering::Relaxed) > 0
     }
 
-    /// Keeps `r`, dropping the oldest record if the ring is full.
+    /// Keeps `r`, dropping the oldest record if the ring is full, and hands it to every
+    /// follower.
     pub fn push(&self, r: Record) {
         let cap = self.capacity.load(Ordering::Relaxed);
         if cap == 0 {
             return;
         }
         let mut ring = self.ring.lock();
-        while ring.len() >= cap {
-            ring.pop_front();
+        if self.followers.load(Ordering::Acquire) > 0 {
+            if let Some(live) = &ring.live {
+                // No receiver left (the last one is being dropped) is no error.
+                let _ = live.send(Arc::new(r.clone()));
+            }
+        } else if ring.live.is_some() {
+            ring.live = None;
         }
-        ring.push_back(r);
+        while ring.kept.len() >= cap {
+            ring.kept.pop_front();
+        }
+        ring.kept.push_back(r);
     }
 
     /// Every record kept, oldest first.
     pub fn snapshot(&self) -> Vec<Record> {
-        self.ring.lock().iter().cloned().collect()
+        self.ring.lock().kept.iter().cloned().collect()
     }
 
-    /// The records as JSON lines, oldest first (what `/records` answers).
-    pub fn json_lines(&self) -> String {
+    /// The records that ended at or after `since_ms` (milliseconds since the Unix epoch; 0 for
+    /// all), oldest first, as JSON lines (what `/records` answers).
+    pub fn json_lines(&self, since_ms: u64) -> String {
         let mut out = String::new();
-        for r in self.ring.lock().iter() {
+        for r in self.ring.lock().kept.iter().filter(|r| r.at_ms >= since_ms) {
             if let Ok(line) = serde_json::to_string(r) {
                 out.push_str(&line);
                 out.push('\n');
             }
         }
         out
+    }
+
+    /// Subscribes to every record pushed from now on. With `since_ms`, also the records kept
+    /// that ended at or after it, oldest first: none is in both, none pushed meanwhile is lost.
+    pub fn follow(&self, since_ms: Option<u64>) -> (Vec<Record>, Follower) {
+        let mut ring = self.ring.lock();
+        let backlog = match since_ms {
+            Some(since) => ring
+                .kept
+                .iter()
+                .filter(|r| r.at_ms >= since)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        let rx = ring
+            .live
+            .get_or_insert_with(|| broadcast::channel(FOLLOW_BUFFER).0)
+            .subscribe();
+        self.followers.fetch_add(1, Ordering::AcqRel);
+        let follower = Follower {
+            rx,
+            followers: self.followers.clone(),
+        };
+        (backlog, follower)
+    }
+
+    /// How many followers there are now.
+    pub fn followers(&self) -> usize {
+        self.followers.load(Ordering::Acquire)
+    }
+}
+
+// === impl Follower ===
+
+impl Follower {
+    /// The next record pushed, or how many were missed; `None` once the ring is gone.
+    pub async fn next(&mut self) -> Option<Followed> {
+        match self.rx.recv().await {
+            Ok(r) => Some(Followed::Record(r)),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(Followed::Lagged(n)),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.followers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -210,10 +309,13 @@ mod tests {
         }
         let ids: Vec<String> = r.snapshot().into_iter().map(|r| r.id).collect();
         assert_eq!(ids, ["x-2", "x-3", "x-4"]);
-        assert_eq!(r.json_lines().lines().count(), 3);
+        assert_eq!(r.json_lines(0).lines().count(), 3);
         r.capacity.store(0, Ordering::Relaxed);
         r.push(Record::default());
         assert_eq!(r.snapshot().len(), 3, "a ring of 0 keeps nothing new");
         assert_ne!(r.next_id(), r.next_id());
     }
 }
+
+#[cfg(test)]
+mod follow_tests;
