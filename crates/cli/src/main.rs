@@ -39,11 +39,13 @@ enum Command {
     ///
     /// Without --from/--to, walks through a tour of the example topology's interesting paths.
     Explain(ExplainArgs),
-    /// The connection records of a running lab's node proxies and waypoints (each keeps its
-    /// last ones), merged in time order and filtered.
+    /// The connection records of node proxies, waypoints and gateways (a running lab's, or
+    /// any by admin address), filtered: the last ones each keeps, merged in time order, or
+    /// with --follow a live stream.
     Observe(observe::ObserveArgs),
     /// In a running lab: open one connection from a pod and print every hop it took, each
-    /// with its record, joined by the trace id the source started.
+    /// with its record, joined by the trace id the source started; or, with --id, the hops of
+    /// a connection already made.
     Trace(trace::TraceArgs),
     /// The mesh map in the browser: a running lab's clusters, nodes, workloads, services,
     /// waypoints and gateways, its live connections as flows, each with its hops, and explain.

@@ -14,6 +14,7 @@ mod idle;
 mod kill;
 mod l4;
 mod lifecycle;
+mod observe;
 mod origin;
 mod outlier;
 mod policy;
