@@ -78,18 +78,37 @@ struct ExplainArgs {
     #[arg(long, short)]
     topology: Option<PathBuf>,
     /// Explain on the running lab's live topology: the file its control plane serves, with
-    /// every edit `ferry lab terminate` and `ferry lab kill` made. Needs --from and --to.
+    /// every edit `ferry lab terminate` and `ferry lab kill` made. Needs --from and --to, or
+    /// --conn (whose record is then looked for in every component of the lab).
     #[arg(long, conflicts_with = "topology")]
     lab: bool,
     /// With --lab: where the lab keeps its state (default: /run/ferry-lab, as `ferry lab`).
     #[arg(long, requires = "lab", value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    control: explain::ControlSource,
     /// Source workload: `name`, `namespace/name`, `cluster/namespace/name`, an IP, or `network/IP`.
     #[arg(long, short, requires = "to")]
     from: Option<String>,
     /// Destination: `IP:port` or `hostname:port`.
     #[arg(long, short = 'd', requires = "from")]
     to: Option<String>,
+    /// Explain one connection the data path carried: the id of its record (the access log's
+    /// `conn.id`, the first word of a `ferry observe` line), read from the lab's components
+    /// (--lab) or from --admin endpoints. Prints what that hop recorded (path, routing
+    /// decision, verdict, timings, outcome) and its trace's other hops, then the explanation
+    /// of the same flow on the current state (--lab, --control or --topology; --from/--to
+    /// override the flow derived from the record).
+    #[arg(long, value_name = "ID")]
+    conn: Option<String>,
+    /// With --conn: an admin endpoint (`IP:port`) to read records from. Repeatable.
+    #[arg(
+        long,
+        value_name = "IP:PORT",
+        requires = "conn",
+        conflicts_with = "lab"
+    )]
+    admin: Vec<std::net::SocketAddr>,
     /// Seed for the load-balancing choice (the same seed gives the same pick).
     #[arg(long, default_value_t = 1)]
     seed: u64,

@@ -16,9 +16,13 @@ use ferry_core::snapshot::Snapshot;
 
 use crate::{ExplainArgs, Output};
 
+mod conn;
+pub(crate) mod fetch;
+mod live;
 mod report;
 pub(crate) mod text;
 
+pub(crate) use live::ControlSource;
 pub(crate) use report::{Authorization, Hop, Report, SourceView};
 
 /// The built-in example: a newcomer can run `ferry explain` with nothing else.
@@ -81,39 +85,33 @@ pub(crate) fn run(args: &ExplainArgs) -> ExitCode {
 }
 
 fn run_inner(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+    if let Some(id) = &args.conn {
+        return run_conn(args, id);
+    }
     let requests: Vec<(Option<String>, &str, &str)> = match (&args.from, &args.to) {
         (Some(f), Some(t)) => vec![(None, f.as_str(), t.as_str())],
         _ if args.lab => bail!("--from and --to are required with --lab"),
+        _ if args.control.control.is_some() => {
+            bail!("--from and --to are required with --control")
+        }
         _ if args.topology.is_none() => TOUR
             .iter()
             .map(|(title, f, t)| (Some((*title).to_string()), *f, *t))
             .collect(),
         _ => bail!("--from and --to are required with --topology"),
     };
-    // The topology, and how the text output names it.
-    let (topology, name) = match (&args.topology, args.lab) {
-        (Some(path), _) => (ferry_topology::load_file(path)?, path.display().to_string()),
-        (None, true) => {
-            let dir = args
-                .state_dir
-                .as_deref()
-                .unwrap_or(Path::new(ferry_lab::DEFAULT_STATE_DIR));
-            let path = ferry_lab::live_topology(dir)?;
-            (
-                ferry_topology::load_file(&path)?,
-                format!("the running lab's topology ({})", path.display()),
-            )
-        }
-        (None, false) => (
-            ferry_topology::parse(EXAMPLE_NAME, EXAMPLE)?,
+    // The mesh, and how the text output names it.
+    let (snap, name) = match state(args)? {
+        Some(state) => state,
+        None => (
+            Arc::new(ferry_topology::parse(EXAMPLE_NAME, EXAMPLE)?.snapshot),
             EXAMPLE_NAME.to_string(),
         ),
     };
-    let snap = &topology.snapshot;
     let single = requests.len() == 1;
     let mut reports = Vec::new();
     for (title, from, to) in requests {
-        let mut report = explain(snap, from, to, args.seed)?;
+        let mut report = explain(&snap, from, to, args.seed)?;
         report.title = title;
         reports.push(report);
     }
@@ -134,6 +132,106 @@ fn run_inner(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The mesh the arguments name (--topology, --lab or --control) and how the text names it;
+/// `None` when they name none.
+fn state(args: &ExplainArgs) -> anyhow::Result<Option<(Arc<Snapshot>, String)>> {
+    if let Some(path) = &args.topology {
+        let snap = ferry_topology::load_file(path)?.snapshot;
+        return Ok(Some((Arc::new(snap), path.display().to_string())));
+    }
+    if args.lab {
+        let path = ferry_lab::live_topology(lab_dir(args))?;
+        let snap = ferry_topology::load_file(&path)?.snapshot;
+        let name = format!("the running lab's topology ({})", path.display());
+        return Ok(Some((Arc::new(snap), name)));
+    }
+    if let Some(endpoint) = args.control.endpoint() {
+        let snap = args.control.snapshot()?;
+        let name = format!("the mesh the control plane at {endpoint} serves (over xDS)");
+        return Ok(Some((snap, name)));
+    }
+    Ok(None)
+}
+
+fn lab_dir(args: &ExplainArgs) -> &Path {
+    args.state_dir
+        .as_deref()
+        .unwrap_or(Path::new(ferry_lab::DEFAULT_STATE_DIR))
+}
+
+/// `--conn ID`: the record, its trace's other hops, and the explanation of its flow on the
+/// current state when one is given.
+fn run_conn(args: &ExplainArgs, id: &str) -> anyhow::Result<ExitCode> {
+    let (records, asked) = if args.lab {
+        let dir = lab_dir(args);
+        let records = crate::observe::gather(dir)?;
+        (records, format!("the lab in {}", dir.display()))
+    } else if !args.admin.is_empty() {
+        let admins: Vec<(String, SocketAddr)> = args
+            .admin
+            .iter()
+            .map(|a| (format!("admin/{a}"), *a))
+            .collect();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (records, problems) = runtime.block_on(fetch::records(&admins));
+        if problems.len() == admins.len() {
+            bail!("no admin endpoint answered: {}", problems.join("; "));
+        }
+        for p in &problems {
+            eprintln!("ferry explain: {p}");
+        }
+        let list: Vec<String> = args.admin.iter().map(ToString::to_string).collect();
+        (records, format!("the admin endpoints {}", list.join(", ")))
+    } else {
+        bail!("--conn needs where to read records: --lab, or --admin IP:PORT (repeatable)");
+    };
+    let found = conn::find(&records, id, &asked)?;
+    // The flow on the current state: given, or derived from the records.
+    let explained = match state(args)? {
+        None => {
+            Err("no current state to explain on: add --control URL or --topology FILE".to_string())
+        }
+        Some((snap, name)) => {
+            let flow = match (&args.from, &args.to) {
+                (Some(f), Some(t)) => Ok((f.clone(), t.clone())),
+                _ => found.flow(&snap),
+            };
+            flow.and_then(|(from, to)| {
+                explain(&snap, &from, &to, args.seed)
+                    .map(|r| (from, to, r, name))
+                    .map_err(|e| format!("{e:#}"))
+            })
+        }
+    };
+    match args.output {
+        Output::Json => {
+            let explained = match &explained {
+                Ok((from, to, report, _)) => {
+                    let mut v = serde_json::to_value(report)?;
+                    v["refused"] = serde_json::Value::Bool(report.refused());
+                    serde_json::json!({"from": from, "to": to, "report": v})
+                }
+                Err(why) => serde_json::json!({ "error": why }),
+            };
+            println!("{}", serde_json::to_string_pretty(&found.json(&explained))?);
+        }
+        Output::Text => {
+            print!("{}", found.text());
+            println!();
+            match &explained {
+                Ok((from, to, report, name)) => {
+                    println!("The same flow now (--from {from} --to {to}):");
+                    print!("{}", text::text(report, name));
+                }
+                Err(why) => println!("No explanation of the same flow now: {why}."),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Explains one connection.

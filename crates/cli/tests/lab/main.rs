@@ -7,6 +7,7 @@
 mod bench;
 mod crash;
 mod drain;
+mod explain;
 mod failover;
 mod gateway;
 mod harness;
