@@ -129,6 +129,17 @@ pub(crate) struct ServeArgs {
     /// `istiod.istio-system.svc` where Istio's node proxies expect istiod). Repeatable.
     #[arg(long)]
     server_name: Vec<String>,
+    /// Also serve the mesh map on this address (default 127.0.0.1:15300): the page `ferry ui
+    /// --lab` serves, drawn from this control plane's current mesh, explaining on it, with the
+    /// connection records of every node proxy, waypoint and gateway connected over xDS (read
+    /// from the admin address each gives in its node metadata). Loopback only unless
+    /// --ui-allow-remote.
+    #[arg(long, value_name = "IP:PORT", num_args = 0..=1, default_missing_value = "127.0.0.1:15300")]
+    ui: Option<SocketAddr>,
+    /// Let --ui listen on an address other than loopback. The map has no authentication:
+    /// whoever reaches it reads the mesh and its connections.
+    #[arg(long, requires = "ui")]
+    ui_allow_remote: bool,
 }
 
 pub(crate) fn run(cmd: ControlCommand) -> ExitCode {
@@ -212,16 +223,41 @@ impl ServeArgs {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Bound before anything starts: a bad --ui address is an error at once.
+    let ui = args
+        .ui
+        .map(|addr| crate::ui::bind(addr, args.ui_allow_remote))
+        .transpose()
+        .map_err(|e| anyhow!("--ui {e:#} (--ui-allow-remote lets it listen elsewhere)"))?;
     let config = args.into_config()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(ferry_control::app::serve(
+    rt.block_on(ferry_control::app::serve_live(
         &config,
-        announce,
+        |listening, live| {
+            announce(listening);
+            if let Some(listener) = ui {
+                serve_ui(listener, live);
+            }
+        },
         ferry_runtime::shutdown_signal(),
     ))
+}
+
+/// Serves the mesh map of `live` on `listener`, on this runtime.
+fn serve_ui(listener: std::net::TcpListener, live: ferry_control::app::Live) {
+    match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => {
+            if let Ok(addr) = listener.local_addr() {
+                println!("ferry control: serving the mesh map on http://{addr}/");
+                let _ = std::io::stdout().flush();
+            }
+            tokio::spawn(crate::ui::serve(listener, crate::ui::Source::Control(live)));
+        }
+        Err(e) => eprintln!("ferry control: the mesh map cannot be served: {e}"),
+    }
 }
 
 /// What a user (and the tests and the lab, which read the address from it) sees on start.

@@ -1,21 +1,13 @@
-//! `/api/mesh`: the running lab's live topology (the file its control plane serves, with every
-//! `ferry lab terminate` and `kill` edit) as the map draws it.
-
-use std::path::Path;
+//! `/api/mesh`: a mesh (the lab's live topology, or a control plane's current snapshot) as the
+//! map draws it.
 
 use ferry_core::model::{GatewayDestination, GatewayRef, ScopeRule, Service, ServiceScope};
 use ferry_core::snapshot::Snapshot;
 use serde_json::{Value, json};
 
-/// The mesh of the lab in `state_dir`: clusters, networks, nodes with their locality,
-/// workloads, services (waypoints apart), waypoints with their instances, and gateways.
-pub(super) fn mesh(state_dir: &Path) -> anyhow::Result<Value> {
-    let path = ferry_lab::live_topology(state_dir)?;
-    let topology = ferry_topology::load_file(&path)?;
-    Ok(describe(&topology.snapshot))
-}
-
-fn describe(snap: &Snapshot) -> Value {
+/// The mesh of `snap`: clusters, networks, nodes with their locality, workloads, services
+/// (waypoints apart), waypoints with their instances, and gateways.
+pub(super) fn describe(snap: &Snapshot) -> Value {
     let mut networks: Vec<String> = snap.clusters().map(|c| c.network.to_string()).collect();
     networks.sort();
     networks.dedup();

@@ -1,26 +1,34 @@
-//! `ferry ui --lab`: the mesh map in the browser. An HTTP server on loopback (hyper) serving one
-//! self-contained page (`index.html`, embedded; inline script and style, nothing fetched from
-//! elsewhere) and the JSON it draws from:
+//! The mesh map in the browser, served by `ferry ui --lab` (also `ferry lab ui`) for a running
+//! lab and by `ferry control serve --ui ADDR` for the mesh a control plane serves. An HTTP server
+//! (hyper) serving one self-contained page (`index.html`, embedded; inline script and style,
+//! nothing fetched from elsewhere) and the JSON it draws from:
 //!
-//! - `/api/mesh`: the running lab's live topology ([`mesh::mesh`]);
-//! - `/api/records`: every component's connection records ([`crate::observe::gather`]), each
-//!   with its `hop` (its place on the path, as `ferry trace` orders hops);
-//! - `/api/explain?from=X&to=Y`: [`crate::explain::explain`]'s report (with `refused`, and
-//!   `text` as `ferry explain` prints it), `400` for bad input.
+//! - `/api/mesh`: the mesh ([`mesh::describe`]): the lab's live topology, or the control
+//!   plane's current snapshot (the page looks again every few seconds and redraws a change);
+//! - `/api/records`: every component's connection records, each with its `hop` (its place on
+//!   the path, as `ferry trace` orders hops): in the lab, every node proxy, waypoint and gateway
+//!   asked from its namespace ([`crate::observe::gather`]); for a control plane, the admin
+//!   endpoint each program connected over xDS gave in its node metadata
+//!   ([`ferry_control::nodes`]);
+//! - `/api/explain?from=X&to=Y`: [`crate::explain::explain`]'s report on that same mesh (with
+//!   `refused`, and `text` as `ferry explain` prints it), `400` for bad input;
+//! - `/api/sources`: where records are read from (the lab's components, or the connected
+//!   programs with their admin addresses).
 //!
-//! Gathering records asks every node proxy and waypoint (one process each, in their network
-//! namespaces), so one gathering runs at a time and its answer serves every request that
-//! arrives within [`RECORDS_FRESH`] of it.
+//! It has no authentication: it listens on loopback unless told otherwise. Gathering records
+//! asks every component, so one gathering runs at a time and its answer serves every request
+//! that arrives within [`RECORDS_FRESH`] of it.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
+use ferry_core::snapshot::Snapshot;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use http::{Method, StatusCode};
 use http_body_util::Full;
@@ -45,9 +53,17 @@ const JSON: &str = "application/json";
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct UiArgs {
-    /// Draw the lab that is up in --state-dir (the only source today).
+    /// Draw the lab that is up in --state-dir (`ferry control serve --ui` draws a control
+    /// plane's mesh).
     #[arg(long)]
     lab: bool,
+    #[command(flatten)]
+    at: LabUiArgs,
+}
+
+/// `ferry lab ui`: the same as `ferry ui --lab`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LabUiArgs {
     #[arg(long, default_value = ferry_lab::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
     /// Where to serve the page: a loopback address.
@@ -55,10 +71,19 @@ pub(crate) struct UiArgs {
     listen: SocketAddr,
 }
 
+/// Where the map's mesh and records come from.
+#[derive(Debug)]
+pub(crate) enum Source {
+    /// The lab that is up in this state directory.
+    Lab(PathBuf),
+    /// The control plane this process runs.
+    Control(ferry_control::app::Live),
+}
+
 /// What every request shares.
 #[derive(Debug)]
 struct Ui {
-    state_dir: PathBuf,
+    source: Source,
     /// The last gathering of the records, as JSON, and when it was made.
     records: Mutex<Option<(Instant, Bytes)>>,
 }
@@ -67,6 +92,17 @@ struct Ui {
 type Answer = http::Response<Full<Bytes>>;
 
 pub(crate) fn run(args: &UiArgs) -> ExitCode {
+    if !args.lab {
+        eprintln!(
+            "ferry ui: give --lab (the lab is its only source here; `ferry control serve --ui ADDR` serves a control plane's map)"
+        );
+        return ExitCode::from(2);
+    }
+    run_lab(&args.at)
+}
+
+/// `ferry ui --lab`, `ferry lab ui`.
+pub(crate) fn run_lab(args: &LabUiArgs) -> ExitCode {
     match run_inner(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -76,34 +112,40 @@ pub(crate) fn run(args: &UiArgs) -> ExitCode {
     }
 }
 
-fn run_inner(args: &UiArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.lab, "give --lab: the lab is the only source today");
-    anyhow::ensure!(
-        args.listen.ip().is_loopback(),
-        "--listen {}: the map is served on loopback only (127.0.0.1 or [::1])",
-        args.listen
-    );
+fn run_inner(args: &LabUiArgs) -> anyhow::Result<()> {
+    let listener = bind(args.listen, false)?;
     ferry_lab::live_topology(&args.state_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let listener = TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("listening on {}", args.listen))?;
+        let listener = TcpListener::from_std(listener)?;
         // The test (and a user) read the address from this line.
         println!("serving the mesh map on http://{}/", listener.local_addr()?);
-        let ui = Arc::new(Ui {
-            state_dir: args.state_dir.clone(),
-            records: Mutex::new(None),
-        });
-        serve(listener, ui).await;
+        serve(listener, Source::Lab(args.state_dir.clone())).await;
         Ok(())
     })
 }
 
-async fn serve(listener: TcpListener, ui: Arc<Ui>) {
+/// Binds the map's address: loopback only, unless `remote` (the map has no authentication).
+pub(crate) fn bind(addr: SocketAddr, remote: bool) -> anyhow::Result<std::net::TcpListener> {
+    anyhow::ensure!(
+        remote || addr.ip().is_loopback(),
+        "{addr}: the map has no authentication, so it is served on loopback only (127.0.0.1 or [::1])"
+    );
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("listening on {addr} for the mesh map"))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Serves the map from `source` on `listener` until the process ends. Runs inside a runtime.
+pub(crate) async fn serve(listener: TcpListener, source: Source) {
+    let ui = Arc::new(Ui {
+        source,
+        records: Mutex::new(None),
+    });
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,
@@ -142,6 +184,67 @@ fn error(status: StatusCode, message: &str) -> Answer {
     answer(status, JSON, json!({ "error": message }).to_string())
 }
 
+// === impl Source ===
+
+impl Source {
+    /// The mesh now, and how explain's text names it.
+    fn snapshot(&self) -> anyhow::Result<(Arc<Snapshot>, String)> {
+        match self {
+            Self::Lab(dir) => {
+                let path = ferry_lab::live_topology(dir)?;
+                let topology = ferry_topology::load_file(&path)?;
+                let name = format!("the running lab's topology ({})", path.display());
+                Ok((Arc::new(topology.snapshot), name))
+            }
+            Self::Control(live) => {
+                let name = "the control plane's current mesh".to_string();
+                Ok((live.store.load(), name))
+            }
+        }
+    }
+
+    /// Every record of every component, each with its `component`, oldest first.
+    async fn records(&self) -> anyhow::Result<Vec<Value>> {
+        match self {
+            Self::Lab(dir) => {
+                let dir = dir.clone();
+                blocking(move || crate::observe::gather(&dir)).await
+            }
+            Self::Control(live) => {
+                // A program that does not answer is left out; /api/sources names them all.
+                let admins = live.connected.admins();
+                Ok(crate::explain::fetch::records(&admins).await.0)
+            }
+        }
+    }
+
+    /// Where records are read from.
+    fn sources(&self) -> anyhow::Result<Value> {
+        Ok(match self {
+            Self::Lab(dir) => Value::Array(
+                ferry_lab::components(dir)?
+                    .into_iter()
+                    .map(|c| json!({"name": c.name, "admin": c.admin, "netns": c.netns}))
+                    .collect(),
+            ),
+            Self::Control(live) => Value::Array(
+                live.connected
+                    .list()
+                    .into_iter()
+                    .map(|n| {
+                        json!({
+                            "name": n.id,
+                            "node": n.node,
+                            "cluster": n.cluster,
+                            "admin": n.admin.map(|a| a.to_string()),
+                        })
+                    })
+                    .collect(),
+            ),
+        })
+    }
+}
+
 // === impl Ui ===
 
 impl Ui {
@@ -155,8 +258,8 @@ impl Ui {
         match uri.path() {
             "/" | "/index.html" => answer(StatusCode::OK, "text/html; charset=utf-8", INDEX),
             "/api/mesh" => {
-                let dir = self.state_dir.clone();
-                match blocking(move || mesh::mesh(&dir)).await {
+                let ui = self.clone();
+                match blocking(move || Ok(mesh::describe(&ui.source.snapshot()?.0))).await {
                     Ok(v) => answer(StatusCode::OK, JSON, v.to_string()),
                     Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}")),
                 }
@@ -167,16 +270,25 @@ impl Ui {
             },
             "/api/explain" => {
                 let query = uri.query().unwrap_or("").to_string();
-                let dir = self.state_dir.clone();
-                match blocking(move || explain(&dir, &query)).await {
+                let ui = self.clone();
+                match blocking(move || explain(&ui.source, &query)).await {
                     Ok(Ok(v)) => answer(StatusCode::OK, JSON, v.to_string()),
                     Ok(Err(bad)) => error(StatusCode::BAD_REQUEST, &bad),
                     Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}")),
                 }
             }
+            "/api/sources" => {
+                let ui = self.clone();
+                match blocking(move || ui.source.sources()).await {
+                    Ok(v) => answer(StatusCode::OK, JSON, v.to_string()),
+                    Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}")),
+                }
+            }
             p => error(
                 StatusCode::NOT_FOUND,
-                &format!("{p}: paths are /, /api/mesh, /api/records, /api/explain?from=X&to=Y"),
+                &format!(
+                    "{p}: paths are /, /api/mesh, /api/records, /api/explain?from=X&to=Y, /api/sources"
+                ),
             ),
         }
     }
@@ -190,15 +302,11 @@ impl Ui {
         {
             return Ok(body.clone());
         }
-        let dir = self.state_dir.clone();
-        let body = blocking(move || {
-            let mut records = crate::observe::gather(&dir)?;
-            for r in &mut records {
-                r["hop"] = Value::from(crate::trace::order(r));
-            }
-            Ok(Bytes::from(serde_json::to_vec(&records)?))
-        })
-        .await?;
+        let mut records = self.source.records().await?;
+        for r in &mut records {
+            r["hop"] = Value::from(crate::trace::order(r));
+        }
+        let body = Bytes::from(serde_json::to_vec(&records)?);
         *last = Some((Instant::now(), body.clone()));
         Ok(body)
     }
@@ -213,9 +321,9 @@ async fn blocking<T: Send + 'static>(
         .context("the request's task panicked")?
 }
 
-/// `/api/explain?from=X&to=Y[&seed=N]` on the live topology: the report, or (inner `Err`) what
-/// is wrong with the request. The outer error is the lab's (none up, topology unreadable).
-fn explain(state_dir: &Path, query: &str) -> anyhow::Result<Result<Value, String>> {
+/// `/api/explain?from=X&to=Y[&seed=N]` on the source's mesh: the report, or (inner `Err`) what
+/// is wrong with the request. The outer error is the source's (no lab up, topology unreadable).
+fn explain(source: &Source, query: &str) -> anyhow::Result<Result<Value, String>> {
     let (mut from, mut to, mut seed) = (None, None, 1);
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         match &*k {
@@ -234,19 +342,15 @@ fn explain(state_dir: &Path, query: &str) -> anyhow::Result<Result<Value, String
             "give from (a workload: name, namespace/name, cluster/namespace/name, IP or network/IP) and to (IP:port or hostname:port)".into(),
         ));
     };
-    let path = ferry_lab::live_topology(state_dir)?;
-    let topology = ferry_topology::load_file(&path)?;
-    Ok(
-        match crate::explain::explain(&topology.snapshot, &from, &to, seed) {
-            Ok(report) => {
-                let mut v = serde_json::to_value(&report)?;
-                v["refused"] = Value::Bool(report.refused());
-                // The explanation as `ferry explain --lab` prints it.
-                let name = format!("the running lab's topology ({})", path.display());
-                v["text"] = Value::String(crate::explain::text::text(&report, &name));
-                Ok(v)
-            }
-            Err(e) => Err(format!("{e:#}")),
-        },
-    )
+    let (snap, name) = source.snapshot()?;
+    Ok(match crate::explain::explain(&snap, &from, &to, seed) {
+        Ok(report) => {
+            let mut v = serde_json::to_value(&report)?;
+            v["refused"] = Value::Bool(report.refused());
+            // The explanation as `ferry explain` prints it.
+            v["text"] = Value::String(crate::explain::text::text(&report, &name));
+            Ok(v)
+        }
+        Err(e) => Err(format!("{e:#}")),
+    })
 }
