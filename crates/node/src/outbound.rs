@@ -156,8 +156,7 @@ async fn set_up(
                 &snap,
                 src,
                 &pod.identity,
-                peer,
-                orig,
+                (peer, orig),
                 avoid,
                 &mut rng,
                 compact.as_mut(),
@@ -300,13 +299,12 @@ fn count_failed(node: &Node, labels: &Labels) {
 
 /// Phase one, pure: classifies the connection from `src` (via `peer`) to `orig`, plans it with
 /// `route::plan`, and derives its labels, log fields and tunnel headers. `rng` picks endpoints
-/// and the trace id.
+/// and the trace id; the decision's steps go to `trace`, if given.
 fn plan(
     snap: &Snapshot,
     src: &Workload,
     identity: &Identity,
-    peer: SocketAddr,
-    orig: SocketAddr,
+    (peer, orig): (SocketAddr, SocketAddr),
     avoid: Avoid<'_>,
     rng: &mut dyn Random,
     trace: Option<&mut Compact>,

@@ -4,7 +4,7 @@
 //!
 //! One ring per process (a node proxy, a waypoint, a gateway), [`DEFAULT_CAPACITY`] records
 //! unless [`configure`]d; a record is its access-log line's fields (a few hundred bytes), so
-//! the default ring holds at most about 1 MiB. Pushing takes one short lock; the oldest record
+//! the default ring holds about 1.2 MiB (under 1.5 MiB). Pushing takes one short lock; the oldest record
 //! is dropped when the ring is full.
 //!
 //! A [`Follower`] ([`Records::follow`]) gets every record pushed after it subscribed, as the
@@ -42,13 +42,21 @@ pub struct Record {
     pub src_addr: String,
     pub src_workload: String,
     pub src_identity: String,
+    /// The cluster of the source, as this hop knows it (proven by a certificate past the
+    /// first hop); empty when unknown.
+    pub src_cluster: String,
     pub dst_addr: String,
     pub dst_hbone_addr: String,
     pub dst_service: String,
     pub dst_workload: String,
     pub dst_identity: String,
+    /// The cluster of the workload it landed on; empty when none.
+    pub dst_cluster: String,
     /// The path taken and why.
     pub path: String,
+    /// The routing decision in short: the class, the candidates set aside and why, the pick
+    /// and the transport (at most a fixed number of steps; empty at hops that do not route).
+    pub route: String,
     /// `allowed`, or `denied` when a policy refused or closed it.
     pub verdict: &'static str,
     /// The policy and rule that denied it (`-` when no ALLOW matched), if one did.
@@ -59,6 +67,14 @@ pub struct Record {
     pub bytes_sent: u64,
     pub bytes_recv: u64,
     pub duration_ms: u64,
+    /// Phases, in microseconds from the connection's start (0 when the phase did not happen):
+    /// the routing decision taken, the next hop reached (its tunnel up for HBONE), the TLS
+    /// handshake of a new HBONE connection (0 when a pooled one carried it), the first byte
+    /// back from the destination.
+    pub decision_us: u64,
+    pub connect_us: u64,
+    pub tls_us: u64,
+    pub first_byte_us: u64,
 }
 
 /// The ring.
@@ -235,12 +251,15 @@ impl Record {
                 &self.src_addr,
                 &self.src_workload,
                 &self.src_identity,
+                &self.src_cluster,
                 &self.dst_addr,
                 &self.dst_hbone_addr,
                 &self.dst_service,
                 &self.dst_workload,
                 &self.dst_identity,
+                &self.dst_cluster,
                 &self.path,
+                &self.route,
                 &self.policy,
                 &self.rule,
                 &self.error,
@@ -271,6 +290,13 @@ mod tests {
             dst_workload: "beta//v1/Pod/default/audit-waypoint-beta-5c8d7f9b4-q7w2e".into(),
             dst_identity: "spiffe://cluster.local/ns/default/sa/audit-waypoint".into(),
             path: "hbone via waypoint default/audit-waypoint.default.svc.cluster.local".into(),
+            src_cluster: "beta".into(),
+            dst_cluster: "beta".into(),
+            route: "service default/audit.default.svc.cluster.local:80; waypoint default/audit-waypoint.default.svc.cluster.local (of service default/audit.default.svc.cluster.local); picked beta//v1/Pod/default/audit-waypoint-beta-5c8d7f9b4-q7w2e@beta (rank 3 of 3); hbone to 198.18.3.50:15008".into(),
+            decision_us: 41,
+            connect_us: 1_270,
+            tls_us: 1_102,
+            first_byte_us: 1_980,
             verdict: "allowed",
             response_flags: "-",
             ..Record::default()
@@ -287,9 +313,9 @@ mod tests {
         assert_eq!(kept.len(), DEFAULT_CAPACITY);
         let bytes: usize = kept.iter().map(Record::footprint).sum();
         eprintln!("{bytes} bytes for {DEFAULT_CAPACITY} typical records");
-        // The documented bound: about 1 MiB at the default size.
+        // The documented bound: at most 1.5 MiB at the default size.
         assert!(
-            bytes < 1024 * 1024,
+            bytes < 1536 * 1024,
             "{bytes} bytes for {DEFAULT_CAPACITY} records"
         );
         assert!(

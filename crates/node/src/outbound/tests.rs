@@ -37,8 +37,7 @@ fn plan_from_sleep_traced(
         snap,
         &src,
         &identity,
-        "198.18.1.10:40000".parse().unwrap(),
-        to.parse().unwrap(),
+        ("198.18.1.10:40000".parse().unwrap(), to.parse().unwrap()),
         Avoid {
             failed: &[],
             ejected: &NONE_EJECTED,
