@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cni;
 mod control;
 mod explain;
 mod lab;
@@ -49,6 +50,7 @@ enum Command {
     Trace(trace::TraceArgs),
     /// The mesh map in the browser: a running lab's clusters, nodes, workloads, services,
     /// waypoints and gateways, its live connections as flows, each with its hops, and explain.
+    /// (`ferry lab ui` is the same; `ferry control serve --ui` serves a control plane's.)
     Ui(ui::UiArgs),
     /// The control plane: the mesh CA and delta xDS on one gRPC port over TLS.
     #[command(subcommand)]
@@ -62,7 +64,11 @@ enum Command {
     Gateway(node::GatewayArgs),
     /// A whole multi-cluster mesh in network namespaces on this machine.
     #[command(subcommand)]
-    Lab(lab::LabCommand),
+    Lab(lab::LabCli),
+    /// The CNI side: the chained plugin the container runtime runs for each pod (also as
+    /// `ferry-cni`, a link to this binary) and the node agent that hands pods to the node proxy.
+    #[command(subcommand)]
+    Cni(cni::CniCommand),
 }
 
 /// Output format.
@@ -117,6 +123,10 @@ struct ExplainArgs {
 }
 
 fn main() -> ExitCode {
+    // The runtime runs a CNI plugin by its name, with no arguments.
+    if cni::started_as_plugin() {
+        return cni::run_plugin();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Explain(args) => explain::run(&args),
@@ -140,6 +150,7 @@ fn main() -> ExitCode {
             node::run_gateway(&args)
         }
         Command::Lab(cmd) => lab::run(cmd),
+        Command::Cni(cmd) => cni::run(cmd),
     }
 }
 

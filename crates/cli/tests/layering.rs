@@ -49,7 +49,7 @@ const FLOORS: &[&[&str]] = &[
     // The control plane (CA, xDS server, file source); what the data-plane programs share.
     &["ferry-control", "ferry-runtime"],
     // One crate per data-plane program.
-    &["ferry-node", "ferry-waypoint", "ferry-gateway"],
+    &["ferry-node", "ferry-waypoint", "ferry-gateway", "ferry-cni"],
     // All of `ferry lab`.
     &["ferry-lab"],
     // The binary: argument parsing only.

@@ -1,0 +1,496 @@
+//! `ferry cni` run as a container runtime runs it: the harness plays the runtime, executing
+//! the plugins of a real conflist in order (Debian's reference `bridge` with `host-local` IPAM,
+//! then `ferry-cni`, a link to the ferry binary), with the CNI environment and the configuration
+//! on stdin, each plugin's result passed to the next as `prevResult`. Behind the plugin run the
+//! real node agent (`ferry cni agent`), node proxy (`ferry node --zds-socket`) and control
+//! plane, all in a "host" network namespace the test creates (loopback and a bridge on
+//! 198.18.61.0/24, no route out); pods are namespaces it creates too. Needs root and
+//! containernetworking-plugins (`.ci/run` installs it); skipped when not root. Every namespace
+//! and process is removed however the test ends.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
+const PLUGINS: &str = "/usr/lib/cni";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+const TOPOLOGY: &str = "\
+trust_domain: cluster.local
+clusters:
+  - {name: c1, network: n1}
+nodes:
+  - {name: node-1, cluster: c1, address: 198.18.61.1}
+workloads:
+  - {name: web, service_account: web, node: node-1, address: 198.18.61.10}
+";
+
+/// Polls `f` until it holds or `within` passes.
+fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("running a command");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The host namespace, the pods' namespaces and the processes, removed on drop.
+struct World {
+    id: String,
+    dir: PathBuf,
+    host: String,
+    pods: Vec<String>,
+    procs: Vec<(String, Child)>,
+}
+
+/// How one plugin invocation ended: its exit code and what it printed.
+#[derive(Debug)]
+struct Ran {
+    ok: bool,
+    stdout: Value,
+}
+
+impl World {
+    fn new() -> Self {
+        let id = format!("fc{}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("ferry-cni-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::os::unix::fs::symlink(FERRY, dir.join("bin/ferry-cni")).unwrap();
+        let host = format!("{id}h");
+        let _ = Command::new("ip").args(["netns", "del", &host]).output();
+        let w = Self {
+            id,
+            dir,
+            host,
+            pods: Vec::new(),
+            procs: Vec::new(),
+        };
+        run(Command::new("ip").args(["netns", "add", &w.host]));
+        run(Command::new("ip").args(["-n", &w.host, "link", "set", "lo", "up"]));
+        w
+    }
+
+    /// A command run inside the host namespace.
+    fn in_host(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.host, program]);
+        c
+    }
+
+    /// Starts `ferry <args>` in the host namespace, logging to `<name>.log`.
+    fn start(&mut self, name: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let child = self
+            .in_host(FERRY)
+            .args(args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.push((name.to_string(), child));
+    }
+
+    fn stop(&mut self, name: &str) {
+        if let Some(i) = self.procs.iter().position(|(n, _)| n == name) {
+            let (_, mut c) = self.procs.remove(i);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Waits until `name`'s log has had `needle` `times` times.
+    fn wait_log(&self, name: &str, needle: &str, times: usize) {
+        assert!(
+            eventually(DEADLINE, || self.log(name).matches(needle).count() >= times),
+            "{name} never logged {needle:?} ({times}x):\n{}",
+            self.log(name)
+        );
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.join(file).display().to_string()
+    }
+
+    /// A pod's network namespace (as a runtime creates one before running the plugins).
+    fn pod(&mut self, name: &str) -> String {
+        let ns = format!("{}{name}", self.id);
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        run(Command::new("ip").args(["netns", "add", &ns]));
+        self.pods.push(ns.clone());
+        ns
+    }
+
+    /// The conflist: a bridge with host-local addresses, then Ferry.
+    fn conflist(&self) -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "ferry-test",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": format!("{}br", self.id),
+                    "isGateway": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": "198.18.61.0/24", "rangeStart": "198.18.61.10", "rangeEnd": "198.18.61.20"}]],
+                        "dataDir": self.path("ipam"),
+                    }
+                },
+                {"type": "ferry-cni", "agent_socket": self.path("cni.sock")}
+            ]
+        })
+    }
+
+    /// Runs one plugin of the list as the runtime does.
+    fn plugin(
+        &self,
+        command: &str,
+        plugin: &Value,
+        prev: Option<&Value>,
+        netns: &str,
+        k8s: (&str, &str),
+    ) -> Ran {
+        let list = self.conflist();
+        let mut conf = plugin.clone();
+        conf["cniVersion"] = list["cniVersion"].clone();
+        conf["name"] = list["name"].clone();
+        if let Some(p) = prev {
+            conf["prevResult"] = p.clone();
+        }
+        let kind = plugin["type"].as_str().unwrap();
+        let path = format!("{PLUGINS}:{}", self.path("bin"));
+        let exe = if kind == "ferry-cni" {
+            self.path("bin/ferry-cni")
+        } else {
+            format!("{PLUGINS}/{kind}")
+        };
+        let mut child = self
+            .in_host(&exe)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", format!("ctr-{}", k8s.1))
+            .env("CNI_NETNS", format!("/var/run/netns/{netns}"))
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", path)
+            .env(
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
+                    k8s.0, k8s.1
+                ),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), conf.to_string().as_bytes())
+            .unwrap();
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        let stdout = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        Ran {
+            ok: out.status.success(),
+            stdout,
+        }
+    }
+
+    /// ADD through the whole list: the last plugin's result, and each plugin's.
+    fn add(&self, netns: &str, k8s: (&str, &str)) -> (Ran, Vec<Value>) {
+        let mut prev: Option<Value> = None;
+        let mut each = Vec::new();
+        let list = self.conflist();
+        let plugins = list["plugins"].as_array().unwrap();
+        for (i, p) in plugins.iter().enumerate() {
+            let ran = self.plugin("ADD", p, prev.as_ref(), netns, k8s);
+            if !ran.ok || i + 1 == plugins.len() {
+                return (ran, each);
+            }
+            each.push(ran.stdout.clone());
+            prev = Some(ran.stdout);
+        }
+        unreachable!("a list of plugins")
+    }
+
+    /// CHECK or DEL through the list (DEL in reverse), with the ADD's result: whether every
+    /// plugin succeeded, and the first failure's output.
+    fn check_or_del(&self, command: &str, netns: &str, k8s: (&str, &str), result: &Value) -> Ran {
+        let list = self.conflist();
+        let mut plugins: Vec<Value> = list["plugins"].as_array().unwrap().clone();
+        if command == "DEL" {
+            plugins.reverse();
+        }
+        for p in &plugins {
+            let ran = self.plugin(command, p, Some(result), netns, k8s);
+            if !ran.ok {
+                return ran;
+            }
+        }
+        Ran {
+            ok: true,
+            stdout: Value::Null,
+        }
+    }
+
+    /// The pod's nat table.
+    fn nat(&self, netns: &str) -> String {
+        let out =
+            run(Command::new("ip").args(["netns", "exec", netns, "iptables-save", "-t", "nat"]));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Whether something listens on the node proxy's outbound port in the pod.
+    fn served(&self, netns: &str) -> bool {
+        let out = run(Command::new("ip").args(["netns", "exec", netns, "ss", "-ltnH"]));
+        String::from_utf8_lossy(&out.stdout).contains(":15001")
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in self.pods.iter().chain([&self.host]) {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+#[test]
+fn pods_chained_through_ferry_cni_are_served_checked_and_released_and_others_left_alone() {
+    if !nix_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    assert!(
+        Path::new(PLUGINS).join("bridge").exists(),
+        "the reference CNI plugins are missing: apt-get install containernetworking-plugins"
+    );
+    let mut w = World::new();
+    // The control plane, the agent (namespace `default` enrolled) and the node proxy.
+    std::fs::write(w.dir.join("topology.yaml"), TOPOLOGY).unwrap();
+    let control = w.path("control");
+    let bundle = run(w
+        .in_host(FERRY)
+        .args(["control", "bundle", "--state-dir", &control]));
+    std::fs::write(w.dir.join("bundle.pem"), &bundle.stdout).unwrap();
+    let token = run(w.in_host(FERRY).args([
+        "control",
+        "token",
+        "--state-dir",
+        &control,
+        "--node",
+        "node-1",
+    ]));
+    std::fs::write(w.dir.join("node.token"), &token.stdout).unwrap();
+    let topology = w.path("topology.yaml");
+    w.start(
+        "control",
+        &[
+            "control",
+            "serve",
+            "--topology",
+            &topology,
+            "--state-dir",
+            &control,
+            "--listen",
+            "127.0.0.1:15012",
+            "--metrics-listen",
+            "127.0.0.1:15014",
+        ],
+    );
+    w.wait_log("control", "serving the CA and xDS", 1);
+    let agent_args: Vec<String> = [
+        "cni",
+        "agent",
+        "--plugin-socket",
+        &w.path("cni.sock"),
+        "--zds-socket",
+        &w.path("zds.sock"),
+        "--namespace",
+        "default",
+        "--state-file",
+        &w.path("agent-pods.json"),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    let node_args: Vec<String> = [
+        "node",
+        "--name",
+        "node-1",
+        "--cluster",
+        "c1",
+        "--api",
+        &w.path("node.sock"),
+        "--admin",
+        "127.0.0.1:15000",
+        "--state-file",
+        &w.path("node.pods"),
+        "--zds-socket",
+        &w.path("zds.sock"),
+        "--control",
+        "https://127.0.0.1:15012",
+        "--token-file",
+        &w.path("node.token"),
+        "--bundle-file",
+        &w.path("bundle.pem"),
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
+    w.start("agent", &agent_args);
+    w.wait_log("agent", "node agent serving", 1);
+    w.start("node", &node_args);
+    w.wait_log("agent", "replay acknowledged", 1);
+
+    // A pod of an enrolled namespace: its address from host-local, the result passed on, and
+    // served by the node proxy (capture rules and its listeners in the pod) before ADD returns.
+    let web = w.pod("web");
+    let (ran, each) = w.add(&web, ("default", "web"));
+    assert!(ran.ok, "ADD: {}\nagent:\n{}", ran.stdout, w.log("agent"));
+    assert_eq!(
+        ran.stdout["ips"][0]["address"], "198.18.61.10/24",
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(
+        ran.stdout, each[0],
+        "ferry-cni passes the bridge's result on unchanged"
+    );
+    assert!(
+        w.nat(&web).contains("-A OUTPUT -p tcp -j FERRY_OUT"),
+        "{}",
+        w.nat(&web)
+    );
+    assert!(w.served(&web), "the node proxy listens in the pod");
+    let web_result = ran.stdout;
+    assert!(
+        w.check_or_del("CHECK", &web, ("default", "web"), &web_result)
+            .ok
+    );
+
+    // A pod of a namespace not enrolled: set up by the bridge, left alone by Ferry.
+    let plain = w.pod("plain");
+    let (ran, _) = w.add(&plain, ("plain", "other"));
+    assert!(ran.ok, "{}", ran.stdout);
+    assert_eq!(ran.stdout["ips"][0]["address"], "198.18.61.11/24");
+    assert!(!w.nat(&plain).contains("FERRY"), "{}", w.nat(&plain));
+    assert!(!w.served(&plain));
+    assert!(
+        w.check_or_del("CHECK", &plain, ("plain", "other"), &ran.stdout)
+            .ok
+    );
+
+    // The agent restarts: it serves its kept pods again and replays them to the node proxy.
+    w.stop("agent");
+    w.start("agent", &agent_args);
+    w.wait_log("agent", "replay acknowledged", 1);
+    assert!(
+        w.log("agent").contains("node agent starting pods=1"),
+        "{}",
+        w.log("agent")
+    );
+    assert!(
+        w.check_or_del("CHECK", &web, ("default", "web"), &web_result)
+            .ok
+    );
+    assert!(w.served(&web));
+
+    // With its node proxy gone, a pod whose capture rules were removed is reported by CHECK.
+    w.stop("node");
+    run(Command::new("ip").args([
+        "netns",
+        "exec",
+        &web,
+        "iptables",
+        "-t",
+        "nat",
+        "-D",
+        "OUTPUT",
+        "-p",
+        "tcp",
+        "-j",
+        "FERRY_OUT",
+    ]));
+    let ran = w.check_or_del("CHECK", &web, ("default", "web"), &web_result);
+    assert!(!ran.ok);
+    assert_eq!(ran.stdout["code"], 100, "{}", ran.stdout);
+    assert!(
+        ran.stdout["details"]
+            .as_str()
+            .unwrap_or("")
+            .contains("OUTPUT does not jump to FERRY_OUT first"),
+        "{}",
+        ran.stdout
+    );
+    // A new node proxy is handed the pod by the agent's replay and puts its capture back.
+    w.start("node", &node_args);
+    assert!(
+        eventually(DEADLINE, || w
+            .check_or_del("CHECK", &web, ("default", "web"), &web_result)
+            .ok),
+        "CHECK after the node proxy came back: {}",
+        w.check_or_del("CHECK", &web, ("default", "web"), &web_result)
+            .stdout
+    );
+
+    // DEL releases the pod: no capture, no listener; a second DEL is fine too.
+    assert!(
+        w.check_or_del("DEL", &web, ("default", "web"), &web_result)
+            .ok
+    );
+    assert!(
+        eventually(DEADLINE, || !w.nat(&web).contains("FERRY")
+            && !w.served(&web)),
+        "{}",
+        w.nat(&web)
+    );
+    assert!(
+        w.check_or_del("DEL", &web, ("default", "web"), &web_result)
+            .ok
+    );
+    let ferry = &w.conflist()["plugins"][1];
+    let ran = w.plugin("CHECK", ferry, Some(&web_result), &web, ("default", "web"));
+    assert!(
+        !ran.ok,
+        "a released pod of an enrolled namespace is not what CHECK expects"
+    );
+    assert_eq!(ran.stdout["code"], 101, "{}", ran.stdout);
+}
+
+/// Root, asked of `id` as the lab tests do.
+fn nix_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}

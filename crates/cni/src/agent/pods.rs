@@ -1,0 +1,175 @@
+//! The agent's pods: each enrolled pod with its network namespace held open, and the file that
+//! keeps them across restarts of the agent (so the pods that started before it are served
+//! again: it reopens their namespaces and replays them to the node proxy).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::PodRef;
+
+/// One enrolled pod.
+#[derive(Debug, Clone)]
+pub(crate) struct Pod {
+    pub(crate) kept: Kept,
+    /// The pod's network namespace, held open while the pod is enrolled.
+    pub(crate) netns: Arc<File>,
+}
+
+/// What the state file keeps of a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Kept {
+    pub(crate) pod: PodRef,
+    pub(crate) container_id: String,
+    pub(crate) netns: PathBuf,
+}
+
+/// The pods, by the uid the node proxy knows them by ([`uid`]).
+#[derive(Debug, Default)]
+pub(crate) struct Pods(BTreeMap<String, Pod>);
+
+/// The uid a pod is handed over with: the Kubernetes pod uid when the runtime says it, else
+/// `namespace/name`, else the container id (outside Kubernetes).
+pub(crate) fn uid(pod: &PodRef, container_id: &str) -> String {
+    if !pod.uid.is_empty() {
+        pod.uid.clone()
+    } else if !pod.name.is_empty() {
+        format!("{}/{}", pod.namespace, pod.name)
+    } else {
+        container_id.to_string()
+    }
+}
+
+// === impl Pods ===
+
+impl Pods {
+    pub(crate) fn get(&self, uid: &str) -> Option<&Pod> {
+        self.0.get(uid)
+    }
+
+    pub(crate) fn insert(&mut self, uid: String, pod: Pod) {
+        self.0.insert(uid, pod);
+    }
+
+    pub(crate) fn remove(&mut self, uid: &str) -> Option<Pod> {
+        self.0.remove(uid)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &Pod)> {
+        self.0.iter()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Writes what is kept of every pod to `path` (0600, replaced whole).
+    pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
+        let kept: Vec<&Kept> = self.0.values().map(|p| &p.kept).collect();
+        let text = serde_json::to_vec_pretty(&kept)?;
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// The pods kept in `path` whose namespaces still exist (reopened); each one that does not
+    /// is named in the second list, with why. No file is no pods.
+    pub(crate) fn load(path: &Path) -> anyhow::Result<(Self, Vec<String>)> {
+        let text = match std::fs::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+        };
+        let kept: Vec<Kept> = serde_json::from_slice(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not the agent's pod list: {e}", path.display()))?;
+        let mut pods = Self::default();
+        let mut gone = Vec::new();
+        for k in kept {
+            match File::open(&k.netns) {
+                Ok(f) => {
+                    let id = uid(&k.pod, &k.container_id);
+                    pods.insert(
+                        id,
+                        Pod {
+                            kept: k,
+                            netns: Arc::new(f),
+                        },
+                    );
+                }
+                Err(e) => gone.push(format!("{}: {e}", k.netns.display())),
+            }
+        }
+        Ok((pods, gone))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uid_is_the_pods_own_else_its_name_else_the_container() {
+        let mut p = PodRef {
+            namespace: "shop".into(),
+            name: "web".into(),
+            uid: "u-1".into(),
+        };
+        assert_eq!(uid(&p, "c"), "u-1");
+        p.uid.clear();
+        assert_eq!(uid(&p, "c"), "shop/web");
+        assert_eq!(uid(&PodRef::default(), "c"), "c");
+    }
+
+    #[test]
+    fn kept_pods_come_back_when_their_namespace_exists_and_are_named_when_not() {
+        let dir = std::env::temp_dir().join(format!("ferry-cni-pods-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ns = dir.join("ns");
+        std::fs::write(&ns, b"").unwrap();
+        let mut pods = Pods::default();
+        for (name, path) in [("web", ns.clone()), ("gone", dir.join("missing"))] {
+            let kept = Kept {
+                pod: PodRef {
+                    namespace: "shop".into(),
+                    name: name.into(),
+                    uid: String::new(),
+                },
+                container_id: name.into(),
+                netns: path,
+            };
+            pods.insert(
+                uid(&kept.pod, name),
+                Pod {
+                    kept,
+                    netns: Arc::new(File::open(&ns).unwrap()),
+                },
+            );
+        }
+        let state = dir.join("pods.json");
+        pods.save(&state).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let (back, gone) = Pods::load(&state).unwrap();
+        assert_eq!(back.len(), 1);
+        assert!(back.get("shop/web").is_some());
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        std::fs::write(&state, b"{").unwrap();
+        assert!(Pods::load(&state).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
