@@ -130,6 +130,17 @@ fn readiness(node: &Node, ready: bool) -> Response {
             "waiting for the first xDS sync\n",
         );
     }
+    if node
+        .agent_replayed
+        .as_ref()
+        .is_some_and(|r| !r.load(std::sync::atomic::Ordering::Acquire))
+    {
+        return Response::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "waiting for the node agent's first replay (snapshot_sent)\n",
+        );
+    }
     // Pods it cannot serve are named, but never hold the others back.
     let mut body = String::from("ready\n");
     for (uid, (netns, why)) in node.unserved.lock().iter() {

@@ -66,6 +66,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         drain,
         hbone_conns: Arc::default(),
         state_file: config.state_file.clone(),
+        agent_replayed: config
+            .zds_socket
+            .as_ref()
+            .map(|_| std::sync::atomic::AtomicBool::new(false)),
         unserved: Mutex::default(),
         uncaptured: Mutex::default(),
         enrolling: Mutex::default(),

@@ -71,6 +71,10 @@ pub(crate) struct Node {
     /// Inbound ports each pod was enrolled to leave out of capture (`add ... uncaptured=`);
     /// pods enrolled without are absent. Kept across restarts with the enrolled pods.
     pub(crate) uncaptured: Mutex<HashMap<WorkloadUid, crate::capture::Uncaptured>>,
+    /// With a node agent (`--zds-socket`): whether its first replay ended (`snapshot_sent`).
+    /// Readiness waits for it, so a node proxy is not ready before it serves the pods already
+    /// on its node. `None` without an agent.
+    pub(crate) agent_replayed: Option<std::sync::atomic::AtomicBool>,
     /// Enrolled pods this process cannot serve, with their namespace and why.
     pub(crate) unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
     /// Capture rules found missing and put back (`ferry_capture_repairs_total`).

@@ -227,6 +227,10 @@ async fn handle(
             for uid in gone {
                 release(node, &aliases.take(&uid)).await;
             }
+            // Ready from now on: the agent's pods are served.
+            if let Some(replayed) = &node.agent_replayed {
+                replayed.store(true, std::sync::atomic::Ordering::Release);
+            }
         }
     }
     Ok(())

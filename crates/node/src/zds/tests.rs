@@ -179,6 +179,7 @@ impl Fixture {
             drain,
             hbone_conns: Arc::default(),
             state_file: None,
+            agent_replayed: Some(std::sync::atomic::AtomicBool::new(false)),
             enrolling: Mutex::default(),
             unserved: Mutex::default(),
             uncaptured: Mutex::default(),
@@ -327,10 +328,18 @@ async fn the_agents_pods_are_served_deleted_and_released_when_a_replay_omits_the
     let mut listener = listen(&path);
     let client = tokio::spawn(super::run(f.node.clone(), path.clone()));
     let agent = accept(&mut listener).await;
+    let replayed = || {
+        f.node
+            .agent_replayed
+            .as_ref()
+            .is_some_and(|r| r.load(std::sync::atomic::Ordering::Acquire))
+    };
     for i in 0..3 {
         assert_eq!(agent.add(&f.pods[i]).await, "", "add {}", f.pods[i].uid);
     }
+    assert!(!replayed(), "not ready before the first replay ends");
     assert_eq!(agent.snapshot_sent().await, "");
+    assert!(replayed(), "ready once it ended");
     assert_eq!(agent.del(&f.pods[1]).await, "");
     assert_eq!(f.served(), f.uids(&[0, 2]));
     assert_eq!(
