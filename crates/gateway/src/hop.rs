@@ -65,7 +65,7 @@ impl Gateway {
         log.error_side = Some(Side::Downstream);
         log.response_flags = ResponseFlag::Deny;
         noted.into_log(&mut log);
-        log.emit();
+        log.emit_as("gateway refused the connection");
         Refusal::Denied(why)
     }
 }

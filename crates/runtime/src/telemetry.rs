@@ -386,9 +386,19 @@ impl AccessLog<'_> {
     /// Logs the line and keeps it as this process's connection record ([`records`]), both
     /// under one new connection id.
     pub fn emit(self) {
+        let msg = if self.error.is_some() {
+            "connection failed"
+        } else {
+            "connection complete"
+        };
+        self.emit_as(msg);
+    }
+
+    /// [`AccessLog::emit`], the line saying `msg` (e.g. "waypoint refused the connection").
+    pub fn emit_as(self, msg: &'static str) {
         let records = records::global();
         let id = records.next_id();
-        self.log(&id);
+        self.log(&id, msg);
         if !records.keeps() {
             return;
         }
@@ -432,13 +442,8 @@ impl AccessLog<'_> {
         });
     }
 
-    fn log(&self, id: &str) {
+    fn log(&self, id: &str, msg: &str) {
         let error = self.error.as_deref().unwrap_or("");
-        let msg = if self.error.is_some() {
-            "connection failed"
-        } else {
-            "connection complete"
-        };
         tracing::info!(
             target: "access",
             direction = self.direction,

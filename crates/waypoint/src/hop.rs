@@ -128,8 +128,11 @@ fn refused(mut log: AccessLog<'_>, reason: &str, started: Instant) {
     log.error_side = Some(Side::Downstream);
     log.response_flags = ferry_runtime::conn::ResponseFlag::Deny;
     log.phases.decision = Some(started.elapsed());
-    log.emit();
+    log.emit_as(REFUSED);
 }
+
+/// What the access-log line of a tunnel this waypoint refused says.
+const REFUSED: &str = "waypoint refused the connection";
 
 /// The record of a tunnel this waypoint ends, before its decision is added.
 fn waypoint_log<'a>(req: &ConnectRequest, origin: &ClusterId) -> AccessLog<'a> {
@@ -220,7 +223,7 @@ impl Handler for Waypoint {
                     n.into_log(&mut log);
                 }
                 log.fail(&e);
-                log.emit();
+                log.emit_as(REFUSED);
                 Err(e.refusal())
             }
         }

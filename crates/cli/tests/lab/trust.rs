@@ -47,7 +47,7 @@ fn a_crafted_tunnel_is_decided_for_the_cluster_its_certificate_proves_and_the_cl
         "waypoint-audit-waypoint-beta",
         &[
             Text("waypoint refused the connection"),
-            Field("origin.cluster", "alpha"),
+            Field("src.cluster", "alpha"),
             Field("dst.addr", "198.18.10.5:80"),
             Text("is out of scope for"),
         ],
