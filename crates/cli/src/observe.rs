@@ -302,6 +302,34 @@ fn keep(args: &ObserveArgs, r: &Value) -> bool {
             .is_none_or(|t| field(r, "trace_id") == t)
 }
 
+/// A record's phases, each from the connection's start at that hop (`decision 41µs, connect
+/// 1.27ms (handshake 1.10ms), first byte 1.98ms`); `None` when it recorded none.
+pub(crate) fn phases(r: &Value) -> Option<String> {
+    let us = |k: &str| r[k].as_u64().unwrap_or(0);
+    let show = |v: u64| {
+        if v >= 1000 {
+            format!("{:.2}ms", v as f64 / 1000.0)
+        } else {
+            format!("{v}µs")
+        }
+    };
+    let mut parts = Vec::new();
+    if us("decision_us") > 0 {
+        parts.push(format!("decision {}", show(us("decision_us"))));
+    }
+    if us("connect_us") > 0 {
+        let handshake = match us("tls_us") {
+            0 => String::new(),
+            t => format!(" (new connection's handshake {})", show(t)),
+        };
+        parts.push(format!("connect {}{handshake}", show(us("connect_us"))));
+    }
+    if us("first_byte_us") > 0 {
+        parts.push(format!("first byte {}", show(us("first_byte_us"))));
+    }
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 /// One record as a line of text.
 pub(crate) fn text(r: &Value) -> String {
     let src = match field(r, "src_workload") {
@@ -335,4 +363,29 @@ pub(crate) fn text(r: &Value) -> String {
         r["bytes_recv"],
         r["duration_ms"],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::phases;
+
+    #[test]
+    fn phases_read_in_order_and_only_those_recorded() {
+        let r =
+            json!({"decision_us": 41, "connect_us": 1270, "tls_us": 1102, "first_byte_us": 1980});
+        assert_eq!(
+            phases(&r).as_deref(),
+            Some(
+                "decision 41µs, connect 1.27ms (new connection's handshake 1.10ms), first byte 1.98ms"
+            )
+        );
+        let pooled = json!({"decision_us": 12, "connect_us": 90});
+        assert_eq!(
+            phases(&pooled).as_deref(),
+            Some("decision 12µs, connect 90µs")
+        );
+        assert_eq!(phases(&json!({"decision_us": 0})), None);
+    }
 }

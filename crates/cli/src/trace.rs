@@ -15,7 +15,7 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::Output;
-use crate::observe::{field, gather, gather_from, text};
+use crate::observe::{field, gather, gather_from, phases, text};
 
 /// How long the hops' records may take to appear after the connection ended.
 const RECORDS_BOUND: Duration = Duration::from_secs(5);
@@ -230,6 +230,12 @@ fn print_hops(trace: &str, hops: &[Value]) {
     );
     for (i, h) in hops.iter().enumerate() {
         println!("{:>3}  {}", i + 1, text(h));
+        if !field(h, "route").is_empty() {
+            println!("     route: {}", field(h, "route"));
+        }
+        if let Some(p) = phases(h) {
+            println!("     phases: {p}");
+        }
         if !field(h, "error").is_empty() {
             println!("     error: {}", field(h, "error"));
         }
