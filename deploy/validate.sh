@@ -9,6 +9,8 @@
 #   --ferry BIN    also check every flag a container passes against `BIN <command> --help`
 #                  (default: target/debug/ferry, when it exists)
 #   --flags-only   render and check the flags only (CI runs this after the build)
+#   --no-flags     do not check the flags (CI's first run: a binary left from an earlier build
+#                  may be older than the manifests)
 #
 # Needs kubectl 1.21 or later (kustomize v4+: components, patches), python3 with the
 # kubernetes-validate package (which brings PyYAML), jq and curl. .ci/run installs what is
@@ -16,16 +18,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KUBECTL=${KUBECTL:-kubectl}
-ferry='' flags_only=''
+ferry='' flags_only='' no_flags=''
 while (($#)); do
   case $1 in
     --ferry) ferry=$2; shift 2 ;;
     --flags-only) flags_only=1; shift ;;
+    --no-flags) no_flags=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "validate.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-if [[ -z $ferry && -x target/debug/ferry ]]; then
+if [[ -n $no_flags ]]; then
+  ferry=''
+elif [[ -z $ferry && -x target/debug/ferry ]]; then
   ferry=target/debug/ferry
 fi
 if [[ -n $flags_only && -z $ferry ]]; then
@@ -81,7 +86,7 @@ args=("$out")
 if [[ -n $ferry ]]; then
   args+=(--ferry "$ferry")
 else
-  echo "(no ferry binary: the containers' flags are not checked; build target/debug/ferry or give --ferry)"
+  echo "(the containers' flags are not checked here: no ferry binary, or --no-flags)"
 fi
 if [[ -n $flags_only ]]; then
   args+=(--flags-only)
