@@ -39,9 +39,9 @@ MADE_OUTSIDE = {
     ("Secret", "ferry-remote-secrets"),
 }
 
-# Commands the manifests run that a binary may not have yet: being written beside the manifests
-# (issue 15). A binary without one of these is "pending"; any other missing command fails.
-PENDING_COMMANDS = {("cni", "agent")}
+# Commands the manifests run that a binary may not have yet (none today: `ferry cni agent` landed
+# with issue 15). A binary without one of these is "pending"; any other missing command fails.
+PENDING_COMMANDS = set()
 
 # Files `ferry node` reads by default (crates/cli/src/node.rs: --token-file, --bundle-file),
 # which its pod must therefore provide.
