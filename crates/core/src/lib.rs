@@ -6,6 +6,8 @@
 //! # Layout
 //! - [`identity`]: SPIFFE identities.
 //! - [`model`]: clusters, nodes, workloads, services (with scope), waypoints, gateways, policies.
+//! - [`peer_auth`]: Istio's PeerAuthentication (strict mutual TLS) as the authorization policies
+//!   istiod makes of it.
 //! - [`snapshot`]: one immutable, validated, indexed view of the mesh; [`store`] swaps it.
 //! - [`route`]: the routing decision (scope, waypoints, nesting, load balancing, transport).
 //! - [`inbound`]: a destination node proxy's decisions: a tunnel's target in the pod, and plain
@@ -28,6 +30,7 @@ pub mod inbound;
 pub mod lb;
 pub mod model;
 pub mod outlier;
+pub mod peer_auth;
 pub mod ports;
 pub mod random;
 pub mod route;

@@ -1,6 +1,6 @@
 //! The custom resources the translation reads, as far as it reads them: Gateway API's
 //! `Gateway` (`gateway.networking.k8s.io/v1`, waypoints and east-west gateways) and Istio's
-//! `AuthorizationPolicy` (`security.istio.io/v1`).
+//! `AuthorizationPolicy` and `PeerAuthentication` (`security.istio.io/v1`).
 //!
 //! A `Gateway`'s fields Ferry does not use are ignored. An `AuthorizationPolicy` keeps every
 //! field it does not know in `other` maps: the translation must see them, because a policy
@@ -171,6 +171,34 @@ pub struct Condition {
     pub not_values: Vec<String>,
     #[serde(flatten)]
     pub other: Other,
+}
+
+/// Istio's `PeerAuthentication`. Its fields are Istio's whole API; the API server's schema
+/// (and Istio's webhook) already refused objects that do not fit it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PeerAuthentication {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: PeerAuthenticationSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAuthenticationSpec {
+    pub selector: Option<WorkloadSelector>,
+    pub mtls: Option<MutualTls>,
+    /// Port (a number, as text in JSON) to its mode.
+    #[serde(default)]
+    pub port_level_mtls: BTreeMap<String, MutualTls>,
+}
+
+/// `mtls` and each `portLevelMtls` entry: `{mode: STRICT}`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct MutualTls {
+    /// `UNSET` (the default), `DISABLE`, `PERMISSIVE` or `STRICT`.
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 /// The Multi-Cluster Services API's `ServiceExport` (`multicluster.x-k8s.io/v1alpha1`): the

@@ -16,7 +16,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::crd::{
-    AuthorizationPolicy, Gateway, PolicySpec, ServiceExport, ServiceImport, WorkloadSelector,
+    AuthorizationPolicy, Gateway, PeerAuthentication, PolicySpec, ServiceExport, ServiceImport,
+    WorkloadSelector,
 };
 
 /// Everything of one cluster the translation reads.
@@ -35,6 +36,7 @@ pub struct ClusterObjects {
     pub endpoint_slices: Vec<EndpointSlice>,
     pub gateways: Vec<Gateway>,
     pub policies: Vec<AuthorizationPolicy>,
+    pub peer_authentications: Vec<PeerAuthentication>,
     pub service_exports: Vec<ServiceExport>,
     pub service_imports: Vec<ServiceImport>,
 }
@@ -153,6 +155,12 @@ impl ClusterObjects {
                 Ok(o) => self.service_imports.push(o),
                 Err(e) => bad(e),
             },
+            ("security.istio.io", "PeerAuthentication") => {
+                match serde_json::from_value::<PeerAuthentication>(value) {
+                    Ok(o) => self.peer_authentications.push(o),
+                    Err(e) => bad(e),
+                }
+            }
             ("security.istio.io", "AuthorizationPolicy") => {
                 match serde_json::from_value::<AuthorizationPolicy>(value.clone()) {
                     Ok(o) => self.policies.push(o),

@@ -2,7 +2,7 @@
 //! translated file, those items are left out, each with a note, and the rest is converted
 //! again. A policy is never left out (that would grant what it refused): it is replaced by its
 //! fail-closed form, and if that is rejected too, the whole mesh is rejected so the last good
-//! one keeps serving.
+//! one keeps serving. A rejected peer authentication rejects the whole mesh at once.
 
 use std::collections::BTreeSet;
 
@@ -110,6 +110,9 @@ impl Translation {
                 self.push(object, format!("{msg}: {why}"));
                 return Ok(());
             }
+            // Never left out either (that would accept plain TCP it refused): the whole mesh
+            // is rejected and the last good one keeps serving.
+            "peer_authentication" => return Err(()),
             _ => return Ok(()),
         };
         self.push(name, format!("left out: rejected by the checks: {why}"));

@@ -114,6 +114,11 @@ fn kinds() -> Vec<ApiResource> {
             "AuthorizationPolicy",
         )),
         ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "security.istio.io",
+            "v1",
+            "PeerAuthentication",
+        )),
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
             "multicluster.x-k8s.io",
             "v1alpha1",
             "ServiceExport",

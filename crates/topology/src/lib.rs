@@ -17,8 +17,9 @@
 //! # The format
 //!
 //! Keys are `snake_case` and unknown keys are errors. The top level holds `trust_domain`
-//! (default `cluster.local`) and the lists `clusters`, `nodes`, `gateways` (east-west, at most
-//! one per network), `waypoints`, `services`, `workloads` and `policies`. The files in
+//! (default `cluster.local`), `root_namespace` (Istio's, default `istio-system`) and the lists
+//! `clusters`, `nodes`, `gateways` (east-west, at most one per network), `waypoints`,
+//! `services`, `workloads`, `policies` and `peer_authentication`. The files in
 //! `examples/` at the repository root show every feature, with comments
 //! (`examples/two-clusters.yaml` is the main one). Conversion rules:
 //!
@@ -44,6 +45,20 @@
 //!   `clusters: [..]` limits any of these to the workloads of the clusters named. Its rules use Istio's Kubernetes shape with `from[].source` and
 //!   `to[].operation` flattened: `{from: [{principals: [..]}], to: [{ports: [..]}]}`. A rule `{}`
 //!   matches everything; a policy without rules matches nothing.
+//! - A peer authentication is Istio's `PeerAuthentication`: `{name, namespace, mode,
+//!   selector, port_level_mtls: {9090: permissive}}`, `mode` one of `strict`, `permissive`,
+//!   `disable` and `unset` (the default: inherit). Mesh-wide with `mesh: true` (or, as in
+//!   Istio, in the root namespace without a selector), namespace-wide without a selector, else
+//!   for the workloads of its namespace whose labels include the selector; the workload's
+//!   mode wins over the namespace's, which wins over the mesh's, and a port's over its
+//!   workload's. At most one mesh-wide one and one namespace-wide one per namespace; of
+//!   several selecting a workload, the first listed wins (Istio's oldest); port-level modes
+//!   only with a selector; no selector in the root namespace. They become what istiod sends
+//!   ztunnel (`ferry_core::peer_auth`): the DENY policy
+//!   `<root_namespace>/istio_converted_static_strict` (plain TCP, which has no peer identity,
+//!   is refused) listed on every workload whose mode is STRICT, and for port-level exceptions
+//!   `<namespace>/converted_peer_authentication_<name>`, listed after the workload's own
+//!   policies. Those names are taken: a policy of the same namespace and name is an error.
 
 mod convert;
 mod error;

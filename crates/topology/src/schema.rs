@@ -38,6 +38,12 @@ pub struct File {
     pub workloads: Vec<WorkloadSpec>,
     #[serde(default)]
     pub policies: Vec<PolicySpec>,
+    /// Istio's root namespace (none: `istio-system`): a peer authentication there without a
+    /// selector is mesh-wide, and the policy istiod derives from STRICT lives there.
+    pub root_namespace: Option<String>,
+    /// Istio's `PeerAuthentication`s, oldest first (at one level, the first wins).
+    #[serde(default)]
+    pub peer_authentication: Vec<PeerAuthenticationSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -340,6 +346,35 @@ pub struct ToSpec {
     pub headers: std::collections::BTreeMap<String, Vec<String>>,
 }
 
+/// Istio's `PeerAuthentication.MutualTLS.Mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MtlsModeSpec {
+    #[default]
+    Unset,
+    Disable,
+    Permissive,
+    Strict,
+}
+
+/// One peer authentication: Istio's `PeerAuthentication`, `mtls.mode` as `mode` and
+/// `portLevelMtls` as a map of port to mode.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAuthenticationSpec {
+    pub name: String,
+    pub namespace: Option<String>,
+    /// Mesh-wide: in the root namespace, without a selector.
+    #[serde(default)]
+    pub mesh: bool,
+    pub selector: Option<Labels>,
+    #[serde(default)]
+    pub mode: MtlsModeSpec,
+    /// Per target port (only with a `selector`): `{9090: permissive}`.
+    #[serde(default)]
+    pub port_level_mtls: BTreeMap<PortValue, MtlsModeSpec>,
+}
+
 /// A healthy, serving pod of capacity 1, as a file entry that names nothing else means.
 impl Default for WorkloadSpec {
     fn default() -> Self {
@@ -385,7 +420,7 @@ fn one() -> u32 {
 }
 
 /// A port in a policy: a number, or (as in Istio's Kubernetes API) a string of digits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PortValue(pub u16);
 
 impl<'de> Deserialize<'de> for PortValue {

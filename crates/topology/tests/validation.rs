@@ -257,6 +257,29 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "peer authentication problems",
+        "policies:\n  - {name: istio_converted_static_strict, namespace: istio-system, action: deny, rules: [{}]}\npeer_authentication:\n  - {name: a, mesh: true, namespace: other, mode: strict}\n  - {name: b, mesh: true, selector: {app: x}}\n  - {name: c, selector: {}}\n  - {name: d, namespace: istio-system, selector: {app: x}}\n  - {name: e, mode: strict}\n  - {name: f, mode: permissive}\n  - {name: g, namespace: other2, port_level_mtls: {9090: strict}}\n  - {name: h, selector: {app: x}, port_level_mtls: {0: strict}}\n  - {name: e, selector: {app: y}}\n",
+        &[
+            "peer_authentication[0] (a).namespace: expected the root namespace \"istio-system\" (or none) with `mesh: true`, found \"other\"",
+            "peer_authentication[1] (b): expected at most one of `mesh: true` and `selector`, found both",
+            "peer_authentication[2] (c).selector: expected at least one label, found an empty map",
+            "peer_authentication[3] (d).selector: expected no selector in the root namespace \"istio-system\"",
+            "peer_authentication[5] (f): expected one peer authentication without selector per namespace, found another in \"default\" (first at peer_authentication[4] (e))",
+            "peer_authentication[6] (g).port_level_mtls: expected port-level modes only with a `selector`",
+            "peer_authentication[7] (h).port_level_mtls.0: expected a port from 1 to 65535, found 0",
+            "peer_authentication[8] (e): expected a unique peer authentication namespace/name, found \"default/e\" again (first declared at peer_authentication[4] (e))",
+            "peer_authentication: expected a unique policy namespace/name (one derived from peer authentications), found \"istio-system/istio_converted_static_strict\" again (first declared at policies[0] (istio_converted_static_strict))",
+        ],
+    ),
+    (
+        "a bad root namespace",
+        "root_namespace: Bad/NS\npeer_authentication: [{name: a, mesh: true, mode: strict}]\n",
+        &[
+            "root_namespace: expected a valid namespace for a SPIFFE identity, found \"Bad/NS\"",
+            "peer_authentication[0] (a).namespace: expected a valid namespace",
+        ],
+    ),
+    (
         "several errors at once",
         "gateways:\n  - {name: gw, cluster: north, address: 198.18.255.1}\nservices:\n  - name: echo\n    ports: [{port: 80}]\n    scope: {clusters: []}\n    waypoint: nowhere\nworkloads:\n  - {name: sleep, node: east-9}\n",
         &[
@@ -416,4 +439,33 @@ fn graduated_failover_minimums_are_read() {
     assert_eq!(min("a"), Some(FailoverMinimum::Endpoints(2)));
     assert_eq!(min("b"), Some(FailoverMinimum::Percent(60)));
     assert_eq!(min("c"), None);
+}
+
+#[test]
+fn peer_authentication_keys_come_after_the_workloads_own_policies() {
+    let t = parse(
+        "good.yaml",
+        &format!(
+            "{BASE}workloads:\n  - {{name: a, node: east-1, address: 198.18.1.1, labels: {{app: a}}}}\n  - {{name: b, node: east-1, address: 198.18.1.2, labels: {{app: b}}}}\npolicies:\n  - {{name: p, selector: {{app: a}}, rules: [{{}}]}}\npeer_authentication:\n  - {{name: default, mode: strict}}\n  - {{name: b-open, selector: {{app: b}}, mode: permissive, port_level_mtls: {{\"8080\": strict}}}}\n  - {{name: mesh, mesh: true, mode: permissive}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let listed = |name: &str| {
+        t.snapshot
+            .workloads()
+            .find(|w| w.name == name)
+            .unwrap()
+            .authorization_policies
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed("a"),
+        ["default/p", "istio-system/istio_converted_static_strict"]
+    );
+    assert_eq!(
+        listed("b"),
+        ["default/converted_peer_authentication_b-open"]
+    );
 }

@@ -15,6 +15,7 @@ mod idle;
 mod kill;
 mod l4;
 mod lifecycle;
+mod mtls;
 mod observe;
 mod origin;
 mod outlier;

@@ -4,6 +4,7 @@
 mod gateway;
 mod http_route;
 mod names;
+mod peer_authentication;
 mod policy;
 mod service;
 mod topology;
@@ -14,6 +15,7 @@ pub use http_route::{HttpRoute, PathMatch, RouteBackend, RouteMatch};
 pub use names::{
     ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid,
 };
+pub use peer_authentication::{MtlsMode, PeerAuthentication};
 pub use policy::{
     Action, Cidr, Clause, HeaderMatch, InvalidCidr, Match, Policy, PolicyScope, Rule,
     ServiceAccountMatch, StringMatch,

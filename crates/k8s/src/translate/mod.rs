@@ -48,9 +48,12 @@
 //!   whole cluster set unless `ferry.dev/scope` on a `ServiceExport` narrows it.
 //! - **Policies** are translated with Istio's semantics (see [`policies`]); one Ferry cannot
 //!   enforce exactly fails closed.
+//! - **PeerAuthentications** become the policies istiod sends ztunnel for them (see
+//!   [`peer_auth`]): plain TCP to a workload whose mode is STRICT is refused at its node.
 
 mod endpoints;
 mod mcs;
+mod peer_auth;
 mod places;
 mod pod_status;
 mod pods;
@@ -154,6 +157,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
     tx.pods();
     tx.clusterset();
     tx.policies();
+    tx.peer_authentications();
     Translation {
         file: tx.file,
         notes: tx.notes,

@@ -2,10 +2,12 @@
 //! whole file to check, collecting every problem rather than stopping at the first.
 //!
 //! Sections are converted in file order (clusters, nodes, gateways, waypoints, services,
-//! workloads, policies); each later section only refers to earlier ones, so one pass suffices,
-//! except services' HTTP routes, resolved once every service is known.
+//! workloads, policies, peer authentications); each later section only refers to earlier
+//! ones, so one pass suffices, except services' HTTP routes, resolved once every service is
+//! known.
 //! The result goes through [`SnapshotBuilder`] last, which re-checks the model's invariants.
 
+mod peer_auth;
 mod places;
 mod policies;
 mod routes;
@@ -44,6 +46,7 @@ pub(crate) fn convert(file: &File) -> Result<(Snapshot, String), Vec<Problem>> {
     cx.routes(&file.services);
     cx.workloads(&file.workloads);
     cx.policies(&file.policies);
+    cx.peer_authentications(&file.peer_authentication, file.root_namespace.as_ref());
     if !cx.problems.is_empty() {
         return Err(cx.problems);
     }

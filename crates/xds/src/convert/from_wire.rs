@@ -435,7 +435,9 @@ fn policy(p: &sec::Authorization) -> R<Policy> {
     })
 }
 
-fn policy_rules(rules: &[sec::Rule]) -> R<Vec<Rule>> {
+/// Upstream (or `ferry_policy`) rules as the model's; also what `to_wire` reads its own
+/// projection back with.
+pub(super) fn policy_rules(rules: &[sec::Rule]) -> R<Vec<Rule>> {
     let sm = |v: &[sec::StringMatch]| v.iter().map(string_match).collect::<R<Vec<_>>>();
     let ci = |v: &[sec::Address]| v.iter().map(cidr).collect::<R<Vec<_>>>();
     let ports = |v: &[u32]| {

@@ -343,6 +343,15 @@ fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
 
 fn policy(snap: &Snapshot, p: &Policy) -> sec::Authorization {
     let (action, rules, dry_run) = super::project::upstream(snap, p);
+    // Sent as istiod sends it, without `ferry_policy`, when the upstream fields alone read back
+    // as the same policy (every policy istiod itself could send: plain L4, ALLOW or DENY).
+    let says_it_all = dry_run == p.dry_run
+        && match action {
+            sec::Action::Allow => p.action == Action::Allow,
+            sec::Action::Deny => p.action == Action::Deny,
+            sec::Action::Audit => false,
+        }
+        && super::from_wire::policy_rules(&rules).is_ok_and(|r| r == p.rules);
     sec::Authorization {
         name: p.name.clone(),
         namespace: p.namespace.clone(),
@@ -355,7 +364,7 @@ fn policy(snap: &Snapshot, p: &Policy) -> sec::Authorization {
         rules,
         dry_run,
         extensions: vec![],
-        ferry_policy: Some(sec::FerryPolicy {
+        ferry_policy: (!says_it_all).then(|| sec::FerryPolicy {
             action: (match p.action {
                 Action::Allow => sec::Action::Allow,
                 Action::Deny => sec::Action::Deny,

@@ -3,6 +3,7 @@
 //! admits a connection that Ferry's own evaluation refuses (docs/xds.md, "What a stock Istio
 //! peer reads").
 
+mod mtls;
 mod peer;
 
 use std::net::IpAddr;
