@@ -19,6 +19,8 @@
 //! - [`outlier`]: passive health: endpoints whose connects keep failing are ejected for a while.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
 //! - [`random`]: the seeded random source decisions take.
+//! - [`telemetry`]: what the metrics say about a connection's ends (canonical services, the
+//!   service a destination counts a connection under), as Istio derives it.
 //! - `testing` (feature `testing`): `MeshBuilder`, meshes for tests and benchmarks.
 
 #![forbid(unsafe_code)]
@@ -36,6 +38,7 @@ pub mod random;
 pub mod route;
 pub mod snapshot;
 pub mod store;
+pub mod telemetry;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

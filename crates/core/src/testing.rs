@@ -98,6 +98,8 @@ impl MeshBuilder {
             services: BTreeMap::new(),
             authorization_policies: Vec::new(),
             labels: BTreeMap::new(),
+            canonical_name: String::new(),
+            canonical_revision: String::new(),
         });
         self.workloads.last_mut().expect("just pushed")
     }

@@ -69,6 +69,13 @@ pub struct Workload {
     /// Workload-selector policies that select this workload.
     pub authorization_policies: Vec<PolicyKey>,
     pub labels: BTreeMap<String, String>,
+    /// The canonical service name as the control plane sent it (istiod's `canonical_name`);
+    /// empty: derived from `labels` and `name` (`telemetry::canonical`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub canonical_name: String,
+    /// The canonical revision as the control plane sent it; empty: derived from `labels`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub canonical_revision: String,
 }
 
 fn by_service_name<S: serde::Serializer>(

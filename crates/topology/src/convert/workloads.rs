@@ -231,6 +231,9 @@ impl Cx {
             services: BTreeMap::new(),
             authorization_policies: Vec::new(),
             labels: BTreeMap::new(),
+            // Derived from the labels when read (`ferry_core::telemetry::canonical`).
+            canonical_name: String::new(),
+            canonical_revision: String::new(),
         })
     }
 

@@ -15,6 +15,7 @@ use ferry_core::model::{
     ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
     WaypointFor, Workload, WorkloadUid,
 };
+use ferry_core::telemetry::{canonical_name, canonical_revision};
 use prost::Message;
 
 /// A resource the client will not apply. The text is the NACK detail for it.
@@ -170,6 +171,7 @@ fn workload(w: &wl::Workload) -> R<Workload> {
         w.service_account.clone()
     };
     Identity::new(&trust_domain, &w.namespace, &service_account).map_err(|e| e.to_string())?;
+    let labels: BTreeMap<String, String> = w.ferry_labels.clone().into_iter().collect();
     let tunnel = match wl::TunnelProtocol::try_from(w.tunnel_protocol) {
         Ok(wl::TunnelProtocol::Hbone) => TunnelProtocol::Hbone,
         Ok(wl::TunnelProtocol::None) => TunnelProtocol::Tcp,
@@ -232,8 +234,21 @@ fn workload(w: &wl::Workload) -> R<Workload> {
                 Ok(PolicyKey::new(ns, n))
             })
             .collect::<R<_>>()?,
-        labels: w.ferry_labels.clone().into_iter().collect(),
+        canonical_name: given_unless(&w.canonical_name, canonical_name(&labels, &w.name)),
+        canonical_revision: given_unless(&w.canonical_revision, canonical_revision(&labels)),
+        labels,
     })
+}
+
+/// A canonical name or revision as sent (istiod derives them from the pod's labels, which it
+/// does not send), kept only when the labels sent do not derive the same (Ferry's control
+/// plane sends both): empty means derived (`ferry_core::telemetry::canonical`).
+fn given_unless(given: &str, derived: &str) -> String {
+    if given == derived {
+        String::new()
+    } else {
+        given.to_string()
+    }
 }
 
 fn gateway(w: &wl::Workload) -> R<Gateway> {

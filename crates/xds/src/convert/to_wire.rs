@@ -11,6 +11,7 @@ use ferry_core::model::{
     Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
+use ferry_core::telemetry::canonical;
 
 use super::fields::{ip_bytes, l4_match, string_match};
 
@@ -112,11 +113,8 @@ fn workload(w: &Workload) -> wl::Workload {
         waypoint: w.waypoint.as_ref().map(gateway),
         network_gateway: w.network_gateway.as_ref().map(gateway),
         node: w.node.as_ref().map(ToString::to_string).unwrap_or_default(),
-        canonical_name: w
-            .labels
-            .get("app")
-            .cloned()
-            .unwrap_or_else(|| w.name.clone()),
+        canonical_name: canonical(w).service.to_string(),
+        canonical_revision: canonical(w).revision.to_string(),
         workload_name: w.name.clone(),
         ferry_labels: w.labels.clone().into_iter().collect(),
         workload_type: wl::WorkloadType::Pod as i32,
