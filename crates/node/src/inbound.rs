@@ -10,10 +10,11 @@ use ferry_core::authz::{self, ConnInfo, Verdict};
 use ferry_core::hop::{self, OriginError, PeerCluster};
 use ferry_core::identity::Identity;
 use ferry_core::inbound::{self, InboundPlan};
-use ferry_core::model::Workload;
+use ferry_core::model::{Service, Workload};
 use ferry_core::ports;
 use ferry_core::route::Destination;
 use ferry_core::snapshot::{AddressOwner, Snapshot};
+use ferry_core::telemetry;
 use ferry_hbone::copy;
 use ferry_hbone::headers::{Baggage, ConnectHeaders, Refusal};
 use ferry_hbone::pool::PoolKey;
@@ -26,7 +27,7 @@ use tokio::sync::watch;
 
 use ferry_runtime::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag};
 use ferry_runtime::sockets::original_dst;
-use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
+use ferry_runtime::telemetry::{AccessLog, Labels, Reporter, SecurityPolicy, UNKNOWN};
 
 use crate::state::{Node, Open, Pod};
 
@@ -165,48 +166,76 @@ fn out_of_scope(outcome: &Outcome<'_>) -> Option<ConnError> {
     }
 }
 
-/// The metric labels of a connection to `pod`: its source cluster is the one the peer's
-/// certificate proves, else (a certificate of another trust source) what its baggage claims, a
-/// hint for telemetry only; the inner request of double HBONE names the network (`headers`).
-fn labels(
-    dst: Option<&Workload>,
-    pod: &Pod,
-    peer: Option<(&Identity, &PeerCluster)>,
-    flag: ResponseFlag,
-    headers: Option<&ConnectHeaders>,
-) -> Labels {
-    let unknown = || "unknown".to_string();
-    let baggage = headers
-        .map(ConnectHeaders::typed_baggage)
-        .unwrap_or_default();
-    Labels {
-        reporter: Reporter::Destination,
-        source_workload: unknown(),
-        source_principal: peer.map_or_else(unknown, |(id, _)| id.to_string()),
-        source_cluster: source_cluster(peer.map(|(_, c)| c), baggage.cluster),
-        source_network: headers
-            .and_then(|h| h.forwarded_network.clone())
-            .unwrap_or_else(unknown),
-        destination_workload: pod.name.clone(),
-        destination_service: unknown(),
-        destination_principal: pod.identity.to_string(),
-        destination_cluster: dst.map_or_else(unknown, |w| w.cluster.to_string()),
-        destination_network: dst.map_or_else(unknown, |w| w.network.to_string()),
-        response_flags: flag.into(),
-    }
+/// What a tunnel proves and claims about its source, for the metrics' labels.
+#[derive(Clone, Copy)]
+struct SourceFacts<'a> {
+    peer: &'a Identity,
+    cluster: &'a PeerCluster,
+    /// The workload the peer proved ([`proven_source`]).
+    workload: Option<&'a Workload>,
+    headers: &'a ConnectHeaders,
 }
 
-/// The `source_cluster` label: the cluster the peer's certificate proves; only for a
-/// certificate without one (another trust source), the cluster its baggage claims.
-fn source_cluster(peer: Option<&PeerCluster>, claimed: Option<String>) -> String {
-    match peer.and_then(PeerCluster::proven) {
-        Some(proven) => proven.to_string(),
-        None => claimed.unwrap_or_else(|| "unknown".to_string()),
+/// The metric labels of a connection to the pod of workload `dst` (which proves `identity`),
+/// counted under `service` if one fits ([`telemetry::inbound_service`]). A tunnel (`tunnel`
+/// given) is `mutual_tls`, plain TCP from outside the mesh `none`. A tunnel's `source_*` labels
+/// are those of the workload it proves, else `unknown`: its baggage is a claim and names none
+/// of them. Two labels take a claim when nothing proves them, as Istio takes its
+/// `source_cluster` from the baggage: `source_cluster` ([`source_cluster`]) and Ferry's
+/// `source_network` (the proven workload's, else what the inner request of double HBONE
+/// names).
+fn labels(
+    dst: &Workload,
+    identity: &Identity,
+    service: Option<&Service>,
+    tunnel: Option<SourceFacts<'_>>,
+    flag: ResponseFlag,
+) -> Labels {
+    let policy = match tunnel {
+        Some(_) => SecurityPolicy::MutualTls,
+        None => SecurityPolicy::None,
+    };
+    let mut l = Labels::new(Reporter::Destination, policy).with_destination(dst);
+    l.destination_principal = identity.to_string();
+    if let Some(s) = service {
+        l = l.with_service(s);
+    }
+    if let Some(t) = tunnel {
+        l.source_principal = t.peer.to_string();
+        match t.workload {
+            Some(w) => l = l.with_source(w),
+            None => {
+                if let Some(network) = &t.headers.forwarded_network {
+                    l.source_network.clone_from(network);
+                }
+            }
+        }
+        l.source_cluster = source_cluster(t.cluster, t.workload, t.headers);
+    }
+    l.response_flags = flag.into();
+    l
+}
+
+/// A tunnel's `source_cluster` label: the cluster the peer's certificate proves; for a
+/// certificate without one (another trust source), the cluster of the workload it proved, else
+/// the one its baggage claims (read only then).
+fn source_cluster(
+    peer: &PeerCluster,
+    workload: Option<&Workload>,
+    headers: &ConnectHeaders,
+) -> String {
+    match (peer.proven(), workload) {
+        (Some(proven), _) => proven.to_string(),
+        (None, Some(w)) => w.cluster.to_string(),
+        (None, None) => headers
+            .typed_baggage()
+            .cluster
+            .unwrap_or_else(|| UNKNOWN.to_string()),
     }
 }
 
 /// A tunnel's labels: its own until it is counted opened, then the metrics' shared copy (a
-/// long connection holds a pointer, not eleven strings).
+/// long connection holds a pointer, not twenty strings).
 enum Counted {
     Pending(Box<Labels>),
     Opened(Arc<Labels>),
@@ -304,9 +333,22 @@ impl Handler for Inbound {
             .ok_or_else(|| ConnError::from(inbound::InboundError::LeftMesh).refusal())?;
         let headers = ConnectHeaders::read(&req.headers);
         let path = hbone_path(&snap, dst, &req.peer, &headers);
-        let src_workload = proven_source(&snap, dst, req.peer_addr.ip(), &req.peer)
-            .unwrap_or_default()
-            .to_string();
+        let source = proven_source(&snap, dst, req.peer_addr.ip(), &req.peer);
+        let src_workload = source.map(|w| w.name.clone()).unwrap_or_default();
+        let service =
+            telemetry::inbound_service(&snap, dst, headers.forwarded_host.as_deref(), to.port());
+        let mut labels = labels(
+            dst,
+            &self.pod.identity,
+            service.map(|s| &**s),
+            Some(SourceFacts {
+                peer: &req.peer,
+                cluster: &req.peer_cluster,
+                workload: source,
+                headers: &headers,
+            }),
+            ResponseFlag::None,
+        );
         // The last hop checks scope too, against the cluster the peer's certificate proves
         // (the baggage's is a hint for the metrics' labels), then policy.
         let tunnel = TunnelFacts {
@@ -322,15 +364,9 @@ impl Handler for Inbound {
             to.port(),
             Some(tunnel),
         ) {
-            let l = labels(
-                Some(dst),
-                &self.pod,
-                Some((&req.peer, &req.peer_cluster)),
-                e.flag,
-                Some(&headers),
-            );
-            self.node.metrics.opened(&l);
-            self.node.metrics.closed(&l, 0, 0);
+            labels.response_flags = e.flag.into();
+            self.node.metrics.opened(&labels);
+            self.node.metrics.closed(&labels, 0, 0);
             self.node
                 .metrics
                 .denials
@@ -341,13 +377,6 @@ impl Handler for Inbound {
             log.emit();
             return Err(e.refusal());
         }
-        let labels = labels(
-            Some(dst),
-            &self.pod,
-            Some((&req.peer, &req.peer_cluster)),
-            ResponseFlag::None,
-            Some(&headers),
-        );
         Ok(Admitted {
             to,
             labels: Counted::Pending(Box::new(labels)),
@@ -445,21 +474,21 @@ impl Handler for Inbound {
     }
 }
 
-/// The name of the workload a tunnel came from, when its certificate proves it: the workload
-/// at the tunnel's source address (on `dst`'s network) holds the identity the peer proved. A
-/// tunnel relayed by a gateway or from an unknown address names none.
+/// The workload a tunnel came from, when its certificate proves it: the workload at the
+/// tunnel's source address (on `dst`'s network) holds the identity the peer proved. A tunnel
+/// relayed by a gateway or from an unknown address names none.
 fn proven_source<'s>(
     snap: &'s Snapshot,
     dst: &Workload,
     peer_ip: IpAddr,
     peer: &Identity,
-) -> Option<&'s str> {
+) -> Option<&'s Workload> {
     let addr = ferry_core::model::NetworkAddress::new(dst.network.clone(), peer_ip);
     let Some(AddressOwner::Workload(uid)) = snap.owner(&addr) else {
         return None;
     };
     let w = snap.workload(uid)?;
-    (w.identity().ok().as_ref() == Some(peer)).then_some(w.name.as_str())
+    (w.identity().ok().as_ref() == Some(peer)).then_some(&**w)
 }
 
 /// How a tunnel came: `hbone`, or, from the pod's own waypoint, `hbone from waypoint <id> for
@@ -557,29 +586,31 @@ async fn plain_checked(
     let (plan, l) = {
         let snap = node.store.load();
         let plan = inbound::plan_inbound(&snap, &pod.uid, pod.ip, inbound::Arrival::Plain(orig));
-        let dst = snap.workload(&pod.uid).map(|w| &**w);
-        let verdict = match (&plan, dst) {
-            (InboundPlan::Refuse(e), _) => return Err(e.clone().into()),
+        let (plan, dst) = match (plan, snap.workload(&pod.uid)) {
+            (InboundPlan::Refuse(e), _) => return Err(e.into()),
             (_, None) => return Err(inbound::InboundError::LeftMesh.into()),
-            (plan, Some(dst)) => authorize(
-                &snap,
-                dst,
-                pod.ip,
-                None,
-                peer,
-                orig.port(),
-                matches!(plan, InboundPlan::ViaWaypoint(_)),
-            ),
+            (plan, Some(dst)) => (plan, dst),
         };
+        let verdict = authorize(
+            &snap,
+            dst,
+            pod.ip,
+            None,
+            peer,
+            orig.port(),
+            matches!(plan, InboundPlan::ViaWaypoint(_)),
+        );
+        let service = telemetry::inbound_service(&snap, dst, None, orig.port()).map(|s| &**s);
+        let mut l = labels(dst, &pod.identity, service, None, ResponseFlag::None);
         if !verdict.is_allowed() {
             node.metrics.denials.count(Reporter::Destination, &verdict);
             let e = ConnError::from(Denial(verdict));
-            let l = labels(dst, pod, None, e.flag, None);
+            l.response_flags = e.flag.into();
             node.metrics.opened(&l);
             node.metrics.closed(&l, 0, 0);
             return Err(e);
         }
-        (plan, labels(dst, pod, None, ResponseFlag::None, None))
+        (plan, l)
     };
     match plan {
         // A destination served by a waypoint: plain TCP from outside the mesh goes through it.

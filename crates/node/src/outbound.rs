@@ -21,9 +21,9 @@ use ferry_hbone::first_byte::FirstByte;
 use ferry_hbone::headers::{Baggage, ConnectHeaders, WorkloadKind, WorkloadName};
 use ferry_hbone::pool::{PoolKey, Tunnel};
 use ferry_hbone::socket::reset_tcp;
-use ferry_runtime::conn::{ConnError, ResponseFlag};
+use ferry_runtime::conn::ConnError;
 use ferry_runtime::sockets::original_dst;
-use ferry_runtime::telemetry::{AccessLog, Labels, Reporter};
+use ferry_runtime::telemetry::{AccessLog, Labels, Reporter, SecurityPolicy};
 use ferry_tls::config::{Credentials, TrustBundle};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -309,20 +309,9 @@ fn plan(
     rng: &mut dyn Random,
     trace: Option<&mut Compact>,
 ) -> Result<Ctx, Refused> {
-    let unknown = || "unknown".to_string();
-    let mut labels = Labels {
-        reporter: Reporter::Source,
-        source_workload: src.name.clone(),
-        source_principal: identity.to_string(),
-        source_cluster: src.cluster.to_string(),
-        source_network: src.network.to_string(),
-        destination_workload: unknown(),
-        destination_service: unknown(),
-        destination_principal: unknown(),
-        destination_cluster: unknown(),
-        destination_network: unknown(),
-        response_flags: ResponseFlag::None.into(),
-    };
+    // Refused before a transport is chosen: its security is not known.
+    let mut labels = Labels::new(Reporter::Source, SecurityPolicy::Unknown).with_source(src);
+    labels.source_principal = identity.to_string();
     // Traced into `trace` (a fixed budget) when the connection's record is kept; else no
     // step is built.
     let source = Source::new(src)
@@ -343,15 +332,24 @@ fn plan(
     };
     let mut log = LogFields::default();
     if let Some(l) = plan.landing.as_ref().and_then(|u| snap.workload(u)) {
-        labels.destination_workload = l.name.clone();
-        labels.destination_cluster = l.cluster.to_string();
-        labels.destination_network = l.network.to_string();
+        labels = labels.with_destination(l);
         log.dst_workload = l.uid.to_string();
     }
-    if let Some(s) = &plan.service {
-        labels.destination_service = s.hostname.clone();
-        log.dst_service = s.to_string();
+    if let Some(key) = &plan.service {
+        labels = match snap.service(key) {
+            Some(s) => labels.with_service(s),
+            None => Labels {
+                destination_service: key.hostname.clone(),
+                destination_service_namespace: key.namespace.clone(),
+                ..labels
+            },
+        };
+        log.dst_service = key.to_string();
     }
+    labels.connection_security_policy = match &plan.transport {
+        Transport::Hbone { .. } | Transport::GatewayHbone { .. } => SecurityPolicy::MutualTls,
+        Transport::Tcp { .. } | Transport::Passthrough { .. } => SecurityPolicy::None,
+    };
     log.path = match (&plan.waypoint, &plan.transport) {
         (Some(w), _) => format!("hbone via waypoint {w}"),
         (None, Transport::Hbone { .. }) => "hbone".into(),
@@ -384,6 +382,7 @@ fn plan(
             .join(",");
         labels.destination_principal = log.dst_identity.clone();
     }
+    let canonical = ferry_core::telemetry::canonical(src);
     let baggage = Baggage {
         cluster: Some(src.cluster.to_string()),
         namespace: Some(src.namespace.clone()),
@@ -391,6 +390,8 @@ fn plan(
             kind: WorkloadKind::Pod,
             name: src.name.clone(),
         }),
+        service: Some(canonical.service.to_string()),
+        revision: Some(canonical.revision.to_string()),
         ..Baggage::default()
     };
     let headers = ConnectHeaders {

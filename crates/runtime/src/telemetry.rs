@@ -14,6 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::{Metric, Registry};
 
 use ferry_core::authz::{Reason, Verdict};
+use ferry_core::model::{Service, Workload};
 
 use crate::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag, side_name};
 use crate::records::{self, Record};
@@ -36,20 +37,58 @@ pub enum Reporter {
     Destination,
 }
 
-/// The labels of one connection's metrics (a bounded subset of Istio's standard set). Its
-/// label set is these fields in order, with `request_protocol="tcp"` before `response_flags`.
+/// How a connection was secured (Istio's `connection_security_policy` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SecurityPolicy {
+    /// In an HBONE tunnel (mutual TLS), at either end.
+    MutualTls,
+    /// Plain TCP: to a destination out of the mesh, or from a source out of it.
+    None,
+    /// Not known: refused before a transport was chosen.
+    Unknown,
+}
+
+/// The labels of one connection's metrics: Istio's standard TCP label set, plus Ferry's
+/// `source_network` and `destination_network`. A field that is not known is `unknown`.
+///
+/// [`EncodeLabelSet`] writes them in the order of Istio's metric reference: `reporter`,
+/// `source_workload`, `source_workload_namespace`, `source_principal`, `source_app`,
+/// `source_version`, `destination_workload`, `destination_workload_namespace`,
+/// `destination_principal`, `destination_app`, `destination_version`, `destination_service`,
+/// `destination_service_name`, `destination_service_namespace`, `request_protocol` (`tcp`),
+/// `connection_security_policy`, `response_flags`, `source_canonical_service`,
+/// `source_canonical_revision`, `destination_canonical_service`,
+/// `destination_canonical_revision`, `destination_cluster`, `destination_network`,
+/// `source_cluster`, `source_network`. `source_app` and `source_version` repeat the canonical
+/// service and revision, as ztunnel's do (Envoy sidecars read the `app` and `version` labels
+/// instead, which the canonical service falls back to), and so do the destination's: each is
+/// kept once here.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Labels {
     pub reporter: Reporter,
     pub source_workload: String,
+    pub source_workload_namespace: String,
     pub source_principal: String,
+    /// Also exported as `source_app`.
+    pub source_canonical_service: String,
+    /// Also exported as `source_version`.
+    pub source_canonical_revision: String,
     pub source_cluster: String,
     pub source_network: String,
     pub destination_workload: String,
-    pub destination_service: String,
+    pub destination_workload_namespace: String,
     pub destination_principal: String,
+    /// Also exported as `destination_app`.
+    pub destination_canonical_service: String,
+    /// Also exported as `destination_version`.
+    pub destination_canonical_revision: String,
+    /// The service's hostname (`echo.default.svc.cluster.local`).
+    pub destination_service: String,
+    pub destination_service_name: String,
+    pub destination_service_namespace: String,
     pub destination_cluster: String,
     pub destination_network: String,
+    pub connection_security_policy: SecurityPolicy,
     /// `-` when fine, else e.g. `DENY`, `ConnectionFailure`, `NoRoute`: a
     /// [`ResponseFlag`]'s string (kept a `String` for the programs that build their own).
     pub response_flags: String,
@@ -98,23 +137,132 @@ impl EncodeLabelValue for Reporter {
     }
 }
 
+// === impl SecurityPolicy ===
+
+impl SecurityPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MutualTls => "mutual_tls",
+            Self::None => "none",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 // === impl Labels ===
+
+/// What a label says when it is not known (and what an empty value is exported as).
+pub const UNKNOWN: &str = "unknown";
+
+fn known(value: &str) -> String {
+    if value.is_empty() { UNKNOWN } else { value }.to_string()
+}
+
+impl Labels {
+    /// Every label `unknown`, by `reporter`, security `policy`, response flag `-`.
+    pub fn new(reporter: Reporter, policy: SecurityPolicy) -> Self {
+        let unknown = || UNKNOWN.to_string();
+        Self {
+            reporter,
+            source_workload: unknown(),
+            source_workload_namespace: unknown(),
+            source_principal: unknown(),
+            source_canonical_service: unknown(),
+            source_canonical_revision: unknown(),
+            source_cluster: unknown(),
+            source_network: unknown(),
+            destination_workload: unknown(),
+            destination_workload_namespace: unknown(),
+            destination_principal: unknown(),
+            destination_canonical_service: unknown(),
+            destination_canonical_revision: unknown(),
+            destination_service: unknown(),
+            destination_service_name: unknown(),
+            destination_service_namespace: unknown(),
+            destination_cluster: unknown(),
+            destination_network: unknown(),
+            connection_security_policy: policy,
+            response_flags: ResponseFlag::None.into(),
+        }
+    }
+
+    /// The source labels of workload `w` (its name, namespace, canonical service and revision,
+    /// cluster and network); the principal is the caller's to set (what was proven).
+    pub fn with_source(mut self, w: &Workload) -> Self {
+        let c = ferry_core::telemetry::canonical(w);
+        self.source_workload = known(&w.name);
+        self.source_workload_namespace = known(&w.namespace);
+        self.source_canonical_service = known(c.service);
+        self.source_canonical_revision = known(c.revision);
+        self.source_cluster = known(w.cluster.as_str());
+        self.source_network = known(w.network.as_str());
+        self
+    }
+
+    /// The destination labels of workload `w`, likewise (the principal is the caller's).
+    pub fn with_destination(mut self, w: &Workload) -> Self {
+        let c = ferry_core::telemetry::canonical(w);
+        self.destination_workload = known(&w.name);
+        self.destination_workload_namespace = known(&w.namespace);
+        self.destination_canonical_service = known(c.service);
+        self.destination_canonical_revision = known(c.revision);
+        self.destination_cluster = known(w.cluster.as_str());
+        self.destination_network = known(w.network.as_str());
+        self
+    }
+
+    /// The destination service labels of `s`: its hostname, name and namespace.
+    pub fn with_service(mut self, s: &Service) -> Self {
+        self.destination_service = known(&s.hostname);
+        self.destination_service_name = known(&s.name);
+        self.destination_service_namespace = known(&s.namespace);
+        self
+    }
+}
 
 impl EncodeLabelSet for Labels {
     fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
         [
             ("reporter", self.reporter.as_str()),
             ("source_workload", &self.source_workload),
+            ("source_workload_namespace", &self.source_workload_namespace),
             ("source_principal", &self.source_principal),
-            ("source_cluster", &self.source_cluster),
-            ("source_network", &self.source_network),
+            ("source_app", &self.source_canonical_service),
+            ("source_version", &self.source_canonical_revision),
             ("destination_workload", &self.destination_workload),
-            ("destination_service", &self.destination_service),
+            (
+                "destination_workload_namespace",
+                &self.destination_workload_namespace,
+            ),
             ("destination_principal", &self.destination_principal),
+            ("destination_app", &self.destination_canonical_service),
+            ("destination_version", &self.destination_canonical_revision),
+            ("destination_service", &self.destination_service),
+            ("destination_service_name", &self.destination_service_name),
+            (
+                "destination_service_namespace",
+                &self.destination_service_namespace,
+            ),
+            ("request_protocol", "tcp"),
+            (
+                "connection_security_policy",
+                self.connection_security_policy.as_str(),
+            ),
+            ("response_flags", &self.response_flags),
+            ("source_canonical_service", &self.source_canonical_service),
+            ("source_canonical_revision", &self.source_canonical_revision),
+            (
+                "destination_canonical_service",
+                &self.destination_canonical_service,
+            ),
+            (
+                "destination_canonical_revision",
+                &self.destination_canonical_revision,
+            ),
             ("destination_cluster", &self.destination_cluster),
             ("destination_network", &self.destination_network),
-            ("request_protocol", "tcp"),
-            ("response_flags", &self.response_flags),
+            ("source_cluster", &self.source_cluster),
+            ("source_network", &self.source_network),
         ]
         .encode(encoder)
     }
@@ -154,7 +302,7 @@ impl Metrics {
     }
 
     /// Counts one opened connection and returns its labels as the shared copy the metrics
-    /// keep: a long connection holds a pointer, not eleven strings of its own.
+    /// keep: a long connection holds a pointer, not twenty strings of its own.
     pub fn opened_shared(&self, l: Labels) -> Arc<Labels> {
         let key = {
             let mut sets = self.sets.lock();

@@ -110,24 +110,19 @@ async fn an_http_1_0_request_is_answered_in_http_1_0_and_closed() {
 #[tokio::test]
 async fn metrics_are_scraped_over_http_with_every_family_typed() {
     use ferry_runtime::accept::Acceptor;
-    use ferry_runtime::telemetry::{Labels, Metrics, Reporter};
+    use ferry_runtime::telemetry::{Labels, Metrics, Reporter, SecurityPolicy};
     use prometheus_client::registry::Registry;
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let _acceptor = Acceptor::new(&mut registry);
     metrics.opened(&Labels {
-        reporter: Reporter::Destination,
         source_workload: "a".into(),
         source_principal: "spiffe://td/ns/a/sa/a".into(),
-        source_cluster: "c".into(),
-        source_network: "n".into(),
         destination_workload: "b".into(),
         destination_service: "b.svc".into(),
         destination_principal: "spiffe://td/ns/a/sa/b".into(),
-        destination_cluster: "c".into(),
-        destination_network: "n".into(),
-        response_flags: "-".into(),
+        ..Labels::new(Reporter::Destination, SecurityPolicy::MutualTls)
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -163,7 +158,10 @@ async fn metrics_are_scraped_over_http_with_every_family_typed() {
         assert!(
             r.lines().any(|l| l
                 .starts_with("istio_tcp_connections_opened_total{reporter=\"destination\",")
-                && l.ends_with("request_protocol=\"tcp\",response_flags=\"-\"} 1")),
+                && l.contains(
+                    "request_protocol=\"tcp\",connection_security_policy=\"mutual_tls\",response_flags=\"-\","
+                )
+                && l.ends_with(" 1")),
             "{r}"
         );
         assert!(r.lines().any(|l| l == "ferry_accept_errors_total 0"), "{r}");

@@ -1,30 +1,109 @@
 //! The runtime's metrics through one `prometheus-client` registry: Istio's TCP families with
-//! their twelve labels, the accept counters, and the memory a connection keeps for its labels.
+//! its standard label set (and Ferry's two networks), the accept counters, and the memory a
+//! connection keeps for its labels.
 
 use std::sync::Arc;
 
 use ferry_runtime::accept::Acceptor;
 use ferry_runtime::admin::{OPENMETRICS, Response};
-use ferry_runtime::telemetry::{Labels, Metrics, Reporter};
+use ferry_runtime::telemetry::{Labels, Metrics, Reporter, SecurityPolicy};
 use prometheus_client::registry::Registry;
 
 fn labels(flags: &str) -> Labels {
     Labels {
         reporter: Reporter::Source,
         source_workload: "sleep".into(),
+        source_workload_namespace: "a".into(),
         source_principal: "spiffe://td/ns/a/sa/sleep".into(),
+        source_canonical_service: "sleep-app".into(),
+        source_canonical_revision: "latest".into(),
         source_cluster: "alpha".into(),
         source_network: "net-a".into(),
         destination_workload: "echo".into(),
-        destination_service: "echo.default.svc".into(),
-        destination_principal: "spiffe://td/ns/a/sa/echo".into(),
+        destination_workload_namespace: "b".into(),
+        destination_principal: "spiffe://td/ns/b/sa/echo".into(),
+        destination_canonical_service: "echo-app".into(),
+        destination_canonical_revision: "v2".into(),
+        destination_service: "echo.b.svc.cluster.local".into(),
+        destination_service_name: "echo".into(),
+        destination_service_namespace: "b".into(),
         destination_cluster: "beta".into(),
         destination_network: "net-b".into(),
+        connection_security_policy: SecurityPolicy::MutualTls,
         response_flags: flags.into(),
     }
 }
 
-const LABELS: &str = "reporter=\"source\",source_workload=\"sleep\",source_principal=\"spiffe://td/ns/a/sa/sleep\",source_cluster=\"alpha\",source_network=\"net-a\",destination_workload=\"echo\",destination_service=\"echo.default.svc\",destination_principal=\"spiffe://td/ns/a/sa/echo\",destination_cluster=\"beta\",destination_network=\"net-b\",request_protocol=\"tcp\",response_flags=\"-\"";
+/// Istio's standard TCP labels in the order of its metric reference, then Ferry's networks
+/// beside the clusters.
+const LABELS: &str = concat!(
+    "reporter=\"source\",",
+    "source_workload=\"sleep\",",
+    "source_workload_namespace=\"a\",",
+    "source_principal=\"spiffe://td/ns/a/sa/sleep\",",
+    "source_app=\"sleep-app\",",
+    "source_version=\"latest\",",
+    "destination_workload=\"echo\",",
+    "destination_workload_namespace=\"b\",",
+    "destination_principal=\"spiffe://td/ns/b/sa/echo\",",
+    "destination_app=\"echo-app\",",
+    "destination_version=\"v2\",",
+    "destination_service=\"echo.b.svc.cluster.local\",",
+    "destination_service_name=\"echo\",",
+    "destination_service_namespace=\"b\",",
+    "request_protocol=\"tcp\",",
+    "connection_security_policy=\"mutual_tls\",",
+    "response_flags=\"-\",",
+    "source_canonical_service=\"sleep-app\",",
+    "source_canonical_revision=\"latest\",",
+    "destination_canonical_service=\"echo-app\",",
+    "destination_canonical_revision=\"v2\",",
+    "destination_cluster=\"beta\",",
+    "destination_network=\"net-b\",",
+    "source_cluster=\"alpha\",",
+    "source_network=\"net-a\"",
+);
+
+#[test]
+fn unknown_labels_say_unknown_and_the_security_policy_has_istio_s_words() {
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    for policy in [
+        SecurityPolicy::MutualTls,
+        SecurityPolicy::None,
+        SecurityPolicy::Unknown,
+    ] {
+        metrics.opened(&Labels::new(Reporter::Destination, policy));
+    }
+    let text = Response::metrics(&registry).body;
+    let opened: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
+        .collect();
+    assert_eq!(opened.len(), 3, "{text}");
+    for word in ["mutual_tls", "none", "unknown"] {
+        assert!(
+            opened
+                .iter()
+                .any(|l| l.contains(&format!("connection_security_policy=\"{word}\""))),
+            "{word}:\n{text}"
+        );
+    }
+    for l in opened {
+        // Every label but these three is unknown.
+        let (set, _) = l.split_once("} ").unwrap();
+        for pair in set.split_once('{').unwrap().1.split(',') {
+            let (name, value) = pair.split_once('=').unwrap();
+            match name {
+                "reporter" => assert_eq!(value, "\"destination\""),
+                "request_protocol" => assert_eq!(value, "\"tcp\""),
+                "response_flags" => assert_eq!(value, "\"-\""),
+                "connection_security_policy" => {}
+                _ => assert_eq!(value, "\"unknown\"", "{name} in {l}"),
+            }
+        }
+    }
+}
 
 #[test]
 fn the_scrape_has_every_family_typed_with_its_samples() {

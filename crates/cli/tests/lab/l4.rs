@@ -245,3 +245,86 @@ fn a_failed_dial_to_the_pod_is_counted_closed_and_logged() {
         "every connection the destination opened is closed under the same labels:\n{last}"
     );
 }
+
+/// The label sets of `family` in a metrics answer, each as a map (values unescaped).
+fn label_sets(metrics: &str, family: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    samples(metrics, family)
+        .into_keys()
+        .map(|set| {
+            let mut labels = std::collections::BTreeMap::new();
+            let mut rest = set.as_str();
+            while let Some((name, after)) = rest.split_once("=\"") {
+                let mut value = String::new();
+                let mut chars = after.char_indices();
+                let mut end = after.len();
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                        '"' => {
+                            end = i + 1;
+                            break;
+                        }
+                        c => value.push(c),
+                    }
+                }
+                labels.insert(name.trim_start_matches(',').to_string(), value);
+                rest = &after[end..];
+            }
+            labels
+        })
+        .collect()
+}
+
+/// sleep (alpha-1) -> echo-alpha-2 (alpha-2): the destination's metrics name the source
+/// workload its certificate and address prove, with Istio's standard labels (what Kiali's graph
+/// reads), and so do the source's.
+#[test]
+fn the_destination_s_metrics_name_the_proven_source_workload_with_istio_s_labels() {
+    let Some(lab) = MESH.get() else { return };
+    lab.send("sleep", "198.18.2.20:8080", "x")
+        .expect("other node");
+    let want = |reporter: &str| {
+        [
+            ("reporter", reporter.to_string()),
+            ("source_workload", "sleep".into()),
+            ("source_workload_namespace", "default".into()),
+            (
+                "source_principal",
+                "spiffe://cluster.local/ns/default/sa/sleep".into(),
+            ),
+            ("source_canonical_service", "sleep".into()),
+            ("source_canonical_revision", "latest".into()),
+            ("source_app", "sleep".into()),
+            ("source_version", "latest".into()),
+            ("source_cluster", "alpha".into()),
+            ("destination_workload", "echo-alpha-2".into()),
+            ("destination_workload_namespace", "default".into()),
+            ("destination_canonical_service", "echo".into()),
+            ("destination_app", "echo".into()),
+            ("destination_cluster", "alpha".into()),
+            ("connection_security_policy", "mutual_tls".into()),
+            ("request_protocol", "tcp".into()),
+            ("response_flags", "-".into()),
+        ]
+    };
+    for (node, admin, reporter) in [
+        ("alpha-2", "198.19.254.11:15000", "destination"),
+        ("alpha-1", "198.19.254.10:15000", "source"),
+    ] {
+        let mut last = String::new();
+        let found = crate::harness::eventually(std::time::Duration::from_secs(10), || {
+            last = lab.metrics(node, admin);
+            label_sets(&last, "istio_tcp_connections_opened_total")
+                .iter()
+                .any(|l| {
+                    want(reporter)
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(v.as_str()))
+                })
+        });
+        assert!(
+            found,
+            "no {reporter} series naming sleep and echo-alpha-2 with Istio's labels at {node}:\n{last}"
+        );
+    }
+}

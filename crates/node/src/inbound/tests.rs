@@ -106,7 +106,9 @@ fn the_source_workload_is_named_only_when_its_address_holds_the_proven_identity(
     let other: Identity = "spiffe://cluster.local/ns/default/sa/other"
         .parse()
         .unwrap();
-    let at = |ip: &str, id: &Identity| proven_source(&snap, dst, ip.parse().unwrap(), id);
+    let at = |ip: &str, id: &Identity| {
+        proven_source(&snap, dst, ip.parse().unwrap(), id).map(|w| w.name.as_str())
+    };
     assert_eq!(at("198.18.2.10", &sleep), Some("sleep"));
     // The address holds another identity than the certificate's: no name.
     assert_eq!(at("198.18.2.10", &other), None);
@@ -133,15 +135,159 @@ fn a_held_tunnel_to_a_terminating_pod_is_not_ended_by_the_re_check() {
 
 #[test]
 fn the_source_cluster_label_is_the_proven_one_and_a_claim_only_without_proof() {
+    let snap = mesh().build();
+    let echo = snap.workloads().find(|w| w.name == "echo").unwrap();
+    let claiming = |cluster: Option<&str>| ConnectHeaders {
+        baggage: Baggage {
+            cluster: cluster.map(str::to_string),
+            ..Baggage::default()
+        }
+        .to_pairs(),
+        ..ConnectHeaders::default()
+    };
     let proven = PeerCluster::Proven("west".into());
-    assert_eq!(source_cluster(Some(&proven), Some("east".into())), "west");
+    let unproven = PeerCluster::Unproven;
+    let east = claiming(Some("east"));
+    assert_eq!(source_cluster(&proven, None, &east), "west");
+    assert_eq!(source_cluster(&proven, Some(echo), &east), "west");
+    // Without a proven cluster: the proven workload's, else the claim, else unknown.
     assert_eq!(
-        source_cluster(Some(&PeerCluster::Unproven), Some("east".into())),
+        source_cluster(&unproven, Some(echo), &claiming(Some("x"))),
         "east"
     );
+    assert_eq!(source_cluster(&unproven, None, &east), "east");
+    assert_eq!(source_cluster(&unproven, None, &claiming(None)), "unknown");
+}
+
+/// A tunnel's labels at the destination: the source workload is the one its certificate and
+/// address prove; a baggage that claims another names nothing but the unproven cluster.
+#[test]
+fn the_destination_labels_the_proven_source_and_never_a_claimed_one() {
+    use ferry_hbone::headers::{WorkloadKind, WorkloadName};
+    let mut m = mesh();
+    m.pod("sleep", "east-1", "198.18.2.10").labels = [("app", "sleeper"), ("version", "v3")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let snap = m.build();
+    let dst = snap.workloads().find(|w| w.name == "echo").unwrap();
+    let sleep: Identity = "spiffe://cluster.local/ns/default/sa/sleep"
+        .parse()
+        .unwrap();
+    let claim = Baggage {
+        cluster: Some("claimed-cluster".into()),
+        namespace: Some("claimed-ns".into()),
+        workload: Some(WorkloadName {
+            kind: WorkloadKind::Deployment,
+            name: "claimed".into(),
+        }),
+        service: Some("claimed-svc".into()),
+        revision: Some("claimed-rev".into()),
+        ..Baggage::default()
+    };
+    let headers = ConnectHeaders {
+        baggage: claim.to_pairs(),
+        forwarded_host: Some("echo.default.svc.cluster.local".into()),
+        forwarded_network: Some("claimed-net".into()),
+        ..ConnectHeaders::default()
+    };
+    let service =
+        ferry_core::telemetry::inbound_service(&snap, dst, headers.forwarded_host.as_deref(), 8080)
+            .map(|s| &**s);
+    let tunnel = |from: &str, cluster: &PeerCluster| {
+        let facts = SourceFacts {
+            peer: &sleep,
+            cluster,
+            workload: proven_source(&snap, dst, from.parse().unwrap(), &sleep),
+            headers: &headers,
+        };
+        labels(
+            dst,
+            &dst.identity().unwrap(),
+            service,
+            Some(facts),
+            ResponseFlag::None,
+        )
+    };
+    let source = |l: &Labels| {
+        [
+            l.source_workload.clone(),
+            l.source_workload_namespace.clone(),
+            l.source_canonical_service.clone(),
+            l.source_canonical_revision.clone(),
+            l.source_cluster.clone(),
+            l.source_network.clone(),
+        ]
+    };
+
+    // Proven: sleep's own labels, its cluster and network.
+    let proven = tunnel("198.18.2.10", &PeerCluster::Proven("east".into()));
     assert_eq!(
-        source_cluster(Some(&PeerCluster::Unproven), None),
-        "unknown"
+        source(&proven),
+        ["sleep", "default", "sleeper", "v3", "east", "net-east"]
     );
-    assert_eq!(source_cluster(None, None), "unknown");
+    assert_eq!(proven.source_principal, sleep.to_string());
+    assert_eq!(proven.connection_security_policy, SecurityPolicy::MutualTls);
+    assert_eq!(
+        [
+            proven.destination_workload.as_str(),
+            &proven.destination_workload_namespace,
+            &proven.destination_canonical_service,
+            &proven.destination_canonical_revision,
+            &proven.destination_service,
+            &proven.destination_service_name,
+            &proven.destination_service_namespace,
+            &proven.destination_cluster,
+        ],
+        [
+            "echo",
+            "default",
+            "echo",
+            "latest",
+            "echo.default.svc.cluster.local",
+            "echo",
+            "default",
+            "east",
+        ]
+    );
+    // Proven by the certificate but not by the address (relayed, or spoofed): the identity
+    // only. The baggage's workload, namespace and canonical service are claims: unknown.
+    let relayed = tunnel("198.18.255.1", &PeerCluster::Proven("east".into()));
+    assert_eq!(
+        source(&relayed),
+        [
+            "unknown",
+            "unknown",
+            "unknown",
+            "unknown",
+            "east",
+            "claimed-net"
+        ]
+    );
+    assert_eq!(relayed.source_principal, sleep.to_string());
+    // A certificate that proves no cluster: the baggage's is taken, as Istio takes it.
+    let unproven = tunnel("198.18.255.1", &PeerCluster::Unproven);
+    assert_eq!(unproven.source_cluster, "claimed-cluster");
+    assert_eq!(unproven.source_workload, "unknown");
+    // ... unless the workload is proven: its cluster.
+    let by_address = tunnel("198.18.2.10", &PeerCluster::Unproven);
+    assert_eq!(by_address.source_cluster, "east");
+
+    // Plain TCP from outside the mesh: no source, `none`; the service by port.
+    let plain = labels(
+        dst,
+        &dst.identity().unwrap(),
+        service,
+        None,
+        ResponseFlag::None,
+    );
+    assert_eq!(
+        source(&plain),
+        [
+            "unknown", "unknown", "unknown", "unknown", "unknown", "unknown"
+        ]
+    );
+    assert_eq!(plain.source_principal, "unknown");
+    assert_eq!(plain.connection_security_policy, SecurityPolicy::None);
+    assert_eq!(plain.destination_service_name, "echo");
 }

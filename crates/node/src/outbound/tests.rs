@@ -1,6 +1,7 @@
 use ferry_core::model::Health;
 use ferry_core::testing::MeshBuilder;
 use ferry_hbone::headers::valid_traceparent;
+use ferry_runtime::conn::ResponseFlag;
 
 use super::*;
 
@@ -12,7 +13,10 @@ fn mesh() -> MeshBuilder {
     m.node("east-1", "east", "us-east/a/r1")
         .node("east-2", "east", "us-east/b/r1");
     m.pod("sleep", "east-1", "198.18.1.10");
-    m.pod("echo", "east-2", "198.18.2.20");
+    m.pod("echo", "east-2", "198.18.2.20").labels = [("app", "echo-app"), ("version", "v1")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     m.service("echo", &[("net-east", "198.18.100.1")], 80, 8080);
     m.backs("echo", "echo");
     m
@@ -91,6 +95,25 @@ fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
     );
     assert_eq!(ctx.labels.destination_principal, ctx.log.dst_identity);
     assert_eq!(ctx.labels.response_flags, "-");
+    // Istio's standard set: both workloads' namespaces and canonical services (sleep has no
+    // labels: its name; echo's `app`), the service's name and namespace, mutual TLS.
+    let l = &ctx.labels;
+    assert_eq!(
+        [
+            &l.source_workload_namespace,
+            &l.source_canonical_service,
+            &l.source_canonical_revision,
+            &l.destination_workload_namespace,
+            &l.destination_canonical_service,
+            &l.destination_canonical_revision,
+            &l.destination_service_name,
+            &l.destination_service_namespace,
+        ],
+        [
+            "default", "sleep", "latest", "default", "echo-app", "v1", "echo", "default"
+        ]
+    );
+    assert_eq!(l.connection_security_policy, SecurityPolicy::MutualTls);
     // The tunnel's metadata: Istio's baggage keys, the real source, the service, a trace.
     let baggage = ctx.headers.typed_baggage();
     assert_eq!(baggage.cluster.as_deref(), Some("east"));
@@ -107,6 +130,9 @@ fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
             .baggage
             .contains(&("k8s.pod.name".into(), "sleep".into()))
     );
+    // Istio's canonical service keys, which a stock ztunnel labels an unknown source with.
+    assert_eq!(baggage.service.as_deref(), Some("sleep"));
+    assert_eq!(baggage.revision.as_deref(), Some("latest"));
     assert_eq!(
         ctx.headers.forwarded_for,
         Some("198.18.1.10:40000".parse().unwrap())
@@ -150,6 +176,9 @@ fn an_address_out_of_the_mesh_passes_through_with_unknown_labels() {
     assert_eq!(ctx.log.dst_hbone_addr, "");
     assert_eq!(ctx.labels.destination_workload, "unknown");
     assert_eq!(ctx.labels.destination_principal, "unknown");
+    assert_eq!(ctx.labels.destination_canonical_service, "unknown");
+    assert_eq!(ctx.labels.destination_service_name, "unknown");
+    assert_eq!(ctx.labels.connection_security_policy, SecurityPolicy::None);
 }
 
 #[test]
@@ -161,6 +190,11 @@ fn a_service_with_no_eligible_endpoint_is_refused_as_no_route() {
     assert_eq!(refused.error.side, ferry_hbone::Side::Local);
     assert_eq!(refused.labels.response_flags, "NoRoute");
     assert_eq!(refused.labels.source_workload, "sleep");
+    // Refused before a transport was chosen.
+    assert_eq!(
+        refused.labels.connection_security_policy,
+        SecurityPolicy::Unknown
+    );
     assert!(
         refused
             .error
