@@ -1,43 +1,21 @@
 //! `ferry control` as a user runs it: serve the CA, issue node tokens, restart with the same root.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
 use ferry_tls::ca_client::{CertificateSource, FetchError, GrpcCa};
 
-fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-}
+mod common;
 
-fn example(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-}
-
-/// A state directory removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{Killed, TempDir, example, ferry};
 
 /// A running `ferry control serve`, killed when dropped.
 struct Control {
-    child: Child,
+    _child: Killed,
     addr: String,
     metrics: String,
-}
-
-impl Drop for Control {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn serve(state: &Path) -> Control {
@@ -73,7 +51,7 @@ fn serve(state: &Path) -> Control {
         .expect("metrics address printed")
         .to_string();
     Control {
-        child,
+        _child: Killed(child),
         addr,
         metrics,
     }

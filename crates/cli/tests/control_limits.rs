@@ -3,8 +3,8 @@
 //! many streams. The CA and xDS keep answering, SIGTERM works, and memory stays bounded.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,48 +14,22 @@ use ferry_tls::ca_client::{CertificateSource, GrpcCa};
 use parking_lot::Mutex;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-}
+mod common;
 
+use common::{Killed, TempDir, ferry};
+
+/// The two-cluster example's text.
 fn example() -> String {
-    std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/two-clusters.yaml"),
-    )
-    .unwrap()
-}
-
-/// A directory (state and topology) removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("ferry-cp-limits-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    std::fs::read_to_string(common::example("two-clusters.yaml")).unwrap()
 }
 
 /// A running `ferry control serve`, killed when dropped; its log lines collected.
 struct Control {
-    child: Child,
+    child: Killed,
     addr: String,
     log: Arc<Mutex<Vec<String>>>,
     bundle: String,
     token: String,
-}
-
-impl Drop for Control {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn output(args: &[&str], state: &Path) -> String {
@@ -111,7 +85,7 @@ fn serve(dir: &Path, extra: &[&str]) -> Control {
         .expect("address printed")
         .to_string();
     Control {
-        child,
+        child: Killed(child),
         addr,
         log,
         bundle: output(&["control", "bundle"], &state),
@@ -123,7 +97,7 @@ fn serve(dir: &Path, extra: &[&str]) -> Control {
 
 impl Control {
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.0.id()
     }
 
     /// Waits for a log line containing every one of `words`; returns it.
@@ -240,7 +214,7 @@ impl Control {
             .unwrap();
         assert!(status.success());
         loop {
-            if self.child.try_wait().unwrap().is_some() {
+            if self.child.0.try_wait().unwrap().is_some() {
                 return start.elapsed();
             }
             assert!(

@@ -6,62 +6,28 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-}
+mod common;
 
+use common::{Killed, TempDir, ferry};
+
+/// `examples/<name>`, as an argument.
 fn example(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-/// A state directory removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("ferry-{what}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    /// Writes `text` to `name` in the directory; its path.
-    fn write(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path.display().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    common::example(name).display().to_string()
 }
 
 /// A running `ferry control serve --ui`, killed when dropped.
 struct Control {
-    child: Child,
+    _child: Killed,
     /// The CA and xDS.
     addr: String,
     /// The mesh map.
     ui: SocketAddr,
-}
-
-impl Drop for Control {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `ferry control serve` on `topology` with the map on a free loopback port.
@@ -101,7 +67,11 @@ fn serve(state: &Path, topology: &str) -> Control {
         .unwrap_or_else(|| panic!("the map's address printed: {second:?}"))
         .parse()
         .unwrap();
-    Control { child, addr, ui }
+    Control {
+        _child: Killed(child),
+        addr,
+        ui,
+    }
 }
 
 fn output(args: &[&str], state: &Path) -> String {
