@@ -9,7 +9,7 @@ use ferry_tls::ca_client::{CertificateSource, FetchError, GrpcCa};
 
 mod common;
 
-use common::{Killed, TempDir, example, ferry};
+use common::{Killed, TempDir, example, ferry, output};
 
 /// A running `ferry control serve`, killed when dropped.
 struct Control {
@@ -55,17 +55,6 @@ fn serve(state: &Path) -> Control {
         addr,
         metrics,
     }
-}
-
-fn output(args: &[&str], state: &Path) -> String {
-    let o = ferry()
-        .args(args)
-        .arg("--state-dir")
-        .arg(state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
 }
 
 async fn sign(cp: &Control, bundle: &str, token: &str, identity: &str) -> Result<(), FetchError> {

@@ -16,7 +16,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 mod common;
 
-use common::{Killed, TempDir, ferry};
+use common::{Killed, TempDir, ferry, output};
 
 /// The two-cluster example's text.
 fn example() -> String {
@@ -30,17 +30,6 @@ struct Control {
     log: Arc<Mutex<Vec<String>>>,
     bundle: String,
     token: String,
-}
-
-fn output(args: &[&str], state: &Path) -> String {
-    let o = ferry()
-        .args(args)
-        .arg("--state-dir")
-        .arg(state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
 }
 
 fn serve(dir: &Path, extra: &[&str]) -> Control {

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{Killed, TempDir, ferry};
+use common::{Killed, TempDir, ferry, output};
 
 /// `examples/<name>`, as an argument.
 fn example(name: &str) -> String {
@@ -72,17 +72,6 @@ fn serve(state: &Path, topology: &str) -> Control {
         addr,
         ui,
     }
-}
-
-fn output(args: &[&str], state: &Path) -> String {
-    let o = ferry()
-        .args(args)
-        .arg("--state-dir")
-        .arg(state)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
 }
 
 /// `GET path` on `addr`: the status code and the body.

@@ -3,12 +3,24 @@
 //! it does, pass or fail. Each test binary uses a part of it.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 /// The `ferry` binary under test.
 pub(crate) fn ferry() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// What `ferry <args> --state-dir <state>` prints; it must succeed.
+pub(crate) fn output(args: &[&str], state: &Path) -> String {
+    let o = ferry()
+        .args(args)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
 }
 
 /// The path of `examples/<name>`.
