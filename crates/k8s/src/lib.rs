@@ -12,6 +12,7 @@
 //! server has been run against it.
 
 pub mod crd;
+pub mod enrollment;
 pub mod objects;
 pub mod remote;
 mod repair;

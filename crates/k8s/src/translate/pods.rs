@@ -4,11 +4,7 @@ use ferry_topology::schema::{ProtocolSpec, WorkloadSpec};
 
 use super::pod_status::{GATEWAY_NAME, pod_ips};
 use super::{Serves, Tx, label, ns_name};
-
-/// Istio's enrollment label, on a namespace or a pod: `ambient`, or `none` to opt a pod out.
-const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
-/// Set by the CNI side (Istio's, or `ferry cni`) once the pod's traffic is redirected.
-const REDIRECTION: &str = "ambient.istio.io/redirection";
+use crate::enrollment::{self, DATAPLANE_MODE, REDIRECTION, REDIRECTION_ENABLED};
 
 impl Tx<'_> {
     pub(super) fn pods(&mut self) {
@@ -33,11 +29,10 @@ impl Tx<'_> {
                     continue;
                 }
                 let ns_labels = self.namespace_labels(c, &ns);
-                let asked = match label(&p.metadata, DATAPLANE_MODE) {
-                    Some("ambient") => true,
-                    Some(_) => false,
-                    None => ns_labels.get(DATAPLANE_MODE).map(String::as_str) == Some("ambient"),
-                };
+                let asked = enrollment::asked(
+                    label(&p.metadata, DATAPLANE_MODE),
+                    ns_labels.get(DATAPLANE_MODE).map(String::as_str),
+                );
                 // In the mesh only once the CNI side says its traffic is redirected (Istio's
                 // annotation): a pod asked for but not captured is reached over plain TCP.
                 let redirected = p
@@ -45,7 +40,7 @@ impl Tx<'_> {
                     .annotations
                     .as_ref()
                     .and_then(|a| a.get(REDIRECTION))
-                    .is_some_and(|v| v == "enabled");
+                    .is_some_and(|v| v == REDIRECTION_ENABLED);
                 let enrolled = asked && redirected;
                 if asked && !redirected {
                     let msg = format!(
