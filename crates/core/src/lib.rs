@@ -12,6 +12,7 @@
 //! - [`route`]: the routing decision (scope, waypoints, nesting, load balancing, transport).
 //! - [`inbound`]: a destination node proxy's decisions: a tunnel's target in the pod, and plain
 //!   TCP through the pod's waypoint.
+//! - [`app_source`]: the source address a pod's app sees: the client's, when proven.
 //! - [`hop`]: the origin cluster every hop takes from the peer's certificate (never the
 //!   baggage), and the destination's scope check.
 //! - [`ports`]: the proxy's own ports in a pod, and the guard against calling them.
@@ -25,6 +26,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod app_source;
 pub mod authz;
 pub mod hop;
 pub mod identity;
