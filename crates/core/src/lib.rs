@@ -16,6 +16,8 @@
 //! - [`hop`]: the origin cluster every hop takes from the peer's certificate (never the
 //!   baggage), and the destination's scope check.
 //! - [`ports`]: the proxy's own ports in a pod, and the guard against calling them.
+//! - [`protocol`]: what a service port speaks (Istio's protocol selection), and whether a
+//!   waypoint sends its requests on as HTTP/1.1 or HTTP/2.
 //! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
 //! - [`outlier`]: passive health: endpoints whose connects keep failing are ejected for a while.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
@@ -36,6 +38,7 @@ pub mod model;
 pub mod outlier;
 pub mod peer_auth;
 pub mod ports;
+pub mod protocol;
 pub mod random;
 pub mod route;
 pub mod snapshot;

@@ -128,10 +128,7 @@ impl MeshBuilder {
                 .iter()
                 .map(|(n, a)| NetworkAddress::new((*n).into(), ip(a)))
                 .collect(),
-            ports: vec![ServicePort {
-                port,
-                target_port: target,
-            }],
+            ports: vec![ServicePort::new(port, target)],
             subject_alt_names: Vec::new(),
             waypoint: None,
             load_balancing: None,

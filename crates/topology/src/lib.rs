@@ -34,6 +34,11 @@
 //!   another service's VIP: a nested service address). `selector_clusters: [..]` limits the
 //!   selector to the workloads of the clusters named (a service that exists only in some
 //!   clusters, as Kubernetes objects do).
+//! - A service port `{port, target_port}` may say what it speaks as a Kubernetes Service port
+//!   does: `app_protocol` (`http`, `http2`, `grpc`, `kubernetes.io/h2c`, ...) or else its
+//!   `name` (`<protocol>[-<suffix>]`, such as `grpc-health`), read as Istio reads them
+//!   (`ferry_core::protocol::declared`). A waypoint sends the HTTP requests of an `http2` or
+//!   `grpc` port on as HTTP/2, every other as HTTP/1.1.
 //! - `scope` is `global`, `local` (the default: the secure choice) or `{clusters: [..]}`;
 //!   `scope_by_cluster` overrides it for the endpoints of one cluster.
 //! - A waypoint becomes a service on port 15008 with `waypoint_for` set, backed by its

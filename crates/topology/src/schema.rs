@@ -142,6 +142,12 @@ pub struct PortSpec {
     pub port: u16,
     /// Optional here only so that a missing target is reported with the other problems.
     pub target_port: Option<u16>,
+    /// The port's name, as in Kubernetes: `<protocol>[-<suffix>]` declares what it speaks
+    /// when `app_protocol` does not (Istio's protocol selection).
+    pub name: Option<String>,
+    /// Kubernetes' `appProtocol`: `http`, `http2`, `grpc`, `kubernetes.io/h2c`, ...; it wins
+    /// over the name. Any other value (`tcp`, `mysql`, a domain-prefixed name) is no HTTP.
+    pub app_protocol: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

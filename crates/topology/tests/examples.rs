@@ -431,3 +431,51 @@ policies:
         "east's policy stays in east"
     );
 }
+
+#[test]
+fn a_port_named_grpc_is_sent_http2_by_the_waypoint_and_the_others_http1() {
+    use ferry_core::model::AppProtocol;
+    use ferry_core::protocol::HttpUpstream;
+    let topo = load("lab.yaml");
+    let audit = topo.snapshot.service(&key("audit")).expect("audit");
+    let declared: Vec<(u16, AppProtocol)> = audit
+        .ports
+        .iter()
+        .map(|p| (p.port, p.app_protocol))
+        .collect();
+    assert_eq!(
+        declared,
+        [
+            (80, AppProtocol::Unknown),
+            (81, AppProtocol::Unknown),
+            (82, AppProtocol::Grpc),
+        ]
+    );
+    let grpc = audit.port(82).expect("port 82");
+    assert_eq!(grpc.target_port, 50051);
+    assert_eq!(grpc.app_protocol.http_upstream(), HttpUpstream::Http2);
+}
+
+#[test]
+fn app_protocol_wins_over_the_port_name() {
+    let text = r#"
+clusters: [{name: c, network: n}]
+nodes: [{name: c-1, cluster: c}]
+services:
+  - name: api
+    vips: [{network: n, address: 198.18.10.1}]
+    ports:
+      - {port: 80, target_port: 8080, name: grpc, app_protocol: http}
+      - {port: 81, target_port: 8081, name: web, app_protocol: kubernetes.io/h2c}
+      - {port: 82, target_port: 8082, name: http2-api}
+      - {port: 83, target_port: 8083, app_protocol: grpc-web}
+    selector: {app: api}
+workloads:
+  - {name: api-1, node: c-1, address: 198.18.1.10, labels: {app: api}}
+"#;
+    use ferry_core::model::AppProtocol::{Http2, Http11, Unknown};
+    let topo = ferry_topology::parse("inline.yaml", text).unwrap_or_else(|e| panic!("{e}"));
+    let api = topo.snapshot.service(&key("api")).expect("api");
+    let got: Vec<_> = api.ports.iter().map(|p| p.app_protocol).collect();
+    assert_eq!(got, [Http11, Http2, Http2, Unknown]);
+}

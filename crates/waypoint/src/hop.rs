@@ -309,6 +309,7 @@ impl Handler for Waypoint {
             // is dialled now, before the `200` (HTTP requests routed to that backend use it).
             let dialed = crate::l7::Dialed {
                 key: crate::router::key(&plan),
+                protocol: ferry_core::protocol::http_upstream(&self.store.load(), &plan),
                 link: self.open_upstream(plan, peer, origin).await?.into_link(),
             };
             // Not HTTP after all: the connection as a whole, at L4 (an HTTP-naming DENY holds

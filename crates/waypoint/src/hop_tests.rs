@@ -389,3 +389,100 @@ fn a_tunnel_onward_continues_the_trace_and_names_its_service_as_a_node_proxy_doe
     // A pod address: no service to name.
     assert_eq!(tunnel_headers(onward, peer, None).forwarded_host, None);
 }
+
+/// A gRPC call through the waypoint to a service whose port says `grpc`: the waypoint speaks
+/// HTTP/2 to the pod (a real tonic server behind its node proxy), and the call's status and
+/// trailers come back intact, for an answer (data, then `grpc-status: 0` in trailers) and for
+/// an error (trailers only: `grpc-status: 5` with its `grpc-message`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_call_through_the_waypoint_returns_its_status_and_trailers() {
+    use ferry_core::model::AppProtocol;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    const APP_IP: &str = "127.0.0.5";
+    const VIP: &str = "198.18.100.2:82";
+    let ca = Arc::new(TestCa::new("root"));
+    // The app: grpc.health.v1 (HTTP/2 only), "lab.echo" serving.
+    let app = TcpListener::bind((APP_IP, 0))
+        .await
+        .expect("127.0.0.5 is free");
+    let app_port = app.local_addr().unwrap().port();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("lab.echo", tonic_health::ServingStatus::Serving)
+        .await;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(app)),
+    );
+    // Its node proxy: HBONE on 127.0.0.5:15008, on to the app over TCP.
+    let connects = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app_id: Identity = "spiffe://cluster.local/ns/default/sa/app".parse().unwrap();
+    let node = Server::new(&ca.issue(&app_id), &ca.bundle(), Settings::default()).unwrap();
+    let hbone = TcpListener::bind((APP_IP, 15008))
+        .await
+        .expect("127.0.0.5:15008 is free");
+    tokio::spawn(Arc::new(node).serve(hbone, Arc::new(Counting(connects.clone()))));
+    // The service `health` on VIP:82, its port named grpc, served by the waypoint.
+    let mut m = mesh(
+        "127.0.0.1:9".parse().unwrap(),
+        WaypointFor::All,
+        "127.0.0.1",
+    );
+    m.pod("app", "east-1", APP_IP);
+    let svc = m.service("health", &[("net-east", "198.18.100.2")], 82, app_port);
+    svc.ports[0].app_protocol = AppProtocol::Grpc;
+    svc.waypoint = Some(waypoint_ref("wp"));
+    m.backs("app", "health");
+    let f = waypoint_in(&ca, m).await;
+    // The client: gRPC (HTTP/2) inside a tunnel to the VIP through the waypoint.
+    let tunnel = connect_to(&ca, f.addr, &f.identity, VIP)
+        .await
+        .expect("answered 200");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tunnel),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let channel = tower::service_fn(move |req: http::Request<tonic::body::Body>| {
+        let mut sender = sender.clone();
+        async move { sender.send_request(req).await }
+    });
+    let origin = http::Uri::from_static("http://health.default.svc.cluster.local:82");
+    let mut client = HealthClient::with_origin(channel, origin);
+    let check = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    // Known: SERVING, and grpc-status 0 came in the trailers (tonic merges them into the
+    // metadata; without them the call fails as a protocol violation).
+    let ok = client
+        .check(check("lab.echo"))
+        .await
+        .expect("a SERVING answer");
+    assert_eq!(ok.get_ref().status, ServingStatus::Serving as i32);
+    assert_eq!(
+        ok.metadata()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap()),
+        Some("0"),
+        "{:?}",
+        ok.metadata()
+    );
+    // Unknown: NOT_FOUND, trailers only, its message intact.
+    let err = client
+        .check(check("no.such.Service"))
+        .await
+        .expect_err("not found");
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    assert_eq!(err.message(), "service not registered", "{err:?}");
+    // Through the one tunnel the waypoint dialled for the connection.
+    assert_eq!(
+        connects.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the calls went on in the tunnel dialled before the 200"
+    );
+    assert_eq!(f.wp.metrics.requests_with(200), 2);
+}

@@ -1,7 +1,7 @@
 //! The waypoint's HTTP filter. The client's first bytes tell HTTP (HTTP/1.1, or HTTP/2 with
 //! prior knowledge) from anything else. HTTP: every request is authorized on its own, with its
-//! method, path and host, before it is sent on (as HTTP/1.1); a denied request gets `403` and the
-//! connection stays usable. Anything else: the connection is authorized once at L4, where a DENY
+//! method, path and host, before it is sent on (as HTTP/2 to a port that declares `http2` or
+//! `grpc`, else as HTTP/1.1); a denied request gets `403` and the connection stays usable. Anything else: the connection is authorized once at L4, where a DENY
 //! that names HTTP facts holds on its other fields (fail closed), and carried as bytes.
 
 use std::sync::Arc;
@@ -17,7 +17,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 pub use crate::replay::Replay;
-pub use crate::upstream::{Choice, Fixed, Io, Link, Recheck, Refused, RequestCheck, Router};
+pub use crate::upstream::{
+    Choice, Fixed, HttpUpstream, Io, Link, Recheck, Refused, RequestCheck, Router,
+};
 use crate::upstream::{Upstreams, plain};
 
 /// What each request's access-log line names.
@@ -53,7 +55,8 @@ where
 }
 
 /// Serves HTTP/1.1 or HTTP/2 (prior knowledge) from `client`: each request is put in normal
-/// form, then routed and authorized by `router` on its own, and sent on as HTTP/1.1.
+/// form, then routed and authorized by `router` on its own, and sent on as the router's
+/// [`Choice::protocol`] says.
 pub async fn serve_routed<C, R>(client: C, router: Arc<R>, labels: Labels) -> Outcome
 where
     C: Io + 'static,
@@ -86,12 +89,15 @@ pub(crate) struct Dialed {
     /// The router's key for that backend ([`Choice::key`]).
     pub(crate) key: String,
     pub(crate) link: Link,
+    /// What HTTP speaks on it ([`Choice::protocol`]).
+    pub(crate) protocol: HttpUpstream,
 }
 
 impl std::fmt::Debug for Dialed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dialed")
             .field("key", &self.key)
+            .field("protocol", &self.protocol)
             .finish_non_exhaustive()
     }
 }
@@ -110,7 +116,7 @@ where
 {
     let upstreams = Arc::new(Upstreams::new(finish.clone(), take_back::<C>));
     if let Some(d) = seed {
-        upstreams.adopt(d.key, d.link).await;
+        upstreams.adopt(d.key, d.link, d.protocol).await;
     }
     let counts = Arc::new(parking_lot::Mutex::new((0u64, 0u64)));
     let svc = {
@@ -182,6 +188,7 @@ where
                     host: &host,
                     headers: &headers,
                 };
+                let kind = crate::metrics::request_protocol(&header_map);
                 let req = req.map(BodyExt::boxed);
                 let sent = crate::upstream::forward(&*router, &upstreams, &facts, req).await;
                 if sent.denied {
@@ -199,18 +206,20 @@ where
                 if let Some(m) = &labels.metrics {
                     m.record(
                         status,
+                        kind,
                         &labels.src_identity,
                         backend,
                         started.elapsed().as_secs_f64() * 1e3,
                     );
                 }
                 let route = sent.route.as_deref().unwrap_or("");
+                let upstream = sent.protocol.map_or("", HttpUpstream::as_str);
                 match (&sent.reason, sent.denied) {
                     (Some(reason), true) => {
                         tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, reason = %reason, "waypoint denied the request")
                     }
                     (reason, _) => {
-                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.route = %route, http.method = %method, http.path = %path, http.status = status, duration_ms = ms, tries = sent.tries, reason = %reason.as_deref().unwrap_or(""), "request")
+                        tracing::info!(target: "access", direction = "waypoint", src.identity = %labels.src_identity, dst.workload = %backend, http.route = %route, http.method = %method, http.path = %path, http.status = status, request_protocol = kind, upstream.protocol = upstream, duration_ms = ms, tries = sent.tries, reason = %reason.as_deref().unwrap_or(""), "request")
                     }
                 }
                 Ok::<_, hyper::Error>(resp)

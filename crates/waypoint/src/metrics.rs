@@ -1,6 +1,7 @@
 //! The waypoint's request metrics, in Istio's names: `istio_requests_total` by response code
-//! and `istio_request_duration_milliseconds` (a histogram), labelled with the original source
-//! and the destination workload; plus the tunnels the waypoint refused
+//! and `istio_request_duration_milliseconds` (a histogram), labelled with the request's
+//! protocol (Istio's `request_protocol`: `grpc` or `http`), the original source and the
+//! destination workload; plus the tunnels the waypoint refused
 //! (`ferry_waypoint_refused_total`).
 
 use ferry_runtime::telemetry::{Denials, Reporter};
@@ -20,6 +21,7 @@ const BUCKETS_MS: [f64; 12] = [
 struct RequestLabels {
     reporter: Reporter,
     response_code: u16,
+    request_protocol: &'static str,
     source_principal: String,
     destination_workload: String,
 }
@@ -66,11 +68,19 @@ impl RequestMetrics {
         m
     }
 
-    /// Records one request's answer.
-    pub fn record(&self, code: u16, source: &str, destination: &str, ms: f64) {
+    /// Records one request's answer; `protocol` is its [`request_protocol`].
+    pub fn record(
+        &self,
+        code: u16,
+        protocol: &'static str,
+        source: &str,
+        destination: &str,
+        ms: f64,
+    ) {
         let labels = RequestLabels {
             reporter: Reporter::Destination,
             response_code: code,
+            request_protocol: protocol,
             source_principal: escape(source),
             destination_workload: escape(destination),
         };
@@ -93,6 +103,21 @@ impl RequestMetrics {
     }
 }
 
+/// A request's protocol as Istio's `request_protocol` says it: `grpc` for a gRPC request (its
+/// `content-type` is `application/grpc`, or `application/grpc+<codec>`), else `http`.
+pub(crate) fn request_protocol(headers: &http::HeaderMap) -> &'static str {
+    let grpc = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let v = v.to_ascii_lowercase();
+            v == "application/grpc"
+                || v.starts_with("application/grpc+")
+                || v.starts_with("application/grpc;")
+        });
+    if grpc { "grpc" } else { "http" }
+}
+
 /// A label value as the exposition format needs it (`prometheus-client` writes values as
 /// given): an identity or a name from a peer must not end the label early.
 fn escape(v: &str) -> String {
@@ -109,18 +134,21 @@ mod tests {
     fn renders_counts_and_cumulative_buckets() {
         let mut registry = Registry::default();
         let m = RequestMetrics::new(&mut registry);
-        m.record(200, "spiffe://td/ns/a/sa/b", "w1", 0.5);
-        m.record(200, "spiffe://td/ns/a/sa/b", "w1", 30.0);
-        m.record(403, "spiffe://td/ns/a/sa/b", "w1", 0.1);
+        m.record(200, "http", "spiffe://td/ns/a/sa/b", "w1", 0.5);
+        m.record(200, "http", "spiffe://td/ns/a/sa/b", "w1", 30.0);
+        m.record(403, "grpc", "spiffe://td/ns/a/sa/b", "w1", 0.1);
         m.refused.inc_by(2);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        assert!(text.contains("istio_requests_total{reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2"), "{text}");
-        assert!(text.contains("response_code=\"403\""), "{text}");
+        assert!(text.contains("istio_requests_total{reporter=\"destination\",response_code=\"200\",request_protocol=\"http\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2"), "{text}");
+        assert!(
+            text.contains("response_code=\"403\",request_protocol=\"grpc\""),
+            "{text}"
+        );
         // prometheus-client writes a bucket's bound first and as a float: `le="1.0",...` for
         // the old `...,le="1"`.
-        assert!(text.contains("{le=\"1.0\",reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 1"), "{text}");
-        assert!(text.contains("{le=\"50.0\",reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2"), "{text}");
+        assert!(text.contains("{le=\"1.0\",reporter=\"destination\",response_code=\"200\",request_protocol=\"http\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 1"), "{text}");
+        assert!(text.contains("{le=\"50.0\",reporter=\"destination\",response_code=\"200\",request_protocol=\"http\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2"), "{text}");
         assert!(text.contains("ferry_waypoint_refused_total 2"), "{text}");
         assert_eq!(m.requests_with(403), 1);
         for (family, kind) in [
@@ -134,9 +162,9 @@ mod tests {
             );
         }
         for sample in [
-            "istio_request_duration_milliseconds_sum{reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 30.5",
-            "istio_request_duration_milliseconds_count{reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2",
-            "istio_request_duration_milliseconds_bucket{le=\"+Inf\",reporter=\"destination\",response_code=\"200\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2",
+            "istio_request_duration_milliseconds_sum{reporter=\"destination\",response_code=\"200\",request_protocol=\"http\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 30.5",
+            "istio_request_duration_milliseconds_count{reporter=\"destination\",response_code=\"200\",request_protocol=\"http\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2",
+            "istio_request_duration_milliseconds_bucket{le=\"+Inf\",reporter=\"destination\",response_code=\"200\",request_protocol=\"http\",source_principal=\"spiffe://td/ns/a/sa/b\",destination_workload=\"w1\"} 2",
         ] {
             assert!(text.lines().any(|l| l == sample), "no {sample}:\n{text}");
         }
@@ -146,12 +174,27 @@ mod tests {
     fn a_quote_in_a_label_value_is_escaped() {
         let mut registry = Registry::default();
         let m = RequestMetrics::new(&mut registry);
-        m.record(200, "spiffe://td/ns/a/sa/b\"x", "w1", 1.0);
+        m.record(200, "http", "spiffe://td/ns/a/sa/b\"x", "w1", 1.0);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
             text.contains("source_principal=\"spiffe://td/ns/a/sa/b\\\"x\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn grpc_requests_are_told_by_their_content_type() {
+        let with = |ct: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+            request_protocol(&h)
+        };
+        assert_eq!(with("application/grpc"), "grpc");
+        assert_eq!(with("application/grpc+proto"), "grpc");
+        assert_eq!(with("Application/GRPC"), "grpc");
+        assert_eq!(with("application/grpc-web"), "http");
+        assert_eq!(with("application/json"), "http");
+        assert_eq!(request_protocol(&http::HeaderMap::new()), "http");
     }
 }

@@ -183,6 +183,7 @@ impl Router for TunnelRouter {
             route: route_name,
             timeout,
             retries,
+            protocol: ferry_core::protocol::http_upstream(&snap, &plan),
             ticket: plan,
         })
     }

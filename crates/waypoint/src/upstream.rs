@@ -1,8 +1,11 @@
 //! Where each request of the waypoint's HTTP filter goes: a [`Router`] decides (route, backend,
-//! endpoint, authorization) per request; [`Upstreams`] keeps one downstream connection's
-//! upstream HTTP/1 connections by backend, so consecutive requests to one endpoint reuse a
-//! connection and requests to different endpoints are balanced one by one. Deadlines and
-//! retries of idempotent requests that failed before any response live here too.
+//! endpoint, authorization, and whether the backend's port speaks HTTP/1.1 or HTTP/2) per
+//! request; [`Upstreams`] keeps one downstream connection's upstream connections by backend,
+//! so consecutive requests to one endpoint reuse a connection and requests to different
+//! endpoints are balanced one by one: HTTP/1.1 connections carry one request at a time, one
+//! HTTP/2 connection (prior knowledge, inside the tunnel) carries them all at once, bodies
+//! streamed and trailers passed both ways. Deadlines and retries of idempotent requests that
+//! failed before any response live here too.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::authz::HttpRequest;
+pub use ferry_core::protocol::HttpUpstream;
 use ferry_hbone::Side;
 use ferry_hbone::copy::{self, Reset};
 use ferry_hbone::upstream::Upstream;
@@ -19,7 +23,7 @@ use ferry_runtime::conn::{ConnError, Denial};
 use http::{Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt, Empty, Full, combinators::BoxBody};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
@@ -66,6 +70,8 @@ pub struct Choice<T> {
     pub timeout: Option<Duration>,
     /// Further tries when it failed before a response (idempotent requests without a body).
     pub retries: u32,
+    /// How the request goes on: as the backend's port declares.
+    pub protocol: HttpUpstream,
     /// What [`Router::open`] needs to connect.
     pub ticket: T,
 }
@@ -127,6 +133,7 @@ impl Router for Fixed {
             route: None,
             timeout: None,
             retries: 0,
+            protocol: HttpUpstream::Http1,
             ticket: (),
         })
     }
@@ -147,9 +154,28 @@ impl Router for Fixed {
 
 type Shared = Arc<tokio::sync::Mutex<SendRequest<Body>>>;
 
+/// An HTTP/2 connection's handle: cloned for each request, which it carries as one stream.
+type Http2 = hyper::client::conn::http2::SendRequest<Body>;
+
+/// One backend's connections.
+#[derive(Default)]
+struct Conns {
+    /// HTTP/1.1 connections, each carrying one request at a time.
+    http1: Vec<Shared>,
+    /// The HTTP/2 connection that carries every request at once.
+    http2: Option<Http2>,
+}
+
+/// A connection a request is sent on.
+enum Sender {
+    /// Held for this request alone.
+    Http1(tokio::sync::OwnedMutexGuard<SendRequest<Body>>),
+    Http2(Http2),
+}
+
 /// One downstream connection's upstream connections, by backend key.
 pub(crate) struct Upstreams {
-    by_key: parking_lot::Mutex<HashMap<String, Vec<Shared>>>,
+    by_key: parking_lot::Mutex<HashMap<String, Conns>>,
     /// Upgraded connections being carried, each ending with how it failed (if it did): the
     /// client connection's serving waits for them.
     pub(crate) upgraded: parking_lot::Mutex<tokio::task::JoinSet<Option<ConnError>>>,
@@ -187,7 +213,10 @@ impl std::fmt::Debug for Upstreams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let map = self.by_key.lock();
         f.debug_map()
-            .entries(map.iter().map(|(k, v)| (k, v.len())))
+            .entries(
+                map.iter()
+                    .map(|(k, v)| (k, (v.http1.len(), v.http2.is_some()))),
+            )
             .finish()
     }
 }
@@ -205,22 +234,54 @@ impl Upstreams {
         }
     }
 
+    /// A connection for `choice`: its backend's HTTP/2 connection while it is open, else a new
+    /// one kept for the next requests.
+    async fn http2_sender<R: Router>(
+        &self,
+        router: &R,
+        choice: &Choice<R::Ticket>,
+    ) -> Result<Http2, SendError> {
+        let open = self
+            .by_key
+            .lock()
+            .get(&choice.key)
+            .and_then(|c| c.http2.clone())
+            .filter(|s| !s.is_closed());
+        if let Some(s) = open {
+            return Ok(s);
+        }
+        let io = router.open(&choice.ticket).await.map_err(SendError::Open)?;
+        let sender = http2(io).await.map_err(|source| SendError::Http {
+            doing: "upstream HTTP/2 handshake",
+            source,
+        })?;
+        self.by_key
+            .lock()
+            .entry(choice.key.clone())
+            .or_default()
+            .http2 = Some(sender.clone());
+        Ok(sender)
+    }
+
     /// A connection for `choice` that is free now, or a new one (kept for later requests below
     /// the limit, used once above it: a request never waits behind another's response).
     async fn sender<R: Router>(
         &self,
         router: &R,
         choice: &Choice<R::Ticket>,
-    ) -> Result<tokio::sync::OwnedMutexGuard<SendRequest<Body>>, SendError> {
+    ) -> Result<Sender, SendError> {
+        if choice.protocol == HttpUpstream::Http2 {
+            return self.http2_sender(router, choice).await.map(Sender::Http2);
+        }
         let keep = {
             let mut map = self.by_key.lock();
-            let list = map.entry(choice.key.clone()).or_default();
+            let list = &mut map.entry(choice.key.clone()).or_default().http1;
             list.retain(|s| s.try_lock().map_or(true, |g| !g.is_closed()));
             if let Some(free) = list
                 .iter()
                 .find_map(|s| s.clone().try_lock_owned().ok().filter(|g| g.is_ready()))
             {
-                return Ok(free);
+                return Ok(Sender::Http1(free));
             }
             list.len() < MAX_PER_BACKEND
         };
@@ -237,27 +298,42 @@ impl Upstreams {
                 .lock()
                 .entry(choice.key.clone())
                 .or_default()
+                .http1
                 .push(shared);
         }
-        Ok(guard)
+        Ok(Sender::Http1(guard))
     }
 
     /// Keeps `link`, already open to the backend `key` names, for the requests routed there
-    /// (the connection a tunnel's decision opened before it was answered).
-    pub(crate) async fn adopt(&self, key: String, link: Link) {
-        let ready = async {
-            let mut sender = http1(link).await?;
-            // Ready once its connection runs: the first request finds it free.
-            sender.ready().await?;
-            Ok::<_, hyper::Error>(sender)
+    /// (the connection a tunnel's decision opened before it was answered), speaking `protocol`.
+    pub(crate) async fn adopt(&self, key: String, link: Link, protocol: HttpUpstream) {
+        let adopted = match protocol {
+            HttpUpstream::Http1 => {
+                async {
+                    let mut sender = http1(link).await?;
+                    // Ready once its connection runs: the first request finds it free.
+                    sender.ready().await?;
+                    Ok::<_, hyper::Error>(Conns {
+                        http1: vec![Arc::new(tokio::sync::Mutex::new(sender))],
+                        http2: None,
+                    })
+                }
+                .await
+            }
+            HttpUpstream::Http2 => http2(link).await.map(|h| Conns {
+                http1: Vec::new(),
+                http2: Some(h),
+            }),
         };
-        match ready.await {
-            Ok(sender) => self
-                .by_key
-                .lock()
-                .entry(key)
-                .or_default()
-                .push(Arc::new(tokio::sync::Mutex::new(sender))),
+        match adopted {
+            Ok(conns) => {
+                let mut map = self.by_key.lock();
+                let kept = map.entry(key).or_default();
+                kept.http1.extend(conns.http1);
+                if conns.http2.is_some() {
+                    kept.http2 = conns.http2;
+                }
+            }
             Err(e) => tracing::debug!(error = %e, "waypoint upstream handshake failed"),
         }
     }
@@ -268,12 +344,21 @@ impl Upstreams {
         choice: &Choice<R::Ticket>,
         req: Request<Body>,
     ) -> Result<Response<Body>, SendError> {
-        let mut s = self.sender(router, choice).await?;
-        s.ready().await.map_err(|source| SendError::Http {
+        let ready = |source| SendError::Http {
             doing: "upstream connection",
             source,
-        })?;
-        match s.send_request(req).await {
+        };
+        let sent = match self.sender(router, choice).await? {
+            Sender::Http1(mut s) => {
+                s.ready().await.map_err(ready)?;
+                s.send_request(req).await
+            }
+            Sender::Http2(mut s) => {
+                s.ready().await.map_err(ready)?;
+                s.send_request(req).await
+            }
+        };
+        match sent {
             Ok(resp) => Ok(resp.map(BodyExt::boxed)),
             Err(source) => Err(SendError::Http {
                 doing: "upstream",
@@ -281,6 +366,18 @@ impl Upstreams {
             }),
         }
     }
+}
+
+/// An HTTP/2 client connection (prior knowledge) on `io`, driven on its own task.
+async fn http2(io: Link) -> Result<Http2, hyper::Error> {
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "waypoint upstream HTTP/2 connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// An HTTP/1.1 client connection on `io`, driven on its own task (upgrades allowed).
@@ -306,6 +403,8 @@ pub(crate) struct Sent {
     /// Refused by authorization (not sent anywhere).
     pub denied: bool,
     pub tries: u32,
+    /// How it went to the backend, if it went.
+    pub protocol: Option<HttpUpstream>,
 }
 
 /// Decides, sends and (when safe) retries one request whose path and host are already in
@@ -350,6 +449,7 @@ pub(crate) async fn forward<R: Router>(
                     reason: Some(reason),
                     denied,
                     tries,
+                    protocol: None,
                 };
             }
         };
@@ -361,17 +461,30 @@ pub(crate) async fn forward<R: Router>(
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
         *request.headers_mut() = parts.headers.clone();
-        strip_hop_by_hop(request.headers_mut(), upgrade.is_some());
-        let request = match origin_form(request) {
+        let formed = match choice.protocol {
+            HttpUpstream::Http1 => {
+                strip_hop_by_hop(request.headers_mut(), upgrade.is_some());
+                origin_form(request)
+            }
+            HttpUpstream::Http2 => {
+                // No upgrade in HTTP/2: the backend answers the request as it is.
+                upgrade = None;
+                let trailers = accepts_trailers(request.headers());
+                strip_hop_by_hop(request.headers_mut(), false);
+                http2_form(request, trailers)
+            }
+        };
+        let request = match formed {
             Ok(r) => r,
-            Err(resp) => {
+            Err((resp, why)) => {
                 return Sent {
                     response: resp,
                     backend: choice.backend,
                     route: choice.route,
-                    reason: Some("bad request target".into()),
+                    reason: Some(why.into()),
                     denied: false,
                     tries,
+                    protocol: None,
                 };
             }
         };
@@ -387,6 +500,7 @@ pub(crate) async fn forward<R: Router>(
             reason,
             denied: false,
             tries,
+            protocol: Some(choice.protocol),
         };
         match outcome {
             Some(Ok(mut response)) => {
@@ -525,24 +639,75 @@ fn is_upgrade<B>(req: &Request<B>) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// A request that cannot be put in the form its backend needs: the client's answer, and the
+/// access log's reason.
+type Unformed = (Response<Body>, &'static str);
+
 /// An absolute target (HTTP/2 always, HTTP/1.1 sometimes) goes on in origin form with its
-/// authority as the only `host`: the host that was judged. Everything goes on as HTTP/1.1.
-fn origin_form(mut req: Request<Body>) -> Result<Request<Body>, Response<Body>> {
+/// authority as the only `host`: the host that was judged. Sent on as HTTP/1.1.
+fn origin_form(mut req: Request<Body>) -> Result<Request<Body>, Unformed> {
     if let Some(authority) = req.uri().authority().cloned() {
         let v = header::HeaderValue::from_str(authority.as_str())
-            .map_err(|_| plain(StatusCode::BAD_REQUEST, "bad authority\n"))?;
+            .map_err(|_| unformed("bad authority"))?;
         req.headers_mut().insert(header::HOST, v);
         let target = req
             .uri()
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
-        *req.uri_mut() = target
-            .parse()
-            .map_err(|_| plain(StatusCode::BAD_REQUEST, "bad request target\n"))?;
+        *req.uri_mut() = target.parse().map_err(|_| unformed("bad request target"))?;
     }
     *req.version_mut() = Version::HTTP_11;
     Ok(req)
+}
+
+/// Sent on as HTTP/2: the target in absolute form, `http://<host><path>`, whose authority (the
+/// `:authority`) is the host that was judged, and no `host` header; `te: trailers` (the only
+/// `te` HTTP/2 allows, which gRPC servers may ask for) when the client sent it.
+fn http2_form(mut req: Request<Body>, te_trailers: bool) -> Result<Request<Body>, Unformed> {
+    let authority = match req.uri().authority() {
+        Some(a) => a.clone(),
+        None => {
+            let host = req
+                .headers()
+                .get(header::HOST)
+                .ok_or_else(|| unformed("the request names no host, which HTTP/2 needs"))?;
+            http::uri::Authority::try_from(host.as_bytes()).map_err(|_| unformed("bad host"))?
+        }
+    };
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    *req.uri_mut() = http::Uri::builder()
+        .scheme(http::uri::Scheme::HTTP)
+        .authority(authority)
+        .path_and_query(target)
+        .build()
+        .map_err(|_| unformed("bad request target"))?;
+    req.headers_mut().remove(header::HOST);
+    if te_trailers {
+        req.headers_mut()
+            .insert(header::TE, header::HeaderValue::from_static("trailers"));
+    }
+    *req.version_mut() = Version::HTTP_2;
+    Ok(req)
+}
+
+/// `400` saying `why`.
+fn unformed(why: &'static str) -> Unformed {
+    (plain(StatusCode::BAD_REQUEST, &format!("{why}\n")), why)
+}
+
+/// The client says it accepts trailers (`te: trailers`).
+fn accepts_trailers(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
 }
 
 pub(crate) fn plain(status: StatusCode, body: &str) -> Response<Body> {

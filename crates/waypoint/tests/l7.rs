@@ -508,6 +508,7 @@ impl l7::Router for PathRouter {
             route: Some("by-path".into()),
             timeout: Some(Duration::from_millis(200)).filter(|_| name == "hang"),
             retries: 1,
+            protocol: l7::HttpUpstream::Http1,
             ticket: (name, addr),
         })
     }
@@ -739,6 +740,7 @@ impl l7::Router for UpgradeRouter {
             route: None,
             timeout: None,
             retries: 0,
+            protocol: l7::HttpUpstream::Http1,
             ticket: (),
         })
     }

@@ -264,3 +264,42 @@ fn graduated_failover_travels_in_ferry_failover_minimum() {
         }
     }
 }
+
+#[test]
+fn a_port_s_app_protocol_travels_in_istios_field_3_with_istios_values() {
+    use ferry_core::model::AppProtocol;
+    // ports (5): {service_port 80, target_port 8080, app_protocol}; GRPC = 3, HTTP2 = 2,
+    // HTTP11 = 1, TCP = 4 and a value this build does not know: no HTTP, not refused.
+    for (value, want) in [
+        (3, AppProtocol::Grpc),
+        (2, AppProtocol::Http2),
+        (1, AppProtocol::Http11),
+        (0, AppProtocol::Unknown),
+        (4, AppProtocol::Unknown),
+        (99, AppProtocol::Unknown),
+    ] {
+        let mut s = Vec::new();
+        s.extend(ld(1, b"web"));
+        s.extend(ld(2, b"default"));
+        s.extend(ld(3, b"web.default.svc.cluster.local"));
+        s.extend(ld(5, &[vi(1, 80), vi(2, 8080), vi(3, value)].concat()));
+        let Ok(Decoded::Service(svc)) = decode_address(NAME, &ld(2, &s)) else {
+            panic!("app_protocol {value}: not a service");
+        };
+        assert_eq!(svc.ports[0].app_protocol, want, "app_protocol {value}");
+    }
+    // And out: the lab's gRPC port (named `grpc`) as istiod sends it, GRPC in field 3.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/lab.yaml");
+    let snap = ferry_topology::load_file(&path).unwrap().snapshot;
+    let set = ResourceSet::encode(&snap);
+    let audit = &set.by_type[ferry_api::ADDRESS_TYPE]["default/audit.default.svc.cluster.local"];
+    let grpc_port = ld(5, &[vi(1, 82), vi(2, 50051), vi(3, 3)].concat());
+    let plain_port = ld(5, &[vi(1, 81), vi(2, 8081)].concat());
+    let body = &audit.body[..];
+    let has = |part: &[u8]| body.windows(part.len()).any(|w| w == part);
+    assert!(has(&grpc_port), "no GRPC port 82 in {body:?}");
+    assert!(
+        has(&plain_port),
+        "port 81 carries an app_protocol: {body:?}"
+    );
+}

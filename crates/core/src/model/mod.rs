@@ -21,8 +21,9 @@ pub use policy::{
     ServiceAccountMatch, StringMatch,
 };
 pub use service::{
-    AddressEndpoint, FailoverMinimum, GatewayDestination, GatewayRef, HealthPolicy, LbMode,
-    LoadBalancing, LocalityScope, ScopeRule, Service, ServicePort, ServiceScope, WaypointFor,
+    AddressEndpoint, AppProtocol, FailoverMinimum, GatewayDestination, GatewayRef, HealthPolicy,
+    LbMode, LoadBalancing, LocalityScope, ScopeRule, Service, ServicePort, ServiceScope,
+    WaypointFor,
 };
 pub use topology::{Cluster, Locality, Node};
 pub use workload::{Health, PortMapping, TunnelProtocol, Workload};

@@ -13,6 +13,40 @@ use crate::identity::Identity;
 pub struct ServicePort {
     pub port: u16,
     pub target_port: u16,
+    /// What the port speaks, as declared ([`crate::protocol::declared`]); `unknown` is left out
+    /// of the JSON.
+    #[serde(skip_serializing_if = "AppProtocol::is_unknown")]
+    pub app_protocol: AppProtocol,
+}
+
+impl ServicePort {
+    /// A port that declares no protocol.
+    pub fn new(port: u16, target_port: u16) -> Self {
+        Self {
+            port,
+            target_port,
+            app_protocol: AppProtocol::Unknown,
+        }
+    }
+}
+
+/// What a service port speaks. Istio's `AppProtocol` (istiod sends `HTTP11` for `http`, `HTTP2`
+/// for `http2`, `GRPC` for `grpc`, and `UNKNOWN` for anything else).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AppProtocol {
+    /// Nothing declared, or a protocol the wire has no value for (TCP, TLS, `grpc-web`, ...).
+    #[default]
+    Unknown,
+    Http11,
+    Http2,
+    Grpc,
+}
+
+impl AppProtocol {
+    pub fn is_unknown(&self) -> bool {
+        *self == Self::Unknown
+    }
 }
 
 /// Istio's `LoadBalancing.Mode`.

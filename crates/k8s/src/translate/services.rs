@@ -250,6 +250,8 @@ pub(super) fn port_specs(ports: &[(u16, u16)]) -> Vec<PortSpec> {
         .map(|&(port, target)| PortSpec {
             port,
             target_port: Some(target),
+            name: None,
+            app_protocol: None,
         })
         .collect()
 }

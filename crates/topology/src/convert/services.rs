@@ -9,6 +9,7 @@ use ferry_core::model::{
     LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule, Service, ServiceKey,
     ServicePort, ServiceScope, WaypointFor,
 };
+use ferry_core::protocol;
 
 use super::{Cx, Selector, WaypointInfo, item, namespace, one_of};
 use crate::schema::{
@@ -79,10 +80,7 @@ impl Cx {
                 namespace: ns,
                 hostname: key.hostname,
                 vips,
-                ports: vec![ServicePort {
-                    port: HBONE_PORT,
-                    target_port: HBONE_PORT,
-                }],
+                ports: vec![ServicePort::new(HBONE_PORT, HBONE_PORT)],
                 subject_alt_names: Vec::new(),
                 waypoint: None,
                 load_balancing: Some(load_balancing),
@@ -239,6 +237,7 @@ impl Cx {
                 Some(target_port) if ok => ports.push(ServicePort {
                     port: p.port,
                     target_port,
+                    app_protocol: protocol::declared(p.app_protocol.as_deref(), p.name.as_deref()),
                 }),
                 Some(_) => {}
             }

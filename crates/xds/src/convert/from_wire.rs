@@ -8,12 +8,12 @@ use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, AddressEndpoint, Cidr, Clause, ClusterId, FailoverMinimum, Gateway, GatewayDestination,
-    GatewayRef, HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode, LoadBalancing, Locality,
-    LocalityScope, Match, NetworkAddress, NetworkId, NodeName, PathMatch, Policy, PolicyKey,
-    PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service,
-    ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
-    WaypointFor, Workload, WorkloadUid,
+    Action, AddressEndpoint, AppProtocol, Cidr, Clause, ClusterId, FailoverMinimum, Gateway,
+    GatewayDestination, GatewayRef, HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode,
+    LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId, NodeName, PathMatch,
+    Policy, PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule,
+    Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
+    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
 };
 use ferry_core::telemetry::{canonical_name, canonical_revision};
 use prost::Message;
@@ -103,6 +103,17 @@ fn ip(bytes: &[u8]) -> R<IpAddr> {
 
 fn port(p: u32, what: &str) -> R<u16> {
     u16::try_from(p).map_err(|_| format!("{what} {p} is not a port (0-65535)"))
+}
+
+/// A port's `app_protocol`. A value this build does not know (a newer istiod's) is no HTTP,
+/// as `TCP` and `TLS` are: the port is not refused for it, as ztunnel does not.
+fn app_protocol(p: i32) -> AppProtocol {
+    match wl::AppProtocol::try_from(p) {
+        Ok(wl::AppProtocol::Http11) => AppProtocol::Http11,
+        Ok(wl::AppProtocol::Http2) => AppProtocol::Http2,
+        Ok(wl::AppProtocol::Grpc) => AppProtocol::Grpc,
+        Ok(_) | Err(_) => AppProtocol::Unknown,
+    }
 }
 
 fn nonempty<'a>(s: &'a str, what: &str) -> R<&'a str> {
@@ -361,6 +372,7 @@ fn service(s: &wl::Service) -> R<Service> {
                 Ok(ServicePort {
                     port: port(p.service_port, "service_port")?,
                     target_port: port(p.target_port, "target_port")?,
+                    app_protocol: app_protocol(p.app_protocol),
                 })
             })
             .collect::<R<_>>()?,

@@ -6,9 +6,9 @@ use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, FailoverMinimum, GatewayDestination, GatewayRef, Health, HealthPolicy, HttpRoute,
-    LbMode, LocalityScope, Match, NetworkAddress, PathMatch, Policy, PolicyScope, ScopeRule,
-    Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
+    Action, AppProtocol, FailoverMinimum, GatewayDestination, GatewayRef, Health, HealthPolicy,
+    HttpRoute, LbMode, LocalityScope, Match, NetworkAddress, PathMatch, Policy, PolicyScope,
+    ScopeRule, Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
 use ferry_core::telemetry::canonical;
@@ -224,7 +224,7 @@ fn service(snap: &Snapshot, s: &Service) -> wl::Service {
             .map(|p| wl::Port {
                 service_port: u32::from(p.port),
                 target_port: u32::from(p.target_port),
-                app_protocol: 0,
+                app_protocol: app_protocol(p.app_protocol) as i32,
             })
             .collect(),
         subject_alt_names: upstream_sans(snap, s),
@@ -404,5 +404,15 @@ fn ferry_match(m: &Match) -> sec::Match {
             })
             .collect(),
         ..l4_match(m)
+    }
+}
+
+/// A service port's protocol, as istiod writes it.
+fn app_protocol(p: AppProtocol) -> wl::AppProtocol {
+    match p {
+        AppProtocol::Unknown => wl::AppProtocol::Unknown,
+        AppProtocol::Http11 => wl::AppProtocol::Http11,
+        AppProtocol::Http2 => wl::AppProtocol::Http2,
+        AppProtocol::Grpc => wl::AppProtocol::Grpc,
     }
 }
