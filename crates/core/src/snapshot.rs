@@ -1,21 +1,30 @@
 //! One immutable, indexed view of the whole mesh.
 //!
-//! A [`Snapshot`] is built once by [`SnapshotBuilder::build`], which checks the model's
-//! invariants (unique addresses per network, no dangling references), and is never changed after:
-//! an update builds a new one and swaps it in whole (see [`crate::store`]), so a reader on the
-//! data path sees either the old mesh or the new one, never half of each.
+//! A [`Snapshot`] is built by [`SnapshotBuilder::build`], which checks the model's invariants
+//! (unique addresses per network, no dangling references), and is never changed after: an update
+//! makes a new one and swaps it in whole (see [`crate::store`]), so a reader on the data path
+//! sees either the old mesh or the new one, never half of each. [`Snapshot::apply`] makes the
+//! new one from a [`SnapshotDelta`] (added, changed and removed objects): it touches only the
+//! entries and index buckets the delta names, shares the rest with the old snapshot, and checks
+//! the invariants only where they could break; the result equals a full build of the same
+//! objects (`tests/incremental.rs`).
 
-use std::collections::{BTreeMap, HashMap};
+mod delta;
+mod index;
+
 use std::fmt;
 use std::sync::Arc;
 
+use imbl::{HashMap, OrdMap};
 use serde::Serialize;
+
+pub use delta::SnapshotDelta;
+use index::Touched;
 
 use crate::identity::InvalidIdentity;
 use crate::model::{
-    AddressEndpoint, Cluster, ClusterId, Gateway, GatewayDestination, GatewayRef, NetworkAddress,
-    NetworkId, Node, NodeName, Policy, PolicyKey, PolicyScope, Service, ServiceKey, Workload,
-    WorkloadUid,
+    AddressEndpoint, Cluster, ClusterId, Gateway, GatewayDestination, NetworkAddress, NetworkId,
+    Node, NodeName, Policy, PolicyKey, Service, ServiceKey, Workload, WorkloadUid,
 };
 
 /// What owns an address on a network.
@@ -122,21 +131,34 @@ pub enum SnapshotError {
 }
 
 /// The whole mesh at one version, with the indexes every hop needs.
-#[derive(Debug, Default)]
+///
+/// Every map is persistent (`imbl`): a snapshot made by [`Snapshot::apply`] shares every entry
+/// and index bucket a delta did not touch with the one it was made from.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     version: u64,
-    clusters: BTreeMap<ClusterId, Cluster>,
-    nodes: BTreeMap<NodeName, Node>,
+    clusters: OrdMap<ClusterId, Cluster>,
+    nodes: OrdMap<NodeName, Node>,
     workloads: HashMap<WorkloadUid, Arc<Workload>>,
     services: HashMap<ServiceKey, Arc<Service>>,
     policies: HashMap<PolicyKey, Arc<Policy>>,
+    /// By name.
     gateways: Vec<Arc<Gateway>>,
     by_address: HashMap<NetworkAddress, AddressOwner>,
+    /// Each bucket by key.
     by_hostname: HashMap<String, Vec<ServiceKey>>,
-    by_node: HashMap<NodeName, Vec<WorkloadUid>>,
-    endpoints: HashMap<ServiceKey, Vec<Endpoint>>,
+    /// Each bucket by uid.
+    by_node: HashMap<NodeName, Arc<Vec<WorkloadUid>>>,
+    /// Every service has a bucket, in [`endpoint_sort_key`] order.
+    endpoints: HashMap<ServiceKey, Arc<Vec<Endpoint>>>,
+    /// By key, as each namespace's bucket.
     mesh_policies: Vec<PolicyKey>,
     namespace_policies: HashMap<String, Vec<PolicyKey>>,
+    /// How many workloads name each policy: a policy still named cannot go.
+    policy_refs: HashMap<PolicyKey, usize>,
+    /// How many workloads and services name each waypoint or network gateway destination: a
+    /// service or address still named cannot go.
+    gateway_refs: HashMap<GatewayDestination, usize>,
 }
 
 /// Collects objects and builds a [`Snapshot`] from them.
@@ -208,183 +230,55 @@ impl SnapshotBuilder {
         self
     }
 
-    /// Checks every invariant and indexes the result. Reports the first broken invariant.
+    /// Checks every invariant and indexes the result. Reports the first broken invariant, in
+    /// this order: clusters, nodes, services, gateways, policies, workloads (each kind in the
+    /// order given), then the references of services and of workloads (in the order given).
     pub fn build(self) -> Result<Snapshot, SnapshotError> {
         let mut snap = Snapshot {
             version: self.version,
             ..Snapshot::default()
         };
-
+        let mut touched = Touched::default();
         for c in self.clusters {
-            let object = ObjectRef::Cluster(c.name.clone());
-            if snap.clusters.insert(c.name.clone(), c).is_some() {
-                return Err(SnapshotError::Duplicate { object });
-            }
+            snap.add_cluster(c)?;
         }
         for n in self.nodes {
-            let object = ObjectRef::Node(n.name.clone());
-            if !snap.clusters.contains_key(&n.cluster) {
-                return Err(SnapshotError::UnknownCluster {
-                    object,
-                    cluster: n.cluster,
-                });
-            }
-            if snap.nodes.insert(n.name.clone(), n).is_some() {
-                return Err(SnapshotError::Duplicate { object });
-            }
+            snap.add_node(n)?;
         }
-        for s in self.services {
-            let key = s.key();
-            for vip in &s.vips {
-                snap.claim(vip.clone(), AddressOwner::Service(key.clone()))?;
-            }
-            snap.by_hostname
-                .entry(s.hostname.clone())
-                .or_default()
-                .push(key.clone());
-            if snap.services.insert(key.clone(), s).is_some() {
-                return Err(SnapshotError::Duplicate {
-                    object: ObjectRef::Service(key),
-                });
-            }
+        for s in &self.services {
+            snap.add_service(s.clone(), &mut touched)?;
         }
         for g in self.gateways {
-            let object = ObjectRef::Gateway(g.name.clone());
-            snap.check_cluster_network(&object, &g.cluster, &g.network)?;
-            if snap.gateways.iter().any(|o| o.name == g.name) {
-                return Err(SnapshotError::Duplicate { object });
-            }
-            // Every network dials a gateway by its bare address, so it must be unique mesh-wide.
-            if let Some(o) = snap.gateways.iter().find(|o| o.address == g.address) {
-                return Err(SnapshotError::DuplicateAddress {
-                    address: g.network_address(),
-                    first: AddressOwner::Gateway(o.name.clone()),
-                    second: AddressOwner::Gateway(g.name.clone()),
-                });
-            }
-            snap.claim(g.network_address(), AddressOwner::Gateway(g.name.clone()))?;
-            snap.gateways.push(g);
+            snap.add_gateway(g, &mut touched)?;
         }
         for p in self.policies {
-            let key = p.key();
-            match p.scope {
-                PolicyScope::Mesh => snap.mesh_policies.push(key.clone()),
-                PolicyScope::Namespace => snap
-                    .namespace_policies
-                    .entry(p.namespace.clone())
-                    .or_default()
-                    .push(key.clone()),
-                PolicyScope::WorkloadSelector => {}
-            }
-            if snap.policies.insert(key.clone(), p).is_some() {
-                return Err(SnapshotError::Duplicate {
-                    object: ObjectRef::Policy(key),
-                });
-            }
+            snap.add_policy(p, &mut touched)?;
         }
-        for w in self.workloads {
-            let object = ObjectRef::Workload(w.uid.clone());
-            if snap.workloads.contains_key(&w.uid) {
-                return Err(SnapshotError::Duplicate { object });
-            }
-            w.identity().map_err(|source| SnapshotError::Identity {
-                object: object.clone(),
-                source,
-            })?;
-            snap.check_cluster_network(&object, &w.cluster, &w.network)?;
-            if let Some(node) = &w.node {
-                match snap.nodes.get(node) {
-                    None => {
-                        return Err(SnapshotError::UnknownNode {
-                            object,
-                            node: node.clone(),
-                        });
-                    }
-                    Some(n) if n.cluster != w.cluster => {
-                        return Err(SnapshotError::UnknownNode {
-                            object,
-                            node: node.clone(),
-                        });
-                    }
-                    Some(_) => {}
-                }
-                snap.by_node
-                    .entry(node.clone())
-                    .or_default()
-                    .push(w.uid.clone());
-            }
-            for ip in &w.addresses {
-                snap.claim(
-                    NetworkAddress::new(w.network.clone(), *ip),
-                    AddressOwner::Workload(w.uid.clone()),
-                )?;
-            }
-            for svc in w.services.keys() {
-                if !snap.services.contains_key(svc) {
-                    return Err(SnapshotError::UnknownService {
-                        object,
-                        service: svc.clone(),
-                    });
-                }
-                snap.endpoints
-                    .entry(svc.clone())
-                    .or_default()
-                    .push(Endpoint::Workload(w.uid.clone()));
-            }
-            for p in &w.authorization_policies {
-                if !snap.policies.contains_key(p) {
-                    return Err(SnapshotError::UnknownPolicy {
-                        object,
-                        policy: p.clone(),
-                    });
-                }
-            }
-            snap.workloads.insert(w.uid.clone(), w);
+        for w in &self.workloads {
+            snap.add_workload(w.clone(), &mut touched)?;
         }
-        // Address endpoints and references are checked once every owner is known.
-        for (key, svc) in &snap.services {
-            let object = ObjectRef::Service(key.clone());
-            for ae in &svc.address_endpoints {
-                if !snap.clusters.contains_key(&ae.cluster) {
-                    return Err(SnapshotError::UnknownCluster {
-                        object,
-                        cluster: ae.cluster.clone(),
-                    });
-                }
-            }
-            if let Some(wp) = &svc.waypoint {
-                snap.check_gateway_ref(&object, "waypoint", wp)?;
-            }
+        // References are checked once every owner is known.
+        for s in &self.services {
+            snap.check_service_refs(s)?;
         }
-        for (uid, w) in &snap.workloads {
-            let object = ObjectRef::Workload(uid.clone());
-            if let Some(wp) = &w.waypoint {
-                snap.check_gateway_ref(&object, "waypoint", wp)?;
-            }
-            if let Some(gw) = &w.network_gateway {
-                snap.check_gateway_ref(&object, "network gateway", gw)?;
-            }
+        for w in &self.workloads {
+            snap.check_workload_refs(w)?;
         }
-        for (key, svc) in &snap.services {
-            let eps = snap.endpoints.entry(key.clone()).or_default();
-            eps.extend(svc.address_endpoints.iter().cloned().map(Endpoint::Address));
-        }
-        // Deterministic order: a seeded load-balancing choice must not depend on hash order.
-        for eps in snap.endpoints.values_mut() {
-            eps.sort_by_key(endpoint_sort_key);
-        }
-        for uids in snap.by_node.values_mut() {
-            uids.sort();
-        }
-        snap.gateways.sort_by(|a, b| a.name.cmp(&b.name));
+        snap.sort(&touched);
         Ok(snap)
     }
 }
 
-fn endpoint_sort_key(e: &Endpoint) -> (u8, String) {
-    match e {
-        Endpoint::Workload(uid) => (0, uid.to_string()),
-        Endpoint::Address(a) => (1, a.address.to_string()),
+/// The stable order of a service's endpoints: workloads by uid, then addresses by their text.
+fn endpoint_order(a: &Endpoint, b: &Endpoint) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a, b) {
+        (Endpoint::Workload(x), Endpoint::Workload(y)) => x.as_str().cmp(y.as_str()),
+        (Endpoint::Workload(_), Endpoint::Address(_)) => Ordering::Less,
+        (Endpoint::Address(_), Endpoint::Workload(_)) => Ordering::Greater,
+        (Endpoint::Address(x), Endpoint::Address(y)) => {
+            x.address.to_string().cmp(&y.address.to_string())
+        }
     }
 }
 
@@ -456,14 +350,14 @@ impl Snapshot {
 
     /// The workloads a node proxy serves.
     pub fn workloads_on_node(&self, node: &NodeName) -> &[WorkloadUid] {
-        self.by_node.get(node).map(Vec::as_slice).unwrap_or(&[])
+        self.by_node.get(node).map(|b| b.as_slice()).unwrap_or(&[])
     }
 
     /// The endpoints of a service, in a stable order.
     pub fn endpoints(&self, service: &ServiceKey) -> &[Endpoint] {
         self.endpoints
             .get(service)
-            .map(Vec::as_slice)
+            .map(|b| b.as_slice())
             .unwrap_or(&[])
     }
 
@@ -501,65 +395,5 @@ impl Snapshot {
                 .get(*k)
                 .is_some_and(|s| s.waypoint_for.is_some())
         })
-    }
-
-    fn claim(&mut self, address: NetworkAddress, owner: AddressOwner) -> Result<(), SnapshotError> {
-        if let Some(first) = self.by_address.get(&address) {
-            return Err(SnapshotError::DuplicateAddress {
-                address,
-                first: first.clone(),
-                second: owner,
-            });
-        }
-        self.by_address.insert(address, owner);
-        Ok(())
-    }
-
-    fn check_cluster_network(
-        &self,
-        object: &ObjectRef,
-        cluster: &ClusterId,
-        network: &NetworkId,
-    ) -> Result<(), SnapshotError> {
-        let Some(c) = self.clusters.get(cluster) else {
-            return Err(SnapshotError::UnknownCluster {
-                object: object.clone(),
-                cluster: cluster.clone(),
-            });
-        };
-        if &c.network != network {
-            return Err(SnapshotError::WrongNetwork {
-                object: object.clone(),
-                cluster: cluster.clone(),
-                expected: c.network.clone(),
-                found: network.clone(),
-            });
-        }
-        Ok(())
-    }
-
-    fn check_gateway_ref(
-        &self,
-        object: &ObjectRef,
-        role: &'static str,
-        r: &GatewayRef,
-    ) -> Result<(), SnapshotError> {
-        let resolves = match &r.destination {
-            GatewayDestination::Service(key) => self.services.contains_key(key),
-            GatewayDestination::Address(addr) => self.by_address.contains_key(addr),
-        };
-        if resolves {
-            Ok(())
-        } else {
-            let reference = match &r.destination {
-                GatewayDestination::Service(key) => key.to_string(),
-                GatewayDestination::Address(addr) => addr.to_string(),
-            };
-            Err(SnapshotError::UnresolvedGateway {
-                object: object.clone(),
-                role,
-                reference,
-            })
-        }
     }
 }
