@@ -13,8 +13,8 @@ pub(crate) enum CniCommand {
     /// The plugin, as the runtime runs it: CNI_COMMAND and the rest in the environment, the
     /// network configuration on stdin, the result on stdout.
     Plugin,
-    /// The node agent: enrolls the pods of the given namespaces and hands them to the node
-    /// proxy over ZDS.
+    /// The node agent: enrolls pods as Istio's labels say (with --node-name) or of the given
+    /// namespaces, and hands them to the node proxy over ZDS.
     Agent(AgentArgs),
 }
 
@@ -26,7 +26,18 @@ pub(crate) struct AgentArgs {
     /// Where the node proxy connects (its `--zds-socket`; Istio's default path).
     #[arg(long, default_value = "/var/run/ztunnel/ztunnel.sock")]
     zds_socket: PathBuf,
-    /// A namespace whose pods are enrolled (Istio: labelled `istio.io/dataplane-mode=ambient`).
+    /// This node's name (on Kubernetes: `spec.nodeName`, from the downward API): the agent
+    /// watches the cluster's Namespaces and this node's Pods and enrolls the pods labelled
+    /// `istio.io/dataplane-mode=ambient`, or whose namespace is (`none` on a pod opts it out).
+    #[arg(long, value_name = "NODE")]
+    node_name: Option<String>,
+    /// With --node-name: the cluster's kubeconfig (default: in-cluster, else ~/.kube/config).
+    #[arg(long, value_name = "FILE", requires = "node_name")]
+    kubeconfig: Option<PathBuf>,
+    /// With --node-name: how long a new pod waits for the API server's watch to show it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    pod_wait_seconds: u64,
+    /// A namespace whose pods are enrolled, as if labelled `istio.io/dataplane-mode=ambient`.
     /// Repeatable.
     #[arg(long = "namespace", value_name = "NAMESPACE")]
     namespaces: Vec<String>,
@@ -60,14 +71,6 @@ pub(crate) fn run(cmd: CniCommand) -> ExitCode {
         CniCommand::Plugin => run_plugin(),
         CniCommand::Agent(args) => {
             crate::init_logging();
-            let config = ferry_cni::agent::Config {
-                plugin_socket: args.plugin_socket,
-                zds_socket: args.zds_socket,
-                namespaces: args.namespaces.into_iter().collect(),
-                all_namespaces: args.all_namespaces,
-                excluded: args.excluded.into_iter().collect::<BTreeSet<_>>(),
-                state_file: args.state_file,
-            };
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -78,7 +81,30 @@ pub(crate) fn run(cmd: CniCommand) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match rt.block_on(ferry_cni::agent::run(config)) {
+            let agent = async {
+                let kubernetes = match args.node_name {
+                    Some(node) => {
+                        let client =
+                            ferry_cni::agent::Kubernetes::client(args.kubeconfig.as_deref())
+                                .await?;
+                        let mut k = ferry_cni::agent::Kubernetes::new(client, node);
+                        k.pod_wait = std::time::Duration::from_secs(args.pod_wait_seconds);
+                        Some(k)
+                    }
+                    None => None,
+                };
+                let config = ferry_cni::agent::Config {
+                    plugin_socket: args.plugin_socket,
+                    zds_socket: args.zds_socket,
+                    namespaces: args.namespaces.into_iter().collect(),
+                    all_namespaces: args.all_namespaces,
+                    excluded: args.excluded.into_iter().collect::<BTreeSet<_>>(),
+                    state_file: args.state_file,
+                    kubernetes,
+                };
+                ferry_cni::agent::run(config).await
+            };
+            match rt.block_on(agent) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("ferry cni agent: {e:#}");

@@ -6,7 +6,9 @@
 //! objects start as recorded fixtures (`kubectl get -o yaml` lists).
 //!
 //! Only cluster-wide collections (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`) are
-//! served: what `Api::all` asks for. Every kind the watch reads is served at the path kube-rs
+//! served: what `Api::all` asks for, with equality field selectors (`fieldSelector=
+//! spec.nodeName=node-1`, as a node agent watches its own node's pods; anything else is refused
+//! with `400`). Every kind the watch reads is served at the path kube-rs
 //! asks for (see [`collection_of`]), `discovery.k8s.io/v1` EndpointSlices at
 //! `/apis/discovery.k8s.io/v1/endpointslices` included; a kind with no objects lists empty.
 //! Built with the `testing` feature, for tests only.
@@ -56,6 +58,58 @@ struct State {
     lists: u64,
     gone: u64,
     patches: u64,
+    /// Every patch served, in order.
+    patch_log: Vec<Patched>,
+}
+
+/// One patch the server applied, as the client sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Patched {
+    /// The request path (`/api/v1/namespaces/<ns>/pods/<name>/status`).
+    pub path: String,
+    /// Its `content-type` (`application/merge-patch+json` for a JSON merge patch).
+    pub content_type: String,
+    pub body: Value,
+}
+
+/// A `fieldSelector`: every `path=value` (or `path==value`) term must hold; a field the object
+/// does not have is the empty string, as the API server takes it.
+#[derive(Clone, Debug, Default)]
+struct FieldSelector(Vec<(Vec<String>, String)>);
+
+impl FieldSelector {
+    /// The `fieldSelector` of a raw query string (percent-encoded), or what is wrong with it.
+    fn of_query(query: &str) -> Result<Self, String> {
+        let Some((_, text)) =
+            form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "fieldSelector")
+        else {
+            return Ok(Self::default());
+        };
+        let mut terms = Vec::new();
+        for term in text.split(',').filter(|t| !t.is_empty()) {
+            if term.contains("!=") {
+                return Err(format!(
+                    "field selector term {term:?}: only = and == are served here"
+                ));
+            }
+            let (path, value) = term
+                .split_once("==")
+                .or_else(|| term.split_once('='))
+                .ok_or_else(|| format!("field selector term {term:?} is not path=value"))?;
+            terms.push((
+                path.split('.').map(str::to_string).collect(),
+                value.to_string(),
+            ));
+        }
+        Ok(Self(terms))
+    }
+
+    fn matches(&self, object: &Value) -> bool {
+        self.0.iter().all(|(path, want)| {
+            let got = path.iter().try_fold(object, |v, k| v.get(k));
+            got.and_then(Value::as_str).unwrap_or("") == want
+        })
+    }
 }
 
 /// A running fake API server.
@@ -285,6 +339,10 @@ impl ApiServer {
         if req.method() == hyper::Method::PATCH {
             return self.patch_status(&path, req).await;
         }
+        let selector = match FieldSelector::of_query(req.uri().query().unwrap_or("")) {
+            Ok(s) => s,
+            Err(e) => return status(400, "BadRequest", &e),
+        };
         let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
         if watching {
             let from: u64 = query
@@ -292,9 +350,9 @@ impl ApiServer {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             let bookmarks = query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
-            self.watch(path, from, bookmarks)
+            self.watch(path, from, bookmarks, selector)
         } else {
-            self.list(&path)
+            self.list(&path, &selector)
         }
     }
 
@@ -310,6 +368,12 @@ impl ApiServer {
         };
         let collection = format!("{prefix}/{plural}");
         let key = format!("{ns}/{name}");
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let Ok(body) = req.into_body().collect().await else {
             return status(400, "BadRequest", "unreadable body");
         };
@@ -327,7 +391,15 @@ impl ApiServer {
             return status(404, "NotFound", "no such object");
         };
         json_patch::merge(&mut object, &patch);
-        self.state.lock().patches += 1;
+        {
+            let mut st = self.state.lock();
+            st.patches += 1;
+            st.patch_log.push(Patched {
+                path: path.to_string(),
+                content_type,
+                body: patch,
+            });
+        }
         self.apply(object.clone());
         json_response(StatusCode::OK, &object)
     }
@@ -335,6 +407,11 @@ impl ApiServer {
     /// Status patches served so far.
     pub fn patches(&self) -> u64 {
         self.state.lock().patches
+    }
+
+    /// Every patch served so far, in order.
+    pub fn patch_log(&self) -> Vec<Patched> {
+        self.state.lock().patch_log.clone()
     }
 
     /// The stored object `api_version`/`kind` `ns/name`, if any.
@@ -347,13 +424,18 @@ impl ApiServer {
             .cloned()
     }
 
-    fn list(&self, path: &str) -> Response<Body> {
+    fn list(&self, path: &str, selector: &FieldSelector) -> Response<Body> {
         let mut st = self.state.lock();
         st.lists += 1;
         let items: Vec<Value> = st
             .collections
             .get(path)
-            .map(|c| c.values().cloned().collect())
+            .map(|c| {
+                c.values()
+                    .filter(|v| selector.matches(v))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         let body = json!({
             "apiVersion": "v1",
@@ -364,7 +446,13 @@ impl ApiServer {
         json_response(StatusCode::OK, &body)
     }
 
-    fn watch(self: &Arc<Self>, path: String, from: u64, bookmarks: bool) -> Response<Body> {
+    fn watch(
+        self: &Arc<Self>,
+        path: String,
+        from: u64,
+        bookmarks: bool,
+        selector: FieldSelector,
+    ) -> Response<Body> {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         let mut live = self.changes.subscribe();
         let mut generation = self.generation.subscribe();
@@ -375,7 +463,7 @@ impl ApiServer {
             let backlog: Vec<Change> = st
                 .log
                 .iter()
-                .filter(|c| c.rv > from && c.collection == path)
+                .filter(|c| c.rv > from && c.collection == path && selector.matches(&c.object))
                 .cloned()
                 .collect();
             (backlog, gone, st.rv)
@@ -418,7 +506,7 @@ impl ApiServer {
                     biased;
                     _ = generation.changed() => return,
                     c = live.recv() => match c {
-                        Ok(c) if c.collection == path && c.rv > sent => {
+                        Ok(c) if c.collection == path && c.rv > sent && selector.matches(&c.object) => {
                             sent = c.rv;
                             if tx.send(line(json!({"type": c.kind, "object": c.object}))).await.is_err() {
                                 return;

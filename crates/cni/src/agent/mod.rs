@@ -4,10 +4,14 @@
 //! and keeps the list in a state file so that, restarted, it serves the pods that started before
 //! it again.
 //!
-//! Enrollment follows the namespace: pods of the namespaces it is given (`--namespace`, or all
-//! but the excluded ones with `--all-namespaces`) are the mesh's. On Kubernetes that list comes
-//! from the namespaces labelled `istio.io/dataplane-mode=ambient` (not read from the API server
-//! yet: see docs/kubernetes.md).
+//! Enrollment is Istio's: on Kubernetes ([`Kubernetes`]) the agent watches every Namespace and
+//! its node's Pods, and a pod is enrolled when it or its namespace is labelled
+//! `istio.io/dataplane-mode=ambient` (`none` on the pod opts it out; host-network pods never,
+//! ended pods are released: [`enroll`]). A label changed while the pod runs enrolls or releases
+//! it then ([`reconcile`]), and each pod's `ambient.istio.io/redirection` annotation says whether
+//! the agent handed it to the node proxy, as Istio's agent writes it. The flags (`--namespace`,
+//! or all but the excluded ones with `--all-namespaces`) enroll namespaces as their label would;
+//! without Kubernetes they alone decide.
 //!
 //! A pod is enrolled only once the node proxy took it: an add is answered when the node proxy
 //! acked it (its capture is in place), and fails when no node proxy is connected or it refused,
@@ -15,7 +19,10 @@
 //! replays every pod it holds and then `snapshot_sent`; the node proxy releases the pods of
 //! its earlier session that the replay left out.
 
+mod enroll;
+mod kube;
 mod pods;
+mod reconcile;
 mod zds;
 
 use std::collections::BTreeSet;
@@ -34,6 +41,8 @@ use tokio_seqpacket::UnixSeqpacketListener;
 
 use crate::spec::PodRef;
 use crate::wire::{Answer, Ask, MAX_LINE};
+use enroll::{Override, Verdict, Why};
+pub use kube::{KubeStatus, Kubernetes};
 use pods::{Kept, Pod, Pods, uid};
 use zds::{Link, Op, OpSender};
 
@@ -51,6 +60,8 @@ pub struct Config {
     pub excluded: BTreeSet<String>,
     /// Where the enrolled pods are kept across restarts.
     pub state_file: PathBuf,
+    /// Read enrollment from the cluster's labels (else the flags alone decide).
+    pub kubernetes: Option<Kubernetes>,
 }
 
 /// What the plugin's questions and the node proxy's connection share.
@@ -59,6 +70,10 @@ struct Agent {
     config: Config,
     state: Mutex<State>,
     next_link: AtomicU64,
+    /// The cluster, with Kubernetes.
+    kube: Option<Arc<kube::Watch>>,
+    /// Pods asked into the mesh that the agent cannot enroll, each warned of once.
+    unknown: Mutex<BTreeSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -85,14 +100,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(pods = pods.len(), "node agent starting");
     let plugin = bind_stream(&config.plugin_socket)?;
     let zds = bind_seqpacket(&config.zds_socket)?;
+    let (kube, mut tasks) = match config.kubernetes.clone() {
+        Some(k) => {
+            let (w, tasks) = kube::Watch::start(k);
+            (Some(w), tasks)
+        }
+        None => (None, Vec::new()),
+    };
     let agent = Arc::new(Agent {
         config,
         state: Mutex::new(State { pods, node: None }),
         next_link: AtomicU64::new(1),
+        kube,
+        unknown: Mutex::default(),
     });
     agent.save();
-    tracing::info!(plugin = %agent.config.plugin_socket.display(), zds = %agent.config.zds_socket.display(), "node agent serving");
+    tracing::info!(plugin = %agent.config.plugin_socket.display(), zds = %agent.config.zds_socket.display(), node = agent.kube.as_ref().map(|w| w.node.as_str()), "node agent serving");
     let node_side = tokio::spawn(accept_node_proxies(agent.clone(), zds));
+    if let Some(w) = agent.kube.clone() {
+        tasks.push(tokio::spawn(reconcile::follow(agent.clone(), w)));
+    }
+    // The watch and the reconciliation end with this task.
+    let _tasks: Vec<AbortOnDrop> = tasks.into_iter().map(AbortOnDrop).collect();
     loop {
         let (conn, _) = match plugin.accept().await {
             Ok(c) => c,
@@ -145,6 +174,16 @@ fn bind_seqpacket(path: &Path) -> anyhow::Result<UnixSeqpacketListener> {
     Ok(l)
 }
 
+/// Aborts a task when dropped.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Takes node proxy connections; each new one replaces the last.
 async fn accept_node_proxies(agent: Arc<Agent>, listener: UnixSeqpacketListener) {
     let mut listener = listener;
@@ -165,11 +204,12 @@ async fn accept_node_proxies(agent: Arc<Agent>, listener: UnixSeqpacketListener)
 // === impl Agent ===
 
 impl Agent {
-    fn enrolled(&self, namespace: &str) -> bool {
-        if self.config.all_namespaces {
-            !self.config.excluded.contains(namespace)
-        } else {
-            self.config.namespaces.contains(namespace)
+    /// The namespaces the flags enroll.
+    fn flags(&self) -> Override<'_> {
+        Override {
+            namespaces: &self.config.namespaces,
+            all_namespaces: self.config.all_namespaces,
+            excluded: &self.config.excluded,
         }
     }
 
@@ -188,7 +228,7 @@ impl Agent {
             tracing::warn!(error = %e, "a node proxy connection ended before its hello");
             return;
         }
-        let (tx, mut rx) = mpsc::channel::<Op>(64);
+        let (tx, mut rx) = mpsc::unbounded_channel::<Op>();
         let replayed = Arc::new(AtomicBool::new(false));
         // The replay and the changes after it: whatever is not in the one is in the other.
         let replay: Vec<(String, Kept, Arc<File>)> = {
@@ -200,8 +240,8 @@ impl Agent {
             });
             state
                 .pods
-                .iter()
-                .map(|(u, p)| (u.clone(), p.kept.clone(), p.netns.clone()))
+                .enrolled()
+                .map(|(u, kept, netns)| (u.clone(), kept.clone(), netns.clone()))
                 .collect()
         };
         tracing::info!(
@@ -220,6 +260,10 @@ impl Agent {
             }
             replayed.store(true, Ordering::Release);
             tracing::info!(link = id, "replay acknowledged");
+            // Pods whose labels asked for the mesh while no node proxy was there.
+            if let Some(w) = &self.kube {
+                w.kick();
+            }
             loop {
                 tokio::select! {
                     op = rx.recv() => match op {
@@ -273,24 +317,41 @@ impl Agent {
     }
 
     async fn add(&self, pod: PodRef, container_id: String, netns: PathBuf) -> Answer {
-        if !self.enrolled(&pod.namespace) {
-            tracing::info!(k8s.namespace = %pod.namespace, k8s.name = %pod.name, "pod of a namespace not enrolled: left alone");
-            return Answer::default();
-        }
-        let file = match File::open(&netns) {
-            Ok(f) => Arc::new(f),
-            Err(e) => {
-                return Answer::failed(format!(
-                    "cannot open the pod's network namespace {}: {e}",
-                    netns.display()
-                ));
-            }
+        let verdict = match &self.kube {
+            None if self.flags().enrolls(&pod.namespace) => Verdict::Enroll,
+            None => Verdict::Leave(Why::NotAsked),
+            Some(w) => match w.verdict(&pod, self.flags()).await {
+                Ok(v) => v,
+                Err(e) => return Answer::failed(e),
+            },
         };
         let id = uid(&pod, &container_id);
         let kept = Kept {
             pod,
             container_id,
             netns,
+        };
+        if let Verdict::Leave(why) = verdict {
+            tracing::info!(k8s.namespace = %kept.pod.namespace, k8s.name = %kept.pod.name, reason = %why, "pod not enrolled: left alone");
+            // With Kubernetes, a label may enroll it later: the agent keeps its namespace's path.
+            if self.kube.is_some() {
+                let mut state = self.state.lock();
+                if state.pods.get(&id).is_none_or(|p| p.netns.is_none()) {
+                    state.pods.insert(id, Pod { kept, netns: None });
+                }
+                drop(state);
+                self.save();
+            }
+            return Answer::default();
+        }
+        let file = match File::open(&kept.netns) {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                return Answer::failed(format!(
+                    "cannot open the pod's network namespace {}: {e}",
+                    kept.netns.display()
+                ));
+            }
         };
         let (done, outcome) = oneshot::channel();
         let op = Op::Add {
@@ -299,27 +360,36 @@ impl Agent {
             netns: file.clone(),
             done,
         };
-        let ops = {
+        {
             let mut state = self.state.lock();
             let Some(node) = &state.node else {
                 return Answer::failed(
                     "no node proxy is connected to the node agent; the pod starts once one serves it",
                 );
             };
-            let ops = node.ops.clone();
-            state.pods.insert(id.clone(), Pod { kept, netns: file });
-            ops
-        };
+            // Sent under the lock, so that ops reach the node proxy in the order of the state.
+            if node.ops.send(op).is_err() {
+                return Answer::failed("the node proxy went away");
+            }
+            state.pods.insert(
+                id.clone(),
+                Pod {
+                    kept,
+                    netns: Some(file),
+                },
+            );
+        }
         self.save();
-        let result = match ops.send(op).await {
-            Ok(()) => outcome
-                .await
-                .unwrap_or_else(|_| Err("the node proxy went away".into())),
-            Err(_) => Err("the node proxy went away".into()),
-        };
+        let result = outcome
+            .await
+            .unwrap_or_else(|_| Err("the node proxy went away".into()));
         match result {
             Ok(()) => {
                 tracing::info!(pod = %id, "pod enrolled");
+                // Annotated by the reconciliation.
+                if let Some(w) = &self.kube {
+                    w.kick();
+                }
                 Answer {
                     enrolled: true,
                     served: true,
@@ -337,40 +407,59 @@ impl Agent {
 
     async fn del(&self, pod: &PodRef, container_id: &str) -> Answer {
         let id = uid(pod, container_id);
-        let (removed, ops) = {
-            let mut state = self.state.lock();
-            let removed = state.pods.remove(&id).is_some();
-            (removed, state.node.as_ref().map(|n| n.ops.clone()))
-        };
-        if !removed {
-            return Answer::default();
-        }
-        self.save();
-        if let Some(ops) = ops {
-            let (done, outcome) = oneshot::channel();
-            if ops
-                .send(Op::Del {
-                    uid: id.clone(),
-                    done,
-                })
-                .await
-                .is_ok()
-                && let Ok(Err(e)) = outcome.await
-            {
-                tracing::warn!(pod = %id, error = %e, "the node proxy failed to release the pod");
+        if self.release(&id, true).await {
+            tracing::info!(pod = %id, "pod released");
+            if let Some(w) = &self.kube {
+                w.kick();
             }
         }
-        tracing::info!(pod = %id, "pod released");
         Answer::default()
     }
 
-    fn check(&self, pod: &PodRef, container_id: &str) -> Answer {
-        if !self.enrolled(&pod.namespace) {
-            return Answer::default();
+    /// Takes pod `key` back from the node proxy if it is enrolled, and forgets it too when
+    /// `forget`; whether the agent knew it.
+    async fn release(&self, key: &str, forget: bool) -> bool {
+        let outcome = {
+            let mut state = self.state.lock();
+            let State { pods, node } = &mut *state;
+            let netns = if forget {
+                pods.remove(key).map(|p| p.netns)
+            } else {
+                pods.get_mut(key).map(|p| p.netns.take())
+            };
+            let Some(netns) = netns else {
+                return false;
+            };
+            match (netns, node) {
+                (Some(_), Some(node)) => {
+                    let (done, outcome) = oneshot::channel();
+                    let op = Op::Del {
+                        uid: key.to_string(),
+                        done,
+                    };
+                    node.ops.send(op).ok().map(|()| outcome)
+                }
+                _ => None,
+            }
+        };
+        self.save();
+        if let Some(outcome) = outcome
+            && let Ok(Err(e)) = outcome.await
+        {
+            tracing::warn!(pod = %key, error = %e, "the node proxy failed to release the pod");
         }
+        true
+    }
+
+    fn check(&self, pod: &PodRef, container_id: &str) -> Answer {
         let id = uid(pod, container_id);
         let state = self.state.lock();
-        if state.pods.get(&id).is_none() {
+        let held = state.pods.get(&id).is_some_and(|p| p.netns.is_some());
+        // With Kubernetes, the agent's own state is the answer (labels change while pods run).
+        if !held && (self.kube.is_some() || !self.flags().enrolls(&pod.namespace)) {
+            return Answer::default();
+        }
+        if !held {
             return Answer::failed(format!(
                 "pod {id} of the enrolled namespace {} is not held by the node agent",
                 pod.namespace

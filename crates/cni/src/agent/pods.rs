@@ -1,6 +1,8 @@
-//! The agent's pods: each enrolled pod with its network namespace held open, and the file that
-//! keeps them across restarts of the agent (so the pods that started before it are served
-//! again: it reopens their namespaces and replays them to the node proxy).
+//! The agent's pods: each enrolled pod with its network namespace held open, each pod the
+//! plugin told of but not enrolled (with Kubernetes: it may be enrolled later, when a label
+//! changes) with its namespace's path, and the file that keeps them across restarts of the agent
+//! (so the pods that started before it are served again: it reopens their namespaces and
+//! replays them to the node proxy).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -13,12 +15,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::PodRef;
 
-/// One enrolled pod.
+/// One pod the plugin told of.
 #[derive(Debug, Clone)]
 pub(crate) struct Pod {
     pub(crate) kept: Kept,
-    /// The pod's network namespace, held open while the pod is enrolled.
-    pub(crate) netns: Arc<File>,
+    /// The pod's network namespace, held open while the pod is enrolled; `None`: not enrolled.
+    pub(crate) netns: Option<Arc<File>>,
+}
+
+/// What the state file holds of a pod.
+#[derive(Debug, Serialize, Deserialize)]
+struct Saved {
+    #[serde(flatten)]
+    kept: Kept,
+    /// Files written before pods could be known without being enrolled hold only enrolled ones.
+    #[serde(default = "enrolled_by_default")]
+    enrolled: bool,
+}
+
+fn enrolled_by_default() -> bool {
+    true
 }
 
 /// What the state file keeps of a pod.
@@ -68,10 +84,28 @@ impl Pods {
         self.0.len()
     }
 
+    /// The enrolled pods, with their namespaces.
+    pub(crate) fn enrolled(&self) -> impl Iterator<Item = (&String, &Kept, &Arc<File>)> {
+        self.0
+            .iter()
+            .filter_map(|(u, p)| p.netns.as_ref().map(|n| (u, &p.kept, n)))
+    }
+
+    pub(crate) fn get_mut(&mut self, uid: &str) -> Option<&mut Pod> {
+        self.0.get_mut(uid)
+    }
+
     /// Writes what is kept of every pod to `path` (0600, replaced whole).
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
-        let kept: Vec<&Kept> = self.0.values().map(|p| &p.kept).collect();
-        let text = serde_json::to_vec_pretty(&kept)?;
+        let saved: Vec<Saved> = self
+            .0
+            .values()
+            .map(|p| Saved {
+                kept: p.kept.clone(),
+                enrolled: p.netns.is_some(),
+            })
+            .collect();
+        let text = serde_json::to_vec_pretty(&saved)?;
         let tmp = path.with_extension("tmp");
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -84,29 +118,28 @@ impl Pods {
         std::fs::rename(&tmp, path)
     }
 
-    /// The pods kept in `path` whose namespaces still exist (reopened); each one that does not
-    /// is named in the second list, with why. No file is no pods.
+    /// The pods kept in `path` whose namespaces still exist (the enrolled ones reopened); each
+    /// one that does not is named in the second list, with why. No file is no pods.
     pub(crate) fn load(path: &Path) -> anyhow::Result<(Self, Vec<String>)> {
         let text = match std::fs::read(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
             Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
         };
-        let kept: Vec<Kept> = serde_json::from_slice(&text)
+        let saved: Vec<Saved> = serde_json::from_slice(&text)
             .map_err(|e| anyhow::anyhow!("{} is not the agent's pod list: {e}", path.display()))?;
         let mut pods = Self::default();
         let mut gone = Vec::new();
-        for k in kept {
-            match File::open(&k.netns) {
-                Ok(f) => {
+        for Saved { kept: k, enrolled } in saved {
+            let opened = if enrolled {
+                File::open(&k.netns).map(|f| Some(Arc::new(f)))
+            } else {
+                std::fs::metadata(&k.netns).map(|_| None)
+            };
+            match opened {
+                Ok(netns) => {
                     let id = uid(&k.pod, &k.container_id);
-                    pods.insert(
-                        id,
-                        Pod {
-                            kept: k,
-                            netns: Arc::new(f),
-                        },
-                    );
+                    pods.insert(id, Pod { kept: k, netns });
                 }
                 Err(e) => gone.push(format!("{}: {e}", k.netns.display())),
             }
@@ -139,7 +172,11 @@ mod tests {
         let ns = dir.join("ns");
         std::fs::write(&ns, b"").unwrap();
         let mut pods = Pods::default();
-        for (name, path) in [("web", ns.clone()), ("gone", dir.join("missing"))] {
+        for (name, path, enrolled) in [
+            ("web", ns.clone(), true),
+            ("known", ns.clone(), false),
+            ("gone", dir.join("missing"), true),
+        ] {
             let kept = Kept {
                 pod: PodRef {
                     namespace: "shop".into(),
@@ -153,7 +190,7 @@ mod tests {
                 uid(&kept.pod, name),
                 Pod {
                     kept,
-                    netns: Arc::new(File::open(&ns).unwrap()),
+                    netns: enrolled.then(|| Arc::new(File::open(&ns).unwrap())),
                 },
             );
         }
@@ -165,8 +202,20 @@ mod tests {
             0o600
         );
         let (back, gone) = Pods::load(&state).unwrap();
-        assert_eq!(back.len(), 1);
-        assert!(back.get("shop/web").is_some());
+        assert_eq!(back.len(), 2);
+        assert!(back.get("shop/web").unwrap().netns.is_some());
+        assert!(
+            back.get("shop/known").unwrap().netns.is_none(),
+            "a pod known but not enrolled comes back not enrolled"
+        );
+        // A file written before pods could be known without being enrolled.
+        let old = format!(
+            r#"[{{"pod": {{"namespace": "shop", "name": "old", "uid": ""}}, "container_id": "c", "netns": {:?}}}]"#,
+            ns.display().to_string()
+        );
+        std::fs::write(&state, old).unwrap();
+        let (back, _) = Pods::load(&state).unwrap();
+        assert!(back.get("shop/old").unwrap().netns.is_some());
         assert_eq!(gone.len(), 1, "{gone:?}");
         std::fs::write(&state, b"{").unwrap();
         assert!(Pods::load(&state).is_err());

@@ -181,5 +181,6 @@ fn answer(done: oneshot::Sender<Result<(), String>>, r: &Result<Result<(), Strin
     });
 }
 
-/// The sending half a plugin's question uses to reach the connected node proxy.
-pub(crate) type OpSender = mpsc::Sender<Op>;
+/// The sending half a plugin's question uses to reach the connected node proxy (unbounded, so
+/// that it is sent to under the agent's lock, in the order of the agent's state).
+pub(crate) type OpSender = mpsc::UnboundedSender<Op>;

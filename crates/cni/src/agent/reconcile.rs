@@ -1,0 +1,172 @@
+//! With Kubernetes, the agent keeps its pods in line with their labels while they run: after
+//! every change the watch sees (and whenever a node proxy has taken the replay, or the plugin's
+//! add enrolled a pod), it plans ([`enroll::plan`]) and carries out the enrollments and
+//! removals over ZDS, then writes each pod's `ambient.istio.io/redirection` annotation to say
+//! what it did ([`enroll::annotations`]). Whatever failed (no node proxy took a pod, the API
+//! server refused a patch) is tried again on the next change, or after a backoff.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::enroll::{self, Action, Entry};
+use super::kube::Watch;
+use super::zds::Op;
+use super::{Agent, info};
+
+/// The first and the longest wait before trying a failed step again.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MOST: Duration = Duration::from_secs(30);
+
+/// Reconciles after every change until the task is dropped.
+pub(super) async fn follow(agent: Arc<Agent>, watch: Arc<Watch>) {
+    let mut changes = watch.subscribe();
+    let mut delay = RETRY_FIRST;
+    loop {
+        changes.borrow_and_update();
+        if agent.reconcile(&watch).await {
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(RETRY_MOST);
+        } else {
+            delay = RETRY_FIRST;
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// The pods the plugin told of.
+    fn entries(&self) -> Vec<Entry> {
+        let state = self.state.lock();
+        state
+            .pods
+            .iter()
+            .map(|(key, p)| Entry {
+                key: key.clone(),
+                pod: p.kept.pod.clone(),
+                enrolled: p.netns.is_some(),
+            })
+            .collect()
+    }
+
+    /// One pass; whether something failed and is to be tried again.
+    async fn reconcile(&self, watch: &Watch) -> bool {
+        let entries = self.entries();
+        let Some(actions) = watch.view(self.flags(), |v| enroll::plan(v, &entries)) else {
+            return false;
+        };
+        let mut retry = false;
+        for a in actions {
+            retry |= self.carry(a).await;
+        }
+        let entries = self.entries();
+        let changes = watch
+            .view(self.flags(), |v| enroll::annotations(v, &entries))
+            .unwrap_or_default();
+        for c in changes {
+            if let Err(e) = watch.annotate(&c).await {
+                tracing::warn!(k8s.namespace = %c.namespace, k8s.name = %c.name, error = %e, "the pod's annotation could not be written; trying again");
+                retry = true;
+            }
+        }
+        retry
+    }
+
+    /// Carries out one action; whether it failed and is to be tried again.
+    async fn carry(&self, action: Action) -> bool {
+        match action {
+            Action::Enroll { key } => self.enroll_running(&key).await,
+            Action::Unenroll { key, why } => {
+                if self.release(&key, false).await {
+                    tracing::info!(pod = %key, reason = %why, "running pod left the mesh");
+                }
+                false
+            }
+            Action::Forget { key } => {
+                if self.release(&key, true).await {
+                    tracing::info!(pod = %key, "pod gone from the API server: released and forgotten");
+                }
+                false
+            }
+            Action::Unknown { pod } => {
+                if self.unknown.lock().insert(pod.clone()) {
+                    tracing::warn!(pod = %pod, "asked into the mesh, but it started before the agent knew of it (its network namespace is unknown): restart it to enroll it");
+                }
+                false
+            }
+        }
+    }
+
+    /// Hands a running pod the plugin told of to the node proxy.
+    async fn enroll_running(&self, key: &str) -> bool {
+        let Some(path) = self
+            .state
+            .lock()
+            .pods
+            .get(key)
+            .filter(|p| p.netns.is_none())
+            .map(|p| p.kept.netns.clone())
+        else {
+            return false;
+        };
+        let file = match File::open(&path) {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                tracing::warn!(pod = %key, netns = %path.display(), error = %e, "the pod's network namespace is gone; forgetting the pod");
+                self.state.lock().pods.remove(key);
+                self.save();
+                return false;
+            }
+        };
+        let (done, outcome) = oneshot::channel();
+        {
+            let mut state = self.state.lock();
+            let super::State { pods, node } = &mut *state;
+            let Some(pod) = pods.get_mut(key).filter(|p| p.netns.is_none()) else {
+                return false;
+            };
+            let Some(node) = node else {
+                tracing::info!(pod = %key, "asked into the mesh; enrolled once a node proxy connects");
+                return false;
+            };
+            let op = Op::Add {
+                uid: key.to_string(),
+                info: info(&pod.kept.pod),
+                netns: file.clone(),
+                done,
+            };
+            if node.ops.send(op).is_err() {
+                return true;
+            }
+            pod.netns = Some(file.clone());
+        }
+        self.save();
+        let failed = match outcome.await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some("the node proxy went away".to_string()),
+        };
+        let Some(e) = failed else {
+            tracing::info!(pod = %key, "running pod enrolled: its labels ask for the mesh");
+            return false;
+        };
+        {
+            let mut state = self.state.lock();
+            if let Some(p) = state.pods.get_mut(key)
+                && p.netns.as_ref().is_some_and(|n| Arc::ptr_eq(n, &file))
+            {
+                p.netns = None;
+            }
+        }
+        self.save();
+        tracing::warn!(pod = %key, error = %e, "the node proxy did not take the pod; trying again");
+        true
+    }
+}
