@@ -11,7 +11,8 @@ DIR holds the renders: base.yaml and one YAML per overlay, prepare.yaml (deploy/
   without a bundled schema fails too (CRD kinds have no place in these manifests);
 - shape: what the manifests promise (docs/kubernetes.md): the node proxy's capabilities,
   priority, tolerations, no CPU limits, probes on paths the admin code serves, RBAC equal to what
-  crates/k8s/src/watch.rs watches, sockets and paths that agree between the pods, every file a
+  crates/k8s/src/watch.rs watches and to what the CNI agent (crates/cni/src/agent/kube) reads
+  and writes, sockets and paths that agree between the pods, every file a
   flag names present in its volume, $(VAR) references defined;
 - flags (with --ferry): every flag a container passes to `ferry ...` is in that subcommand's
   --help, and every required one is passed or set through its environment variable. A
@@ -187,6 +188,47 @@ def check_rbac(name, objs):
         expected[("multicluster.x-k8s.io", "serviceexports/status")] = {"patch"}
     extra = {k: sorted(v - expected.get(k, set())) for k, v in granted.items() if v - expected.get(k, set())}
     check(not extra and granted.keys() == expected.keys(), f"{name}: ClusterRole ferry-control grants nothing more (ServiceExport status: patch)", f"extra {extra}, expected {sorted(expected)}")
+
+
+def cni_agent_rules():
+    """{(group, resource): verbs} the CNI agent needs, from crates/cni/src/agent/kube/mod.rs: get,
+    list and watch of each kind it watches (`erase::<Kind>`), patch of pods/status when it
+    writes the pods' annotation there (`patch_status`)."""
+    with open(os.path.join(ROOT, "crates/cni/src/agent/kube/mod.rs")) as f:
+        text = f.read()
+    core = {"Namespace": "namespaces", "Pod": "pods"}
+    rules = {}
+    for k in set(re.findall(r"erase::<(\w+)>", text)):
+        if k not in core:
+            raise ValueError(f"the CNI agent uses {k}: add it to validate.py")
+        rules[("", core[k])] = {"get", "list", "watch"}
+    if "patch_status" in text:
+        rules[("", "pods/status")] = {"patch"}
+    return rules
+
+
+def check_cni_rbac(name, objs):
+    role = find(objs, "ClusterRole", "ferry-cni")
+    binding = find(objs, "ClusterRoleBinding", "ferry-cni")
+    if not check(role and binding, f"{name}: ClusterRole and ClusterRoleBinding ferry-cni (the CNI agent)"):
+        return
+    granted = {}
+    for r in role["rules"]:
+        for g in r.get("apiGroups", []):
+            for res in r.get("resources", []):
+                granted.setdefault((g, res), set()).update(r.get("verbs", []))
+    try:
+        needed = cni_agent_rules()
+    except (ValueError, OSError) as e:
+        fail(f"{name}: reading what the CNI agent uses from crates/cni/src/agent/kube/mod.rs: {e}")
+        return
+    check(granted == needed, f"{name}: ClusterRole ferry-cni grants exactly what the CNI agent reads and writes",
+          f"granted {sorted((k, sorted(v)) for k, v in granted.items())}, needed {sorted((k, sorted(v)) for k, v in needed.items())}")
+    cni = find(objs, "DaemonSet", "ferry-cni")
+    sa = pod_spec(cni).get("serviceAccountName") if cni else None
+    subjects = binding.get("subjects", [])
+    check(binding["roleRef"].get("name") == "ferry-cni" and any(s.get("kind") == "ServiceAccount" and s.get("name") == sa for s in subjects),
+          f"{name}: ClusterRole ferry-cni is bound to the CNI DaemonSet's service account ({sa})", f"subjects {subjects}")
 
 
 def check_shape(name, objs):
@@ -423,6 +465,7 @@ def main():
             lambda: check_schema(name, objs, args.kubernetes.split(",")),
             lambda: check_shape(name, objs),
             lambda: check_rbac(name, objs),
+            lambda: check_cni_rbac(name, objs),
         ]
         if args.ferry:
             steps.append(lambda: check_flags(name, objs, args.ferry))
