@@ -72,7 +72,7 @@ struct Agent {
     next_link: AtomicU64,
     /// The cluster, with Kubernetes.
     kube: Option<Arc<kube::Watch>>,
-    /// Pods asked into the mesh that the agent cannot enroll, each warned of once.
+    /// Pods asked into the mesh that the agent cannot enroll (warned of once while they stay so).
     unknown: Mutex<BTreeSet<String>>,
 }
 

@@ -63,8 +63,22 @@ impl Agent {
             return false;
         };
         let mut retry = false;
+        let mut unknown = std::collections::BTreeSet::new();
         for a in actions {
-            retry |= self.carry(a).await;
+            match a {
+                Action::Unknown { pod } => {
+                    unknown.insert(pod);
+                }
+                a => retry |= self.carry(a).await,
+            }
+        }
+        // Each warned of once while it stays so.
+        {
+            let mut warned = self.unknown.lock();
+            for pod in unknown.difference(&warned) {
+                tracing::warn!(pod = %pod, "asked into the mesh, but it started before the agent knew of it (its network namespace is unknown): restart it to enroll it");
+            }
+            *warned = unknown;
         }
         let entries = self.entries();
         let changes = watch
@@ -95,12 +109,7 @@ impl Agent {
                 }
                 false
             }
-            Action::Unknown { pod } => {
-                if self.unknown.lock().insert(pod.clone()) {
-                    tracing::warn!(pod = %pod, "asked into the mesh, but it started before the agent knew of it (its network namespace is unknown): restart it to enroll it");
-                }
-                false
-            }
+            Action::Unknown { .. } => false,
         }
     }
 
