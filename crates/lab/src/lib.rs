@@ -21,7 +21,6 @@ mod bench;
 mod build;
 pub mod cli;
 mod craft;
-mod grpc;
 mod ops;
 mod pods;
 mod procs;

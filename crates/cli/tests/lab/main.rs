@@ -10,7 +10,6 @@ mod drain;
 mod explain;
 mod failover;
 mod gateway;
-mod grpc;
 mod harness;
 mod idle;
 mod kill;
