@@ -14,12 +14,15 @@ use ferry_core::model::{
 use ferry_core::snapshot::{AddressOwner, ObjectRef, Snapshot, SnapshotBuilder, SnapshotError};
 
 use crate::convert::{Decoded, InvalidResource};
+use crate::incremental::Index;
 
 /// The decoded resources a client holds, by resource name.
 #[derive(Clone, Debug, Default)]
 pub struct Held {
     pub addresses: BTreeMap<String, Decoded>,
     pub policies: BTreeMap<String, Arc<Policy>>,
+    /// What applying the next push incrementally needs ([`crate::incremental`]).
+    pub(crate) index: Index,
 }
 
 /// Builds a snapshot from `held`, leaving out (and returning) resources that break it. `None`

@@ -1,7 +1,8 @@
 //! The xDS subscriber in `ferry node`.
 //!
 //! Subscribes to workloads/services and policies; decodes every resource before touching shared
-//! state; applies a push as one snapshot swap; ACKs, or NACKs naming each rejected resource;
+//! state; applies a push as one snapshot swap, made incrementally from the snapshot it replaces
+//! ([`crate::incremental`]); ACKs, or NACKs naming each rejected resource;
 //! reconnects with exponential backoff and jitter, sending what it holds so that only the
 //! difference comes back; keeps serving the last good snapshot meanwhile; and reports ready
 //! only after the first full sync of both types.
@@ -22,8 +23,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-use crate::assemble::{Held, assemble};
+use crate::assemble::Held;
 use crate::convert::{self, InvalidResource};
+use crate::incremental::{self, Changed};
 
 /// The node metadata key under which a data-plane program gives the address of its admin
 /// endpoint (`IP:port`), so that the control plane's mesh map can gather its records.
@@ -305,6 +307,23 @@ impl XdsClient {
         for bad in &rejected {
             versions.remove(&bad.name);
         }
+        // What was held under every name this push touches, before it changes.
+        let mut changed = Changed::default();
+        let touched = r
+            .removed_resources
+            .iter()
+            .chain(rejected.iter().map(|bad| &bad.name))
+            .chain(addresses.iter().map(|(name, _, _)| name))
+            .chain(policies.iter().map(|(name, _, _)| name));
+        for name in touched {
+            if r.type_url == ADDRESS_TYPE {
+                let was = st.held.addresses.get(name).cloned();
+                changed.addresses.entry(name.clone()).or_insert(was);
+            } else {
+                let was = st.held.policies.get(name).cloned();
+                changed.policies.entry(name.clone()).or_insert(was);
+            }
+        }
         for name in &r.removed_resources {
             if r.type_url == ADDRESS_TYPE {
                 st.held.addresses.remove(name);
@@ -327,13 +346,18 @@ impl XdsClient {
             st.held.policies.insert(name, Arc::new(p));
         }
         st.generation += 1;
-        let (snap, set_aside) = assemble(&st.held, st.generation);
+        let generation = st.generation;
+        let current = self.store.load();
+        let incremental::Update {
+            snapshot: snap,
+            set_aside,
+            ..
+        } = incremental::update(&mut st.held, &current, &changed, generation);
+        drop(current);
         for bad in &set_aside {
             for v in st.versions.values_mut() {
                 v.remove(&bad.name);
             }
-            st.held.addresses.remove(&bad.name);
-            st.held.policies.remove(&bad.name);
         }
         rejected.extend(set_aside);
         match snap {

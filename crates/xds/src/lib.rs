@@ -4,6 +4,8 @@
 //! - [`convert`]: model <-> `istio.workload.Address` / `istio.security.Authorization`.
 //! - [`resources`]: versioned resource sets and their differences.
 //! - [`assemble`]: a data-plane snapshot from decoded resources.
+//! - [`incremental`]: a push applied as a delta to the snapshot served, equal to assembling
+//!   everything held.
 //! - [`client`]: the subscriber the data-plane programs share (through `ferry_runtime::bootstrap`);
 //!   [`client::XdsClient::changes`] tells when a new snapshot is applied.
 //!
@@ -13,4 +15,5 @@
 pub mod assemble;
 pub mod client;
 pub mod convert;
+pub mod incremental;
 pub mod resources;

@@ -324,8 +324,8 @@ impl Snapshot {
         self.gateway_refs.contains_key(destination)
     }
 
-    /// Is `policy` named by a workload?
-    pub(super) fn is_policy_named(&self, policy: &PolicyKey) -> bool {
+    /// Is `policy` named by a workload (a workload-selector policy that selects one)?
+    pub fn is_policy_named(&self, policy: &PolicyKey) -> bool {
         self.policy_refs.contains_key(policy)
     }
 
