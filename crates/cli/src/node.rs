@@ -65,6 +65,11 @@ pub(crate) struct NodeArgs {
     /// listens on `/var/run/ztunnel/ztunnel.sock`). Without it, no agent is asked.
     #[arg(long, env = "INPOD_UDS")]
     zds_socket: Option<PathBuf>,
+    /// The upstream resolver of DNS-captured pods (`dns_capture`): their queries for names
+    /// outside the mesh go there as they are, from inside the pod's namespace. Default: the
+    /// first nameserver of this node's /etc/resolv.conf.
+    #[arg(long, value_parser = parse_dns_upstream)]
+    dns_upstream: Option<SocketAddr>,
     /// LOCAL EXPERIMENTS ONLY: talk to the control plane without TLS.
     #[arg(long)]
     plaintext: bool,
@@ -199,8 +204,16 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
                 PathBuf::from(p)
             })),
             zds_socket: args.zds_socket.clone(),
+            dns_upstream: args.dns_upstream,
         }))
     })
+}
+
+/// `--dns-upstream`: `IP:PORT`, or an `IP` (port 53).
+fn parse_dns_upstream(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("expected IP:PORT or IP, found {s:?}"))
 }
 
 /// The connection records a process keeps (`/records`, `ferry observe`).

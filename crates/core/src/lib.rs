@@ -21,6 +21,8 @@
 //! - [`lb`]: locality-aware, capacity-weighted endpoint choice.
 //! - [`outlier`]: passive health: endpoints whose connects keep failing are ejected for a while.
 //! - [`authz`]: L4 authorization with Istio's ALLOW / DENY / AUDIT semantics.
+//! - [`dns`]: what a pod's DNS query for a name means in the mesh (scope applied), for the node
+//!   proxy's DNS proxy.
 //! - [`random`]: the seeded random source decisions take.
 //! - [`telemetry`]: what the metrics say about a connection's ends (canonical services, the
 //!   service a destination counts a connection under), as Istio derives it.
@@ -30,6 +32,7 @@
 
 pub mod app_source;
 pub mod authz;
+pub mod dns;
 pub mod hop;
 pub mod identity;
 pub mod inbound;

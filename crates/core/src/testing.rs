@@ -100,6 +100,7 @@ impl MeshBuilder {
             labels: BTreeMap::new(),
             canonical_name: String::new(),
             canonical_revision: String::new(),
+            dns_capture: false,
         });
         self.workloads.last_mut().expect("just pushed")
     }

@@ -39,6 +39,9 @@ pub struct Config {
     pub zds_socket: Option<PathBuf>,
     /// Passive health: when connects that keep failing eject an endpoint ([`Node::health`]).
     pub outlier: ferry_core::outlier::OutlierConfig,
+    /// Where DNS-captured pods' queries for names outside the mesh go; `None`: the first
+    /// nameserver of the node's `/etc/resolv.conf`.
+    pub dns_upstream: Option<SocketAddr>,
 }
 
 /// Runs the node proxy until SIGTERM or SIGINT, then drains.
@@ -76,6 +79,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         capture_repairs: crate::admin::capture_repairs(&mut registry),
         connect_retries: crate::admin::connect_retries(&mut registry),
         health: crate::outlier::PassiveHealth::new(config.outlier, &mut registry),
+        dns: crate::dns::Settings {
+            upstream: config
+                .dns_upstream
+                .or_else(|| crate::dns::upstream_from(std::path::Path::new("/etc/resolv.conf"))),
+            metrics: crate::dns::Metrics::new(&mut registry),
+        },
         acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
         idle_bound: config.idle_bound,
         pods: Mutex::new(HashMap::new()),

@@ -8,6 +8,17 @@
 //!                                     to an uncaptured port -> RETURN (only if enrolled so)
 //!                                     anything else       -> REDIRECT :15006 (inbound plain)
 //! ```
+//! A pod whose workload says `dns_capture` also has its DNS queries captured ([`dns_chain`]):
+//!
+//! ```text
+//!   OUTPUT     -p udp -> FERRY_DNS:  marked by the proxy -> RETURN
+//!                                     to 127.0.0.0/8      -> RETURN
+//!                                     to :53              -> REDIRECT :15053 (the DNS proxy)
+//! ```
+//! Its jump is OUTPUT's second rule, right after FERRY_OUT's. DNS over TCP needs no rule of its
+//! own: FERRY_OUT takes it to the outbound listener with the rest of the pod's TCP, and the
+//! outbound side hands a connection to port 53 to the DNS proxy (`crate::dns`).
+//!
 //! Rules live in their own chains so removal is exact and leaves the pod's own rules alone.
 //!
 //! A pod may be enrolled with inbound ports left out of capture ([`Uncaptured`], `add <uid>
@@ -133,6 +144,87 @@ fn jump(chain: &str) -> String {
     format!("-p tcp -j {chain}")
 }
 
+/// The chain of a DNS-captured pod's UDP queries.
+const DNS_CHAIN: &str = "FERRY_DNS";
+
+/// OUTPUT's jump to [`DNS_CHAIN`].
+fn dns_jump() -> String {
+    format!("-p udp -j {DNS_CHAIN}")
+}
+
+/// The rules of [`DNS_CHAIN`] for a pod whose DNS is captured (`None`: not captured, no chain).
+fn dns_chain(dns: bool) -> Option<Vec<String>> {
+    dns.then(|| {
+        vec![
+            format!("-m mark --mark {MARK:#x}/0xfff -j RETURN"),
+            "-d 127.0.0.0/8 -j RETURN".to_string(),
+            format!(
+                "-p udp -m udp --dport 53 -j REDIRECT --to-ports {}",
+                crate::dns::DNS_PORT
+            ),
+        ]
+    })
+}
+
+/// How the DNS capture rules in `saved` differ from what the pod was enrolled with: with `dns`,
+/// [`DNS_CHAIN`] holds exactly its rules and OUTPUT jumps to it once, as its second rule (after
+/// FERRY_OUT's jump: a rule of the pod's before it could take queries past the proxy); without,
+/// nothing jumps to it.
+pub(crate) fn dns_drift(saved: &str, dns: bool) -> Option<String> {
+    let hook = rules_of(saved, "OUTPUT");
+    let jumps = hook.iter().filter(|r| **r == dns_jump()).count();
+    let Some(want) = dns_chain(dns) else {
+        return (jumps > 0).then(|| format!("OUTPUT jumps to {DNS_CHAIN} {jumps} time(s), 0 wanted"));
+    };
+    let mut found = Vec::new();
+    let have = rules_of(saved, DNS_CHAIN);
+    if have != want {
+        found.push(format!(
+            "{DNS_CHAIN} holds {} rule(s) that differ from Ferry's {}",
+            have.len(),
+            want.len()
+        ));
+    }
+    let second = hook.get(1) == Some(&dns_jump().as_str());
+    if jumps != 1 || !second {
+        found.push(format!(
+            "OUTPUT jumps to {DNS_CHAIN} {jumps} time(s), {}",
+            if second { "second" } else { "not second" }
+        ));
+    }
+    (!found.is_empty()).then(|| found.join("; "))
+}
+
+/// The lines of the `iptables-restore` transaction ([`rewrite`]) that make the DNS capture
+/// rules what `dns` says, whatever `saved` holds: run after FERRY_OUT's jump was put first.
+fn dns_rewrite(saved: &str, dns: bool) -> String {
+    let mut script = String::new();
+    let jumps = rules_of(saved, "OUTPUT")
+        .into_iter()
+        .filter(|r| *r == dns_jump())
+        .count();
+    for _ in 0..jumps {
+        script.push_str(&format!("-D OUTPUT {}\n", dns_jump()));
+    }
+    let exists = saved
+        .lines()
+        .any(|l| l.starts_with(&format!(":{DNS_CHAIN} ")));
+    match dns_chain(dns) {
+        Some(rules) => {
+            script.push_str(&format!(":{DNS_CHAIN} - [0:0]\n"));
+            for rule in rules {
+                script.push_str(&format!("-A {DNS_CHAIN} {rule}\n"));
+            }
+            script.push_str(&format!("-I OUTPUT 2 {}\n", dns_jump()));
+        }
+        None if exists => {
+            script.push_str(&format!("-F {DNS_CHAIN}\n-X {DNS_CHAIN}\n"));
+        }
+        None => {}
+    }
+    script
+}
+
 /// How the capture rules in `saved` differ from Ferry's, if they do: each of Ferry's chains
 /// must hold exactly its rules, and each hook must jump to it once, as its first rule (a rule
 /// of the pod's before it could take traffic past the proxy). `uncaptured` is what the pod was
@@ -221,7 +313,11 @@ pub(crate) async fn saved(netns: &Path) -> Result<String, CaptureError> {
 /// matches them exactly ([`drift`]: then a rewrite would change nothing, and a handover leaves
 /// the live rules of the previous node proxy untouched), Ferry's chains are rewritten whole and
 /// the jumps put first, in one transaction (see [`rewrite`]).
-pub(crate) async fn install(netns: &Path, uncaptured: &Uncaptured) -> Result<(), CaptureError> {
+pub(crate) async fn install(
+    netns: &Path,
+    uncaptured: &Uncaptured,
+    dns: bool,
+) -> Result<(), CaptureError> {
     // Queued connections of a closing listener move to the other listeners of its port group
     // (the next node proxy's) instead of being reset.
     let _ = nsenter(netns)
@@ -231,10 +327,14 @@ pub(crate) async fn install(netns: &Path, uncaptured: &Uncaptured) -> Result<(),
         .status()
         .await;
     let saved = saved(netns).await?;
-    if drift(&saved, uncaptured).is_none() {
+    if drift(&saved, uncaptured).is_none() && dns_drift(&saved, dns).is_none() {
         return Ok(());
     }
-    let script = rewrite(&saved, uncaptured);
+    let mut script = rewrite(&saved, uncaptured);
+    // The DNS rules in the same transaction, before its COMMIT.
+    script.truncate(script.len() - "COMMIT\n".len());
+    script.push_str(&dns_rewrite(&saved, dns));
+    script.push_str("COMMIT\n");
     let err = |detail: String| CaptureError {
         netns: netns.display().to_string(),
         detail,
@@ -282,13 +382,27 @@ pub(crate) async fn remove(netns: &Path) {
         let _ = ipt(&["-F", chain]).status().await;
         let _ = ipt(&["-X", chain]).status().await;
     }
+    for _ in 0..8 {
+        match ipt(&["-D", "OUTPUT", "-p", "udp", "-j", DNS_CHAIN])
+            .status()
+            .await
+        {
+            Ok(s) if s.success() => {}
+            _ => break,
+        }
+    }
+    let _ = ipt(&["-F", DNS_CHAIN]).status().await;
+    let _ = ipt(&["-X", DNS_CHAIN]).status().await;
 }
 
 /// How the pod's capture rules differ from Ferry's, if they do (see [`drift`]); rules that
 /// cannot be read count as differing.
-pub(crate) async fn check(netns: &Path, uncaptured: &Uncaptured) -> Option<String> {
+pub(crate) async fn check(netns: &Path, uncaptured: &Uncaptured, dns: bool) -> Option<String> {
     match saved(netns).await {
-        Ok(saved) => drift(&saved, uncaptured),
+        Ok(saved) => match (drift(&saved, uncaptured), dns_drift(&saved, dns)) {
+            (None, None) => None,
+            (a, b) => Some(a.into_iter().chain(b).collect::<Vec<_>>().join("; ")),
+        },
         Err(e) => Some(e.to_string()),
     }
 }
@@ -360,3 +474,7 @@ impl RuleChanges {
 #[cfg(test)]
 #[path = "capture_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "capture_dns_tests.rs"]
+mod dns_tests;

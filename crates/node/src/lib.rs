@@ -14,6 +14,8 @@
 //! - `capture`: the iptables rules in each pod's namespace.
 //! - `outbound`, `inbound`: the two directions; a held inbound connection re-checks its own
 //!   authorization on each snapshot change (`ferry_runtime::recheck`).
+//! - `dns`: the DNS proxy of DNS-captured pods: mesh names answered (scope applied), other
+//!   queries forwarded to the upstream resolver as they are.
 //! - `admin`: readiness, config dump, certificates, metrics; `memory`: memory given back after
 //!   load spikes.
 //!
@@ -24,6 +26,7 @@ mod admin;
 mod api;
 mod app;
 mod capture;
+mod dns;
 mod enrollment;
 mod inbound;
 mod memory;

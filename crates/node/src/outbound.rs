@@ -32,6 +32,13 @@ use crate::state::{Node, Open, Pod};
 
 /// Serves one connection captured on the pod's outbound port.
 pub(crate) async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, peer: SocketAddr) {
+    // DNS over TCP of a DNS-captured pod: its DNS proxy's.
+    if let Some(dns) = pod.dns.clone()
+        && crate::dns::is_dns(&tcp)
+    {
+        let egress = Arc::new(crate::dns::PodEgress(pod.clone()));
+        return dns.serve_tcp(egress, tcp).await;
+    }
     let started = Instant::now();
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);

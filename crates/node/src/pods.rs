@@ -149,6 +149,9 @@ impl Node {
             name: w.name.clone(),
             ip,
             identity,
+            dns: w
+                .dns_capture
+                .then(|| self.dns.resolver(self.store.clone(), uid.clone())),
             netns: ns,
             tasks: Mutex::new(Vec::new()),
         });
@@ -172,6 +175,11 @@ impl Node {
             .listen(listen(capture::HBONE_PORT))
             .await
             .map_err(io)?;
+        // Before the rules, as the listeners: a pod whose queries cannot be served is not.
+        let dns = match &pod.dns {
+            Some(_) => Some(crate::dns::bind(&pod.netns).await.map_err(io)?),
+            None => None,
+        };
         // Registered before the listeners accept: a connection they take may need the pod
         // (the tunnel dialer finds pods by address).
         self.by_ip.lock().insert(ip, pod.clone());
@@ -197,14 +205,20 @@ impl Node {
                 hbone,
             )));
             t.push(tokio::spawn(self.clone().keep_rules(pod.clone())));
+            if let (Some(resolver), Some(socket)) = (pod.dns.clone(), dns) {
+                let egress = Arc::new(crate::dns::PodEgress(pod.clone()));
+                t.push(tokio::spawn(resolver.serve_udp(egress, socket)));
+            }
         }
-        if let Err(e) = capture::install(pod.netns.path(), &self.uncaptured(&uid)).await {
+        if let Err(e) =
+            capture::install(pod.netns.path(), &self.uncaptured(&uid), pod.dns.is_some()).await
+        {
             self.by_ip.lock().remove(&ip);
             self.pods.lock().remove(&uid);
             self.stop(&pod).await;
             return Err(e.into());
         }
-        tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %pod.netns.path().display(), "pod enrolled");
+        tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %pod.netns.path().display(), dns_capture = pod.dns.is_some(), "pod enrolled");
         Ok(pod)
     }
 
@@ -296,11 +310,12 @@ impl Node {
             return;
         }
         let uncaptured = self.uncaptured(&pod.uid);
-        let Some(drift) = capture::check(path, &uncaptured).await else {
+        let dns = pod.dns.is_some();
+        let Some(drift) = capture::check(path, &uncaptured, dns).await else {
             return;
         };
         self.capture_repairs.inc();
-        match capture::install(path, &uncaptured).await {
+        match capture::install(path, &uncaptured, dns).await {
             Ok(()) => {
                 tracing::warn!(pod = %pod.uid, capture.drift = %drift, "capture rules were missing or altered; rewritten")
             }

@@ -29,6 +29,8 @@ pub(crate) struct Pod {
     pub(crate) name: String,
     pub(crate) ip: IpAddr,
     pub(crate) identity: Identity,
+    /// Its DNS proxy, when its workload says `dns_capture` (taken at enrollment).
+    pub(crate) dns: Option<Arc<crate::dns::Resolver>>,
     pub(crate) netns: Netns,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -81,6 +83,8 @@ pub(crate) struct Node {
     pub(crate) capture_repairs: prometheus_client::metrics::counter::Counter,
     /// Outbound connects tried again on another endpoint (`ferry_connect_retries_total`).
     pub(crate) connect_retries: prometheus_client::metrics::counter::Counter,
+    /// The DNS proxy's upstream and counters, for DNS-captured pods ([`crate::dns`]).
+    pub(crate) dns: crate::dns::Settings,
     /// Passive health: outlier detection over this node's outbound connects.
     pub(crate) health: crate::outlier::PassiveHealth,
     /// Accepts on every listener; refuses (and counts) when descriptors run out.

@@ -7,6 +7,8 @@
 //! - [`bootstrap`]: subscribe to the mesh (xDS) and get certificates (CA), once for all.
 //! - [`conn`]: why a connection failed ([`conn::ConnError`]: side, response flag, cause).
 //! - [`drain`]: one drain primitive, graceful then forced at a deadline.
+//! - `dns_server` (feature `dns-server`): a small authoritative DNS server, the DNS proxy's
+//!   upstream in tests and the lab.
 //! - [`serve`]: the HBONE accept loop with certificate rotation, under the drain.
 //! - [`recheck`]: a connection's own policy re-check on each snapshot change.
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
@@ -20,6 +22,8 @@ pub mod admin;
 pub mod bootstrap;
 pub mod conn;
 pub mod drain;
+#[cfg(feature = "dns-server")]
+pub mod dns_server;
 pub mod netns;
 pub mod recheck;
 pub mod records;

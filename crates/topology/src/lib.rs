@@ -29,6 +29,8 @@
 //! - A workload (or waypoint instance) is `healthy` unless it says `healthy: false`;
 //!   `terminating: true` marks one shutting down (no new connections, its open ones kept),
 //!   whatever `healthy` says.
+//! - `dns_capture: true` on a workload has its node proxy capture the pod's DNS queries (UDP and
+//!   TCP port 53) and answer those for mesh names itself (`ferry_core::dns`); off by default.
 //! - A service is backed by the workloads of its namespace whose labels include its
 //!   `selector`, with the service's port map; and by its address `endpoints` (which may be
 //!   another service's VIP: a nested service address). `selector_clusters: [..]` limits the

@@ -266,6 +266,10 @@ pub struct WorkloadSpec {
     #[serde(default)]
     pub labels: Labels,
     pub waypoint: Option<String>,
+    /// Its node proxy captures its DNS queries (UDP and TCP port 53) and answers those for mesh
+    /// names (opt-in; Istio's pod annotation `ambient.istio.io/dns-capture`).
+    #[serde(default)]
+    pub dns_capture: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
@@ -399,6 +403,7 @@ impl Default for WorkloadSpec {
             capacity: 1,
             labels: Labels::new(),
             waypoint: None,
+            dns_capture: false,
         }
     }
 }

@@ -76,6 +76,11 @@ pub struct Workload {
     /// The canonical revision as the control plane sent it; empty: derived from `labels`.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub canonical_revision: String,
+    /// The pod's DNS queries (UDP and TCP port 53) are captured and answered by its node proxy
+    /// for mesh names (opt-in: the topology's `dns_capture`, Istio's pod annotation
+    /// `ambient.istio.io/dns-capture`). See `ferry_core::dns`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dns_capture: bool,
 }
 
 fn by_service_name<S: serde::Serializer>(

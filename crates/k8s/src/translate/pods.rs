@@ -89,9 +89,21 @@ impl Tx<'_> {
                     terminating: state.terminating,
                     labels: p.metadata.labels.clone().unwrap_or_default(),
                     waypoint,
+                    dns_capture: enrolled && dns_capture(&p.metadata),
                     ..WorkloadSpec::default()
                 });
             }
         }
     }
+}
+
+/// Istio's per-pod DNS capture switch (`"true"` / `"false"`). Ferry's DNS proxy is opt-in: a
+/// pod's DNS is captured only when it says `"true"` (and it is in the mesh).
+const DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
+
+fn dns_capture(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(DNS_CAPTURE))
+        .is_some_and(|v| v == "true")
 }

@@ -186,6 +186,10 @@ impl Fixture {
             capture_repairs: crate::admin::capture_repairs(&mut registry),
             connect_retries: crate::admin::connect_retries(&mut registry),
             health: crate::outlier::PassiveHealth::new(Default::default(), &mut registry),
+            dns: crate::dns::Settings {
+                upstream: None,
+                metrics: crate::dns::Metrics::default(),
+            },
             acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
             idle_bound: Duration::from_secs(60),
             pods: Mutex::default(),

@@ -125,6 +125,7 @@ impl Cx {
             workload.waypoint = waypoint;
             workload.services = services;
             workload.labels.clone_from(&w.labels);
+            workload.dns_capture = w.dns_capture;
             self.out.workloads.push(workload);
         }
         drop(index);
@@ -234,6 +235,7 @@ impl Cx {
             // Derived from the labels when read (`ferry_core::telemetry::canonical`).
             canonical_name: String::new(),
             canonical_revision: String::new(),
+            dns_capture: false,
         })
     }
 

@@ -248,6 +248,7 @@ fn workload(w: &wl::Workload) -> R<Workload> {
         canonical_name: given_unless(&w.canonical_name, canonical_name(&labels, &w.name)),
         canonical_revision: given_unless(&w.canonical_revision, canonical_revision(&labels)),
         labels,
+        dns_capture: w.ferry_dns_capture,
     })
 }
 

@@ -145,6 +145,7 @@ fn workload(w: &Workload) -> wl::Workload {
             Health::Unhealthy | Health::Terminating => wl::WorkloadStatus::Unhealthy as i32,
         },
         ferry_terminating: w.health == Health::Terminating,
+        ferry_dns_capture: w.dns_capture,
         cluster_id: w.cluster.to_string(),
         locality: Some(wl::Locality {
             region: w.locality.region.clone(),
