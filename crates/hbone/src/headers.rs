@@ -92,15 +92,18 @@ impl ConnectHeaders {
         if !self.baggage.is_empty() {
             baggage::write_pairs(&self.baggage, map);
         }
-        if let Some(addr) = self.forwarded_for {
-            let mut v = format!("for=\"{addr}\"");
-            if let Some(h) = &self.forwarded_host {
-                v.push_str(";host=");
-                v.push_str(h);
-            }
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                map.insert(FORWARDED, v);
-            }
+        // `for` and `host` each only when known (a hop that cannot prove the client forwards
+        // none, and still names the service).
+        let pairs: Vec<String> = self
+            .forwarded_for
+            .map(|addr| format!("for=\"{addr}\""))
+            .into_iter()
+            .chain(self.forwarded_host.as_ref().map(|h| format!("host={h}")))
+            .collect();
+        if !pairs.is_empty()
+            && let Ok(v) = HeaderValue::from_str(&pairs.join(";"))
+        {
+            map.insert(FORWARDED, v);
         }
         if let Some(t) = self
             .traceparent
@@ -278,6 +281,24 @@ mod tests {
             "for=\"198.18.1.10:41234\";host=echo.default.svc.cluster.local"
         );
         assert_eq!(ConnectHeaders::read(&map), h);
+    }
+
+    #[test]
+    fn a_service_is_forwarded_without_a_client() {
+        let h = ConnectHeaders {
+            forwarded_host: Some("echo.default.svc.cluster.local".into()),
+            ..ConnectHeaders::default()
+        };
+        let mut map = HeaderMap::new();
+        h.write(&mut map);
+        assert_eq!(
+            map.get(FORWARDED).unwrap(),
+            "host=echo.default.svc.cluster.local"
+        );
+        assert_eq!(ConnectHeaders::read(&map), h);
+        let mut none = HeaderMap::new();
+        ConnectHeaders::default().write(&mut none);
+        assert!(none.get(FORWARDED).is_none());
     }
 
     #[test]

@@ -163,6 +163,43 @@ impl Netns {
         stream.set_nodelay(true)?;
         Ok(stream)
     }
+
+    /// A marked connection from inside the namespace whose source address is `src.ip()`,
+    /// which need not be the namespace's own (`IP_TRANSPARENT`): a connection to the pod's
+    /// app from the original client's address. The port is the kernel's pick, never
+    /// `src.port()` (the client's own port, unless 0): plain TCP captured on its way to the same
+    /// destination holds a conntrack entry for that pair, which a new connection with the same
+    /// four addresses would be taken for. The pod's namespace must route the replies back to
+    /// the socket (the node's original-source rules), or the connect times out.
+    pub async fn connect_from(&self, src: SocketAddr, dst: SocketAddr) -> io::Result<TcpStream> {
+        let s = self
+            .run(move || -> io::Result<std::net::TcpStream> {
+                let open = || -> io::Result<Socket> {
+                    let s = Socket::new(Domain::for_address(dst), Type::STREAM, None)?;
+                    s.set_mark(MARK)?;
+                    match dst {
+                        SocketAddr::V4(_) => s.set_ip_transparent_v4(true)?,
+                        SocketAddr::V6(_) => s.set_ip_transparent_v6(true)?,
+                    }
+                    s.set_nonblocking(true)?;
+                    s.set_tcp_nodelay(true)?;
+                    s.bind(&SocketAddr::new(src.ip(), 0).into())?;
+                    Ok(s)
+                };
+                let port = |s: &Socket| s.local_addr().ok().and_then(|a| a.as_socket());
+                let first = open()?;
+                let s = match port(&first) {
+                    // The first keeps its port until the second is bound: another one.
+                    Some(a) if src.port() != 0 && a.port() == src.port() => open()?,
+                    _ => first,
+                };
+                Ok(s.into())
+            })
+            .await??;
+        let stream = TcpSocket::from_std_stream(s).connect(dst).await?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
 }
 
 /// Dials tunnels from inside one network namespace (a waypoint's or a gateway's pod).
