@@ -230,10 +230,17 @@ fn dns_rewrite(saved: &str, dns: bool) -> String {
 /// of the pod's before it could take traffic past the proxy). `uncaptured` is what the pod was
 /// enrolled with.
 pub(crate) fn drift(saved: &str, uncaptured: &Uncaptured) -> Option<String> {
+    drift_of(saved, &chains(uncaptured))
+}
+
+/// How the chains of `saved` (one table as `iptables-save` prints it) differ from `chains`
+/// (hook, chain, rules), if they do: each chain holds exactly its rules, and its hook jumps to
+/// it once, first.
+pub(crate) fn drift_of(saved: &str, chains: &[(&str, &str, Vec<String>)]) -> Option<String> {
     let mut found = Vec::new();
-    for (hook, chain, want) in chains(uncaptured) {
+    for &(hook, chain, ref want) in chains {
         let have = rules_of(saved, chain);
-        if have != want {
+        if have != *want {
             found.push(format!(
                 "{chain} holds {} rule(s) that differ from Ferry's {}",
                 have.len(),
@@ -261,11 +268,16 @@ pub(crate) fn drift(saved: &str, uncaptured: &Uncaptured) -> Option<String> {
 /// Applied at once, so traffic never sees a state in between (a handover from a previous node
 /// proxy leaves no window).
 fn rewrite(saved: &str, uncaptured: &Uncaptured) -> String {
-    let mut script = String::from("*nat\n");
-    for (_, chain, _) in chains(uncaptured) {
+    rewrite_of("nat", saved, &chains(uncaptured))
+}
+
+/// [`rewrite`] for `chains` (hook, chain, rules) of `table`.
+pub(crate) fn rewrite_of(table: &str, saved: &str, chains: &[(&str, &str, Vec<String>)]) -> String {
+    let mut script = format!("*{table}\n");
+    for (_, chain, _) in chains {
         script.push_str(&format!(":{chain} - [0:0]\n"));
     }
-    for (hook, chain, want) in chains(uncaptured) {
+    for &(hook, chain, ref want) in chains {
         for rule in want {
             script.push_str(&format!("-A {chain} {rule}\n"));
         }
@@ -282,7 +294,7 @@ fn rewrite(saved: &str, uncaptured: &Uncaptured) -> String {
     script
 }
 
-fn nsenter(netns: &Path) -> Command {
+pub(crate) fn nsenter(netns: &Path) -> Command {
     let mut c = Command::new("nsenter");
     c.arg(format!("--net={}", netns.display()));
     c
@@ -290,8 +302,13 @@ fn nsenter(netns: &Path) -> Command {
 
 /// The pod's nat table as `iptables-save` prints it.
 pub(crate) async fn saved(netns: &Path) -> Result<String, CaptureError> {
+    saved_table(netns, "nat").await
+}
+
+/// One table of the pod's as `iptables-save` prints it.
+pub(crate) async fn saved_table(netns: &Path, table: &str) -> Result<String, CaptureError> {
     let out = nsenter(netns)
-        .args(["iptables-save", "-t", "nat"])
+        .args(["iptables-save", "-t", table])
         .stderr(std::process::Stdio::piped())
         .output()
         .await
@@ -335,6 +352,11 @@ pub(crate) async fn install(
     script.truncate(script.len() - "COMMIT\n".len());
     script.push_str(&dns_rewrite(&saved, dns));
     script.push_str("COMMIT\n");
+    restore(netns, &script).await
+}
+
+/// Applies `script` in one `iptables-restore --noflush` transaction.
+pub(crate) async fn restore(netns: &Path, script: &str) -> Result<(), CaptureError> {
     let err = |detail: String| CaptureError {
         netns: netns.display().to_string(),
         detail,
@@ -421,16 +443,26 @@ pub(crate) struct RuleChanges {
 impl RuleChanges {
     /// Subscribes inside `netns` (a netlink socket belongs to the namespace it is created in).
     pub(crate) async fn open(netns: &Netns) -> io::Result<Self> {
+        let group = 1 << (nix::libc::NFNLGRP_NFTABLES - 1);
+        Self::subscribe(netns, SockProtocol::NetlinkNetFilter, group).await
+    }
+
+    /// Messages of the netlink `groups` (a bit mask) of `protocol` inside `netns`: any of them
+    /// is a change (see [`RuleChanges::next`]).
+    pub(crate) async fn subscribe(
+        netns: &Netns,
+        protocol: SockProtocol,
+        groups: u32,
+    ) -> io::Result<Self> {
         let fd = netns
-            .run(|| -> nix::Result<OwnedFd> {
+            .run(move || -> nix::Result<OwnedFd> {
                 let fd = socket(
                     AddressFamily::Netlink,
                     SockType::Raw,
                     SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-                    SockProtocol::NetlinkNetFilter,
+                    protocol,
                 )?;
-                let group = 1 << (nix::libc::NFNLGRP_NFTABLES - 1);
-                bind(fd.as_raw_fd(), &NetlinkAddr::new(0, group))?;
+                bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
                 Ok(fd)
             })
             .await??;

@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_core::app_source::{self, AppSource, TunnelSource};
 use ferry_core::authz::{self, ConnInfo, Verdict};
 use ferry_core::hop::{self, OriginError, PeerCluster};
 use ferry_core::identity::Identity;
@@ -252,6 +253,9 @@ struct Inbound {
 struct Admitted {
     /// The pod's address and port the tunnel goes to.
     to: SocketAddr,
+    /// The client's address the app sees the connection from ([`app_source`]); `None`: the
+    /// pod's own.
+    client: Option<IpAddr>,
     /// Counted opened under these when the pod is reached (or opened and closed at once if the
     /// dial failed); closed under the same.
     labels: Counted,
@@ -332,7 +336,19 @@ impl Handler for Inbound {
             .workload(&self.pod.uid)
             .ok_or_else(|| ConnError::from(inbound::InboundError::LeftMesh).refusal())?;
         let headers = ConnectHeaders::read(&req.headers);
-        let path = hbone_path(&snap, dst, &req.peer, &headers);
+        let client = app_source::for_destination(
+            &snap,
+            dst,
+            to.ip(),
+            &TunnelSource {
+                peer: &req.peer,
+                peer_ip: req.peer_addr.ip(),
+                network: &dst.network,
+                forwarded_for: headers.forwarded_for.map(|a| a.ip()),
+                forwarded_network: headers.forwarded_network.as_deref(),
+            },
+        );
+        let path = with_app_source(hbone_path(&snap, dst, &req.peer, &headers), &client);
         let source = proven_source(&snap, dst, req.peer_addr.ip(), &req.peer);
         let src_workload = source.map(|w| w.name.clone()).unwrap_or_default();
         let service =
@@ -379,6 +395,7 @@ impl Handler for Inbound {
         }
         Ok(Admitted {
             to,
+            client: client.ip(),
             labels: Counted::Pending(Box::new(labels)),
             error: None,
             changes: Some(changes),
@@ -397,6 +414,7 @@ impl Handler for Inbound {
         admitted: &mut Admitted,
     ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
         let (pod, node, to) = (self.pod.clone(), self.node.clone(), admitted.to);
+        let from = pod.source_for(admitted.client, to);
         let held = Held {
             node: node.clone(),
             pod: pod.clone(),
@@ -409,7 +427,7 @@ impl Handler for Inbound {
             }),
         };
         async move {
-            let up = match pod.netns.connect(None, to).await {
+            let up = match connect_app(&pod, from, 0, to).await {
                 Ok(up) => up,
                 Err(e) => {
                     // Counted opened and closed under the failure's flag, in `finished`.
@@ -471,6 +489,33 @@ impl Handler for Inbound {
             log.fail(e);
         }
         log.emit();
+    }
+}
+
+/// Connects to `to` in `pod` from `from` (the client's address, never from its port
+/// `client_port`), else from the pod's own address.
+async fn connect_app(
+    pod: &Pod,
+    from: Option<IpAddr>,
+    client_port: u16,
+    to: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    match from {
+        Some(ip) => {
+            pod.netns
+                .connect_from(SocketAddr::new(ip, client_port), to)
+                .await
+        }
+        None => pod.netns.connect(None, to).await,
+    }
+}
+
+/// `path`, and, when the app does not see the client's address, why (the decision record says
+/// so).
+fn with_app_source(path: Cow<'static, str>, source: &AppSource) -> Cow<'static, str> {
+    match source {
+        AppSource::Use { .. } => path,
+        AppSource::Own(why) => format!("{path}; the app sees the pod's own address: {why}").into(),
     }
 }
 
@@ -621,7 +666,11 @@ async fn plain_checked(
             log.dst_hbone_addr = orig.to_string();
             via_waypoint(node, pod, tcp, peer, orig, wp, l).await
         }
-        InboundPlan::Deliver(to) => to_pod(node, pod, tcp, peer, to, l, changes).await,
+        InboundPlan::Deliver(to) => {
+            let client = app_source::for_plain(peer.ip(), to.ip());
+            log.path = with_app_source(std::mem::take(&mut log.path).into(), &client).into_owned();
+            to_pod(node, pod, tcp, peer, to, client.ip(), l, changes).await
+        }
         InboundPlan::Refuse(e) => Err(e.into()),
     }
 }
@@ -697,19 +746,20 @@ async fn via_waypoint(
     carry(node, tcp, tunnel, labels, std::future::pending()).await
 }
 
-/// Carries a plain connection to the pod itself.
+/// Carries a plain connection to the pod itself, from `client` (the address the app sees,
+/// else the pod's own).
+#[allow(clippy::too_many_arguments)] // the connection's parts, each used once
 async fn to_pod(
     node: &Arc<Node>,
     pod: &Arc<Pod>,
     tcp: &mut TcpStream,
     peer: SocketAddr,
     to: SocketAddr,
+    client: Option<IpAddr>,
     labels: Labels,
     changes: watch::Receiver<u64>,
 ) -> Result<(u64, u64), ConnError> {
-    let up = pod
-        .netns
-        .connect(None, to)
+    let up = connect_app(pod, pod.source_for(client, to), peer.port(), to)
         .await
         .map_err(|e| ConnError::connect(to, e));
     if let Ok(up) = &up {

@@ -11,7 +11,8 @@
 //!   enrollment; `api`: the node-local enrollment API;
 //!   `enrollment`: enrolled pods kept across restarts; [`zds`]: the node agent's protocol
 //!   (Istio's `istio.workload.zds`), pods handed over with their namespace as a descriptor.
-//! - `capture`: the iptables rules in each pod's namespace.
+//! - `capture`: the iptables rules in each pod's namespace; `transparent`: the rules there that
+//!   let the proxy connect to the app from the original client's address.
 //! - `outbound`, `inbound`: the two directions; a held inbound connection re-checks its own
 //!   authorization on each snapshot change (`ferry_runtime::recheck`).
 //! - `dns`: the DNS proxy of DNS-captured pods: mesh names answered (scope applied), other
@@ -35,6 +36,7 @@ mod outbound;
 mod outlier;
 mod pods;
 mod state;
+mod transparent;
 pub mod zds;
 
 pub use app::{Config, run};

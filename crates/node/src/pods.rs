@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ferry_core::identity::Identity;
@@ -14,6 +15,7 @@ use parking_lot::Mutex;
 
 use crate::capture;
 use crate::state::{Node, Pod};
+use crate::transparent;
 
 /// How long a pod's ruleset must stay unchanged before its capture rules are compared.
 const RULES_SETTLE: Duration = Duration::from_secs(1);
@@ -154,6 +156,7 @@ impl Node {
                 .then(|| self.dns.resolver(self.store.clone(), uid.clone())),
             netns: ns,
             tasks: Mutex::new(Vec::new()),
+            transparent: std::sync::atomic::AtomicBool::new(false),
         });
         let listen = |port| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port);
         let io = |source| EnrollError::Netns {
@@ -218,6 +221,7 @@ impl Node {
             self.stop(&pod).await;
             return Err(e.into());
         }
+        self.install_transparent(&pod).await;
         tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %pod.netns.path().display(), dns_capture = pod.dns.is_some(), "pod enrolled");
         Ok(pod)
     }
@@ -276,25 +280,23 @@ impl Node {
                 None
             }
         };
+        // The original-source rules' routing half changes without an nf_tables event.
+        let mut routes = match transparent::route_changes(&pod.netns).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(pod = %pod.uid, error = %e, "no routing events from the pod's namespace; its original-source rules are compared every 30 s only");
+                None
+            }
+        };
         loop {
-            let changed = async {
-                match changes.as_mut() {
-                    Some(c) => {
-                        c.next().await?;
-                        // Another program's change may come in several steps: compared once
-                        // they stop.
-                        while let Ok(more) = tokio::time::timeout(RULES_SETTLE, c.next()).await {
-                            more?;
-                        }
-                        Ok::<(), std::io::Error>(())
-                    }
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
-                r = changed => if let Err(e) = r {
+                r = settled(changes.as_mut()) => if let Err(e) = r {
                     tracing::warn!(pod = %pod.uid, error = %e, "ruleset events from the pod's namespace stopped; its capture rules are compared every 30 s only");
                     changes = None;
+                },
+                r = settled(routes.as_mut()) => if let Err(e) = r {
+                    tracing::warn!(pod = %pod.uid, error = %e, "routing events from the pod's namespace stopped; its original-source rules are compared every 30 s only");
+                    routes = None;
                 },
                 () = tokio::time::sleep(RULES_SAFETY_CHECK) => {}
             }
@@ -302,13 +304,15 @@ impl Node {
         }
     }
 
-    /// Rewrites `pod`'s capture rules if they differ from Ferry's.
+    /// Rewrites `pod`'s capture rules if they differ from Ferry's, and its original-source
+    /// rules ([`Node::repair_transparent`]).
     async fn repair_rules(&self, pod: &Pod) {
         let path = pod.netns.path();
         if !path.exists() || pod.netns.replaced() {
             // Reported and handled by the reconcile loop.
             return;
         }
+        self.repair_transparent(pod).await;
         let uncaptured = self.uncaptured(&pod.uid);
         let dns = pod.dns.is_some();
         let Some(drift) = capture::check(path, &uncaptured, dns).await else {
@@ -329,6 +333,49 @@ impl Node {
         for t in pod.tasks.lock().drain(..) {
             t.abort();
         }
+        pod.transparent.store(false, Ordering::Relaxed);
+        transparent::remove(pod.netns.path()).await;
         capture::remove(pod.netns.path()).await;
+    }
+}
+
+/// Resolves once `changes` announced a change and then stayed quiet for [`RULES_SETTLE`]
+/// (another program's change may come in several steps: compared once they stop); never
+/// without `changes`.
+async fn settled(changes: Option<&mut capture::RuleChanges>) -> std::io::Result<()> {
+    let Some(c) = changes else {
+        return std::future::pending().await;
+    };
+    c.next().await?;
+    while let Ok(more) = tokio::time::timeout(RULES_SETTLE, c.next()).await {
+        more?;
+    }
+    Ok(())
+}
+
+impl Node {
+    /// Installs `pod`'s original-source rules ([`transparent`]); the app sees the client's
+    /// address from then on. A failure only costs that: logged, and the pod is served.
+    async fn install_transparent(&self, pod: &Pod) {
+        match transparent::install(pod.netns.path()).await {
+            Ok(()) => pod.transparent.store(true, Ordering::Relaxed),
+            Err(e) => {
+                pod.transparent.store(false, Ordering::Relaxed);
+                tracing::error!(pod = %pod.uid, error = %e, "original-source rules cannot be installed; the app sees the pod's own address as every mesh connection's source");
+            }
+        }
+    }
+
+    /// Rewrites `pod`'s original-source rules if they differ from Ferry's (counted with the
+    /// capture's repairs). Until they are back, connections to the app come from the pod's own
+    /// address.
+    async fn repair_transparent(&self, pod: &Pod) {
+        let Some(drift) = transparent::check(pod.netns.path()).await else {
+            return;
+        };
+        pod.transparent.store(false, Ordering::Relaxed);
+        self.capture_repairs.inc();
+        tracing::warn!(pod = %pod.uid, transparent.drift = %drift, "original-source rules were missing or altered; rewriting");
+        self.install_transparent(pod).await;
     }
 }

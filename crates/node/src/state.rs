@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ferry_core::identity::Identity;
 use ferry_core::model::{NodeName, WorkloadUid};
@@ -33,6 +33,9 @@ pub(crate) struct Pod {
     pub(crate) dns: Option<Arc<crate::dns::Resolver>>,
     pub(crate) netns: Netns,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Whether the rules that let the proxy connect to the app from the client's address are in
+    /// place ([`crate::transparent`]): until they are, the app sees the pod's own address.
+    pub(crate) transparent: AtomicBool,
 }
 
 // === impl Pod ===
@@ -41,6 +44,13 @@ impl Pod {
     /// Whether the node agent enrolled it (over ZDS, with its namespace as a descriptor).
     pub(crate) fn is_agents(&self) -> bool {
         self.netns.is_held()
+    }
+
+    /// The address to connect to `to` in the pod from, for a connection whose client the
+    /// decision found to be `client` ([`ferry_core::app_source`]): `client` if the pod's rules
+    /// are in place and both are IPv4 (the rules are), else none (the pod's own address).
+    pub(crate) fn source_for(&self, client: Option<IpAddr>, to: SocketAddr) -> Option<IpAddr> {
+        client.filter(|c| c.is_ipv4() && to.is_ipv4() && self.transparent.load(Ordering::Relaxed))
     }
 }
 

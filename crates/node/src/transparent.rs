@@ -1,0 +1,268 @@
+//! The rules in a pod's namespace that let the node proxy connect to the app from the
+//! original client's address (`IP_TRANSPARENT`, [`ferry_runtime::netns::Netns::connect_from`]),
+//! as istio-cni sets them up for ztunnel, with Istio's marks:
+//!
+//! ```text
+//!   mangle PREROUTING -p tcp -> FERRY_ORIG_PRE: marked by the proxy (0x539), arriving on lo
+//!                                               -> CONNMARK 0x111 (a connection the proxy made
+//!                                                  to the pod itself)
+//!   mangle OUTPUT     -p tcp -> FERRY_ORIG_OUT: its connection marked 0x111 -> restore the mark
+//!   ip rule fwmark 0x111/0xfff pref 32764 lookup 133
+//!   ip route local 0.0.0.0/0 dev lo table 133
+//! ```
+//!
+//! The app's replies to the client's address carry mark 0x111, so they are routed to the local
+//! stack (table 133) and reach the proxy's transparent socket instead of leaving by the pod's
+//! interface. Connections the proxy opens elsewhere (tunnels to other pods) never pass the pod's
+//! PREROUTING with the proxy's mark, so they are untouched, and so are the app's own
+//! connections. IPv4 only: the node proxy connects an IPv6 target from the pod's own address.
+//!
+//! They go and come with the capture rules: installed at enrollment, compared whenever the
+//! namespace's nf_tables ruleset (the chains) or its routing rules and routes change, rewritten
+//! on a difference, removed with the pod. A pod whose rules are not in place is connected from
+//! its own address (the connect would otherwise wait for replies that leave the pod).
+
+use std::path::Path;
+
+use ferry_runtime::netns::{MARK, Netns};
+use nix::sys::socket::SockProtocol;
+use tokio::process::Command;
+
+use crate::capture::{self, RuleChanges};
+
+/// Why the rules could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+#[error("original-source rules in {netns}: {detail}")]
+pub(crate) struct TransparentError {
+    pub netns: String,
+    pub detail: String,
+}
+
+impl From<capture::CaptureError> for TransparentError {
+    fn from(e: capture::CaptureError) -> Self {
+        Self {
+            netns: e.netns,
+            detail: e.detail,
+        }
+    }
+}
+
+/// The connection mark of the proxy's connections to the pod itself (Istio's in-pod TPROXY mark).
+pub(crate) const ORIGIN_MARK: u32 = 0x111;
+/// The bits of the mark Ferry's marks use.
+const MASK: u32 = 0xfff;
+/// The routing table that delivers marked replies locally.
+pub(crate) const ROUTE_TABLE: u32 = 133;
+/// The priority of the rule that selects it (before `main`, 32766).
+const RULE_PRIORITY: u32 = 32764;
+
+/// The mangle chains, with their rules as `iptables-save` prints them.
+fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
+    [
+        (
+            "PREROUTING",
+            "FERRY_ORIG_PRE",
+            vec![format!(
+                "-m mark --mark {MARK:#x}/{MASK:#x} -j CONNMARK --set-xmark {ORIGIN_MARK:#x}/{MASK:#x}"
+            )],
+        ),
+        (
+            "OUTPUT",
+            "FERRY_ORIG_OUT",
+            vec![format!(
+                "-m connmark --mark {ORIGIN_MARK:#x}/{MASK:#x} -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff"
+            )],
+        ),
+    ]
+}
+
+/// The routing rule, as `ip -4 rule show` prints it (whitespace aside).
+fn rule_line() -> String {
+    format!("{RULE_PRIORITY}: from all fwmark {ORIGIN_MARK:#x}/{MASK:#x} lookup {ROUTE_TABLE}")
+}
+
+/// The one route of [`ROUTE_TABLE`], as `ip -4 route show table` prints it.
+const ROUTE_LINE: &str = "local default dev lo scope host";
+
+fn words(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// How the pod's rules differ from these, if they do: `mangle` (its mangle table as
+/// `iptables-save` prints it), `rules` (`ip -4 rule show`) and `routes` (`ip -4 route show
+/// table 133`). The chains as the capture's ([`capture::drift_of`]); the routing rule present
+/// once; the table holding the one local route.
+pub(crate) fn drift(mangle: &str, rules: &str, routes: &str) -> Option<String> {
+    let mut found: Vec<String> = capture::drift_of(mangle, &chains()).into_iter().collect();
+    let want = rule_line();
+    let n = rules.lines().filter(|l| words(l) == want).count();
+    if n != 1 {
+        found.push(format!("the routing rule '{want}' is there {n} time(s)"));
+    }
+    let table: Vec<String> = routes
+        .lines()
+        .map(words)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if table != [ROUTE_LINE] {
+        found.push(format!(
+            "table {ROUTE_TABLE} holds {} route(s), not only '{ROUTE_LINE}'",
+            table.len()
+        ));
+    }
+    (!found.is_empty()).then(|| found.join("; "))
+}
+
+fn ip(netns: &Path, args: &[&str]) -> Command {
+    let mut c = capture::nsenter(netns);
+    c.arg("ip").args(args);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+/// Runs `ip <args>` in the pod's namespace: its output, or what it said went wrong.
+async fn run_ip(netns: &Path, args: &[&str]) -> Result<String, TransparentError> {
+    let err = |detail: String| TransparentError {
+        netns: netns.display().to_string(),
+        detail: format!("ip {}: {detail}", args.join(" ")),
+    };
+    let out = ip(netns, args)
+        .output()
+        .await
+        .map_err(|e| err(format!("cannot run nsenter/ip: {e}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(err(String::from_utf8_lossy(&out.stderr).trim().to_string()))
+    }
+}
+
+/// What [`drift`] compares, read from the pod's namespace. A routing table that does not
+/// exist yet holds no route.
+async fn read(netns: &Path) -> Result<(String, String, String), TransparentError> {
+    let table = ROUTE_TABLE.to_string();
+    let routes = match run_ip(netns, &["-4", "route", "show", "table", &table]).await {
+        Err(e) if e.detail.contains("table does not exist") => String::new(),
+        r => r?,
+    };
+    Ok((
+        capture::saved_table(netns, "mangle").await?,
+        run_ip(netns, &["-4", "rule", "show"]).await?,
+        routes,
+    ))
+}
+
+/// How the pod's rules differ from Ferry's, if they do; rules that cannot be read differ.
+pub(crate) async fn check(netns: &Path) -> Option<String> {
+    match read(netns).await {
+        Ok((mangle, rules, routes)) => drift(&mangle, &rules, &routes),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The arguments of the routing rule, after `ip -4 rule add|del`.
+fn rule_args() -> Vec<String> {
+    vec![
+        "fwmark".into(),
+        format!("{ORIGIN_MARK:#x}/{MASK:#x}"),
+        "pref".into(),
+        RULE_PRIORITY.to_string(),
+        "lookup".into(),
+        ROUTE_TABLE.to_string(),
+    ]
+}
+
+/// Makes the pod's rules Ferry's, unless they already are (a handover leaves the previous node
+/// proxy's in place): the chains in one `iptables-restore` transaction (as the capture's), the
+/// table's route replaced and any other flushed, the routing rule put there once.
+pub(crate) async fn install(netns: &Path) -> Result<(), TransparentError> {
+    let (mangle, rules, routes) = read(netns).await?;
+    if drift(&mangle, &rules, &routes).is_none() {
+        return Ok(());
+    }
+    capture::restore(netns, &capture::rewrite_of("mangle", &mangle, &chains())).await?;
+    let table = ROUTE_TABLE.to_string();
+    if !routes.trim().is_empty() && words(&routes) != ROUTE_LINE {
+        run_ip(netns, &["-4", "route", "flush", "table", &table]).await?;
+    }
+    run_ip(
+        netns,
+        &[
+            "-4",
+            "route",
+            "replace",
+            "local",
+            "0.0.0.0/0",
+            "dev",
+            "lo",
+            "table",
+            &table,
+        ],
+    )
+    .await?;
+    let rule = rule_args();
+    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    let want = rule_line();
+    let present = rules.lines().filter(|l| words(l) == want).count();
+    if present != 1 {
+        for _ in 0..present {
+            run_ip(netns, &[&["-4", "rule", "del"], &rule[..]].concat()).await?;
+        }
+        run_ip(netns, &[&["-4", "rule", "add"], &rule[..]].concat()).await?;
+    }
+    Ok(())
+}
+
+/// Removes the pod's rules; missing ones are not an error.
+pub(crate) async fn remove(netns: &Path) {
+    let rule = rule_args();
+    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    for _ in 0..8 {
+        if run_ip(netns, &[&["-4", "rule", "del"], &rule[..]].concat())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let table = ROUTE_TABLE.to_string();
+    let _ = run_ip(netns, &["-4", "route", "flush", "table", &table]).await;
+    for (hook, chain, _) in chains() {
+        for _ in 0..8 {
+            let deleted = capture::nsenter(netns)
+                .args([
+                    "iptables", "-w", "-t", "mangle", "-D", hook, "-p", "tcp", "-j",
+                ])
+                .arg(chain)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .await;
+            if !deleted.is_ok_and(|s| s.success()) {
+                break;
+            }
+        }
+        for op in ["-F", "-X"] {
+            let _ = capture::nsenter(netns)
+                .args(["iptables", "-w", "-t", "mangle", op, chain])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .await;
+        }
+    }
+}
+
+/// Changes to the namespace's IPv4 routing rules and routes (rtnetlink's RTNLGRP_IPV4_RULE and
+/// RTNLGRP_IPV4_ROUTE): the other half of what [`check`] compares (the chains' changes are
+/// nf_tables events, [`RuleChanges::open`]).
+pub(crate) async fn route_changes(netns: &Netns) -> std::io::Result<RuleChanges> {
+    let groups =
+        (1 << (nix::libc::RTNLGRP_IPV4_ROUTE - 1)) | (1 << (nix::libc::RTNLGRP_IPV4_RULE - 1));
+    RuleChanges::subscribe(netns, SockProtocol::NetlinkRoute, groups).await
+}
+
+#[cfg(test)]
+#[path = "transparent_tests.rs"]
+mod tests;
