@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ferry_core::app_source::{self, AppSource, TunnelSource};
 use ferry_core::hop::{Hop, origin_cluster};
 use ferry_core::identity::Identity;
 use ferry_core::inbound::fronted_by;
@@ -64,6 +65,9 @@ fn closed_by_policy(e: &ConnError) -> Option<&ferry_runtime::conn::Denial> {
 pub(crate) struct Admitted {
     plan: Option<Plan>,
     origin: ClusterId,
+    /// The original client, as far as it is proven ([`original_client`]): forwarded to the next
+    /// hop, and the source address policies judge.
+    client: Option<SocketAddr>,
     /// Why `connect` failed, if it did (the server reports only the refusal).
     error: Option<Box<ConnError>>,
     /// How a tunnel served here (HTTP, or L4 after detection) ended, told by its server.
@@ -207,6 +211,7 @@ impl Handler for Waypoint {
         };
         match planned {
             Ok(plan) => Ok(Admitted {
+                client: original_client(&snap, me, req, &headers, &plan),
                 plan: Some(plan),
                 origin,
                 error: None,
@@ -236,9 +241,10 @@ impl Handler for Waypoint {
     ) -> impl std::future::Future<Output = Result<Forward, Refusal>> + Send {
         let (plan, origin_cluster) = (admitted.plan.take(), admitted.origin.clone());
         let served = admitted.served.clone();
-        let peer = req.peer_addr;
+        // The original client, forwarded on (none when unproven), and the address judged.
+        let peer = admitted.client;
+        let source_ip = peer.map_or(req.peer_addr.ip(), |c| c.ip());
         let headers = ConnectHeaders::read(&req.headers);
-        let source_ip = headers.forwarded_for.unwrap_or(peer).ip();
         let mut baggage = headers.typed_baggage();
         // The connection's trace goes on with it (the source's node proxy starts one).
         let traceparent = headers.traceparent;
@@ -387,6 +393,47 @@ impl Handler for Waypoint {
     }
 }
 
+/// The original client of a tunnel this waypoint carries on `plan`, by core's rule
+/// ([`app_source::for_waypoint`]): an address of the peer's own identity (its forwarded one on
+/// the network it names, else its TCP peer's on this waypoint's), or the one the landing
+/// workload's node proxy forwards when it relays plain TCP from outside the mesh. The port is
+/// the forwarded one with a forwarded address, else the TCP peer's. `None` (logged): unproven,
+/// nothing is forwarded and the destination's app sees its own pod's address.
+fn original_client(
+    snap: &ferry_core::snapshot::Snapshot,
+    me: &ferry_core::model::Workload,
+    req: &ConnectRequest,
+    headers: &ConnectHeaders,
+    plan: &Plan,
+) -> Option<SocketAddr> {
+    let landing = plan
+        .landing
+        .as_ref()
+        .and_then(|u| snap.workload(u))
+        .map(|w| &**w);
+    let target = landing
+        .and_then(|w| w.addresses.first().copied())
+        .unwrap_or(req.peer_addr.ip());
+    let facts = TunnelSource {
+        peer: &req.peer,
+        peer_ip: req.peer_addr.ip(),
+        network: &me.network,
+        forwarded_for: headers.forwarded_for.map(|a| a.ip()),
+        forwarded_network: headers.forwarded_network.as_deref(),
+    };
+    let plaintext = headers.typed_baggage().plaintext;
+    match app_source::for_waypoint(landing, snap, target, &facts, plaintext) {
+        AppSource::Use { ip, .. } => Some(match headers.forwarded_for {
+            Some(f) if f.ip() == ip => f,
+            _ => SocketAddr::new(ip, req.peer_addr.port()),
+        }),
+        AppSource::Own(why) => {
+            tracing::info!(src.identity = %req.peer, src.addr = %req.peer_addr, reason = %why, "the original client is not proven; none is forwarded");
+            None
+        }
+    }
+}
+
 impl Waypoint {
     /// Every tunnel to a workload is inspected: HTTP is judged request by request, anything
     /// else once at L4, both with the original source (`None`: plain TCP from outside the mesh,
@@ -420,10 +467,11 @@ impl Waypoint {
         Some((judge, uid))
     }
 
+    /// Opens the next hop of `plan`, forwarding `peer` (the original client, if proven).
     pub(crate) async fn open_upstream(
         &self,
         plan: Plan,
-        peer: SocketAddr,
+        peer: Option<SocketAddr>,
         origin: Onward,
     ) -> Result<Opened, ConnError> {
         let service = plan.service.as_ref().map(|s| s.hostname.clone());
@@ -485,15 +533,18 @@ impl Waypoint {
     }
 }
 
-/// The CONNECT metadata of a tunnel the waypoint opens: the original source's baggage and
-/// address.
-/// The CONNECT metadata of a tunnel onward from the waypoint: as a node proxy's, the trace it
-/// continues and the service it is for (`forwarded ;host=`), so the destination attributes
-/// the connection to that service.
-fn tunnel_headers(onward: Onward, peer: SocketAddr, service: Option<String>) -> ConnectHeaders {
+/// The CONNECT metadata of a tunnel onward from the waypoint: as a node proxy's, the original
+/// source's baggage, its address when proven (`forwarded: for=`, what the destination's app
+/// sees), the trace it continues and the service it is for (`forwarded ;host=`), so the
+/// destination attributes the connection to that service.
+fn tunnel_headers(
+    onward: Onward,
+    peer: Option<SocketAddr>,
+    service: Option<String>,
+) -> ConnectHeaders {
     ConnectHeaders {
         baggage: onward.baggage,
-        forwarded_for: Some(peer),
+        forwarded_for: peer,
         forwarded_host: service,
         traceparent: onward.traceparent,
         ..ConnectHeaders::default()

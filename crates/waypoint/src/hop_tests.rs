@@ -368,7 +368,7 @@ fn a_tunnel_onward_continues_the_trace_and_names_its_service_as_a_node_proxy_doe
     let peer: SocketAddr = "198.18.1.10:40000".parse().unwrap();
     let h = tunnel_headers(
         onward.clone(),
-        peer,
+        Some(peer),
         Some("echo.default.svc.cluster.local".into()),
     );
     assert_eq!(h.traceparent.as_deref(), Some(trace.as_str()));
@@ -387,7 +387,20 @@ fn a_tunnel_onward_continues_the_trace_and_names_its_service_as_a_node_proxy_doe
         Some("echo.default.svc.cluster.local")
     );
     // A pod address: no service to name.
-    assert_eq!(tunnel_headers(onward, peer, None).forwarded_host, None);
+    assert_eq!(
+        tunnel_headers(onward.clone(), Some(peer), None).forwarded_host,
+        None
+    );
+    // An unproven client: none forwarded, the service still named.
+    let h = tunnel_headers(onward, None, Some("echo.default.svc.cluster.local".into()));
+    let mut map = http::HeaderMap::new();
+    h.write(&mut map);
+    let back = ConnectHeaders::read(&map);
+    assert_eq!(back.forwarded_for, None);
+    assert_eq!(
+        back.forwarded_host.as_deref(),
+        Some("echo.default.svc.cluster.local")
+    );
 }
 
 /// A gRPC call through the waypoint to a service whose port says `grpc`: the waypoint speaks

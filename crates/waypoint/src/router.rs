@@ -31,7 +31,8 @@ pub(crate) struct TunnelRouter {
     pub(crate) origin: ClusterId,
     /// The tunnel's metadata, carried on to every backend.
     pub(crate) baggage: crate::state::Onward,
-    pub(crate) peer: SocketAddr,
+    /// The original client, forwarded to every backend, if proven.
+    pub(crate) peer: Option<SocketAddr>,
     /// `None` for plain TCP from outside the mesh.
     pub(crate) source: Option<Identity>,
     pub(crate) source_ip: IpAddr,
