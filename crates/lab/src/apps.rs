@@ -31,7 +31,8 @@ pub(crate) const HTTP_PORT: u16 = 8081;
 
 /// Serves every port in `ports` and [`DIRECT_ECHO_PORT`] (each connection gets `"<name> port
 /// <p> saw <peer>\n"`, then its own bytes back until it closes its side), the sink on
-/// [`SINK_PORT`] and [`DIRECT_SINK_PORT`] and HTTP on [`HTTP_PORT`] and [`DIRECT_HTTP_PORT`].
+/// [`SINK_PORT`] and [`DIRECT_SINK_PORT`], HTTP on [`HTTP_PORT`] and [`DIRECT_HTTP_PORT`] and
+/// gRPC's health service on [`crate::grpc::GRPC_PORT`].
 pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -97,6 +98,8 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
             let http = TcpListener::bind(("0.0.0.0", port)).await?;
             tasks.push(tokio::spawn(serve_http(name.to_string(), http)));
         }
+        let grpc = TcpListener::bind(("0.0.0.0", crate::grpc::GRPC_PORT)).await?;
+        tasks.push(tokio::spawn(crate::grpc::serve(grpc)));
         for t in tasks {
             let _ = t.await;
         }

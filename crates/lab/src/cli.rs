@@ -52,6 +52,17 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// One gRPC call from a pod to IP:port: `grpc.health.v1.Health/Check` of SERVICE (every lab
+    /// pod serves it on 50051 and knows `ferry.lab.Echo`); prints the status and the metadata
+    /// (headers and trailers) that came back. Exit code 0 for OK, 1 for another status.
+    Grpc {
+        pod: String,
+        to: SocketAddr,
+        #[arg(default_value = "ferry.lab.Echo")]
+        service: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// Make N new connections from a pod to IP:port, one after another, and print how many each
     /// pod answered and how many failed (where graduated failover spills, for instance).
     Count {
@@ -354,6 +365,9 @@ pub enum LabCommand {
         #[arg(long)]
         n: u32,
     },
+    /// (inside the lab) one gRPC health check; prints its status and metadata.
+    #[command(hide = true)]
+    GrpcCheck { to: SocketAddr, service: String },
     /// (inside the lab) connect, send, print the answer.
     #[command(hide = true)]
     Connect {
@@ -391,6 +405,13 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Send { pod, to, data, lab } => session::send(&lab.state_dir, &pod, to, &data),
         LabCommand::Connect { to, data, local } => session::connect(to, &data, local),
         LabCommand::Count { pod, to, n, lab } => session::count(&lab.state_dir, &pod, to, n),
+        LabCommand::Grpc {
+            pod,
+            to,
+            service,
+            lab,
+        } => session::grpc(&lab.state_dir, &pod, to, &service),
+        LabCommand::GrpcCheck { to, service } => crate::grpc::check(to, &service),
         LabCommand::Tally { to, n } => done(session::tally(to, n)),
         LabCommand::Bench {
             from,
@@ -601,6 +622,29 @@ mod tests {
     #[test]
     fn the_arguments_are_consistent() {
         Lab::command().debug_assert();
+    }
+
+    #[test]
+    fn grpc_checks_the_lab_service_unless_told_another() {
+        let parse = |args: &[&str]| match Lab::try_parse_from(args).expect("parses").cmd {
+            LabCommand::Grpc {
+                pod, to, service, ..
+            } => (pod, to.to_string(), service),
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(
+            parse(&["lab", "grpc", "echo-beta", "198.18.10.5:82"]),
+            (
+                "echo-beta".into(),
+                "198.18.10.5:82".into(),
+                "ferry.lab.Echo".into()
+            )
+        );
+        assert_eq!(
+            parse(&["lab", "grpc", "echo-beta", "198.18.10.5:82", "no.Such"]).2,
+            "no.Such"
+        );
+        assert!(Lab::try_parse_from(["lab", "grpc", "echo-beta", "not-an-address"]).is_err());
     }
 
     #[test]

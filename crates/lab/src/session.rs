@@ -91,6 +91,23 @@ pub(crate) fn send(
     Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
 }
 
+/// `ferry lab grpc`: `grpc-check` inside `pod`'s namespace.
+pub(crate) fn grpc(
+    state_dir: &Path,
+    pod: &str,
+    to: SocketAddr,
+    service: &str,
+) -> anyhow::Result<ExitCode> {
+    let state = State::up(state_dir)?;
+    let ns = netns_of(&state, pod)?;
+    let status = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe()?)
+        .args(["lab", "grpc-check", &to.to_string(), service])
+        .status()?;
+    Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
+}
+
 /// `ferry lab count`: `tally` inside `pod`'s namespace.
 pub(crate) fn count(
     state_dir: &Path,

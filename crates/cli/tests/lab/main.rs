@@ -10,6 +10,7 @@ mod drain;
 mod explain;
 mod failover;
 mod gateway;
+mod grpc;
 mod harness;
 mod idle;
 mod kill;

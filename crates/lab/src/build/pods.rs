@@ -62,6 +62,7 @@ fn app_ports(snap: &Snapshot) -> String {
         *p != 0
             && *p != crate::apps::SINK_PORT
             && *p != crate::apps::HTTP_PORT
+            && *p != crate::grpc::GRPC_PORT
             && !crate::apps::DIRECT_PORTS.contains(p)
             && ![15001, 15006, 15008].contains(p)
     });
