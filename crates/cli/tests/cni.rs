@@ -7,11 +7,18 @@
 //! 198.18.61.0/24, no route out); pods are namespaces it creates too. Needs root and
 //! containernetworking-plugins (`.ci/run` installs it); skipped when not root. Every namespace
 //! and process is removed however the test ends.
+//!
+//! With `--node-name`, the agent reads enrollment from an API server: ferry-k8s's in-process
+//! list/watch server (no Kubernetes runs here), reached over loopback with a kubeconfig, the
+//! agent running in the test's own network namespace for that (it needs only files and Unix
+//! sockets).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use ferry_k8s::testing::ApiServer;
 use serde_json::{Value, json};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
@@ -69,9 +76,13 @@ struct Ran {
     stdout: Value,
 }
 
+/// Worlds made by this process (each test has its own namespaces and bridge).
+static WORLDS: AtomicU32 = AtomicU32::new(0);
+
 impl World {
     fn new() -> Self {
-        let id = format!("fc{}", std::process::id());
+        let n = WORLDS.fetch_add(1, Ordering::Relaxed);
+        let id = format!("fc{}{n}", std::process::id());
         let dir = std::env::temp_dir().join(format!("ferry-cni-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("bin")).unwrap();
@@ -99,15 +110,83 @@ impl World {
 
     /// Starts `ferry <args>` in the host namespace, logging to `<name>.log`.
     fn start(&mut self, name: &str, args: &[&str]) {
+        let cmd = self.in_host(FERRY);
+        self.spawn(name, cmd, args);
+    }
+
+    /// Starts `ferry <args>` in the test's own network namespace (where its API server is).
+    fn start_here(&mut self, name: &str, args: &[&str]) {
+        self.spawn(name, Command::new(FERRY), args);
+    }
+
+    fn spawn(&mut self, name: &str, mut cmd: Command, args: &[&str]) {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let child = self
-            .in_host(FERRY)
+        let child = cmd
             .args(args)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
         self.procs.push((name.to_string(), child));
+    }
+
+    /// Starts the control plane on the topology; the node proxy's arguments.
+    fn control_plane(&mut self) -> Vec<String> {
+        std::fs::write(self.dir.join("topology.yaml"), TOPOLOGY).unwrap();
+        let control = self.path("control");
+        let bundle = run(self
+            .in_host(FERRY)
+            .args(["control", "bundle", "--state-dir", &control]));
+        std::fs::write(self.dir.join("bundle.pem"), &bundle.stdout).unwrap();
+        let token = run(self.in_host(FERRY).args([
+            "control",
+            "token",
+            "--state-dir",
+            &control,
+            "--node",
+            "node-1",
+        ]));
+        std::fs::write(self.dir.join("node.token"), &token.stdout).unwrap();
+        let topology = self.path("topology.yaml");
+        self.start(
+            "control",
+            &[
+                "control",
+                "serve",
+                "--topology",
+                &topology,
+                "--state-dir",
+                &control,
+                "--listen",
+                "127.0.0.1:15012",
+                "--metrics-listen",
+                "127.0.0.1:15014",
+            ],
+        );
+        self.wait_log("control", "serving the CA and xDS", 1);
+        [
+            "node",
+            "--name",
+            "node-1",
+            "--cluster",
+            "c1",
+            "--api",
+            &self.path("node.sock"),
+            "--admin",
+            "127.0.0.1:15000",
+            "--state-file",
+            &self.path("node.pods"),
+            "--zds-socket",
+            &self.path("zds.sock"),
+            "--control",
+            "https://127.0.0.1:15012",
+            "--token-file",
+            &self.path("node.token"),
+            "--bundle-file",
+            &self.path("bundle.pem"),
+        ]
+        .map(str::to_string)
+        .to_vec()
     }
 
     fn stop(&mut self, name: &str) {
@@ -296,38 +375,7 @@ fn pods_chained_through_ferry_cni_are_served_checked_and_released_and_others_lef
     );
     let mut w = World::new();
     // The control plane, the agent (namespace `default` enrolled) and the node proxy.
-    std::fs::write(w.dir.join("topology.yaml"), TOPOLOGY).unwrap();
-    let control = w.path("control");
-    let bundle = run(w
-        .in_host(FERRY)
-        .args(["control", "bundle", "--state-dir", &control]));
-    std::fs::write(w.dir.join("bundle.pem"), &bundle.stdout).unwrap();
-    let token = run(w.in_host(FERRY).args([
-        "control",
-        "token",
-        "--state-dir",
-        &control,
-        "--node",
-        "node-1",
-    ]));
-    std::fs::write(w.dir.join("node.token"), &token.stdout).unwrap();
-    let topology = w.path("topology.yaml");
-    w.start(
-        "control",
-        &[
-            "control",
-            "serve",
-            "--topology",
-            &topology,
-            "--state-dir",
-            &control,
-            "--listen",
-            "127.0.0.1:15012",
-            "--metrics-listen",
-            "127.0.0.1:15014",
-        ],
-    );
-    w.wait_log("control", "serving the CA and xDS", 1);
+    let node_args = w.control_plane();
     let agent_args: Vec<String> = [
         "cni",
         "agent",
@@ -343,29 +391,6 @@ fn pods_chained_through_ferry_cni_are_served_checked_and_released_and_others_lef
     .map(str::to_string)
     .to_vec();
     let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
-    let node_args: Vec<String> = [
-        "node",
-        "--name",
-        "node-1",
-        "--cluster",
-        "c1",
-        "--api",
-        &w.path("node.sock"),
-        "--admin",
-        "127.0.0.1:15000",
-        "--state-file",
-        &w.path("node.pods"),
-        "--zds-socket",
-        &w.path("zds.sock"),
-        "--control",
-        "https://127.0.0.1:15012",
-        "--token-file",
-        &w.path("node.token"),
-        "--bundle-file",
-        &w.path("bundle.pem"),
-    ]
-    .map(str::to_string)
-    .to_vec();
     let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
     w.start("agent", &agent_args);
     w.wait_log("agent", "node agent serving", 1);
@@ -485,6 +510,116 @@ fn pods_chained_through_ferry_cni_are_served_checked_and_released_and_others_lef
         "a released pod of an enrolled namespace is not what CHECK expects"
     );
     assert_eq!(ran.stdout["code"], 101, "{}", ran.stdout);
+}
+
+/// The cluster the agent reads: `default` not enrolled yet, the pod `web` on node-1.
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Namespace
+  metadata: {name: default}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: web, namespace: default, uid: u-web}
+  spec: {nodeName: node-1, containers: [{name: web, image: web}]}
+  status: {phase: Running}
+"#;
+
+#[test]
+fn a_running_pod_is_captured_and_released_as_its_labels_in_the_api_server_change() {
+    if !nix_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(ApiServer::start(&[CLUSTER]));
+    let mut w = World::new();
+    let node_args = w.control_plane();
+    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
+    let kubeconfig = w.path("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: t, cluster: {{server: 'http://{}'}}}}]\n\
+             users: [{{name: t, user: {{}}}}]\ncontexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n\
+             current-context: t\n",
+            api.addr
+        ),
+    )
+    .unwrap();
+    let agent_args = [
+        "cni",
+        "agent",
+        "--node-name",
+        "node-1",
+        "--kubeconfig",
+        &kubeconfig,
+        "--plugin-socket",
+        &w.path("cni.sock"),
+        "--zds-socket",
+        &w.path("zds.sock"),
+        "--state-file",
+        &w.path("agent-pods.json"),
+    ]
+    .map(str::to_string);
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    w.start_here("agent", &agent_args);
+    w.wait_log("agent", "node agent serving", 1);
+    w.start("node", &node_args);
+    w.wait_log("agent", "replay acknowledged", 1);
+    let redirection = || {
+        api.get("v1", "Pod", "default/web").unwrap()["metadata"]["annotations"]
+            ["ambient.istio.io/redirection"]
+            .as_str()
+            .map(str::to_string)
+    };
+
+    // Its namespace not labelled: set up by the bridge, left alone by Ferry.
+    let web = w.pod("web");
+    let (ran, _) = w.add(&web, ("default", "web"));
+    assert!(ran.ok, "ADD: {}\nagent:\n{}", ran.stdout, w.log("agent"));
+    assert!(!w.nat(&web).contains("FERRY"), "{}", w.nat(&web));
+    assert_eq!(redirection(), None);
+
+    // The namespace labelled while the pod runs: captured, served and annotated.
+    api.edit("v1", "Namespace", "/default", |o| {
+        o["metadata"]["labels"] = json!({"istio.io/dataplane-mode": "ambient"});
+    });
+    assert!(
+        eventually(DEADLINE, || w
+            .nat(&web)
+            .contains("-A OUTPUT -p tcp -j FERRY_OUT")
+            && w.served(&web)),
+        "not captured: {}\nagent:\n{}",
+        w.nat(&web),
+        w.log("agent")
+    );
+    assert!(
+        eventually(DEADLINE, || redirection().as_deref() == Some("enabled")),
+        "not annotated; agent:\n{}",
+        w.log("agent")
+    );
+
+    // The pod opted out while it runs: released (no capture, no listener), the mark removed.
+    api.edit("v1", "Pod", "default/web", |o| {
+        o["metadata"]["labels"] = json!({"istio.io/dataplane-mode": "none"});
+    });
+    assert!(
+        eventually(DEADLINE, || !w.nat(&web).contains("FERRY")
+            && !w.served(&web)),
+        "not released: {}\nagent:\n{}",
+        w.nat(&web),
+        w.log("agent")
+    );
+    assert!(
+        eventually(DEADLINE, || redirection().is_none()),
+        "annotation not removed; agent:\n{}",
+        w.log("agent")
+    );
+    drop(w);
+    api.stop();
 }
 
 /// Root, asked of `id` as the lab tests do.
