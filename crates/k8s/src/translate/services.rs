@@ -13,12 +13,22 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::{Serves, Tx, ns_name, setting};
 use crate::objects::ClusterObjects;
 
+/// A TCP port of a Service: its number, its target's, and what it says it speaks (its name
+/// and `appProtocol`, read as Istio reads them when the topology is converted).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct KubePort {
+    pub(super) port: u16,
+    pub(super) target: u16,
+    pub(super) name: Option<String>,
+    pub(super) app_protocol: Option<String>,
+}
+
 /// One cluster's copy of a service, translated.
 #[derive(Clone)]
 pub(super) struct ServiceCopy {
     pub(super) cluster: String,
     pub(super) network: String,
-    pub(super) ports: Vec<(u16, u16)>,
+    pub(super) ports: Vec<KubePort>,
     pub(super) selector: Option<BTreeMap<String, String>>,
     pub(super) waypoint: Option<String>,
     pub(super) scope: ferry_topology::schema::ScopeSpec,
@@ -172,9 +182,10 @@ impl Tx<'_> {
         }
     }
 
-    /// TCP ports as (port, target port). A named target port is looked up on the pods the
-    /// service selects in this cluster; one that no pod names is left out with a note.
-    fn ports(&mut self, c: &ClusterObjects, object: &str, s: &Service) -> Vec<(u16, u16)> {
+    /// TCP ports with their target ports, names and `appProtocol`s. A named target port is
+    /// looked up on the pods the service selects in this cluster; one that no pod names is left
+    /// out with a note.
+    fn ports(&mut self, c: &ClusterObjects, object: &str, s: &Service) -> Vec<KubePort> {
         let Some(spec) = s.spec.as_ref() else {
             return Vec::new();
         };
@@ -192,7 +203,12 @@ impl Tx<'_> {
                 Some(IntOrString::String(named)) => named_port(c, s, named),
             };
             match target {
-                Some(t) if t != 0 && port != 0 => out.push((port, t)),
+                Some(t) if t != 0 && port != 0 => out.push(KubePort {
+                    port,
+                    target: t,
+                    name: p.name.clone().filter(|n| !n.is_empty()),
+                    app_protocol: p.app_protocol.clone(),
+                }),
                 _ => {
                     let msg = format!(
                         "port {port} left out: its target port {:?} is not a port of any pod the service selects",
@@ -244,14 +260,14 @@ impl ServiceCopy {
 }
 
 /// Ports in the topology's form.
-pub(super) fn port_specs(ports: &[(u16, u16)]) -> Vec<PortSpec> {
+pub(super) fn port_specs(ports: &[KubePort]) -> Vec<PortSpec> {
     ports
         .iter()
-        .map(|&(port, target)| PortSpec {
-            port,
-            target_port: Some(target),
-            name: None,
-            app_protocol: None,
+        .map(|p| PortSpec {
+            port: p.port,
+            target_port: Some(p.target),
+            name: p.name.clone(),
+            app_protocol: p.app_protocol.clone(),
         })
         .collect()
 }
