@@ -3,7 +3,7 @@
 use crate::harness::Has::{Field, Text};
 use crate::harness::{Lab, Shared};
 
-static NETWORKS: Shared = Shared::new(Some("two-clusters.yaml"), "fU", &[]);
+pub(crate) static NETWORKS: Shared = Shared::new(Some("two-clusters.yaml"), "fU", &[]);
 
 /// sleep-east -> search (pods only in west): double HBONE.
 #[test]

@@ -19,6 +19,7 @@ mod lifecycle;
 mod mtls;
 mod observe;
 mod origin;
+mod origin_address;
 mod outlier;
 mod policy;
 mod retry;
