@@ -116,3 +116,100 @@ fn the_app_sees_the_client_pods_address_through_the_east_west_gateway_and_a_wayp
     assert!(r.starts_with("echo-east-"), "{r}");
     assert_eq!(saw(&r), "198.18.1.10", "{r}");
 }
+
+/// Runs `args` in `pod`'s network namespace: whether it succeeded, and its output.
+fn in_pod(lab: &crate::harness::Lab, pod: &str, args: &[&str]) -> (bool, String) {
+    let ns = lab.state(&["pods", pod, "netns"]);
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns.as_str().unwrap()])
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Someone deletes echo-alpha-1's routing rule, then its mangle jump, then flushes its local
+/// route: each is put back by its node proxy (on the namespace's rtnetlink and nf_tables
+/// events), and the app sees the client again.
+#[test]
+fn removed_original_source_rules_are_put_back_by_the_node_proxy() {
+    use std::time::Duration;
+    let Some((lab, _one_at_a_time)) = crate::harness::CHANGING.one_at_a_time() else {
+        return;
+    };
+    let pod = "echo-alpha-1";
+    let rule = || in_pod(lab, pod, &["ip", "-4", "rule", "show"]).1;
+    let jump = || {
+        in_pod(
+            lab,
+            pod,
+            &[
+                "iptables",
+                "-w",
+                "-t",
+                "mangle",
+                "-C",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-j",
+                "FERRY_ORIG_OUT",
+            ],
+        )
+        .0
+    };
+    let route = || in_pod(lab, pod, &["ip", "-4", "route", "show", "table", "133"]).1;
+    let all_back = || {
+        crate::harness::eventually(Duration::from_secs(15), || {
+            rule().contains("fwmark 0x111/0xfff lookup 133")
+                && jump()
+                && route().contains("local default dev lo")
+        })
+    };
+    assert!(all_back(), "the rules were in place: {}", rule());
+    let del_rule = [
+        "ip",
+        "-4",
+        "rule",
+        "del",
+        "fwmark",
+        "0x111/0xfff",
+        "pref",
+        "32764",
+        "lookup",
+        "133",
+    ];
+    assert!(in_pod(lab, pod, &del_rule).0, "the rule was deleted");
+    assert!(all_back(), "the routing rule was not put back");
+    let del_jump = [
+        "iptables",
+        "-w",
+        "-t",
+        "mangle",
+        "-D",
+        "OUTPUT",
+        "-p",
+        "tcp",
+        "-j",
+        "FERRY_ORIG_OUT",
+    ];
+    assert!(in_pod(lab, pod, &del_jump).0, "the jump was deleted");
+    assert!(all_back(), "the mangle jump was not put back");
+    let flush = ["ip", "-4", "route", "flush", "table", "133"];
+    assert!(in_pod(lab, pod, &flush).0, "the table was flushed");
+    assert!(all_back(), "the local route was not put back");
+    let repairs = lab
+        .log_lines("alpha-1")
+        .into_iter()
+        .filter(|l| l.has(&Text("original-source rules were missing or altered")))
+        .count();
+    assert!(repairs >= 3, "{repairs} repairs logged");
+    let r = lab
+        .send("sleep", "198.18.1.20:8080", "again")
+        .expect("again");
+    assert_eq!(saw(&r), "198.18.1.10", "{r}");
+}
