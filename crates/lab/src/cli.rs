@@ -43,6 +43,24 @@ pub enum LabCommand {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// A DNS query from a pod, as a stub resolver sends it (UDP, then TCP if the answer is
+    /// truncated) to `--server`: its answer code and records. A pod whose workload says
+    /// `dns_capture` has it answered by its node proxy for mesh names.
+    Dig {
+        pod: String,
+        name: String,
+        /// The record type: A, AAAA, SRV, PTR, ...
+        #[arg(long = "type", default_value = "A")]
+        record_type: String,
+        /// Where the pod sends it (`IP` or `IP:PORT`).
+        #[arg(long, value_parser = parse_dns_server)]
+        server: SocketAddr,
+        /// Over TCP from the start.
+        #[arg(long)]
+        tcp: bool,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
     /// Connect from a pod to IP:port, send a line, print what comes back.
     Send {
         pod: String,
@@ -368,6 +386,23 @@ pub enum LabCommand {
     /// (inside the lab) one gRPC health check; prints its status and metadata.
     #[command(hide = true)]
     GrpcCheck { to: SocketAddr, service: String },
+    /// (inside the lab) one DNS query as a stub resolver sends it; prints its answer.
+    #[command(hide = true)]
+    DnsQuery {
+        name: String,
+        #[arg(long = "type", default_value = "A")]
+        record_type: String,
+        #[arg(long)]
+        server: SocketAddr,
+        #[arg(long)]
+        tcp: bool,
+    },
+    /// (inside the lab) the upstream resolver of DNS-captured pods: serves `outside.test`.
+    #[command(hide = true)]
+    DnsUpstream {
+        #[arg(long, default_value = "0.0.0.0:53")]
+        listen: SocketAddr,
+    },
     /// (inside the lab) connect, send, print the answer.
     #[command(hide = true)]
     Connect {
@@ -378,6 +413,13 @@ pub enum LabCommand {
         #[arg(long)]
         local: bool,
     },
+}
+
+/// `--server` of `ferry lab dig`: `IP:PORT`, or an `IP` (port 53).
+fn parse_dns_server(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("expected IP:PORT or IP, found {s:?}"))
 }
 
 /// Runs one `ferry lab` subcommand; an error is printed as `ferry lab: <error>`, exit code 2.
@@ -403,6 +445,21 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Status { lab } => done(session::status(&lab.state_dir)),
         LabCommand::Exec { pod, lab, command } => session::exec(&lab.state_dir, &pod, &command),
         LabCommand::Send { pod, to, data, lab } => session::send(&lab.state_dir, &pod, to, &data),
+        LabCommand::Dig {
+            pod,
+            name,
+            record_type,
+            server,
+            tcp,
+            lab,
+        } => crate::dns::dig(&lab.state_dir, &pod, &name, &record_type, server, tcp),
+        LabCommand::DnsQuery {
+            name,
+            record_type,
+            server,
+            tcp,
+        } => crate::dns::query(&name, &record_type, server, tcp),
+        LabCommand::DnsUpstream { listen } => crate::dns::upstream(listen),
         LabCommand::Connect { to, data, local } => session::connect(to, &data, local),
         LabCommand::Count { pod, to, n, lab } => session::count(&lab.state_dir, &pod, to, n),
         LabCommand::Grpc {

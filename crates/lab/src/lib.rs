@@ -21,6 +21,7 @@ mod bench;
 mod build;
 pub mod cli;
 mod craft;
+mod dns;
 mod grpc;
 mod ops;
 mod pods;

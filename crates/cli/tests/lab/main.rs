@@ -6,6 +6,7 @@
 
 mod bench;
 mod crash;
+mod dns;
 mod drain;
 mod explain;
 mod failover;

@@ -88,6 +88,14 @@ pub(super) fn start_apps(lab: &Lab<'_>, state: &mut State, snap: &Snapshot) -> a
         if let Some(p) = state.pods.get_mut(&name) {
             p.app = args.iter().map(ToString::to_string).collect();
         }
+        let (key, value) = crate::dns::UPSTREAM_LABEL;
+        if snap
+            .workloads()
+            .any(|w| w.name == name && w.labels.get(key).map(String::as_str) == Some(value))
+        {
+            let log = lab.opts.state_dir.join(format!("dns-{name}.log"));
+            spawn(state, &ns, &[&lab.exe, "lab", "dns-upstream"], &log)?;
+        }
     }
     state.save()?;
     Ok(())
