@@ -68,7 +68,7 @@ pub(crate) struct NodeArgs {
     /// The upstream resolver of DNS-captured pods (`dns_capture`): their queries for names
     /// outside the mesh go there as they are, from inside the pod's namespace. Default: the
     /// first nameserver of this node's /etc/resolv.conf.
-    #[arg(long, value_parser = parse_dns_upstream)]
+    #[arg(long, value_parser = ferry_core::dns::server_address)]
     dns_upstream: Option<SocketAddr>,
     /// LOCAL EXPERIMENTS ONLY: talk to the control plane without TLS.
     #[arg(long)]
@@ -207,13 +207,6 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
             dns_upstream: args.dns_upstream,
         }))
     })
-}
-
-/// `--dns-upstream`: `IP:PORT`, or an `IP` (port 53).
-fn parse_dns_upstream(s: &str) -> Result<SocketAddr, String> {
-    s.parse::<SocketAddr>()
-        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-        .map_err(|_| format!("expected IP:PORT or IP, found {s:?}"))
 }
 
 /// The connection records a process keeps (`/records`, `ferry observe`).

@@ -16,7 +16,7 @@
 //! rule is global (no endpoint cluster says otherwise). The answer is the service's VIPs on the
 //! pod's own network (no VIP there: the name exists, with no address of that family).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::model::{ScopeRule, Service, Workload};
 use crate::snapshot::{Endpoint, Snapshot};
@@ -64,6 +64,13 @@ pub fn lookup(snap: &Snapshot, source: &Workload, name: &str) -> MeshName {
     addresses.sort_unstable();
     addresses.dedup();
     MeshName::Resolves(addresses)
+}
+
+/// A DNS server's address as an operator writes it: `IP:PORT`, or an `IP` (port 53).
+pub fn server_address(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("expected IP:PORT or IP, found {s:?}"))
 }
 
 /// The name in the form hostnames are kept in: lower case, no trailing dot.

@@ -187,3 +187,19 @@ fn a_scope_override_for_the_endpoint_cluster_is_what_counts() {
         "beta's endpoints are local to beta, whatever the default says"
     );
 }
+
+#[test]
+fn a_server_address_is_ip_and_port_or_ip_alone_on_port_53() {
+    use super::server_address;
+    assert_eq!(
+        server_address("198.18.3.53"),
+        Ok("198.18.3.53:53".parse().unwrap())
+    );
+    assert_eq!(
+        server_address("198.18.3.53:5353"),
+        Ok("198.18.3.53:5353".parse().unwrap())
+    );
+    assert_eq!(server_address("::1"), Ok("[::1]:53".parse().unwrap()));
+    let e = server_address("resolver.local").unwrap_err();
+    assert!(e.contains("\"resolver.local\""), "{e}");
+}

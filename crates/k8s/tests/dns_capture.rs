@@ -94,7 +94,10 @@ fn an_exported_remote_service_resolves_by_its_clusterset_name_and_an_unexported_
         MeshName::Hidden,
         "beta's service, not exported, is not alpha's"
     );
-    let vault = snap.workloads().find(|w| w.name == "vault-beta").expect("vault");
+    let vault = snap
+        .workloads()
+        .find(|w| w.name == "vault-beta")
+        .expect("vault");
     assert!(matches!(
         lookup(&snap, vault, "vault.default.svc.cluster.local."),
         MeshName::Resolves(_)

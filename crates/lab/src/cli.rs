@@ -53,7 +53,7 @@ pub enum LabCommand {
         #[arg(long = "type", default_value = "A")]
         record_type: String,
         /// Where the pod sends it (`IP` or `IP:PORT`).
-        #[arg(long, value_parser = parse_dns_server)]
+        #[arg(long, value_parser = ferry_core::dns::server_address)]
         server: SocketAddr,
         /// Over TCP from the start.
         #[arg(long)]
@@ -413,13 +413,6 @@ pub enum LabCommand {
         #[arg(long)]
         local: bool,
     },
-}
-
-/// `--server` of `ferry lab dig`: `IP:PORT`, or an `IP` (port 53).
-fn parse_dns_server(s: &str) -> Result<SocketAddr, String> {
-    s.parse::<SocketAddr>()
-        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-        .map_err(|_| format!("expected IP:PORT or IP, found {s:?}"))
 }
 
 /// Runs one `ferry lab` subcommand; an error is printed as `ferry lab: <error>`, exit code 2.

@@ -174,7 +174,8 @@ pub(crate) fn dns_drift(saved: &str, dns: bool) -> Option<String> {
     let hook = rules_of(saved, "OUTPUT");
     let jumps = hook.iter().filter(|r| **r == dns_jump()).count();
     let Some(want) = dns_chain(dns) else {
-        return (jumps > 0).then(|| format!("OUTPUT jumps to {DNS_CHAIN} {jumps} time(s), 0 wanted"));
+        return (jumps > 0)
+            .then(|| format!("OUTPUT jumps to {DNS_CHAIN} {jumps} time(s), 0 wanted"));
     };
     let mut found = Vec::new();
     let have = rules_of(saved, DNS_CHAIN);

@@ -21,9 +21,9 @@ pub mod accept;
 pub mod admin;
 pub mod bootstrap;
 pub mod conn;
-pub mod drain;
 #[cfg(feature = "dns-server")]
 pub mod dns_server;
+pub mod drain;
 pub mod netns;
 pub mod recheck;
 pub mod records;
