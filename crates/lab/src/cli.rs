@@ -461,7 +461,9 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             service,
             lab,
         } => session::grpc(&lab.state_dir, &pod, to, &service),
-        LabCommand::GrpcCheck { to, service } => crate::grpc::check(to, &service),
+        LabCommand::GrpcCheck { to, service } => {
+            crate::grpc::check(&crate::apps::runtime()?, to, &service)
+        }
         LabCommand::Tally { to, n } => done(session::tally(to, n)),
         LabCommand::Bench {
             from,

@@ -36,12 +36,15 @@ pub(crate) async fn serve(l: tokio::net::TcpListener) {
     }
 }
 
-/// `ferry lab grpc-check` (inside the lab): one `Check` of `service` at `to`. Prints
+/// `ferry lab grpc-check` (inside the lab): one `Check` of `service` at `to`, on `rt`. Prints
 /// `grpc-status: <code> (<name>)`, then `grpc-message: ...` for an error or `serving: <status>`
 /// for an answer, then one `metadata <name>: <value>` line per header and trailer that came
 /// back. Exit code 0 for `OK`, 1 for any other status, 2 when no call could be made.
-pub(crate) fn check(to: SocketAddr, service: &str) -> anyhow::Result<ExitCode> {
-    let rt = crate::apps::runtime()?;
+pub(crate) fn check(
+    rt: &tokio::runtime::Runtime,
+    to: SocketAddr,
+    service: &str,
+) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{to}"))
             .context("the target")?
