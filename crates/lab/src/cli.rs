@@ -58,6 +58,9 @@ pub enum LabCommand {
         /// Over TCP from the start.
         #[arg(long)]
         tcp: bool,
+        /// Ask this many times, one after another, and print the round trips' percentiles.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        count: u32,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -396,6 +399,8 @@ pub enum LabCommand {
         server: SocketAddr,
         #[arg(long)]
         tcp: bool,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
     },
     /// (inside the lab) the upstream resolver of DNS-captured pods: serves `outside.test`.
     #[command(hide = true)]
@@ -444,14 +449,32 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             record_type,
             server,
             tcp,
+            count,
             lab,
-        } => crate::dns::dig(&lab.state_dir, &pod, &name, &record_type, server, tcp),
+        } => crate::dns::dig(
+            &lab.state_dir,
+            &pod,
+            &crate::dns::Ask {
+                name,
+                record_type,
+                server,
+                tcp,
+                count,
+            },
+        ),
         LabCommand::DnsQuery {
             name,
             record_type,
             server,
             tcp,
-        } => crate::dns::query(&name, &record_type, server, tcp),
+            count,
+        } => crate::dns::query(&crate::dns::Ask {
+            name,
+            record_type,
+            server,
+            tcp,
+            count,
+        }),
         LabCommand::DnsUpstream { listen } => crate::dns::upstream(listen),
         LabCommand::Connect { to, data, local } => session::connect(to, &data, local),
         LabCommand::Count { pod, to, n, lab } => session::count(&lab.state_dir, &pod, to, n),

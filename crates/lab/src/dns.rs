@@ -9,7 +9,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::{Command, ExitCode};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
@@ -38,74 +38,107 @@ _http._tcp 60 IN SRV 10 5 80 www
 /// How long `dig` waits for each answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// One `dig`: what to ask, where, how, and how many times.
+#[derive(Debug)]
+pub(crate) struct Ask {
+    pub(crate) name: String,
+    pub(crate) record_type: String,
+    pub(crate) server: SocketAddr,
+    /// Over TCP from the start.
+    pub(crate) tcp: bool,
+    /// Asked this many times, one after another (more than one: the round trips' percentiles
+    /// are printed instead of the records).
+    pub(crate) count: u32,
+}
+
 /// `ferry lab dig <pod> <name>`: `query` inside `pod`'s namespace.
-pub(crate) fn dig(
-    state_dir: &Path,
-    pod: &str,
-    name: &str,
-    record_type: &str,
-    server: SocketAddr,
-    tcp: bool,
-) -> anyhow::Result<ExitCode> {
+pub(crate) fn dig(state_dir: &Path, pod: &str, ask: &Ask) -> anyhow::Result<ExitCode> {
     let state = State::up(state_dir)?;
     let ns = netns_of(&state, pod)?;
     let status = Command::new("ip")
         .args(["netns", "exec", &ns])
         .arg(std::env::current_exe()?)
-        .args(["lab", "dns-query", name, "--type", record_type, "--server"])
-        .arg(server.to_string())
-        .args(tcp.then_some("--tcp"))
+        .args(["lab", "dns-query", &ask.name, "--type", &ask.record_type])
+        .args(["--server", &ask.server.to_string()])
+        .args(["--count", &ask.count.to_string()])
+        .args(ask.tcp.then_some("--tcp"))
         .status()?;
     Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
 }
 
-/// `ferry lab dns-query` (inside a pod): one query as a stub resolver sends it (a random id,
-/// recursion desired, EDNS with a 1232-byte payload) over UDP to `server`, and again over TCP
-/// if the answer comes back truncated (with `tcp`, over TCP at once). Prints `rcode <RCODE> via
-/// <udp|tcp>`, then each answer record on its own line.
-pub(crate) fn query(
-    name: &str,
-    record_type: &str,
-    server: SocketAddr,
-    tcp: bool,
-) -> anyhow::Result<ExitCode> {
-    let ty: RecordType = record_type
+/// `ferry lab dns-query` (inside a pod): a query as a stub resolver sends it (a fresh id,
+/// recursion desired, EDNS with a 1232-byte payload) over UDP to the server, from a socket of
+/// its own, and again over TCP if the answer comes back truncated (with `tcp`, over TCP at
+/// once). Prints `rcode <RCODE> via <udp|tcp>`, then each answer record on its own line; asked
+/// `count` times, prints the round trips' percentiles and the last answer code instead.
+pub(crate) fn query(ask: &Ask) -> anyhow::Result<ExitCode> {
+    let ty: RecordType = ask
+        .record_type
         .to_ascii_uppercase()
         .parse()
-        .with_context(|| format!("record type {record_type:?}"))?;
-    let name = Name::from_ascii(name).with_context(|| format!("name {name:?}"))?;
-    let mut m = Message::new(rand_id(), MessageType::Query, OpCode::Query);
-    m.metadata.recursion_desired = true;
-    m.add_query(Query::query(name, ty));
-    let mut edns = Edns::new();
-    edns.set_max_payload(1232);
-    m.set_edns(edns);
-    let bytes = m.to_vec()?;
+        .with_context(|| format!("record type {:?}", ask.record_type))?;
+    let name = Name::from_ascii(&ask.name).with_context(|| format!("name {:?}", ask.name))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (answer, via) = rt.block_on(async {
-        if tcp {
-            return anyhow::Ok((over_tcp(server, &bytes).await?, "tcp"));
+    let mut took = Vec::new();
+    let mut last = None;
+    for _ in 0..ask.count {
+        let mut m = Message::new(rand_id(), MessageType::Query, OpCode::Query);
+        m.metadata.recursion_desired = true;
+        m.add_query(Query::query(name.clone(), ty));
+        let mut edns = Edns::new();
+        edns.set_max_payload(1232);
+        m.set_edns(edns);
+        let bytes = m.to_vec()?;
+        let started = Instant::now();
+        let (answer, via) = rt.block_on(exchange(ask.server, &bytes, ask.tcp))?;
+        took.push(started.elapsed());
+        if answer.metadata.id != m.metadata.id {
+            bail!(
+                "the answer's id {} is not the query's {}",
+                answer.metadata.id,
+                m.metadata.id
+            );
         }
-        let a = over_udp(server, &bytes).await?;
-        if a.metadata.truncation {
-            return anyhow::Ok((over_tcp(server, &bytes).await?, "tcp"));
+        last = Some((answer, via));
+    }
+    let Some((answer, via)) = last else {
+        bail!("no query asked");
+    };
+    println!("rcode {} via {via}", answer.metadata.response_code);
+    if ask.count == 1 {
+        for r in &answer.answers {
+            println!("{r}");
         }
-        anyhow::Ok((a, "udp"))
-    })?;
-    if answer.metadata.id != m.metadata.id {
-        bail!(
-            "the answer's id {} is not the query's {}",
-            answer.metadata.id,
-            m.metadata.id
+    } else {
+        took.sort_unstable();
+        let at = |q: usize| took[(took.len() - 1) * q / 100].as_micros();
+        println!(
+            "{} queries one after another: p50 {} us, p90 {} us, p99 {} us, max {} us",
+            took.len(),
+            at(50),
+            at(90),
+            at(99),
+            at(100)
         );
     }
-    println!("rcode {} via {via}", answer.metadata.response_code);
-    for r in &answer.answers {
-        println!("{r}");
-    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One query and its answer: over UDP, then TCP if truncated; over TCP at once with `tcp`.
+async fn exchange(
+    server: SocketAddr,
+    bytes: &[u8],
+    tcp: bool,
+) -> anyhow::Result<(Message, &'static str)> {
+    if !tcp {
+        let a = over_udp(server, bytes).await?;
+        if !a.metadata.truncation {
+            return Ok((a, "udp"));
+        }
+    }
+    Ok((over_tcp(server, bytes).await?, "tcp"))
 }
 
 fn rand_id() -> u16 {
