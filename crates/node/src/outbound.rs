@@ -36,7 +36,7 @@ pub(crate) async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, p
     if let Some(dns) = pod.dns.clone()
         && crate::dns::is_dns(&tcp)
     {
-        let egress = Arc::new(crate::dns::PodEgress(pod.clone()));
+        let egress = Arc::new(crate::state::PodEgress(pod.clone()));
         return dns.serve_tcp(egress, tcp).await;
     }
     let started = Instant::now();

@@ -209,7 +209,7 @@ impl Node {
             )));
             t.push(tokio::spawn(self.clone().keep_rules(pod.clone())));
             if let (Some(resolver), Some(socket)) = (pod.dns.clone(), dns) {
-                let egress = Arc::new(crate::dns::PodEgress(pod.clone()));
+                let egress = Arc::new(crate::state::PodEgress(pod.clone()));
                 t.push(tokio::spawn(resolver.serve_udp(egress, socket)));
             }
         }

@@ -169,6 +169,38 @@ impl Dialer for PodDialer {
     }
 }
 
+/// Forwarded queries leave from inside the pod's namespace, marked so that its capture rules
+/// let them through: the upstream sees the pod's address, as without the proxy.
+#[derive(Debug)]
+pub(crate) struct PodEgress(pub(crate) Arc<Pod>);
+
+impl crate::dns::Egress for PodEgress {
+    fn udp(&self, upstream: SocketAddr) -> crate::dns::Opening<'_, tokio::net::UdpSocket> {
+        Box::pin(async move {
+            let s = self
+                .0
+                .netns
+                .run(move || -> std::io::Result<std::net::UdpSocket> {
+                    let s = socket2::Socket::new(
+                        socket2::Domain::for_address(upstream),
+                        socket2::Type::DGRAM,
+                        Some(socket2::Protocol::UDP),
+                    )?;
+                    s.set_mark(ferry_runtime::netns::MARK)?;
+                    s.set_nonblocking(true)?;
+                    s.connect(&upstream.into())?;
+                    Ok(s.into())
+                })
+                .await??;
+            tokio::net::UdpSocket::from_std(s)
+        })
+    }
+
+    fn tcp(&self, upstream: SocketAddr) -> crate::dns::Opening<'_, TcpStream> {
+        Box::pin(self.0.netns.connect(None, upstream))
+    }
+}
+
 impl Node {
     /// The trust bundle to verify peers with.
     pub(crate) fn bundle(&self) -> TrustBundle {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
-use ferry_runtime::netns::{MARK, Netns};
+use ferry_runtime::netns::Netns;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -137,45 +137,14 @@ pub(crate) struct Resolver {
 /// A boxed future, as [`Egress`] returns them.
 pub(crate) type Opening<'a, T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send + 'a>>;
 
-/// Where forwarded queries leave from: the pod's namespace ([`PodEgress`]), or, in tests,
+/// Where forwarded queries leave from: the pod's namespace (`crate::state::PodEgress`), or, in
+/// tests,
 /// this process's own.
 pub(crate) trait Egress: Send + Sync + fmt::Debug {
     /// A UDP socket connected to `upstream`.
     fn udp(&self, upstream: SocketAddr) -> Opening<'_, UdpSocket>;
     /// A TCP connection to `upstream`.
     fn tcp(&self, upstream: SocketAddr) -> Opening<'_, TcpStream>;
-}
-
-/// Forwarded queries leave from inside the pod's namespace, marked so that its capture rules
-/// let them through: the upstream sees the pod's address, as without the proxy.
-#[derive(Debug)]
-pub(crate) struct PodEgress(pub(crate) Arc<crate::state::Pod>);
-
-impl Egress for PodEgress {
-    fn udp(&self, upstream: SocketAddr) -> Opening<'_, UdpSocket> {
-        Box::pin(async move {
-            let s = self
-                .0
-                .netns
-                .run(move || -> io::Result<std::net::UdpSocket> {
-                    let s = Socket::new(
-                        Domain::for_address(upstream),
-                        Type::DGRAM,
-                        Some(Protocol::UDP),
-                    )?;
-                    s.set_mark(MARK)?;
-                    s.set_nonblocking(true)?;
-                    s.connect(&upstream.into())?;
-                    Ok(s.into())
-                })
-                .await??;
-            UdpSocket::from_std(s)
-        })
-    }
-
-    fn tcp(&self, upstream: SocketAddr) -> Opening<'_, TcpStream> {
-        Box::pin(self.0.netns.connect(None, upstream))
-    }
 }
 
 /// The socket a pod's redirected queries arrive on: `127.0.0.1:`[`DNS_PORT`] inside its
