@@ -129,10 +129,8 @@ impl World {
             sent,
             tasks: vec![agent, node],
         };
-        w.until("the replay ended", |w| {
-            w.sent().contains(&Sent::ReplayEnd)
-        })
-        .await;
+        w.until("the replay ended", |w| w.sent().contains(&Sent::ReplayEnd))
+            .await;
         w.until("the watch listed", |w| w.status.borrow().synced)
             .await;
         w
