@@ -82,7 +82,11 @@ fn service_key(i: usize) -> ServiceKey {
 
 fn policy_key(i: usize) -> PolicyKey {
     PolicyKey::new(
-        if i.is_multiple_of(2) { "default" } else { "other" },
+        if i.is_multiple_of(2) {
+            "default"
+        } else {
+            "other"
+        },
         format!("pol{i}"),
     )
 }

@@ -14,7 +14,7 @@ use ferry_core::model::{
 use ferry_core::snapshot::{AddressOwner, ObjectRef, Snapshot, SnapshotBuilder, SnapshotError};
 
 use crate::convert::{Decoded, InvalidResource};
-use crate::incremental::Index;
+use crate::index::Index;
 
 /// The decoded resources a client holds, by resource name.
 #[derive(Clone, Debug, Default)]

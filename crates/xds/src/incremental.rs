@@ -20,6 +20,7 @@ use ferry_core::snapshot::{Endpoint, Snapshot, SnapshotDelta};
 
 use crate::assemble::{Held, assemble};
 use crate::convert::{Decoded, InvalidResource};
+use crate::index::Index;
 
 /// What a push changed: every resource name it added, changed or removed (or that no longer
 /// decodes), with what was held under it before.
@@ -27,19 +28,6 @@ use crate::convert::{Decoded, InvalidResource};
 pub struct Changed {
     pub addresses: HashMap<String, Option<Decoded>>,
     pub policies: HashMap<String, Option<Arc<ferry_core::model::Policy>>>,
-}
-
-/// What the incremental path keeps beside the held resources.
-#[derive(Clone, Debug, Default)]
-pub struct Index {
-    /// The version of the snapshot assembled from exactly the held resources; `None` when
-    /// there is none (the next push assembles in full).
-    synced: Option<u64>,
-    /// Workloads and gateways held per cluster.
-    cluster_members: HashMap<ClusterId, usize>,
-    /// Workloads whose references were skipped, by the service or policy they name.
-    dangling_services: HashMap<ServiceKey, BTreeSet<String>>,
-    dangling_policies: HashMap<PolicyKey, BTreeSet<String>>,
 }
 
 impl Index {

@@ -5,7 +5,7 @@
 //! - [`resources`]: versioned resource sets and their differences.
 //! - [`assemble`]: a data-plane snapshot from decoded resources.
 //! - [`incremental`]: a push applied as a delta to the snapshot served, equal to assembling
-//!   everything held.
+//!   everything held; `index`, what it keeps beside the held resources.
 //! - [`client`]: the subscriber the data-plane programs share (through `ferry_runtime::bootstrap`);
 //!   [`client::XdsClient::changes`] tells when a new snapshot is applied.
 //!
@@ -16,4 +16,5 @@ pub mod assemble;
 pub mod client;
 pub mod convert;
 pub mod incremental;
+mod index;
 pub mod resources;
