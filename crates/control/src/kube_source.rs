@@ -54,7 +54,7 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
     let mut clusters = vec![Cluster {
         id: src.cluster_id.clone(),
         network: src.network.clone(),
-        client: local_client(src.kubeconfig.as_ref()).await?,
+        client: ferry_k8s::client::client(src.kubeconfig.as_deref()).await?,
     }];
     for path in &src.remote_secrets {
         let text = std::fs::read_to_string(path)
@@ -128,22 +128,6 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
         status,
     };
     Ok((first, started))
-}
-
-async fn local_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("the kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig and no in-cluster service account")?,
-    };
-    Ok(kube::Client::try_from(config)?)
 }
 
 impl Started {

@@ -11,6 +11,7 @@
 //! Tested here from YAML fixtures written as `kubectl get -o yaml` prints them; no live API
 //! server has been run against it.
 
+pub mod client;
 pub mod crd;
 pub mod enrollment;
 pub mod objects;

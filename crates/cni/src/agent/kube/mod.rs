@@ -15,12 +15,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use ferry_k8s::enrollment::{REDIRECTION, REDIRECTION_ENABLED};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -66,19 +64,7 @@ impl Kubernetes {
 
     /// A client from `kubeconfig`, else the usual places (in a pod: its service account).
     pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-        let config = match kubeconfig {
-            Some(path) => {
-                let kc = Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                    .await
-                    .with_context(|| format!("the kubeconfig {}", path.display()))?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("no kubeconfig given and none found (in-cluster or ~/.kube/config)")?,
-        };
-        Ok(kube::Client::try_from(config)?)
+        Ok(ferry_k8s::client::client(kubeconfig).await?)
     }
 }
 
