@@ -261,3 +261,31 @@ pub fn waypoint_ref(name: &str) -> GatewayRef {
 pub fn node(name: &str) -> NodeName {
     name.into()
 }
+
+/// A seeded generator for property tests: sizes, chances and picks from a list, reproducible
+/// from its seed.
+#[derive(Clone, Debug)]
+pub struct Gen(pub crate::random::SplitMix64);
+
+impl Gen {
+    /// A number in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        use crate::random::Random as _;
+        self.0.below(n as u64) as usize
+    }
+
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    /// One of `items` (not empty).
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    /// A copy of one of `items` (not empty).
+    pub fn pick_owned<T: Clone>(&mut self, items: &[T]) -> T {
+        self.pick(items).clone()
+    }
+}

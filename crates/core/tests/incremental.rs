@@ -13,9 +13,10 @@ use ferry_core::model::{
     HBONE_PORT, Locality, NetworkAddress, Node, NodeName, Policy, PolicyKey, PolicyScope,
     PortMapping, Service, ServiceKey, Workload, WorkloadUid,
 };
-use ferry_core::random::{Random, SplitMix64};
+use ferry_core::random::SplitMix64;
 use ferry_core::route::{Destination, Source, route};
 use ferry_core::snapshot::{Snapshot, SnapshotBuilder, SnapshotDelta, SnapshotError};
+use ferry_core::testing::Gen;
 use ferry_core::testing::{MeshBuilder, ip};
 use proptest::prelude::*;
 
@@ -27,17 +28,6 @@ const GATEWAYS: usize = 2;
 const WORKLOADS: usize = 14;
 /// Few addresses, so that objects collide on them now and then.
 const ADDRESSES: usize = 30;
-
-struct Gen(SplitMix64);
-
-impl Gen {
-    fn below(&mut self, n: usize) -> usize {
-        self.0.below(n as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// Templates made once by the test mesh builder, so new model fields get their defaults.
 struct Templates {

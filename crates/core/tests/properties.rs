@@ -10,25 +10,12 @@ use ferry_core::model::{
     LoadBalancing, LocalityScope, NetworkAddress, PortMapping, ScopeRule, ServiceScope,
     TunnelProtocol, WaypointFor,
 };
-use ferry_core::random::{Random, SplitMix64};
+use ferry_core::random::SplitMix64;
 use ferry_core::route::{Destination, Plan, Source, Transport, route};
 use ferry_core::snapshot::{AddressOwner, Snapshot};
+use ferry_core::testing::Gen;
 use ferry_core::testing::{MeshBuilder, waypoint_ref};
 use proptest::prelude::*;
-
-struct Gen(SplitMix64);
-
-impl Gen {
-    fn below(&mut self, n: usize) -> usize {
-        self.0.below(n as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 /// Per-network address allocator: networks reuse the same addresses on purpose (overlap).
 fn addr(net: usize, counters: &mut [u32]) -> String {

@@ -11,8 +11,9 @@ use ferry_core::model::{
     Action, GatewayDestination, GatewayRef, HBONE_PORT, NetworkAddress, Policy, PolicyKey,
     PolicyScope, PortMapping, ServiceKey, WorkloadUid,
 };
-use ferry_core::random::{Random, SplitMix64};
+use ferry_core::random::SplitMix64;
 use ferry_core::snapshot::Snapshot;
+use ferry_core::testing::Gen;
 use ferry_core::testing::{MeshBuilder, ip};
 use ferry_xds::assemble::{Held, assemble};
 use ferry_xds::convert::Decoded;
@@ -22,17 +23,6 @@ use proptest::prelude::*;
 const WORKLOADS: usize = 16;
 const SERVICES: usize = 4;
 const POLICIES: usize = 3;
-
-struct Gen(SplitMix64);
-
-impl Gen {
-    fn below(&mut self, n: usize) -> usize {
-        self.0.below(n as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
 
 fn service_key(i: usize) -> ServiceKey {
     ServiceKey::new("default", format!("svc{i}.default.svc.cluster.local"))

@@ -15,8 +15,9 @@ use ferry_core::model::{
     Action, Cidr, Clause, HeaderMatch, Match, Policy, PolicyKey, PolicyScope, Rule,
     ServiceAccountMatch, StringMatch, WaypointFor, Workload,
 };
-use ferry_core::random::{Random, SplitMix64};
+use ferry_core::random::SplitMix64;
 use ferry_core::snapshot::Snapshot;
+use ferry_core::testing::Gen;
 use ferry_core::testing::{MeshBuilder, key, waypoint_ref};
 use ferry_xds::convert::decode_authorization;
 use ferry_xds::resources::ResourceSet;
@@ -318,20 +319,6 @@ fn services_behind_a_gateway_carry_their_endpoints_sans() {
 
 // === Generated meshes and policies ===
 
-struct Gen(SplitMix64);
-
-impl Gen {
-    fn below(&mut self, n: usize) -> usize {
-        self.0.below(n as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<T: Clone>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())].clone()
-    }
-}
-
 const NAMESPACES: [&str; 2] = ["default", "prod"];
 const ACCOUNTS: [&str; 3] = ["sleep", "echo", "wp"];
 const PORTS: [u16; 4] = [8080, 9090, 15008, 80];
@@ -340,7 +327,7 @@ fn strings(g: &mut Gen, pool: &[StringMatch]) -> Vec<StringMatch> {
     if g.chance(75) {
         return Vec::new();
     }
-    (0..1 + g.below(2)).map(|_| g.pick(pool)).collect()
+    (0..1 + g.below(2)).map(|_| g.pick_owned(pool)).collect()
 }
 
 fn cidrs(g: &mut Gen) -> Vec<Cidr> {
@@ -357,7 +344,7 @@ fn cidrs(g: &mut Gen) -> Vec<Cidr> {
         "::/0",
     ];
     (0..1 + g.below(2))
-        .map(|_| g.pick(&pool).parse().unwrap())
+        .map(|_| g.pick_owned(&pool).parse().unwrap())
         .collect()
 }
 
@@ -395,14 +382,14 @@ fn gen_match(g: &mut Gen, principals: &[String]) -> Match {
         if g.chance(65) {
             Vec::new()
         } else {
-            (0..1 + g.below(2)).map(|_| g.pick(&PORTS)).collect()
+            (0..1 + g.below(2)).map(|_| g.pick_owned(&PORTS)).collect()
         }
     };
     let sas = |g: &mut Gen| -> Vec<ServiceAccountMatch> {
         if g.chance(80) {
             Vec::new()
         } else {
-            vec![g.pick(&sa)]
+            vec![g.pick_owned(&sa)]
         }
     };
     let verbs = [
@@ -426,8 +413,8 @@ fn gen_match(g: &mut Gen, principals: &[String]) -> Match {
     };
     if g.chance(35) {
         match g.below(4) {
-            0 => m.methods = vec![g.pick(&verbs)],
-            1 => m.not_methods = vec![g.pick(&verbs)],
+            0 => m.methods = vec![g.pick_owned(&verbs)],
+            1 => m.not_methods = vec![g.pick_owned(&verbs)],
             2 => m.paths = vec![StringMatch::Prefix("/admin".into())],
             _ => {
                 m.headers = vec![HeaderMatch {
@@ -452,13 +439,13 @@ fn gen_policy(g: &mut Gen, i: usize, principals: &[String]) -> Policy {
         .collect();
     Policy {
         name: format!("p{i}"),
-        namespace: g.pick(&NAMESPACES).into(),
-        scope: g.pick(&[
+        namespace: g.pick_owned(&NAMESPACES).into(),
+        scope: g.pick_owned(&[
             PolicyScope::Mesh,
             PolicyScope::Namespace,
             PolicyScope::WorkloadSelector,
         ]),
-        action: g.pick(&[Action::Allow, Action::Deny, Action::Deny, Action::Audit]),
+        action: g.pick_owned(&[Action::Allow, Action::Deny, Action::Deny, Action::Audit]),
         rules,
         dry_run: g.chance(10),
     }
@@ -504,22 +491,22 @@ fn generate(seed: u64) -> Option<Snapshot> {
         let n = node(&mut g);
         let a = next();
         let w = m.pod(&name, n, &a);
-        w.namespace = g.pick(&NAMESPACES).into();
-        w.service_account = g.pick(&ACCOUNTS).into();
+        w.namespace = g.pick_owned(&NAMESPACES).into();
+        w.service_account = g.pick_owned(&ACCOUNTS).into();
         pods.push(name);
     }
     for p in &pods {
         if !waypoints.is_empty() && g.chance(25) {
-            let wp = g.pick(&waypoints);
+            let wp = g.pick_owned(&waypoints);
             m.workload_mut(p).waypoint = Some(waypoint_ref(&wp));
         }
     }
     for i in 0..1 + g.below(3) {
         let name = format!("svc{i}");
         let vip = next();
-        m.service(&name, &[("n0", &vip)], 80, g.pick(&PORTS));
+        m.service(&name, &[("n0", &vip)], 80, g.pick_owned(&PORTS));
         if !waypoints.is_empty() && g.chance(40) {
-            let wp = g.pick(&waypoints);
+            let wp = g.pick_owned(&waypoints);
             m.service_mut(&name).waypoint = Some(waypoint_ref(&wp));
         }
         for p in &pods {
@@ -573,12 +560,12 @@ proptest! {
         let mut g = Gen(SplitMix64::new(seed ^ 0x5eed));
         for dst in snap.workloads() {
             for _ in 0..12 {
-                let (src, id) = g.pick(&sources);
+                let (src, id) = g.pick_owned(&sources);
                 let c = Conn {
                     src,
                     identity: id.as_ref(),
                     dst: dst.addresses[0],
-                    port: g.pick(&PORTS),
+                    port: g.pick_owned(&PORTS),
                 };
                 assert_never_looser(&snap, &peer, dst, &c);
             }
