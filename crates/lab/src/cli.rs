@@ -210,6 +210,9 @@ pub enum LabCommand {
         to: String,
         #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
         counts: Vec<usize>,
+        /// Read memory again this many seconds after the connections closed (0: not).
+        #[arg(long, default_value_t = 60)]
+        settle_seconds: u64,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -603,8 +606,15 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             from,
             to,
             counts,
+            settle_seconds,
             lab,
-        } => done(bench::memory::run(&lab.state_dir, &from, &to, &counts)),
+        } => done(bench::memory::run(
+            &lab.state_dir,
+            &from,
+            &to,
+            &counts,
+            std::time::Duration::from_secs(settle_seconds),
+        )),
         LabCommand::BenchHttp {
             from,
             l4,

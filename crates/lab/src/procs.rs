@@ -131,11 +131,23 @@ pub(crate) fn cpu_ticks(pid: u32) -> u64 {
 
 /// Resident memory of a process, in KiB.
 pub(crate) fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The anonymous part of a process's resident memory (its heap, stacks and written data), in
+/// KiB: what is its own, where the rest (`RssFile`) is the binary's pages, shared with every
+/// process running the same file.
+pub(crate) fn anon_kib(pid: u32) -> u64 {
+    status_kib(pid, "RssAnon:")
+}
+
+/// A `kB` field of `/proc/<pid>/status` (0 if the process or the field is gone).
+fn status_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)

@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use super::proxies::Proxies;
 use super::report::{Memory, memory_figures, memory_text};
 use crate::apps::ECHO_PORT;
-use crate::procs::{rss_kib, wait_quiet};
+use crate::procs::{anon_kib, rss_kib, wait_quiet};
 use crate::state::State;
 
 /// How long processes may take to be quiet (CPU and RSS steady) before memory is read anyway
@@ -49,18 +49,21 @@ fn hold(state: &State, from: &str, to_ip: &str, n: usize) -> anyhow::Result<std:
     Ok(child)
 }
 
-fn rss(pids: &BTreeMap<String, u32>) -> BTreeMap<String, u64> {
-    pids.iter().map(|(n, p)| (n.clone(), rss_kib(*p))).collect()
+fn read(pids: &BTreeMap<String, u32>, kib: fn(u32) -> u64) -> BTreeMap<String, u64> {
+    pids.iter().map(|(n, p)| (n.clone(), kib(*p))).collect()
 }
 
 /// Idle RSS of the node proxies once they are quiet, then with `n` idle proxied connections
-/// from `from` to `to_ip`, then once those closed and the proxies are quiet again.
+/// from `from` to `to_ip`, then once those closed and the proxies are quiet again, and, if
+/// `settle` is not zero, again `settle` after they closed (what the allocator gave back by
+/// then: the targets' "back within 10% of idle 60 s after a spike").
 pub(crate) fn measure(
     state: &State,
     proxies: &Proxies<'_>,
     from: &str,
     to_ip: &str,
     n: usize,
+    settle: Duration,
 ) -> anyhow::Result<Memory> {
     let pids = proxies.pids();
     let all: Vec<u32> = pids.values().copied().collect();
@@ -68,30 +71,46 @@ pub(crate) fn measure(
     let mut m = Memory {
         idle_quiet,
         idle_wait_s: waited.as_secs_f64(),
-        idle_rss_kib: rss(&pids),
+        idle_rss_kib: read(&pids, rss_kib),
+        idle_anon_kib: read(&pids, anon_kib),
         held_conns: n,
         ..Memory::default()
     };
     let mut holder = hold(state, from, to_ip, n)?;
-    m.held_rss_kib = rss(&pids);
+    m.held_rss_kib = read(&pids, rss_kib);
     drop(holder.stdin.take());
     let _ = holder.wait();
+    let closed = Instant::now();
     let (after_quiet, waited) = wait_quiet(&all, QUIET_WITHIN);
     m.after_close_quiet = after_quiet;
     m.after_close_wait_s = waited.as_secs_f64();
-    m.after_close_rss_kib = rss(&pids);
+    m.after_close_rss_kib = read(&pids, rss_kib);
+    if !settle.is_zero() {
+        // A reading at a fixed time after the close, whatever happens meanwhile: a wait, not
+        // a synchronization.
+        std::thread::sleep(settle.saturating_sub(closed.elapsed()));
+        m.settled_after_s = closed.elapsed().as_secs();
+        m.settled_rss_kib = read(&pids, rss_kib);
+        m.settled_anon_kib = read(&pids, anon_kib);
+    }
     memory_figures(&mut m);
     Ok(m)
 }
 
 /// Prints, for each count, the idle footprint of the nodes of `from` and `to`, their memory
-/// with that many idle connections, and after they closed.
-pub(crate) fn run(state_dir: &Path, from: &str, to: &str, counts: &[usize]) -> anyhow::Result<()> {
+/// with that many idle connections, after they closed, and `settle` after they closed.
+pub(crate) fn run(
+    state_dir: &Path,
+    from: &str,
+    to: &str,
+    counts: &[usize],
+    settle: Duration,
+) -> anyhow::Result<()> {
     let state = State::up(state_dir)?;
     let (src, dst) = state.pod_pair(from, to)?;
     let proxies = Proxies::of(&state, src, dst)?;
     for &n in counts {
-        let m = measure(&state, &proxies, from, &dst.ip, n)?;
+        let m = measure(&state, &proxies, from, &dst.ip, n, settle)?;
         let mut text = String::new();
         memory_text(&mut text, &m);
         print!("{text}");

@@ -79,7 +79,14 @@ pub(crate) fn run(state_dir: &Path, from: &str, to: &str, opts: &Options) -> any
     let server = app_of(&state.pids, to).with_context(|| format!("no app running in {to}"))?;
     let memory = match opts.sizes.idle {
         0 => None,
-        n => Some(memory::measure(&state, &proxies, from, &dst.ip, n)?),
+        n => Some(memory::measure(
+            &state,
+            &proxies,
+            from,
+            &dst.ip,
+            n,
+            std::time::Duration::ZERO,
+        )?),
     };
     let client = Client {
         netns: &src.netns,

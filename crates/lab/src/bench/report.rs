@@ -116,6 +116,20 @@ pub(crate) struct Memory {
     pub(crate) after_close_rss_kib: BTreeMap<String, u64>,
     /// Summed RSS after they closed over summed idle RSS.
     pub(crate) after_close_vs_idle_x: f64,
+    /// The anonymous part of the idle RSS (heap, stacks, written data): the rest is the
+    /// binary's pages, shared by every process that runs it.
+    #[serde(default)]
+    pub(crate) idle_anon_kib: BTreeMap<String, u64>,
+    /// Seconds after they closed when RSS was read again (0: not read).
+    #[serde(default)]
+    pub(crate) settled_after_s: u64,
+    #[serde(default)]
+    pub(crate) settled_rss_kib: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub(crate) settled_anon_kib: BTreeMap<String, u64>,
+    /// Summed RSS `settled_after_s` after they closed over summed idle RSS.
+    #[serde(default)]
+    pub(crate) settled_vs_idle_x: f64,
 }
 
 // === figures from samples ===
@@ -197,6 +211,12 @@ pub(crate) fn memory_figures(m: &mut Memory) {
         0.0
     };
     m.after_close_vs_idle_x = if idle > 0.0 { after / idle } else { 0.0 };
+    let settled = sum(&m.settled_rss_kib);
+    m.settled_vs_idle_x = if idle > 0.0 && settled > 0.0 {
+        settled / idle
+    } else {
+        0.0
+    };
 }
 
 // === impl Report ===
@@ -367,10 +387,11 @@ pub(crate) fn memory_text(o: &mut String, m: &Memory) {
     };
     let _ = writeln!(
         o,
-        "memory: idle RSS {} ({} after {:.1} s)",
+        "memory: idle RSS {} ({} after {:.1} s); of it anonymous {}",
         list(&m.idle_rss_kib),
         if m.idle_quiet { "quiet" } else { "NOT quiet" },
-        m.idle_wait_s
+        m.idle_wait_s,
+        list(&m.idle_anon_kib)
     );
     let _ = writeln!(
         o,
@@ -391,6 +412,16 @@ pub(crate) fn memory_text(o: &mut String, m: &Memory) {
         },
         m.after_close_wait_s
     );
+    if m.settled_after_s > 0 {
+        let _ = writeln!(
+            o,
+            "  {} s after they closed: {} ({:.2}x idle); of it anonymous {}",
+            m.settled_after_s,
+            list(&m.settled_rss_kib),
+            m.settled_vs_idle_x,
+            list(&m.settled_anon_kib)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -107,6 +107,21 @@ fn memory_per_idle_connection_counts_both_ends_against_idle() {
     memory_figures(&mut m);
     assert_eq!(m.kib_per_idle_conn_both_ends, 10.0);
     assert_eq!(m.after_close_vs_idle_x, 1.1);
+    assert_eq!(m.settled_vs_idle_x, 0.0, "no settled reading, no ratio");
+    assert!(!memory_text_of(&m).contains("s after they closed"));
+    m.settled_after_s = 60;
+    m.settled_rss_kib = kib(7200, 8400);
+    memory_figures(&mut m);
+    assert_eq!(m.settled_vs_idle_x, 1.04);
+    assert!(
+        memory_text_of(&m).contains("60 s after they closed: a 7200 KiB, b 8400 KiB (1.04x idle)")
+    );
+}
+
+fn memory_text_of(m: &Memory) -> String {
+    let mut o = String::new();
+    memory_text(&mut o, m);
+    o
 }
 
 #[test]
