@@ -13,27 +13,34 @@
 //! agent running in the test's own network namespace for that (it needs only files and Unix
 //! sockets).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_k8s::testing::ApiServer;
+use ferry_runtime::netns::Netns;
 use serde_json::{Value, json};
 
 const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 const PLUGINS: &str = "/usr/lib/cni";
 const DEADLINE: Duration = Duration::from_secs(30);
 
-const TOPOLOGY: &str = "\
+/// The mesh of one world, whose pods are on 198.18.`net`.0/24.
+fn topology(net: u8) -> String {
+    format!(
+        "\
 trust_domain: cluster.local
 clusters:
-  - {name: c1, network: n1}
+  - {{name: c1, network: n1}}
 nodes:
-  - {name: node-1, cluster: c1, address: 198.18.61.1}
+  - {{name: node-1, cluster: c1, address: 198.18.{net}.1}}
 workloads:
-  - {name: web, service_account: web, node: node-1, address: 198.18.61.10}
-";
+  - {{name: web, service_account: web, node: node-1, address: 198.18.{net}.10}}
+"
+    )
+}
 
 /// Polls `f` until it holds or `within` passes.
 fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -63,6 +70,9 @@ fn run(cmd: &mut Command) -> Output {
 /// The host namespace, the pods' namespaces and the processes, removed on drop.
 struct World {
     id: String,
+    /// The pods' subnet is 198.18.`net`.0/24 (each test its own: the agent's search for pods
+    /// that started before it sees every namespace of the machine).
+    net: u8,
     dir: PathBuf,
     host: String,
     pods: Vec<String>,
@@ -81,6 +91,11 @@ static WORLDS: AtomicU32 = AtomicU32::new(0);
 
 impl World {
     fn new() -> Self {
+        Self::on(61)
+    }
+
+    /// A world whose pods are on 198.18.`net`.0/24.
+    fn on(net: u8) -> Self {
         let n = WORLDS.fetch_add(1, Ordering::Relaxed);
         let id = format!("fc{}{n}", std::process::id());
         let dir = std::env::temp_dir().join(format!("ferry-cni-{id}"));
@@ -91,6 +106,7 @@ impl World {
         let _ = Command::new("ip").args(["netns", "del", &host]).output();
         let w = Self {
             id,
+            net,
             dir,
             host,
             pods: Vec::new(),
@@ -132,7 +148,7 @@ impl World {
 
     /// Starts the control plane on the topology; the node proxy's arguments.
     fn control_plane(&mut self) -> Vec<String> {
-        std::fs::write(self.dir.join("topology.yaml"), TOPOLOGY).unwrap();
+        std::fs::write(self.dir.join("topology.yaml"), topology(self.net)).unwrap();
         let control = self.path("control");
         let bundle = run(self
             .in_host(FERRY)
@@ -189,6 +205,39 @@ impl World {
         .to_vec()
     }
 
+    /// Starts `ferry cni agent --node-name node-1` reading enrollment from `api` (through a
+    /// kubeconfig), in the test's own network namespace where `api` listens.
+    fn start_kube_agent(&mut self, api: &ApiServer) {
+        let kubeconfig = self.path("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: t, cluster: {{server: 'http://{}'}}}}]\n\
+                 users: [{{name: t, user: {{}}}}]\ncontexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n\
+                 current-context: t\n",
+                api.addr
+            ),
+        )
+        .unwrap();
+        let args = [
+            "cni",
+            "agent",
+            "--node-name",
+            "node-1",
+            "--kubeconfig",
+            &kubeconfig,
+            "--plugin-socket",
+            &self.path("cni.sock"),
+            "--zds-socket",
+            &self.path("zds.sock"),
+            "--state-file",
+            &self.path("agent-pods.json"),
+        ]
+        .map(str::to_string);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.start_here("agent", &args);
+    }
+
     fn stop(&mut self, name: &str) {
         if let Some(i) = self.procs.iter().position(|(n, _)| n == name) {
             let (_, mut c) = self.procs.remove(i);
@@ -235,7 +284,11 @@ impl World {
                     "isGateway": true,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": "198.18.61.0/24", "rangeStart": "198.18.61.10", "rangeEnd": "198.18.61.20"}]],
+                        "ranges": [[{
+                            "subnet": format!("198.18.{}.0/24", self.net),
+                            "rangeStart": format!("198.18.{}.10", self.net),
+                            "rangeEnd": format!("198.18.{}.20", self.net),
+                        }]],
                         "dataDir": self.path("ipam"),
                     }
                 },
@@ -538,34 +591,7 @@ fn a_running_pod_is_captured_and_released_as_its_labels_in_the_api_server_change
     let mut w = World::new();
     let node_args = w.control_plane();
     let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
-    let kubeconfig = w.path("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: t, cluster: {{server: 'http://{}'}}}}]\n\
-             users: [{{name: t, user: {{}}}}]\ncontexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n\
-             current-context: t\n",
-            api.addr
-        ),
-    )
-    .unwrap();
-    let agent_args = [
-        "cni",
-        "agent",
-        "--node-name",
-        "node-1",
-        "--kubeconfig",
-        &kubeconfig,
-        "--plugin-socket",
-        &w.path("cni.sock"),
-        "--zds-socket",
-        &w.path("zds.sock"),
-        "--state-file",
-        &w.path("agent-pods.json"),
-    ]
-    .map(str::to_string);
-    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
-    w.start_here("agent", &agent_args);
+    w.start_kube_agent(&api);
     w.wait_log("agent", "node agent serving", 1);
     w.start("node", &node_args);
     w.wait_log("agent", "replay acknowledged", 1);
@@ -618,6 +644,124 @@ fn a_running_pod_is_captured_and_released_as_its_labels_in_the_api_server_change
         "annotation not removed; agent:\n{}",
         w.log("agent")
     );
+    drop(w);
+    api.stop();
+}
+
+/// The cluster of the pod that started before the agent: `default` enrolled, `web` running
+/// with the address its sandbox got (198.18.62.10).
+const STARTED_BEFORE: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Namespace
+  metadata: {name: default, labels: {istio.io/dataplane-mode: ambient}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: web, namespace: default, uid: u-web}
+  spec: {nodeName: node-1, containers: [{name: web, image: web}]}
+  status: {phase: Running, podIP: 198.18.62.10, podIPs: [{ip: 198.18.62.10}]}
+"#;
+
+#[test]
+fn a_pod_started_before_the_agent_is_found_by_its_address_and_captured() {
+    if !nix_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let api = rt.block_on(ApiServer::start(&[STARTED_BEFORE]));
+    let mut w = World::on(62);
+    let node_args = w.control_plane();
+    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
+
+    // The pod's sandbox as the runtime made it before Ferry was there: its loopback up (the
+    // runtime's loopback plugin) and its address from the bridge, and its pause process in it.
+    let web = w.pod("web");
+    let ran = w.plugin(
+        "ADD",
+        &json!({"type": "loopback"}),
+        None,
+        &web,
+        ("default", "web"),
+    );
+    assert!(ran.ok, "loopback ADD: {}", ran.stdout);
+    let bridge = w.conflist()["plugins"][0].clone();
+    let ran = w.plugin("ADD", &bridge, None, &web, ("default", "web"));
+    assert!(ran.ok, "bridge ADD: {}", ran.stdout);
+    assert_eq!(ran.stdout["ips"][0]["address"], "198.18.62.10/24");
+    let pause = ["netns", "exec", &web, "sleep", "infinity"];
+    w.spawn("pause", Command::new("ip"), &pause);
+
+    // A server outside the pod, in the node's namespace, on the bridge's address.
+    let host = Netns::open(Path::new(&format!("/var/run/netns/{}", w.host))).unwrap();
+    let server: SocketAddr = "198.18.62.1:7070".parse().unwrap();
+    let listener = rt.block_on(host.listen(server)).unwrap();
+    rt.spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                if conn.read_to_end(&mut got).await.is_ok() {
+                    let _ = conn.write_all(&got).await;
+                }
+            });
+        }
+    });
+
+    // Then the agent and the node proxy: the agent finds the pod's namespace by its address
+    // among the node's processes, and hands it over.
+    w.start_kube_agent(&api);
+    w.wait_log("agent", "node agent serving", 1);
+    w.start("node", &node_args);
+    w.wait_log(
+        "agent",
+        "a pod that started before the agent: its network namespace found by its IP",
+        1,
+    );
+    assert!(
+        eventually(DEADLINE, || w
+            .nat(&web)
+            .contains("-A OUTPUT -p tcp -j FERRY_OUT")
+            && w.served(&web)),
+        "not captured: {}\nagent:\n{}",
+        w.nat(&web),
+        w.log("agent")
+    );
+    assert!(
+        eventually(
+            DEADLINE,
+            || api.get("v1", "Pod", "default/web").unwrap()["metadata"]["annotations"]["ambient.istio.io/redirection"]
+                == "enabled"
+        ),
+        "not annotated; agent:\n{}",
+        w.log("agent")
+    );
+
+    // A connection from the pod is carried by the node proxy.
+    let pod = Netns::open(Path::new(&format!("/var/run/netns/{web}"))).unwrap();
+    let echoed = rt
+        .block_on(pod.run(move || -> std::io::Result<Vec<u8>> {
+            use std::io::{Read, Write};
+            let mut conn = std::net::TcpStream::connect_timeout(&server, DEADLINE)?;
+            conn.set_read_timeout(Some(DEADLINE))?;
+            conn.write_all(b"started before the agent")?;
+            conn.shutdown(std::net::Shutdown::Write)?;
+            let mut back = Vec::new();
+            conn.read_to_end(&mut back)?;
+            Ok(back)
+        }))
+        .unwrap()
+        .unwrap();
+    assert_eq!(echoed, b"started before the agent");
+    w.wait_log("node", "dst.addr=198.18.62.1:7070", 1);
+    let log = w.log("node");
+    let line = log
+        .lines()
+        .find(|l| l.contains("dst.addr=198.18.62.1:7070"))
+        .unwrap();
+    assert!(line.contains("src.addr=198.18.62.10:"), "{line}");
     drop(w);
     api.stop();
 }

@@ -33,12 +33,24 @@ pub(crate) struct PodFacts {
     pub(crate) host_network: bool,
     /// `status.phase`.
     pub(crate) phase: Option<String>,
+    /// `status.podIPs` (else `status.podIP`): how the agent finds the network namespace of a
+    /// pod that started before it.
+    pub(crate) ips: Vec<std::net::IpAddr>,
 }
 
 impl PodFacts {
     /// `namespace/name`, how the agent's stores key a pod.
     pub(crate) fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The pod as the plugin would name it.
+    pub(crate) fn pod_ref(&self) -> PodRef {
+        PodRef {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
     }
 
     /// The CNI's pod is this one: the same uid when the runtime gave one, else the same name.
@@ -197,8 +209,11 @@ pub(crate) enum Action {
     /// The API server no longer has it: take it back if enrolled, and forget it.
     Forget { key: String },
     /// Asked into the mesh, but the plugin never told the agent of it (it started before the
-    /// agent ran), so its network namespace is unknown: it has to be restarted.
-    Unknown { pod: String },
+    /// agent ran, or while it was down): its network namespace is to be found by its IPs.
+    Unknown {
+        pod: PodRef,
+        ips: Vec<std::net::IpAddr>,
+    },
 }
 
 /// The actions that bring `entries` in line with `view`.
@@ -220,7 +235,10 @@ pub(crate) fn plan(view: &View<'_>, entries: &[Entry]) -> Vec<Action> {
     }
     for pod in view.pods.values() {
         if view.decide(pod) == Verdict::Enroll && !entries.iter().any(|e| pod.is(&e.pod)) {
-            actions.push(Action::Unknown { pod: pod.key() });
+            actions.push(Action::Unknown {
+                pod: pod.pod_ref(),
+                ips: pod.ips.clone(),
+            });
         }
     }
     actions

@@ -19,6 +19,7 @@
 //! replays every pod it holds and then `snapshot_sent`; the node proxy releases the pods of
 //! its earlier session that the replay left out.
 
+mod discover;
 mod enroll;
 mod kube;
 mod pods;
@@ -72,7 +73,8 @@ struct Agent {
     next_link: AtomicU64,
     /// The cluster, with Kubernetes.
     kube: Option<Arc<kube::Watch>>,
-    /// Pods asked into the mesh that the agent cannot enroll (warned of once while they stay so).
+    /// Pods asked into the mesh whose network namespaces were not found (warned of once while
+    /// they stay so).
     unknown: Mutex<BTreeSet<String>>,
 }
 
@@ -330,6 +332,7 @@ impl Agent {
             pod,
             container_id,
             netns,
+            inode: None,
         };
         if let Verdict::Leave(why) = verdict {
             tracing::info!(k8s.namespace = %kept.pod.namespace, k8s.name = %kept.pod.name, reason = %why, "pod not enrolled: left alone");
@@ -344,7 +347,7 @@ impl Agent {
             }
             return Answer::default();
         }
-        let file = match File::open(&kept.netns) {
+        let file = match kept.open() {
             Ok(f) => Arc::new(f),
             Err(e) => {
                 return Answer::failed(format!(

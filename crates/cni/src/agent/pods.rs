@@ -43,6 +43,30 @@ pub(crate) struct Kept {
     pub(crate) pod: PodRef,
     pub(crate) container_id: String,
     pub(crate) netns: PathBuf,
+    /// For a namespace the agent found itself (`/proc/<pid>/ns/net` of a pod that started
+    /// before it), its inode: the path names it only while that process lives, and another
+    /// namespace once the pid is reused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) inode: Option<u64>,
+}
+
+impl Kept {
+    /// Opens the pod's network namespace; an error when it is gone, or when the path now names
+    /// another namespace than the one found.
+    pub(crate) fn open(&self) -> std::io::Result<File> {
+        let f = File::open(&self.netns)?;
+        if let Some(want) = self.inode {
+            use std::os::unix::fs::MetadataExt;
+            let got = f.metadata()?.ino();
+            if got != want {
+                return Err(std::io::Error::other(format!(
+                    "{} now names another network namespace (inode {got}, the pod's was {want}): the pod's process ended",
+                    self.netns.display()
+                )));
+            }
+        }
+        Ok(f)
+    }
 }
 
 /// The pods, by the uid the node proxy knows them by ([`uid`]).
@@ -131,11 +155,7 @@ impl Pods {
         let mut pods = Self::default();
         let mut gone = Vec::new();
         for Saved { kept: k, enrolled } in saved {
-            let opened = if enrolled {
-                File::open(&k.netns).map(|f| Some(Arc::new(f)))
-            } else {
-                std::fs::metadata(&k.netns).map(|_| None)
-            };
+            let opened = k.open().map(|f| enrolled.then(|| Arc::new(f)));
             match opened {
                 Ok(netns) => {
                     let id = uid(&k.pod, &k.container_id);
@@ -172,10 +192,15 @@ mod tests {
         let ns = dir.join("ns");
         std::fs::write(&ns, b"").unwrap();
         let mut pods = Pods::default();
-        for (name, path, enrolled) in [
-            ("web", ns.clone(), true),
-            ("known", ns.clone(), false),
-            ("gone", dir.join("missing"), true),
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(&ns).unwrap().ino();
+        for (name, path, enrolled, inode) in [
+            ("web", ns.clone(), true, None),
+            ("known", ns.clone(), false, None),
+            ("found", ns.clone(), true, Some(ino)),
+            ("gone", dir.join("missing"), true, None),
+            // Found by the agent in a process's namespace; the path names another one now.
+            ("moved", ns.clone(), true, Some(ino + 1)),
         ] {
             let kept = Kept {
                 pod: PodRef {
@@ -185,6 +210,7 @@ mod tests {
                 },
                 container_id: name.into(),
                 netns: path,
+                inode,
             };
             pods.insert(
                 uid(&kept.pod, name),
@@ -202,8 +228,10 @@ mod tests {
             0o600
         );
         let (back, gone) = Pods::load(&state).unwrap();
-        assert_eq!(back.len(), 2);
+        assert_eq!(back.len(), 3);
         assert!(back.get("shop/web").unwrap().netns.is_some());
+        assert!(back.get("shop/found").unwrap().netns.is_some());
+        assert!(back.get("shop/moved").is_none());
         assert!(
             back.get("shop/known").unwrap().netns.is_none(),
             "a pod known but not enrolled comes back not enrolled"
@@ -216,7 +244,11 @@ mod tests {
         std::fs::write(&state, old).unwrap();
         let (back, _) = Pods::load(&state).unwrap();
         assert!(back.get("shop/old").unwrap().netns.is_some());
-        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert_eq!(gone.len(), 2, "{gone:?}");
+        assert!(
+            gone[1].contains("now names another network namespace"),
+            "{gone:?}"
+        );
         std::fs::write(&state, b"{").unwrap();
         assert!(Pods::load(&state).is_err());
         let _ = std::fs::remove_dir_all(&dir);

@@ -2,19 +2,30 @@
 //! every change the watch sees (and whenever a node proxy has taken the replay, or the plugin's
 //! add enrolled a pod), it plans ([`enroll::plan`]) and carries out the enrollments and
 //! removals over ZDS, then writes each pod's `ambient.istio.io/redirection` annotation to say
-//! what it did ([`enroll::annotations`]). Whatever failed (no node proxy took a pod, the API
-//! server refused a patch) is tried again on the next change, or after a backoff.
+//! what it did ([`enroll::annotations`]). A pod asked into the mesh that the plugin never told of
+//! (it started before the agent, or while the agent was down) is found by its IP among the
+//! network namespaces of the node's processes ([`discover`]) and handed over the same way.
+//! Whatever failed (a pod's namespace not found, no node proxy took a pod, the API server
+//! refused a patch) is tried again on the next change, or after a backoff.
 
-use std::fs::File;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use super::discover::{self, Found, Wanted};
 use super::enroll::{self, Action, Entry};
 use super::kube::Watch;
+use super::pods::{Kept, Pod, uid};
 use super::zds::Op;
 use super::{Agent, info};
+use crate::spec::PodRef;
+
+/// Where the node's processes are listed.
+const PROC: &str = "/proc";
 
 /// The first and the longest wait before trying a failed step again.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
@@ -63,23 +74,14 @@ impl Agent {
             return false;
         };
         let mut retry = false;
-        let mut unknown = std::collections::BTreeSet::new();
+        let mut unknown = Vec::new();
         for a in actions {
             match a {
-                Action::Unknown { pod } => {
-                    unknown.insert(pod);
-                }
+                Action::Unknown { pod, ips } => unknown.push((pod, ips)),
                 a => retry |= self.carry(a).await,
             }
         }
-        // Each warned of once while it stays so.
-        {
-            let mut warned = self.unknown.lock();
-            for pod in unknown.difference(&warned) {
-                tracing::warn!(pod = %pod, "asked into the mesh, but it started before the agent knew of it (its network namespace is unknown): restart it to enroll it");
-            }
-            *warned = unknown;
-        }
+        retry |= self.adopt(unknown).await;
         let entries = self.entries();
         let changes = watch
             .view(self.flags(), |v| enroll::annotations(v, &entries))
@@ -109,26 +111,88 @@ impl Agent {
                 }
                 false
             }
+            // Looked for by [`Agent::adopt`].
             Action::Unknown { .. } => false,
         }
     }
 
-    /// Hands a running pod the plugin told of to the node proxy.
+    /// Finds the network namespaces of the pods asked into the mesh that the plugin never told
+    /// of (they started before the agent, or while it was down) by their IPs ([`discover`]),
+    /// and hands them to the node proxy; whether one was not found, to be looked for again.
+    async fn adopt(&self, unknown: Vec<(PodRef, Vec<IpAddr>)>) -> bool {
+        // A pod without an IP is still being set up: the plugin will tell of it.
+        let wanted: Vec<(PodRef, Wanted)> = unknown
+            .into_iter()
+            .filter(|(_, ips)| !ips.is_empty())
+            .map(|(pod, ips)| {
+                let key = uid(&pod, "");
+                (pod, Wanted { key, ips })
+            })
+            .collect();
+        if wanted.is_empty() {
+            self.unknown.lock().clear();
+            return false;
+        }
+        let seen = match discover::scan(Path::new(PROC)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "the node's processes could not be listed to find pods that started before the agent; trying again");
+                return true;
+            }
+        };
+        let found = discover::matches(
+            &seen,
+            &wanted.iter().map(|(_, w)| w.clone()).collect::<Vec<_>>(),
+        );
+        let mut retry = false;
+        let mut missing = BTreeSet::new();
+        for (pod, w) in wanted {
+            let Some(Found::At { path, inode }) = found.get(&w.key) else {
+                let why = found.get(&w.key).map(ToString::to_string);
+                if !self.unknown.lock().contains(&w.key) {
+                    tracing::warn!(pod = %w.key, k8s.namespace = %pod.namespace, k8s.name = %pod.name, ips = ?w.ips, reason = why.as_deref().unwrap_or_default(), "asked into the mesh, but the pod's network namespace was not found; looking again");
+                }
+                missing.insert(w.key);
+                continue;
+            };
+            tracing::info!(pod = %w.key, k8s.namespace = %pod.namespace, k8s.name = %pod.name, netns = %path.display(), inode, "a pod that started before the agent: its network namespace found by its IP");
+            {
+                let mut state = self.state.lock();
+                if state.pods.get(&w.key).is_none() {
+                    let kept = Kept {
+                        pod,
+                        container_id: String::new(),
+                        netns: path.clone(),
+                        inode: Some(*inode),
+                    };
+                    state.pods.insert(w.key.clone(), Pod { kept, netns: None });
+                }
+            }
+            self.save();
+            retry |= self.enroll_running(&w.key).await;
+        }
+        retry |= !missing.is_empty();
+        // Each warned of once while it stays so.
+        *self.unknown.lock() = missing;
+        retry
+    }
+
+    /// Hands a running pod the agent knows (its namespace's path) to the node proxy.
     async fn enroll_running(&self, key: &str) -> bool {
-        let Some(path) = self
+        let Some(kept) = self
             .state
             .lock()
             .pods
             .get(key)
             .filter(|p| p.netns.is_none())
-            .map(|p| p.kept.netns.clone())
+            .map(|p| p.kept.clone())
         else {
             return false;
         };
-        let file = match File::open(&path) {
+        let file = match kept.open() {
             Ok(f) => Arc::new(f),
             Err(e) => {
-                tracing::warn!(pod = %key, netns = %path.display(), error = %e, "the pod's network namespace is gone; forgetting the pod");
+                tracing::warn!(pod = %key, netns = %kept.netns.display(), error = %e, "the pod's network namespace is gone; forgetting the pod");
                 self.state.lock().pods.remove(key);
                 self.save();
                 return false;

@@ -151,6 +151,7 @@ fn the_plan_enrolls_unenrolls_and_forgets_as_labels_and_pods_change() {
     let gone = pod("shop", "gone");
     let mut late = pod("shop", "late");
     late.uid = "uid-late".into();
+    late.ips = vec!["198.18.62.10".parse().unwrap()];
     let pods: BTreeMap<String, PodFacts> = [&web, &db, &job, &late]
         .into_iter()
         .map(|p| (p.key(), p.clone()))
@@ -185,7 +186,8 @@ fn the_plan_enrolls_unenrolls_and_forgets_as_labels_and_pods_change() {
                 key: "uid-gone".into()
             },
             Action::Unknown {
-                pod: "shop/late".into()
+                pod: late.pod_ref(),
+                ips: late.ips,
             },
         ]
     );
@@ -204,7 +206,12 @@ fn the_plan_enrolls_unenrolls_and_forgets_as_labels_and_pods_change() {
                 key: "uid-web".into()
             },
             Action::Unknown {
-                pod: "shop/web".into()
+                pod: PodRef {
+                    namespace: "shop".into(),
+                    name: "web".into(),
+                    uid: "uid-web-2".into(),
+                },
+                ips: Vec::new(),
             }
         ]
     );

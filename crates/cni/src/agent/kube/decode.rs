@@ -2,6 +2,8 @@
 //! (a `DynamicObject`: a malformed object is an error naming it and its field, never a failed
 //! watch, and the agent keeps what it knew of the object before).
 
+use std::net::IpAddr;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use serde::Deserialize;
@@ -73,6 +75,25 @@ struct RawSpec {
 struct RawStatus {
     #[serde(default)]
     phase: Option<String>,
+    #[serde(default, rename = "podIP")]
+    pod_ip: Option<IpAddr>,
+    #[serde(default, rename = "podIPs")]
+    pod_ips: Option<Vec<RawPodIp>>,
+}
+
+#[derive(Deserialize)]
+struct RawPodIp {
+    ip: IpAddr,
+}
+
+impl RawStatus {
+    /// `podIPs`, else `podIP` (an API server may fill in only the latter).
+    fn ips(&self) -> Vec<IpAddr> {
+        match &self.pod_ips {
+            Some(list) if !list.is_empty() => list.iter().map(|p| p.ip).collect(),
+            _ => self.pod_ip.into_iter().collect(),
+        }
+    }
 }
 
 /// A Pod's facts (`namespace/name` is [`PodFacts::key`]).
@@ -88,6 +109,7 @@ pub(crate) fn pod(obj: &DynamicObject) -> Result<PodFacts, DecodeError> {
             message: e.inner().to_string(),
         })?;
     let spec = raw.spec.unwrap_or_default();
+    let status = raw.status.unwrap_or_default();
     Ok(PodFacts {
         namespace,
         name,
@@ -96,7 +118,8 @@ pub(crate) fn pod(obj: &DynamicObject) -> Result<PodFacts, DecodeError> {
         annotations: labels(&m.annotations),
         node: spec.node_name,
         host_network: spec.host_network.unwrap_or(false),
-        phase: raw.status.unwrap_or_default().phase,
+        ips: status.ips(),
+        phase: status.phase,
     })
 }
 
@@ -119,7 +142,8 @@ mod tests {
             "metadata": {"name": "web", "namespace": "shop", "uid": "u1",
                          "labels": {"app": "web"}, "annotations": {"a": "b"}},
             "spec": {"nodeName": "node-1", "containers": []},
-            "status": {"phase": "Running"},
+            "status": {"phase": "Running", "podIP": "198.18.62.10",
+                       "podIPs": [{"ip": "198.18.62.10"}, {"ip": "fd00::a"}]},
         })))
         .unwrap();
         assert_eq!(p.key(), "shop/web");
@@ -127,6 +151,24 @@ mod tests {
         assert_eq!(p.node.as_deref(), Some("node-1"));
         assert!(!p.host_network);
         assert_eq!(p.phase.as_deref(), Some("Running"));
+        assert_eq!(
+            p.ips,
+            [
+                "198.18.62.10".parse::<IpAddr>().unwrap(),
+                "fd00::a".parse().unwrap()
+            ]
+        );
+        let e = pod(&object(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "status": {"podIPs": [{"ip": "198.18.62.300"}]},
+        })))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("Pod shop/web: status.podIPs[0].ip: invalid IP address syntax"),
+            "{e}"
+        );
         let e = pod(&object(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "web", "namespace": "shop"},
