@@ -163,8 +163,12 @@ pub(crate) fn parse_forwarded(s: &str) -> (Option<SocketAddr>, Option<String>) {
         let v = v.trim().trim_matches('"');
         match k.trim().to_ascii_lowercase().as_str() {
             "for" => {
+                // `ip:port`, `[v6]:port`, or a bare address (an IPv6 one in brackets, as RFC
+                // 7239 writes it, or without).
+                let bare = v.strip_prefix('[').and_then(|b| b.strip_suffix(']'));
                 for_ = v.parse::<SocketAddr>().ok().or_else(|| {
-                    v.parse::<std::net::IpAddr>()
+                    bare.unwrap_or(v)
+                        .parse::<std::net::IpAddr>()
                         .ok()
                         .map(|ip| SocketAddr::new(ip, 0))
                 });
@@ -242,6 +246,32 @@ mod tests {
             assert!(
                 matches!(parse_authority(bad), Err(Refusal::BadRequest(_))),
                 "{bad:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ipv6_forwarded_for_is_written_in_brackets_and_read_back() {
+        let h = ConnectHeaders {
+            forwarded_for: Some("[2001:2::1:10]:41234".parse().unwrap()),
+            ..ConnectHeaders::default()
+        };
+        let mut map = HeaderMap::new();
+        h.write(&mut map);
+        assert_eq!(
+            map.get(FORWARDED).unwrap().to_str().unwrap(),
+            "for=\"[2001:2::1:10]:41234\""
+        );
+        assert_eq!(ConnectHeaders::read(&map), h);
+        for (written, want) in [
+            ("for=\"[2001:2::1:10]\"", "[2001:2::1:10]:0"),
+            ("for=2001:2::1:10", "[2001:2::1:10]:0"),
+            ("for=\"[2001:2::1:10]:80\"", "[2001:2::1:10]:80"),
+        ] {
+            assert_eq!(
+                parse_forwarded(written).0,
+                Some(want.parse().unwrap()),
+                "{written}"
             );
         }
     }

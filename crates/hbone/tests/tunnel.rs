@@ -586,3 +586,48 @@ async fn a_tunnel_served_in_process_reports_the_bytes_it_carried() {
     .await;
     assert_eq!(handler.moved.lock()[0], (1000, 2000));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_over_ipv6_carries_its_authority_in_brackets_and_a_v6_forwarded_for() {
+    use ferry_hbone::server::Server;
+    let ca = Arc::new(TestCa::new("root"));
+    // The target and the HBONE server on IPv6 loopback; the outer connection over IPv6.
+    let target = TcpListener::bind("[::1]:0").await.expect("::1 on loopback");
+    let to = target.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, peer) = target.accept().await.unwrap();
+        s.write_all(format!("saw {peer}").as_bytes()).await.unwrap();
+        s.shutdown().await.unwrap();
+    });
+    let handler = Arc::new(Recorder::default());
+    let server =
+        Arc::new(Server::new(&ca.issue_str(SERVER), &ca.bundle(), Settings::default()).unwrap());
+    let l = TcpListener::bind("[::1]:0").await.unwrap();
+    let hbone = l.local_addr().unwrap();
+    tokio::spawn(server.serve(l, handler.clone()));
+    let client = ClientSide::new(ca.clone(), PoolConfig::default());
+    let headers = ConnectHeaders {
+        forwarded_for: Some("[2001:2::1:10]:40000".parse().unwrap()),
+        ..ConnectHeaders::default()
+    };
+    let authority = to.to_string();
+    assert!(authority.starts_with("[::1]:"), "{authority}");
+    let key = ferry_hbone::pool::PoolKey::new(
+        common::id(CLIENT),
+        "::1".parse().unwrap(),
+        hbone,
+        vec![common::id(SERVER)],
+    );
+    let mut t = client
+        .pool
+        .open(&key, &client.creds, &ca.bundle(), &authority, &headers)
+        .await
+        .expect("a tunnel over IPv6");
+    let mut back = String::new();
+    t.read_to_string(&mut back).await.unwrap();
+    assert!(back.starts_with("saw [::1]:"), "{back}");
+    let seen = handler.seen.lock();
+    assert_eq!(seen[0].target, ferry_hbone::headers::Target::Addr(to));
+    assert!(seen[0].peer_addr.is_ipv6(), "{}", seen[0].peer_addr);
+    assert_eq!(ConnectHeaders::read(&seen[0].headers), headers);
+}

@@ -45,7 +45,10 @@ fn every_example_loads() {
         names.len() >= 3,
         "expected the three examples, found {names:?}"
     );
+    // The benchmarking ranges: 198.18.0.0/15 (RFC 2544) and its IPv6 counterpart 2001:2::/48
+    // (RFC 5180).
     let mesh_range: Cidr = "198.18.0.0/15".parse().expect("cidr");
+    let mesh_range_v6: Cidr = "2001:2::/48".parse().expect("cidr");
     for path in names {
         let topo =
             load_file(&path).unwrap_or_else(|e| panic!("{} must load:\n{e}", path.display()));
@@ -56,7 +59,7 @@ fn every_example_loads() {
             "{} has workloads",
             path.display()
         );
-        // Every address is in the benchmarking range.
+        // Every address is in a benchmarking range.
         let addresses = snap
             .workloads()
             .flat_map(|w| w.addresses.clone())
@@ -68,8 +71,8 @@ fn every_example_loads() {
             .chain(snap.nodes().filter_map(|n| n.address));
         for a in addresses {
             assert!(
-                mesh_range.contains(a),
-                "{}: {a} is outside 198.18.0.0/15",
+                mesh_range.contains(a) || mesh_range_v6.contains(a),
+                "{}: {a} is outside 198.18.0.0/15 and 2001:2::/48",
                 path.display()
             );
         }
@@ -478,4 +481,36 @@ workloads:
     let api = topo.snapshot.service(&key("api")).expect("api");
     let got: Vec<_> = api.ports.iter().map(|p| p.app_protocol).collect();
     assert_eq!(got, [Http11, Http2, Http2, Unknown]);
+}
+
+#[test]
+fn dual_stack_workloads_and_vips_have_an_address_of_each_family() {
+    let snap = load("dual-stack.yaml").snapshot;
+    let net = NetworkId::new("main-net");
+    let echo = workload(&snap, "main//v1/Pod/default/echo");
+    assert_eq!(echo.addresses, [ip("198.18.2.20"), ip("2001:2::2:20")]);
+    assert_eq!(
+        workload(&snap, "main//v1/Pod/default/v4only").addresses,
+        [ip("198.18.1.11")]
+    );
+    let svc = snap.service(&key("echo")).expect("echo");
+    assert_eq!(
+        svc.vips,
+        [
+            NetworkAddress::new(net.clone(), ip("198.18.10.1")),
+            NetworkAddress::new(net.clone(), ip("2001:2::10:1")),
+        ]
+    );
+    // Both of echo's addresses are its, and both VIPs the service's.
+    for (addr, owner) in [
+        ("2001:2::2:20", AddressOwner::Workload(echo.uid.clone())),
+        ("198.18.2.20", AddressOwner::Workload(echo.uid.clone())),
+        ("2001:2::10:1", AddressOwner::Service(key("echo"))),
+    ] {
+        assert_eq!(
+            snap.owner(&NetworkAddress::new(net.clone(), ip(addr))),
+            Some(&owner),
+            "{addr}"
+        );
+    }
 }

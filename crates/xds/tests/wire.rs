@@ -92,6 +92,45 @@ fn a_workload_built_byte_by_byte_decodes_with_istios_field_numbers() {
 }
 
 #[test]
+fn a_dual_stack_workload_s_addresses_are_4_and_16_bytes_both_ways() {
+    let uid = "main//v1/Pod/default/echo";
+    let v6: std::net::Ipv6Addr = "2001:2::2:20".parse().unwrap();
+    let mut w = Vec::new();
+    w.extend(ld(20, uid.as_bytes())); // uid
+    w.extend(ld(1, b"echo"));
+    w.extend(ld(2, b"default"));
+    w.extend(ld(3, &[198, 18, 2, 20])); // addresses: IPv4, 4 bytes
+    w.extend(ld(3, &v6.octets())); // addresses: IPv6, 16 bytes
+    w.extend(ld(4, b"main-net"));
+    w.extend(ld(6, b"cluster.local"));
+    w.extend(ld(7, b"echo"));
+    w.extend(ld(18, b"main"));
+    let Decoded::Workload(d) = decode_address(uid, &ld(1, &w)).expect("decodes") else {
+        panic!("a workload")
+    };
+    let want: Vec<std::net::IpAddr> = vec!["198.18.2.20".parse().unwrap(), v6.into()];
+    assert_eq!(d.addresses, want);
+    // And back: the example's dual-stack workloads and VIPs are encoded in the same 4 and 16
+    // bytes (every_example_survives_the_wire_unchanged decodes them again).
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/dual-stack.yaml");
+    let snap = ferry_topology::load_file(&path).unwrap().snapshot;
+    let set = ResourceSet::encode(&snap);
+    let (_, echo) = set.by_type[ferry_api::ADDRESS_TYPE]
+        .iter()
+        .find(|(n, _)| n.ends_with("/echo"))
+        .expect("echo's resource");
+    let body = &echo.body;
+    let has = |bytes: &[u8]| body.windows(bytes.len()).any(|x| x == bytes);
+    assert!(has(&ld(3, &[198, 18, 2, 20])), "the IPv4 address, 4 bytes");
+    assert!(has(&ld(3, &v6.octets())), "the IPv6 address, 16 bytes");
+    // A length that is neither is refused, naming it.
+    let mut bad = w.clone();
+    bad.extend(ld(3, &[1, 2, 3, 4, 5]));
+    let err = decode_address(uid, &ld(1, &bad)).expect_err("5 bytes");
+    assert!(err.to_string().contains("4 or 16 bytes, found 5"), "{err}");
+}
+
+#[test]
 fn a_policy_built_byte_by_byte_decodes() {
     let m = [ld(3, &ld(2, b"cluster.local/ns/default/")), vi(9, 8080)].concat(); // principals prefix, port
     let rule = ld(1, &ld(2, &m)); // Rule.clauses[0].matches[0]

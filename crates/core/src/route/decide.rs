@@ -128,6 +128,7 @@ pub(crate) fn route_traced<T: Trace + ?Sized>(
         rng,
         trace,
         class: &class,
+        family: Family::of(dst),
     };
     match (&class, vip) {
         (Class::Service { service, port }, vip) => cx.service(service, *port, vip, &mut Vec::new()),
@@ -201,6 +202,38 @@ pub(super) struct Cx<'a, 'r, T: ?Sized> {
     pub(super) trace: &'r mut T,
     /// What the destination was classified as: every plan of this decision carries it.
     pub(super) class: &'r Class,
+    /// The address family the source dialled in ([`Family::of`]): a dual-stack endpoint is
+    /// reached at its address of that family.
+    pub(super) family: Family,
+}
+
+/// An address family. A connection to an IPv6 address goes on over IPv6 where the endpoint has
+/// an IPv6 address, and over IPv4 otherwise (and likewise the other way round); a hostname
+/// goes on over IPv4 first, as its endpoints' first addresses are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// The family of a dialled destination: an address's own, IPv4 for a hostname.
+    pub(crate) fn of(dst: &Destination) -> Self {
+        match dst {
+            Destination::Addr(a) if a.is_ipv6() => Self::V6,
+            _ => Self::V4,
+        }
+    }
+
+    /// The address of `addresses` to reach a workload at: the first of this family, else the
+    /// first of any.
+    pub(crate) fn pick(self, addresses: &[std::net::IpAddr]) -> Option<std::net::IpAddr> {
+        addresses
+            .iter()
+            .find(|a| a.is_ipv6() == (self == Self::V6))
+            .or(addresses.first())
+            .copied()
+    }
 }
 
 /// What a waypoint is attached to.
@@ -452,9 +485,8 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         &self,
         w: &Workload,
     ) -> Result<std::net::IpAddr, RouteError> {
-        w.addresses
-            .first()
-            .copied()
+        self.family
+            .pick(&w.addresses)
             .ok_or_else(|| RouteError::NoAddress {
                 workload: w.uid.clone(),
                 network: w.network.clone(),

@@ -1036,3 +1036,85 @@ fn an_ejected_endpoint_is_set_aside_and_the_trace_says_ejected() {
 }
 
 mod failover;
+
+/// A dual-stack mesh: `echo` has an IPv4 and an IPv6 address, `old` only IPv4; the service
+/// `echo` has a VIP of each family.
+fn dual_stack() -> Snapshot {
+    let mut m = flat();
+    m.pod("echo", "west-1", "198.18.2.20")
+        .addresses
+        .push(ip("2001:2::2:20"));
+    m.pod("old", "west-1", "198.18.2.30");
+    m.service(
+        "echo",
+        &[("net", "198.18.100.1"), ("net", "2001:2::100:1")],
+        80,
+        8080,
+    );
+    m.backs("echo", "echo");
+    m.build()
+}
+
+fn hbone(d: &Decision) -> (SocketAddr, String) {
+    match &d.outcome {
+        Ok(Plan {
+            transport:
+                Transport::Hbone {
+                    connect_to,
+                    authority,
+                    ..
+                },
+            ..
+        }) => (*connect_to, authority.clone()),
+        other => panic!("expected HBONE, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_dual_stack_endpoint_is_reached_in_the_family_dialled() {
+    let snap = dual_stack();
+    let table = [
+        // (dialled, HBONE address, authority)
+        (
+            "[2001:2::2:20]:8080",
+            "[2001:2::2:20]:15008",
+            "[2001:2::2:20]:8080",
+        ),
+        ("198.18.2.20:8080", "198.18.2.20:15008", "198.18.2.20:8080"),
+        (
+            "[2001:2::100:1]:80",
+            "[2001:2::2:20]:15008",
+            "[2001:2::2:20]:8080",
+        ),
+        ("198.18.100.1:80", "198.18.2.20:15008", "198.18.2.20:8080"),
+        // A hostname goes over IPv4, the first address.
+        (
+            "echo.default.svc.cluster.local:80",
+            "198.18.2.20:15008",
+            "198.18.2.20:8080",
+        ),
+    ];
+    for (dialled, connect_to, authority) in table {
+        let d = decide(&snap, "sleep", dialled);
+        assert_eq!(landing(&d), "west//v1/Pod/default/echo", "{dialled}");
+        let (to, auth) = hbone(&d);
+        assert_eq!(to, connect_to.parse::<SocketAddr>().unwrap(), "{dialled}");
+        assert_eq!(auth, authority, "{dialled}");
+    }
+}
+
+#[test]
+fn an_ipv4_only_endpoint_is_reached_over_ipv4_from_an_ipv6_vip() {
+    let mut m = flat();
+    m.pod("old", "west-1", "198.18.2.30");
+    m.service("old", &[("net", "2001:2::100:2")], 80, 8080);
+    m.backs("old", "old");
+    let d = decide(&m.build(), "sleep", "[2001:2::100:2]:80");
+    assert_eq!(
+        hbone(&d),
+        (
+            "198.18.2.30:15008".parse().unwrap(),
+            "198.18.2.30:8080".into()
+        )
+    );
+}

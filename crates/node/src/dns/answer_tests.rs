@@ -172,3 +172,41 @@ fn servfail_echoes_the_id_and_question_and_unreadable_bytes_get_none() {
     assert_eq!(m.queries.len(), 1);
     assert_eq!(servfail(&[1, 2, 3]), None);
 }
+
+#[test]
+fn a_dual_stack_service_answers_a_with_its_ipv4_vip_and_aaaa_with_its_ipv6_vip() {
+    let mut m = MeshBuilder::new();
+    m.cluster("alpha", "flat");
+    m.node("alpha-1", "alpha", "r1/z1");
+    m.pod("sleep", "alpha-1", "198.18.1.10");
+    m.pod("echo-a", "alpha-1", "198.18.1.20")
+        .addresses
+        .push("2001:2::1:20".parse().unwrap());
+    m.service(
+        "echo",
+        &[("flat", "198.18.10.1"), ("flat", "2001:2::10:1")],
+        80,
+        8080,
+    );
+    m.backs("echo-a", "echo");
+    let snap = m.build();
+    let name = "echo.default.svc.cluster.local.";
+    let a = answered(decide(
+        &stub_query(name, RecordType::A, false),
+        &snap,
+        sleep(&snap),
+        Transport::Udp,
+    ));
+    assert_eq!(addresses(&a), ["198.18.10.1".parse::<IpAddr>().unwrap()]);
+    let aaaa = answered(decide(
+        &stub_query(name, RecordType::AAAA, false),
+        &snap,
+        sleep(&snap),
+        Transport::Udp,
+    ));
+    assert_eq!(aaaa.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(
+        addresses(&aaaa),
+        ["2001:2::10:1".parse::<IpAddr>().unwrap()]
+    );
+}
