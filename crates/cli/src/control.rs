@@ -58,6 +58,11 @@ pub(crate) struct ServeArgs {
     /// per secret. Repeatable.
     #[arg(long, requires = "cluster_id")]
     remote_secret: Vec<PathBuf>,
+    /// Watch the Istio remote secrets (Secrets labelled istio/multiCluster: "true") of this
+    /// namespace of the local cluster: a Secret added reads its clusters, a changed one
+    /// reconnects, a deleted one removes them. Needs get, list and watch on Secrets there.
+    #[arg(long, requires = "cluster_id")]
+    remote_secrets_namespace: Option<String>,
     /// The scope of a Kubernetes service that declares none (ferry.dev/scope or
     /// istio.io/global): local or global.
     #[arg(long, default_value = "local", value_parser = ["local", "global"])]
@@ -106,6 +111,12 @@ pub(crate) struct ServeArgs {
     /// Connections one peer IP may have open; more are closed as soon as they are accepted.
     #[arg(long, default_value_t = ServeLimits::default().connections_per_peer)]
     max_connections_per_peer: usize,
+    /// The least time between two xDS pushes of changes to one node, in milliseconds: edits
+    /// within it reach the node as one push (the latest state), and a node that reads slowly
+    /// is sent the latest state when it catches up, never each version in between. A change
+    /// after a quiet interval is pushed at once.
+    #[arg(long, default_value_t = ServeLimits::default().push_interval.as_millis() as u64)]
+    xds_push_interval_ms: u64,
     /// Accept Kubernetes service-account tokens of cluster CLUSTER, issued by URL (the API
     /// server's `--service-account-issuer`), as node credentials; its keys come from
     /// `URL/.well-known/openid-configuration` unless --k8s-jwks says otherwise. Repeatable.
@@ -177,6 +188,7 @@ impl ServeArgs {
                 network: self.network,
                 kubeconfig: self.kubeconfig,
                 remote_secrets: self.remote_secret,
+                remote_secrets_namespace: self.remote_secrets_namespace,
                 mesh: ferry_k8s::MeshConfig {
                     trust_domain: self.trust_domain,
                     default_scope: if self.default_scope == "global" {
@@ -210,6 +222,7 @@ impl ServeArgs {
             limits: ServeLimits {
                 streams_per_connection: self.max_streams_per_connection,
                 connections_per_peer: self.max_connections_per_peer,
+                push_interval: Duration::from_millis(self.xds_push_interval_ms),
             },
             k8s: K8sConfig {
                 issuers,

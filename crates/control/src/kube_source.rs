@@ -11,11 +11,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use ferry_core::store::Store;
 use ferry_k8s::MeshConfig;
-use ferry_k8s::remote::parse_remote_secret;
+use ferry_k8s::remote::{connect, parse_remote_secret};
 use ferry_k8s::watch::{Cluster, Outcome, WatchConfig, WatchStatus};
 use ferry_topology::Topology;
 use ferry_xds::resources::ResourceSet;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::{mpsc, watch};
 
 use crate::flatten::resource_set;
@@ -35,6 +34,9 @@ pub struct KubeSource {
     pub kubeconfig: Option<PathBuf>,
     /// Istio remote secrets (`istioctl create-remote-secret` output), one file each.
     pub remote_secrets: Vec<PathBuf>,
+    /// Watch the remote secrets (`istio/multiCluster: "true"`) of this namespace of the local
+    /// cluster: clusters come and go with them.
+    pub remote_secrets_namespace: Option<String>,
     pub mesh: MeshConfig,
     /// How long to wait for the first translated mesh before giving up.
     pub initial_sync: Duration,
@@ -59,31 +61,12 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
     for path in &src.remote_secrets {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the remote secret {}", path.display()))?;
-        for remote in parse_remote_secret(&path.display().to_string(), &text)? {
-            let kc = Kubeconfig::from_yaml(&remote.kubeconfig).with_context(|| {
-                format!("{}: cluster {}'s kubeconfig", path.display(), remote.id)
-            })?;
-            // A remote secret is data, not a program to run: like Istio, refuse credentials
-            // that execute a command or call an auth provider.
-            let runs = kc.auth_infos.iter().any(|a| {
-                a.auth_info
-                    .as_ref()
-                    .is_some_and(|i| i.exec.is_some() || i.auth_provider.is_some())
-            });
-            if runs {
-                bail!(
-                    "{}: cluster {}'s kubeconfig runs a command or an auth provider for its credentials; refused (give it a token or a client certificate)",
-                    path.display(),
-                    remote.id
-                );
-            }
-            let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("{}: cluster {}", path.display(), remote.id))?;
+        let source_name = path.display().to_string();
+        for remote in parse_remote_secret(&source_name, &text)? {
             clusters.push(Cluster {
+                client: connect(&source_name, &remote).await?,
                 id: remote.id,
                 network: None,
-                client: kube::Client::try_from(config)?,
             });
         }
     }
@@ -97,6 +80,7 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
     let config = WatchConfig {
         mesh: src.mesh.clone(),
         initial_sync: src.initial_sync,
+        remote_secrets: src.remote_secrets_namespace.clone(),
         ..WatchConfig::default()
     };
     let watch = tokio::spawn(ferry_k8s::watch::run(
@@ -140,6 +124,16 @@ impl Started {
         metrics: KubeMetrics,
     ) {
         metrics.set(&self.first_notes);
+        let mut status = self.status.clone();
+        let reachability = metrics.clone();
+        let _follow = AbortOnDrop(tokio::spawn(async move {
+            loop {
+                reachability.set_clusters(&status.borrow_and_update());
+                if status.changed().await.is_err() {
+                    return;
+                }
+            }
+        }));
         while let Some(outcome) = self.rest.recv().await {
             match outcome {
                 Ok((t, notes)) => {

@@ -109,6 +109,15 @@ pub struct NoteLabels {
 #[derive(Clone, Debug, Default)]
 pub struct KubeMetrics {
     pub notes: Family<NoteLabels, Gauge>,
+    /// Per watched cluster: 1 while its watches answer, 0 while the last one failed (its last
+    /// objects keep serving).
+    pub reachable: Family<ClusterLabels, Gauge>,
+}
+
+/// The label of one watched cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub cluster: String,
 }
 
 impl KubeMetrics {
@@ -119,6 +128,23 @@ impl KubeMetrics {
             "Kubernetes objects the last translation left out, failed closed or changed (1 each)",
             self.notes.clone(),
         );
+        registry.register(
+            "ferry_kubernetes_cluster_reachable",
+            "Watched Kubernetes clusters: 1 while their API server answers, 0 while its last watch failed (the cluster's last objects keep serving)",
+            self.reachable.clone(),
+        );
+    }
+
+    /// Shows the clusters watched now, and only those, each reachable or not.
+    pub fn set_clusters(&self, status: &ferry_k8s::watch::WatchStatus) {
+        self.reachable.clear();
+        for (id, c) in &status.clusters {
+            self.reachable
+                .get_or_create(&ClusterLabels {
+                    cluster: id.clone(),
+                })
+                .set(i64::from(c.last_error.is_none()));
+        }
     }
 
     /// Shows the notes of a translation, and only those.

@@ -76,57 +76,20 @@ async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
     )
     .unwrap();
 
-    let config = Config {
-        source: Source::Kubernetes(Box::new(KubeSource {
+    let plane = Plane::start(
+        KubeSource {
             cluster_id: "alpha".into(),
             network: None,
             kubeconfig: Some(local),
             remote_secrets: vec![secret],
+            remote_secrets_namespace: None,
             mesh: ferry_k8s::MeshConfig::default(),
             initial_sync: Duration::from_secs(10),
-        })),
-        state_dir: dir.0.join("state"),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ca: None,
-        extra_roots: None,
-        max_lifetime: Duration::from_secs(3600),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        plaintext: true,
-        watch: WatchConfig::default(),
-        limits: ServeLimits::default(),
-        k8s: Default::default(),
-        server_names: vec![],
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel::<Listening>();
-    let server = tokio::spawn(async move {
-        ferry_control::app::serve(
-            &config,
-            |l| {
-                let _ = tx.send(*l);
-            },
-            std::future::pending(),
-        )
-        .await
-        .unwrap();
-    });
-    let listening = tokio::time::timeout(DEADLINE, rx).await.unwrap().unwrap();
-
-    let store = Arc::new(Store::default());
-    let client = XdsClient::new(
-        ClientConfig {
-            endpoint: format!("http://{}", listening.addr),
-            bundle_pem: String::new(),
-            server_name: "ferry-control".into(),
-            token: String::new(),
-            cluster: "alpha".into(),
-            node_id: "ferry~alpha-1".into(),
-            plaintext: true,
-            backoff_initial: Duration::from_millis(20),
-            backoff_max: Duration::from_millis(200),
         },
-        store.clone(),
-    );
-    let node = tokio::spawn(client.run());
+        &dir,
+    )
+    .await;
+    let (listening, store) = (plane.listening, plane.store.clone());
     eventually("both clusters' pods reach the node proxy", || {
         has(&store, "sleep") && has(&store, "echo-beta")
     })
@@ -167,10 +130,170 @@ async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(v["clusters"]["alpha"]["synced"], json!(true), "{status}");
     assert_eq!(v["clusters"]["beta"]["synced"], json!(true), "{status}");
-    node.abort();
-    server.abort();
     alpha.stop();
     beta.stop();
+}
+
+/// A control plane reading `source`, and a node proxy's xDS client of it; both stop when
+/// dropped.
+struct Plane {
+    listening: Listening,
+    store: Arc<Store>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Plane {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Plane {
+    async fn start(source: KubeSource, dir: &Dir) -> Self {
+        let config = Config {
+            source: Source::Kubernetes(Box::new(source)),
+            state_dir: dir.0.join("state"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ca: None,
+            extra_roots: None,
+            max_lifetime: Duration::from_secs(3600),
+            metrics_listen: "127.0.0.1:0".parse().unwrap(),
+            plaintext: true,
+            watch: WatchConfig::default(),
+            limits: ServeLimits::default(),
+            k8s: Default::default(),
+            server_names: vec![],
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<Listening>();
+        let server = tokio::spawn(async move {
+            ferry_control::app::serve(
+                &config,
+                |l| {
+                    let _ = tx.send(*l);
+                },
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+        });
+        let listening = tokio::time::timeout(DEADLINE, rx).await.unwrap().unwrap();
+        let store = Arc::new(Store::default());
+        let client = XdsClient::new(
+            ClientConfig {
+                endpoint: format!("http://{}", listening.addr),
+                bundle_pem: String::new(),
+                server_name: "ferry-control".into(),
+                token: String::new(),
+                cluster: "alpha".into(),
+                node_id: "ferry~alpha-1".into(),
+                plaintext: true,
+                backoff_initial: Duration::from_millis(20),
+                backoff_max: Duration::from_millis(200),
+            },
+            store.clone(),
+        );
+        let node = tokio::spawn(client.run());
+        Self {
+            listening,
+            store,
+            tasks: vec![server, node],
+        }
+    }
+
+    /// Waits for the metrics to hold `line`.
+    async fn metric(&self, line: &str) {
+        let end = tokio::time::Instant::now() + DEADLINE;
+        while !fetch(self.listening.metrics_addr, "/metrics")
+            .await
+            .lines()
+            .any(|l| l == line)
+        {
+            assert!(tokio::time::Instant::now() < end, "no metric line {line}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_clusters_follow_the_remote_secrets_in_the_local_cluster() {
+    let alpha = ApiServer::start(&[&fixture("alpha")]).await;
+    let beta = ApiServer::start(&[&fixture("beta")]).await;
+    let dir =
+        Dir(std::env::temp_dir().join(format!("ferry-k8s-control-secrets-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let local = dir.0.join("kubeconfig");
+    std::fs::write(&local, kubeconfig(&alpha, "alpha")).unwrap();
+    let plane = Plane::start(
+        KubeSource {
+            cluster_id: "alpha".into(),
+            network: None,
+            kubeconfig: Some(local),
+            remote_secrets: vec![],
+            remote_secrets_namespace: Some("istio-system".into()),
+            mesh: ferry_k8s::MeshConfig::default(),
+            initial_sync: Duration::from_secs(10),
+        },
+        &dir,
+    )
+    .await;
+    eventually("alpha's pods reach the node proxy", || {
+        has(&plane.store, "sleep")
+    })
+    .await;
+    assert!(!has(&plane.store, "echo-beta"));
+
+    let secret = |name: &str, cluster: &str, kubeconfig: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+            "stringData": {cluster: kubeconfig},
+        })
+    };
+    alpha.apply(secret(
+        "istio-remote-secret-beta",
+        "beta",
+        &kubeconfig(&beta, "beta"),
+    ));
+    eventually("the remote's pods reach the node proxy", || {
+        has(&plane.store, "echo-beta")
+    })
+    .await;
+    plane
+        .metric("ferry_kubernetes_cluster_reachable{cluster=\"beta\"} 1")
+        .await;
+
+    // A malformed secret is named in the metrics; the remote stays.
+    alpha.apply(secret("broken", "gamma", "clusters: [not a kubeconfig"));
+    plane
+        .metric("ferry_kubernetes_notes{cluster=\"alpha\",object=\"Secret istio-system/broken\"} 1")
+        .await;
+    assert!(has(&plane.store, "echo-beta"));
+
+    // The remote unreachable: reported, its pods still served.
+    beta.stop();
+    plane
+        .metric("ferry_kubernetes_cluster_reachable{cluster=\"beta\"} 0")
+        .await;
+    assert!(
+        has(&plane.store, "echo-beta"),
+        "the last good state is kept"
+    );
+
+    // The secret deleted: the remote's pods leave, and so does its metric.
+    alpha.delete("v1", "Secret", "istio-system/istio-remote-secret-beta");
+    eventually("the remote's pods leave the node proxy", || {
+        !has(&plane.store, "echo-beta") && has(&plane.store, "sleep")
+    })
+    .await;
+    let metrics = fetch(plane.listening.metrics_addr, "/metrics").await;
+    assert!(
+        !metrics.contains("ferry_kubernetes_cluster_reachable{cluster=\"beta\"}"),
+        "{metrics}"
+    );
+    drop(plane);
+    alpha.stop();
 }
 
 /// GET `path` from `addr` with HTTP/1.1.

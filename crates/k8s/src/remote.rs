@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// The label Istio's remote secrets carry.
 pub const MULTI_CLUSTER_LABEL: &str = "istio/multiCluster";
@@ -48,6 +49,15 @@ pub fn parse_remote_secret(
             source_name: source_name.to_string(),
             message: e.to_string(),
         })?;
+    clusters_of(source_name, secret)
+}
+
+/// The clusters of one remote secret (`source_name` names it in errors): every data and
+/// string-data key is a cluster ID, its value that cluster's kubeconfig.
+pub fn clusters_of(
+    source_name: &str,
+    secret: Secret,
+) -> Result<Vec<RemoteCluster>, RemoteSecretError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let labelled = secret
         .metadata
@@ -80,6 +90,54 @@ pub fn parse_remote_secret(
         .into_iter()
         .map(|(id, kubeconfig)| RemoteCluster { id, kubeconfig })
         .collect())
+}
+
+/// Why a remote cluster's kubeconfig gives no client.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteConfigError {
+    #[error("{source_name}: cluster {cluster}'s kubeconfig: {message}")]
+    Invalid {
+        source_name: String,
+        cluster: String,
+        message: String,
+    },
+    #[error(
+        "{source_name}: cluster {cluster}'s kubeconfig runs a command or an auth provider for its credentials; refused (give it a token or a client certificate)"
+    )]
+    RunsCommand {
+        source_name: String,
+        cluster: String,
+    },
+}
+
+/// A client for remote cluster `remote` (`source_name` names its secret in errors). Like
+/// Istio, a kubeconfig whose credentials execute a command or call an auth provider is
+/// refused: a remote secret is data, not a program to run.
+pub async fn connect(
+    source_name: &str,
+    remote: &RemoteCluster,
+) -> Result<kube::Client, RemoteConfigError> {
+    let invalid = |message: String| RemoteConfigError::Invalid {
+        source_name: source_name.to_string(),
+        cluster: remote.id.clone(),
+        message,
+    };
+    let kc = Kubeconfig::from_yaml(&remote.kubeconfig).map_err(|e| invalid(e.to_string()))?;
+    let runs = kc.auth_infos.iter().any(|a| {
+        a.auth_info
+            .as_ref()
+            .is_some_and(|i| i.exec.is_some() || i.auth_provider.is_some())
+    });
+    if runs {
+        return Err(RemoteConfigError::RunsCommand {
+            source_name: source_name.to_string(),
+            cluster: remote.id.clone(),
+        });
+    }
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| invalid(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| invalid(e.to_string()))
 }
 
 #[cfg(test)]

@@ -5,10 +5,12 @@
 //! compacted, dropped watches, refused requests (429, 5xx) and a server that goes away. Its
 //! objects start as recorded fixtures (`kubectl get -o yaml` lists).
 //!
-//! Only cluster-wide collections (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`) are
-//! served: what `Api::all` asks for, with equality field selectors (`fieldSelector=
-//! spec.nodeName=node-1`, as a node agent watches its own node's pods; anything else is refused
-//! with `400`). Every kind the watch reads is served at the path kube-rs
+//! Collections are served cluster-wide (`/api/v1/pods`, `/apis/<group>/<version>/<plural>`:
+//! what `Api::all` asks for) and in one namespace (`/api/v1/namespaces/<ns>/secrets`: what
+//! `Api::namespaced` asks for), with equality field selectors (`fieldSelector=
+//! spec.nodeName=node-1`, as a node agent watches its own node's pods) and equality label
+//! selectors (`labelSelector=istio/multiCluster=true`, as remote secrets are watched); any
+//! other selector is refused with `400`. Every kind the watch reads is served at the path kube-rs
 //! asks for (see [`collection_of`]), `discovery.k8s.io/v1` EndpointSlices at
 //! `/apis/discovery.k8s.io/v1/endpointslices` included; a kind with no objects lists empty.
 //! Built with the `testing` feature, for tests only.
@@ -104,11 +106,57 @@ impl FieldSelector {
         Ok(Self(terms))
     }
 
+    /// Adds the `labelSelector` of a raw query string: every `key=value` (or `key==value`)
+    /// must be a label of the object; other forms are refused.
+    fn with_labels(mut self, query: &str) -> Result<Self, String> {
+        let Some((_, text)) =
+            form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "labelSelector")
+        else {
+            return Ok(self);
+        };
+        for term in text.split(',').filter(|t| !t.is_empty()) {
+            let (key, value) = term
+                .split_once("==")
+                .or_else(|| term.split_once('='))
+                .filter(|(k, _)| !k.ends_with('!'))
+                .ok_or_else(|| {
+                    format!("label selector term {term:?}: only key=value is served here")
+                })?;
+            self.0.push((
+                vec!["metadata".into(), "labels".into(), key.to_string()],
+                value.to_string(),
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Only objects of namespace `ns` (a namespaced collection's path).
+    fn in_namespace(mut self, ns: &str) -> Self {
+        self.0
+            .push((vec!["metadata".into(), "namespace".into()], ns.to_string()));
+        self
+    }
+
     fn matches(&self, object: &Value) -> bool {
         self.0.iter().all(|(path, want)| {
             let got = path.iter().try_fold(object, |v, k| v.get(k));
             got.and_then(Value::as_str).unwrap_or("") == want
         })
+    }
+}
+
+/// The collection a request's path reads and the namespace it narrows to: a namespaced path
+/// (`/api/v1/namespaces/<ns>/secrets`, what `Api::namespaced` asks for) is the cluster-wide
+/// collection (`/api/v1/secrets`) in one namespace.
+fn collection_of_path(path: &str) -> (String, Option<String>) {
+    let parts: Vec<&str> = path.rsplitn(4, '/').collect();
+    match parts.as_slice() {
+        [plural, ns, "namespaces", prefix]
+            if *prefix == "/api/v1" || prefix.starts_with("/apis/") =>
+        {
+            (format!("{prefix}/{plural}"), Some((*ns).to_string()))
+        }
+        _ => (path.to_string(), None),
     }
 }
 
@@ -339,9 +387,16 @@ impl ApiServer {
         if req.method() == hyper::Method::PATCH {
             return self.patch_status(&path, req).await;
         }
-        let selector = match FieldSelector::of_query(req.uri().query().unwrap_or("")) {
-            Ok(s) => s,
-            Err(e) => return status(400, "BadRequest", &e),
+        let raw_query = req.uri().query().unwrap_or("");
+        let selector =
+            match FieldSelector::of_query(raw_query).and_then(|s| s.with_labels(raw_query)) {
+                Ok(s) => s,
+                Err(e) => return status(400, "BadRequest", &e),
+            };
+        let (path, namespace) = collection_of_path(&path);
+        let selector = match namespace {
+            Some(ns) => selector.in_namespace(&ns),
+            None => selector,
         };
         let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
         if watching {

@@ -12,8 +12,12 @@
 //! - The translation runs on a blocking thread, never on the async runtime.
 //! - Each `ServiceExport`'s `Conflict` condition is written back when it changes
 //!   ([`crate::status`]).
+//! - With [`WatchConfig::remote_secrets`], remote clusters come and go with Istio's remote
+//!   secrets in the local cluster ([`secrets`]).
 
-use std::collections::BTreeMap;
+mod secrets;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -57,6 +61,9 @@ pub struct WatchConfig {
     pub debounce: Duration,
     /// The longest the first translation waits for every cluster's first list.
     pub initial_sync: Duration,
+    /// Watch the remote secrets (`istio/multiCluster: "true"`) of this namespace of the local
+    /// cluster (the first one given): each adds the clusters it names, for as long as it exists.
+    pub remote_secrets: Option<String>,
 }
 
 impl Default for WatchConfig {
@@ -65,6 +72,7 @@ impl Default for WatchConfig {
             mesh: MeshConfig::default(),
             debounce: Duration::from_millis(50),
             initial_sync: Duration::from_secs(30),
+            remote_secrets: None,
         }
     }
 }
@@ -80,6 +88,17 @@ pub struct WatchStatus {
     /// The notes of the last translation.
     pub notes: Vec<Note>,
     pub last_error: Option<String>,
+    /// The watched remote secrets, by `namespace/name`.
+    pub remote_secrets: BTreeMap<String, SecretStatus>,
+}
+
+/// What one watched remote secret gives.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SecretStatus {
+    /// The cluster IDs read from it.
+    pub clusters: Vec<String>,
+    /// Why it is not used, or not in full.
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -90,6 +109,8 @@ pub struct ClusterStatus {
     pub last_error: Option<String>,
     /// Objects held, all kinds.
     pub objects: usize,
+    /// The remote secret (`namespace/name`) it is read by, if it is watched.
+    pub secret: Option<String>,
 }
 
 /// A translated mesh, or why the checks rejected it.
@@ -131,11 +152,23 @@ fn kinds() -> Vec<ApiResource> {
     ]
 }
 
-/// A cluster's stores, one per kind.
+/// A cluster's stores, one per kind; its watches end when it is dropped.
 struct Stores {
     cluster: Cluster,
     /// Each kind's store, and whether its first list has arrived.
     kinds: Vec<(ApiResource, Store<DynamicObject>, Arc<AtomicBool>)>,
+    _tasks: Tasks,
+}
+
+/// Tasks aborted when dropped.
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
 }
 
 /// Watches `clusters` and calls `apply` with every translated mesh until the task is dropped.
@@ -149,28 +182,32 @@ pub async fn run<F>(
     F: FnMut(Outcome) + Send,
 {
     let changed = Arc::new(Notify::new());
-    let mut all = Vec::new();
-    for c in clusters {
-        status.send_modify(|s| {
-            s.clusters.insert(c.id.clone(), ClusterStatus::default());
-        });
-        let mut kinds = Vec::new();
-        for ar in self::kinds() {
-            let listed = Arc::new(AtomicBool::new(false));
-            let store = spawn_reflector(&c, &ar, changed.clone(), status.clone(), listed.clone());
-            kinds.push((ar, store, listed));
-        }
-        all.push(Stores { cluster: c, kinds });
-    }
-    let clients: BTreeMap<String, kube::Client> = all
-        .iter()
-        .map(|s| (s.cluster.id.clone(), s.cluster.client.clone()))
+    let mut remotes = match (&config.remote_secrets, clusters.first()) {
+        (Some(ns), Some(local)) => Some(secrets::RemoteClusters::start(
+            local,
+            ns,
+            changed.clone(),
+            status.clone(),
+        )),
+        _ => None,
+    };
+    let fixed: Vec<Arc<Stores>> = clusters
+        .into_iter()
+        .map(|c| Arc::new(Stores::start(c, &changed, &status)))
         .collect();
+    let taken: BTreeSet<String> = fixed.iter().map(|s| s.cluster.id.clone()).collect();
     let mut export_status = ExportStatus::default();
-    let all = Arc::new(all);
-    // The first translation waits for every first list, within a bound.
+    // The first translation waits for every first list (the remote secrets', then their
+    // clusters'), within a bound.
     let deadline = tokio::time::Instant::now() + config.initial_sync;
-    while !all.iter().all(Stores::listed) {
+    let mut secret_notes = Vec::new();
+    loop {
+        if let Some(r) = remotes.as_mut() {
+            secret_notes = r.reconcile(&taken, &changed, &status).await;
+        }
+        if fixed.iter().all(|s| s.listed()) && remotes.as_ref().is_none_or(|r| r.listed()) {
+            break;
+        }
         if tokio::time::timeout_at(deadline, changed.notified())
             .await
             .is_err()
@@ -183,11 +220,23 @@ pub async fn run<F>(
         }
     }
     loop {
+        if let Some(r) = remotes.as_mut() {
+            secret_notes = r.reconcile(&taken, &changed, &status).await;
+        }
+        let all: Vec<Arc<Stores>> = fixed
+            .iter()
+            .chain(remotes.iter().flat_map(|r| r.served()))
+            .cloned()
+            .collect();
         mark_synced(&all, &status);
-        let stores = all.clone();
+        let clients: BTreeMap<String, kube::Client> = all
+            .iter()
+            .map(|s| (s.cluster.id.clone(), s.cluster.client.clone()))
+            .collect();
+        let stores = all;
         let mesh = config.mesh.clone();
+        let mut decoding = secret_notes.clone();
         let outcome = tokio::task::spawn_blocking(move || {
-            let mut decoding = Vec::new();
             let objects: Vec<ClusterObjects> =
                 stores.iter().map(|s| read(s, &mut decoding)).collect();
             let mut t = translate(&mesh, &objects);
@@ -238,24 +287,23 @@ pub async fn run<F>(
     }
 }
 
-/// Starts the reflector of kind `ar` in `c`; returns its store.
+/// Starts the reflector of `api` (kind `ar`, in cluster `cluster`); returns its store and
+/// task.
 fn spawn_reflector(
-    c: &Cluster,
+    api: Api<DynamicObject>,
     ar: &ApiResource,
+    config: watcher::Config,
+    cluster: &str,
     changed: Arc<Notify>,
     status: watch::Sender<WatchStatus>,
     listed: Arc<AtomicBool>,
-) -> Store<DynamicObject> {
-    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), ar);
+) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
     let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
     let store = writer.as_reader();
-    let stream = reflector::reflector(
-        writer,
-        watcher::watcher(api, watcher::Config::default()).default_backoff(),
-    );
-    let cluster = c.id.clone();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let cluster = cluster.to_string();
     let kind = ar.kind.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
@@ -284,10 +332,10 @@ fn spawn_reflector(
             }
         }
     });
-    store
+    (store, task)
 }
 
-fn mark_synced(all: &[Stores], status: &watch::Sender<WatchStatus>) {
+fn mark_synced(all: &[Arc<Stores>], status: &watch::Sender<WatchStatus>) {
     status.send_modify(|s| {
         for st in all {
             let c = s.clusters.entry(st.cluster.id.clone()).or_default();
@@ -298,6 +346,35 @@ fn mark_synced(all: &[Stores], status: &watch::Sender<WatchStatus>) {
 }
 
 impl Stores {
+    /// Starts watching every kind of cluster `c`.
+    fn start(c: Cluster, changed: &Arc<Notify>, status: &watch::Sender<WatchStatus>) -> Self {
+        status.send_modify(|s| {
+            s.clusters.insert(c.id.clone(), ClusterStatus::default());
+        });
+        let mut kinds = Vec::new();
+        let mut tasks = Vec::new();
+        for ar in self::kinds() {
+            let listed = Arc::new(AtomicBool::new(false));
+            let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
+            let (store, task) = spawn_reflector(
+                api,
+                &ar,
+                watcher::Config::default(),
+                &c.id,
+                changed.clone(),
+                status.clone(),
+                listed.clone(),
+            );
+            kinds.push((ar, store, listed));
+            tasks.push(task);
+        }
+        Self {
+            cluster: c,
+            kinds,
+            _tasks: Tasks(tasks),
+        }
+    }
+
     /// Every kind's first list has arrived (or the kind is not served).
     fn listed(&self) -> bool {
         self.kinds.iter().all(|(_, _, l)| l.load(Ordering::Acquire))
