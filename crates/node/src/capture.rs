@@ -1,8 +1,10 @@
-//! Capture rules inside a pod's network namespace (iptables, nat table).
+//! Capture rules inside a pod's network namespace (iptables, nat table), for each IP family
+//! ([`Family`]): the same rules with `iptables` for IPv4 and `ip6tables` for IPv6, loopback
+//! being 127.0.0.0/8 and ::1/128.
 //!
 //! ```text
 //!   OUTPUT     -p tcp -> FERRY_OUT:  marked by the proxy -> RETURN
-//!                                     to 127.0.0.0/8      -> RETURN
+//!                                     to loopback         -> RETURN
 //!                                     anything else       -> REDIRECT :15001 (outbound)
 //!   PREROUTING -p tcp -> FERRY_IN:   to :15008 (HBONE)   -> RETURN (served directly)
 //!                                     to an uncaptured port -> RETURN (only if enrolled so)
@@ -12,7 +14,7 @@
 //!
 //! ```text
 //!   OUTPUT     -p udp -> FERRY_DNS:  marked by the proxy -> RETURN
-//!                                     to 127.0.0.0/8      -> RETURN
+//!                                     to loopback         -> RETURN
 //!                                     to :53              -> REDIRECT :15053 (the DNS proxy)
 //! ```
 //! Its jump is OUTPUT's second rule, right after FERRY_OUT's. DNS over TCP needs no rule of its
@@ -52,12 +54,15 @@ use tokio::process::Command;
 
 use ferry_runtime::netns::{MARK, Netns};
 
+pub(crate) use crate::family::Family;
 pub(crate) use ferry_core::ports::{HBONE_PORT, INBOUND_PORT, OUTBOUND_PORT};
 
 /// Why rules could not be changed.
 #[derive(Debug, thiserror::Error)]
-#[error("iptables in {netns}: {detail}")]
+#[error("{tool} in {netns}: {detail}")]
 pub(crate) struct CaptureError {
+    /// `iptables` or `ip6tables`.
+    pub tool: &'static str,
     pub netns: String,
     pub detail: String,
 }
@@ -107,8 +112,12 @@ impl std::fmt::Display for Uncaptured {
 
 const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT];
 
-/// Ferry's chain of each hook, with the rules it holds, as `iptables-save` prints them.
-fn chains(uncaptured: &Uncaptured) -> [(&'static str, &'static str, Vec<String>); 2] {
+/// Ferry's chain of each hook, with the rules it holds, as `iptables-save` (or
+/// `ip6tables-save`) prints them.
+fn chains(
+    family: Family,
+    uncaptured: &Uncaptured,
+) -> [(&'static str, &'static str, Vec<String>); 2] {
     let mut inbound = vec![format!("-p tcp -m tcp --dport {HBONE_PORT} -j RETURN")];
     inbound.extend(
         uncaptured
@@ -123,7 +132,7 @@ fn chains(uncaptured: &Uncaptured) -> [(&'static str, &'static str, Vec<String>)
             "FERRY_OUT",
             vec![
                 format!("-m mark --mark {MARK:#x}/0xfff -j RETURN"),
-                "-d 127.0.0.0/8 -j RETURN".to_string(),
+                format!("-d {} -j RETURN", family.loopback()),
                 format!("-p tcp -j REDIRECT --to-ports {OUTBOUND_PORT}"),
             ],
         ),
@@ -153,11 +162,11 @@ fn dns_jump() -> String {
 }
 
 /// The rules of [`DNS_CHAIN`] for a pod whose DNS is captured (`None`: not captured, no chain).
-fn dns_chain(dns: bool) -> Option<Vec<String>> {
+fn dns_chain(family: Family, dns: bool) -> Option<Vec<String>> {
     dns.then(|| {
         vec![
             format!("-m mark --mark {MARK:#x}/0xfff -j RETURN"),
-            "-d 127.0.0.0/8 -j RETURN".to_string(),
+            format!("-d {} -j RETURN", family.loopback()),
             format!(
                 "-p udp -m udp --dport 53 -j REDIRECT --to-ports {}",
                 crate::dns::DNS_PORT
@@ -170,10 +179,10 @@ fn dns_chain(dns: bool) -> Option<Vec<String>> {
 /// [`DNS_CHAIN`] holds exactly its rules and OUTPUT jumps to it once, as its second rule (after
 /// FERRY_OUT's jump: a rule of the pod's before it could take queries past the proxy); without,
 /// nothing jumps to it.
-pub(crate) fn dns_drift(saved: &str, dns: bool) -> Option<String> {
+pub(crate) fn dns_drift(saved: &str, family: Family, dns: bool) -> Option<String> {
     let hook = rules_of(saved, "OUTPUT");
     let jumps = hook.iter().filter(|r| **r == dns_jump()).count();
-    let Some(want) = dns_chain(dns) else {
+    let Some(want) = dns_chain(family, dns) else {
         return (jumps > 0)
             .then(|| format!("OUTPUT jumps to {DNS_CHAIN} {jumps} time(s), 0 wanted"));
     };
@@ -198,7 +207,7 @@ pub(crate) fn dns_drift(saved: &str, dns: bool) -> Option<String> {
 
 /// The lines of the `iptables-restore` transaction ([`rewrite`]) that make the DNS capture
 /// rules what `dns` says, whatever `saved` holds: run after FERRY_OUT's jump was put first.
-fn dns_rewrite(saved: &str, dns: bool) -> String {
+fn dns_rewrite(saved: &str, family: Family, dns: bool) -> String {
     let mut script = String::new();
     let jumps = rules_of(saved, "OUTPUT")
         .into_iter()
@@ -210,7 +219,7 @@ fn dns_rewrite(saved: &str, dns: bool) -> String {
     let exists = saved
         .lines()
         .any(|l| l.starts_with(&format!(":{DNS_CHAIN} ")));
-    match dns_chain(dns) {
+    match dns_chain(family, dns) {
         Some(rules) => {
             script.push_str(&format!(":{DNS_CHAIN} - [0:0]\n"));
             for rule in rules {
@@ -230,8 +239,8 @@ fn dns_rewrite(saved: &str, dns: bool) -> String {
 /// must hold exactly its rules, and each hook must jump to it once, as its first rule (a rule
 /// of the pod's before it could take traffic past the proxy). `uncaptured` is what the pod was
 /// enrolled with.
-pub(crate) fn drift(saved: &str, uncaptured: &Uncaptured) -> Option<String> {
-    drift_of(saved, &chains(uncaptured))
+pub(crate) fn drift(saved: &str, family: Family, uncaptured: &Uncaptured) -> Option<String> {
+    drift_of(saved, &chains(family, uncaptured))
 }
 
 /// How the chains of `saved` (one table as `iptables-save` prints it) differ from `chains`
@@ -268,8 +277,8 @@ pub(crate) fn drift_of(saved: &str, chains: &[(&str, &str, Vec<String>)]) -> Opt
 /// holds now: declaring a chain empties it, every jump to it is deleted and one is put first.
 /// Applied at once, so traffic never sees a state in between (a handover from a previous node
 /// proxy leaves no window).
-fn rewrite(saved: &str, uncaptured: &Uncaptured) -> String {
-    rewrite_of("nat", saved, &chains(uncaptured))
+fn rewrite(saved: &str, family: Family, uncaptured: &Uncaptured) -> String {
+    rewrite_of("nat", saved, &chains(family, uncaptured))
 }
 
 /// [`rewrite`] for `chains` (hook, chain, rules) of `table`.
@@ -301,29 +310,37 @@ pub(crate) fn nsenter(netns: &Path) -> Command {
     c
 }
 
-/// The pod's nat table as `iptables-save` prints it.
-pub(crate) async fn saved(netns: &Path) -> Result<String, CaptureError> {
-    saved_table(netns, "nat").await
+/// The pod's nat table of `family` as `iptables-save` (`ip6tables-save`) prints it.
+pub(crate) async fn saved(netns: &Path, family: Family) -> Result<String, CaptureError> {
+    saved_table(netns, family, "nat").await
 }
 
-/// One table of the pod's as `iptables-save` prints it.
-pub(crate) async fn saved_table(netns: &Path, table: &str) -> Result<String, CaptureError> {
+/// One table of the pod's as `iptables-save` (`ip6tables-save`) prints it.
+pub(crate) async fn saved_table(
+    netns: &Path,
+    family: Family,
+    table: &str,
+) -> Result<String, CaptureError> {
+    let err = |detail: String| CaptureError {
+        tool: family.iptables(),
+        netns: netns.display().to_string(),
+        detail,
+    };
     let out = nsenter(netns)
-        .args(["iptables-save", "-t", table])
+        .args([family.iptables_save(), "-t", table])
         .stderr(std::process::Stdio::piped())
         .output()
         .await
-        .map_err(|e| CaptureError {
-            netns: netns.display().to_string(),
-            detail: format!("cannot run nsenter/iptables-save: {e}"),
+        .map_err(|e| {
+            err(format!(
+                "cannot run nsenter/{}: {e}",
+                family.iptables_save()
+            ))
         })?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(CaptureError {
-            netns: netns.display().to_string(),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+        Err(err(String::from_utf8_lossy(&out.stderr).trim().to_string()))
     }
 }
 
@@ -333,41 +350,54 @@ pub(crate) async fn saved_table(netns: &Path, table: &str) -> Result<String, Cap
 /// the jumps put first, in one transaction (see [`rewrite`]).
 pub(crate) async fn install(
     netns: &Path,
+    family: Family,
     uncaptured: &Uncaptured,
     dns: bool,
 ) -> Result<(), CaptureError> {
     // Queued connections of a closing listener move to the other listeners of its port group
-    // (the next node proxy's) instead of being reset.
-    let _ = nsenter(netns)
-        .args(["sysctl", "-q", "-w", "net.ipv4.tcp_migrate_req=1"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await;
-    let saved = saved(netns).await?;
-    if drift(&saved, uncaptured).is_none() && dns_drift(&saved, dns).is_none() {
+    // (the next node proxy's) instead of being reset. (One setting for both families.)
+    if family == Family::V4 {
+        let _ = nsenter(netns)
+            .args(["sysctl", "-q", "-w", "net.ipv4.tcp_migrate_req=1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await;
+    }
+    let saved = saved(netns, family).await?;
+    if drift(&saved, family, uncaptured).is_none() && dns_drift(&saved, family, dns).is_none() {
         return Ok(());
     }
-    let mut script = rewrite(&saved, uncaptured);
+    let mut script = rewrite(&saved, family, uncaptured);
     // The DNS rules in the same transaction, before its COMMIT.
     script.truncate(script.len() - "COMMIT\n".len());
-    script.push_str(&dns_rewrite(&saved, dns));
+    script.push_str(&dns_rewrite(&saved, family, dns));
     script.push_str("COMMIT\n");
-    restore(netns, &script).await
+    restore(netns, family, &script).await
 }
 
-/// Applies `script` in one `iptables-restore --noflush` transaction.
-pub(crate) async fn restore(netns: &Path, script: &str) -> Result<(), CaptureError> {
+/// Applies `script` in one `iptables-restore --noflush` (`ip6tables-restore`) transaction.
+pub(crate) async fn restore(
+    netns: &Path,
+    family: Family,
+    script: &str,
+) -> Result<(), CaptureError> {
     let err = |detail: String| CaptureError {
+        tool: family.iptables(),
         netns: netns.display().to_string(),
         detail,
     };
     let mut child = nsenter(netns)
-        .args(["iptables-restore", "--noflush"])
+        .args([family.iptables_restore(), "--noflush"])
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| err(format!("cannot run nsenter/iptables-restore: {e}")))?;
+        .map_err(|e| {
+            err(format!(
+                "cannot run nsenter/{}: {e}",
+                family.iptables_restore()
+            ))
+        })?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(script.as_bytes())
@@ -385,11 +415,13 @@ pub(crate) async fn restore(netns: &Path, script: &str) -> Result<(), CaptureErr
     }
 }
 
-/// Removes the capture rules; missing rules are not an error.
-pub(crate) async fn remove(netns: &Path) {
+/// Removes the capture rules of `family`; missing rules are not an error.
+pub(crate) async fn remove(netns: &Path, family: Family) {
     let ipt = |args: &[&str]| {
         let mut c = nsenter(netns);
-        c.arg("iptables").args(["-w", "-t", "nat"]).args(args);
+        c.arg(family.iptables())
+            .args(["-w", "-t", "nat"])
+            .args(args);
         c.stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         c
@@ -420,9 +452,17 @@ pub(crate) async fn remove(netns: &Path) {
 
 /// How the pod's capture rules differ from Ferry's, if they do (see [`drift`]); rules that
 /// cannot be read count as differing.
-pub(crate) async fn check(netns: &Path, uncaptured: &Uncaptured, dns: bool) -> Option<String> {
-    match saved(netns).await {
-        Ok(saved) => match (drift(&saved, uncaptured), dns_drift(&saved, dns)) {
+pub(crate) async fn check(
+    netns: &Path,
+    family: Family,
+    uncaptured: &Uncaptured,
+    dns: bool,
+) -> Option<String> {
+    match saved(netns, family).await {
+        Ok(saved) => match (
+            drift(&saved, family, uncaptured),
+            dns_drift(&saved, family, dns),
+        ) {
             (None, None) => None,
             (a, b) => Some(a.into_iter().chain(b).collect::<Vec<_>>().join("; ")),
         },

@@ -33,21 +33,22 @@ COMMIT
 
 #[test]
 fn a_dns_captured_pods_rules_as_iptables_prints_them_do_not_drift() {
-    assert_eq!(dns_drift(INSTALLED, true), None);
+    assert_eq!(dns_drift(INSTALLED, Family::V4, true), None);
     // The TCP rules are judged as before: the DNS jump after FERRY_OUT's leaves it first.
-    assert_eq!(drift(INSTALLED, &NONE), None);
+    assert_eq!(drift(INSTALLED, Family::V4, &NONE), None);
 }
 
 #[test]
 fn dns_rules_are_judged_against_the_enrollment() {
     // A pod enrolled without DNS capture must have no jump to the DNS chain...
-    let why = dns_drift(INSTALLED, false).expect("a jump the pod was not enrolled with");
+    let why =
+        dns_drift(INSTALLED, Family::V4, false).expect("a jump the pod was not enrolled with");
     assert!(why.contains("FERRY_DNS 1 time(s), 0 wanted"), "{why}");
     // ...and one enrolled with it must have them.
     let without = INSTALLED.replace("-A OUTPUT -p udp -j FERRY_DNS\n", "");
-    let why = dns_drift(&without, true).expect("a missing jump drifts");
+    let why = dns_drift(&without, Family::V4, true).expect("a missing jump drifts");
     assert!(why.contains("OUTPUT jumps to FERRY_DNS 0 time(s)"), "{why}");
-    assert_eq!(dns_drift(&without, false), None);
+    assert_eq!(dns_drift(&without, Family::V4, false), None);
 }
 
 #[test]
@@ -56,20 +57,20 @@ fn an_altered_or_shadowed_dns_rule_drifts() {
         "-A FERRY_DNS -p udp -m udp --dport 53 -j REDIRECT --to-ports 15053\n",
         "",
     );
-    let why = dns_drift(&flushed, true).expect("a missing redirect drifts");
+    let why = dns_drift(&flushed, Family::V4, true).expect("a missing redirect drifts");
     assert!(why.contains("FERRY_DNS holds 2 rule(s)"), "{why}");
     // A rule of the pod's before the DNS jump could take queries past the proxy.
     let shadowed = INSTALLED.replace(
         "-A OUTPUT -p udp -j FERRY_DNS\n",
         "-A OUTPUT -p udp -j ACCEPT\n-A OUTPUT -p udp -j FERRY_DNS\n",
     );
-    let why = dns_drift(&shadowed, true).expect("a shadowed jump drifts");
+    let why = dns_drift(&shadowed, Family::V4, true).expect("a shadowed jump drifts");
     assert!(why.contains("not second"), "{why}");
 }
 
 #[test]
 fn the_dns_rewrite_puts_the_jump_second_and_takes_it_away_when_not_enrolled() {
-    let script = dns_rewrite("*nat\nCOMMIT\n", true);
+    let script = dns_rewrite("*nat\nCOMMIT\n", Family::V4, true);
     let lines: Vec<&str> = script.lines().collect();
     assert!(lines.contains(&":FERRY_DNS - [0:0]"), "{script}");
     assert!(
@@ -81,12 +82,12 @@ fn the_dns_rewrite_puts_the_jump_second_and_takes_it_away_when_not_enrolled() {
         "nothing to delete in an empty table: {script}"
     );
     // What it writes is what `dns_drift` accepts once iptables prints it back.
-    for rule in dns_chain(true).expect("rules") {
+    for rule in dns_chain(Family::V4, true).expect("rules") {
         assert!(INSTALLED.contains(&format!("-A FERRY_DNS {rule}\n")));
         assert!(script.contains(&format!("-A FERRY_DNS {rule}\n")));
     }
     // Enrolled without DNS capture: the jump deleted, the chain emptied and removed.
-    let off = dns_rewrite(INSTALLED, false);
+    let off = dns_rewrite(INSTALLED, Family::V4, false);
     assert_eq!(
         off.lines().collect::<Vec<_>>(),
         [
@@ -96,5 +97,5 @@ fn the_dns_rewrite_puts_the_jump_second_and_takes_it_away_when_not_enrolled() {
         ]
     );
     // A table without the chain: nothing to do.
-    assert_eq!(dns_rewrite("*nat\nCOMMIT\n", false), "");
+    assert_eq!(dns_rewrite("*nat\nCOMMIT\n", Family::V4, false), "");
 }

@@ -29,7 +29,7 @@ fn without(line: &str) -> String {
 
 #[test]
 fn ferrys_rules_as_iptables_prints_them_do_not_drift() {
-    assert_eq!(drift(INSTALLED, &NONE), None);
+    assert_eq!(drift(INSTALLED, Family::V4, &NONE), None);
 }
 
 #[test]
@@ -37,16 +37,20 @@ fn a_flushed_or_altered_chain_drifts() {
     let flushed = without("-A FERRY_OUT -m mark --mark 0x539/0xfff -j RETURN")
         .replace("-A FERRY_OUT -d 127.0.0.0/8 -j RETURN\n", "")
         .replace("-A FERRY_OUT -p tcp -j REDIRECT --to-ports 15001\n", "");
-    let why = drift(&flushed, &NONE).expect("a flushed FERRY_OUT drifts");
+    let why = drift(&flushed, Family::V4, &NONE).expect("a flushed FERRY_OUT drifts");
     assert!(why.contains("FERRY_OUT holds 0 rule(s)"), "{why}");
     let altered = INSTALLED.replace("--to-ports 15001", "--to-ports 15002");
-    assert!(drift(&altered, &NONE).unwrap().contains("FERRY_OUT"));
+    assert!(
+        drift(&altered, Family::V4, &NONE)
+            .unwrap()
+            .contains("FERRY_OUT")
+    );
     let added = INSTALLED.replace(
         "-A FERRY_IN -p tcp -j REDIRECT",
         "-A FERRY_IN -p tcp -j RETURN\n-A FERRY_IN -p tcp -j REDIRECT",
     );
     assert!(
-        drift(&added, &NONE)
+        drift(&added, Family::V4, &NONE)
             .unwrap()
             .contains("FERRY_IN holds 3 rule(s)")
     );
@@ -56,7 +60,7 @@ fn a_flushed_or_altered_chain_drifts() {
 fn a_missing_doubled_or_shadowed_jump_drifts() {
     let missing = without("-A OUTPUT -p tcp -j FERRY_OUT");
     assert!(
-        drift(&missing, &NONE)
+        drift(&missing, Family::V4, &NONE)
             .unwrap()
             .contains("OUTPUT jumps to FERRY_OUT 0 time(s)")
     );
@@ -64,13 +68,17 @@ fn a_missing_doubled_or_shadowed_jump_drifts() {
         "-A OUTPUT -p tcp -j FERRY_OUT\n",
         "-A OUTPUT -p tcp -j FERRY_OUT\n-A OUTPUT -p tcp -j FERRY_OUT\n",
     );
-    assert!(drift(&doubled, &NONE).unwrap().contains("2 time(s)"));
+    assert!(
+        drift(&doubled, Family::V4, &NONE)
+            .unwrap()
+            .contains("2 time(s)")
+    );
     // A rule of the pod's before Ferry's jump could take traffic past the proxy.
     let shadowed = INSTALLED.replace(
         "-A PREROUTING -p tcp -j FERRY_IN\n",
         "-A PREROUTING -p tcp -j ACCEPT\n-A PREROUTING -p tcp -j FERRY_IN\n",
     );
-    let why = drift(&shadowed, &NONE).unwrap();
+    let why = drift(&shadowed, Family::V4, &NONE).unwrap();
     assert!(
         why.contains("PREROUTING jumps to FERRY_IN 1 time(s), not first"),
         "{why}"
@@ -83,7 +91,7 @@ fn the_rewrite_empties_both_chains_and_puts_one_jump_first_in_one_transaction() 
         "-A OUTPUT -p tcp -j FERRY_OUT\n",
         "-A OUTPUT -p tcp -j FERRY_OUT\n-A OUTPUT -p tcp -j FERRY_OUT\n",
     );
-    let script = rewrite(&doubled, &NONE);
+    let script = rewrite(&doubled, Family::V4, &NONE);
     let lines: Vec<&str> = script.lines().collect();
     assert_eq!(lines.first(), Some(&"*nat"));
     assert_eq!(lines.last(), Some(&"COMMIT"));
@@ -102,10 +110,10 @@ fn the_rewrite_empties_both_chains_and_puts_one_jump_first_in_one_transaction() 
     assert!(lines.contains(&"-I OUTPUT 1 -p tcp -j FERRY_OUT"));
     assert!(lines.contains(&"-I PREROUTING 1 -p tcp -j FERRY_IN"));
     // Into an empty table: no deletes (they would fail the whole transaction).
-    let fresh = rewrite("*nat\nCOMMIT\n", &NONE);
+    let fresh = rewrite("*nat\nCOMMIT\n", Family::V4, &NONE);
     assert!(!fresh.contains("-D "), "{fresh}");
     // What it writes is what `drift` accepts once iptables prints it back.
-    for (_, chain, want) in chains(&NONE) {
+    for (_, chain, want) in chains(Family::V4, &NONE) {
         for rule in want {
             assert!(INSTALLED.contains(&format!("-A {chain} {rule}\n")));
             assert!(fresh.contains(&format!("-A {chain} {rule}\n")));
@@ -141,21 +149,21 @@ fn a_pod_enrolled_with_uncaptured_ports_has_them_returned_and_nothing_else() {
          -A FERRY_IN -p tcp -m tcp --dport 18080 -j RETURN\n\
          -A FERRY_IN -p tcp -j REDIRECT",
     );
-    assert_eq!(drift(&theirs, &u), None);
+    assert_eq!(drift(&theirs, Family::V4, &u), None);
     // The same rules drift for a pod enrolled without them, and a pod enrolled with them
     // drifts without them: each pod's rules are judged against its own enrollment.
     assert!(
-        drift(&theirs, &NONE)
+        drift(&theirs, Family::V4, &NONE)
             .unwrap()
             .contains("FERRY_IN holds 4 rule(s)")
     );
     assert!(
-        drift(INSTALLED, &u)
+        drift(INSTALLED, Family::V4, &u)
             .unwrap()
             .contains("FERRY_IN holds 2 rule(s)")
     );
     // The exemptions come after HBONE's and before the redirect of everything else.
-    let script = rewrite(INSTALLED, &u);
+    let script = rewrite(INSTALLED, Family::V4, &u);
     let inbound: Vec<&str> = script
         .lines()
         .filter(|l| l.starts_with("-A FERRY_IN "))
@@ -169,4 +177,59 @@ fn a_pod_enrolled_with_uncaptured_ports_has_them_returned_and_nothing_else() {
             "-A FERRY_IN -p tcp -j REDIRECT --to-ports 15006",
         ]
     );
+}
+
+/// The IPv6 nat table of a DNS-captured pod with Ferry's rules, as `ip6tables-save` (1.8.9,
+/// nf_tables) prints it.
+const INSTALLED_V6: &str = "\
+# Generated by ip6tables-save v1.8.9 (nf_tables)
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:FERRY_DNS - [0:0]
+:FERRY_IN - [0:0]
+:FERRY_OUT - [0:0]
+-A PREROUTING -p tcp -j FERRY_IN
+-A OUTPUT -p tcp -j FERRY_OUT
+-A OUTPUT -p udp -j FERRY_DNS
+-A FERRY_DNS -m mark --mark 0x539/0xfff -j RETURN
+-A FERRY_DNS -d ::1/128 -j RETURN
+-A FERRY_DNS -p udp -m udp --dport 53 -j REDIRECT --to-ports 15053
+-A FERRY_IN -p tcp -m tcp --dport 15008 -j RETURN
+-A FERRY_IN -p tcp -j REDIRECT --to-ports 15006
+-A FERRY_OUT -m mark --mark 0x539/0xfff -j RETURN
+-A FERRY_OUT -d ::1/128 -j RETURN
+-A FERRY_OUT -p tcp -j REDIRECT --to-ports 15001
+COMMIT
+";
+
+#[test]
+fn ipv6_rules_are_the_same_rules_with_ipv6_loopback() {
+    assert_eq!(drift(INSTALLED_V6, Family::V6, &NONE), None);
+    assert_eq!(dns_drift(INSTALLED_V6, Family::V6, true), None);
+    // The IPv4 loopback in an IPv6 table (or the other way round) is not Ferry's rule: the
+    // pod's own loopback traffic would be captured.
+    assert!(
+        drift(INSTALLED_V6, Family::V4, &NONE)
+            .unwrap()
+            .contains("FERRY_OUT")
+    );
+    assert!(drift(INSTALLED, Family::V6, &NONE).is_some());
+    let fresh = rewrite("*nat\nCOMMIT\n", Family::V6, &NONE);
+    for (_, chain, want) in chains(Family::V6, &NONE) {
+        for rule in want {
+            assert!(
+                INSTALLED_V6.contains(&format!("-A {chain} {rule}\n")),
+                "{rule}"
+            );
+            assert!(fresh.contains(&format!("-A {chain} {rule}\n")));
+        }
+    }
+    assert!(
+        fresh.contains("-A FERRY_OUT -d ::1/128 -j RETURN\n"),
+        "{fresh}"
+    );
+    assert!(!fresh.contains("127.0.0.0/8"), "{fresh}");
 }

@@ -153,7 +153,14 @@ impl Held {
             cluster: &t.cluster,
             target: &t.target,
         });
-        judge(&snap, dst, self.pod.ip, self.src, self.port, tunnel)
+        judge(
+            &snap,
+            dst,
+            self.pod.ip_like(self.src.ip()),
+            self.src,
+            self.port,
+            tunnel,
+        )
     }
 }
 
@@ -299,7 +306,8 @@ impl Inbound {
             src_addr: req.peer_addr.to_string(),
             src_workload,
             src_identity: req.peer.to_string(),
-            dst_addr: SocketAddr::new(self.pod.ip, ports::HBONE_PORT).to_string(),
+            dst_addr: SocketAddr::new(self.pod.ip_like(req.peer_addr.ip()), ports::HBONE_PORT)
+                .to_string(),
             dst_hbone_addr: req.target.to_string(),
             dst_workload: self.pod.uid.to_string(),
             dst_identity: self.pod.identity.to_string(),
@@ -329,9 +337,10 @@ impl Handler for Inbound {
         // Taken before the snapshot: a change after this one re-checks the tunnel.
         let changes = ferry_runtime::recheck::from_now(&self.node.changes);
         let snap = self.node.store.load();
-        let to = inbound::resolve_target(&snap, &self.pod.uid, self.pod.ip, &req.target)
+        let pod_ip = tunnel_pod_ip(&self.pod, req);
+        let to = inbound::resolve_target(&snap, &self.pod.uid, pod_ip, &req.target)
             .map_err(|e| ConnError::from(e).refusal())?;
-        ports::refuse_recursion(self.pod.ip, to).map_err(|e| ConnError::from(e).refusal())?;
+        ports::refuse_recursion(pod_ip, to).map_err(|e| ConnError::from(e).refusal())?;
         let dst = snap
             .workload(&self.pod.uid)
             .ok_or_else(|| ConnError::from(inbound::InboundError::LeftMesh).refusal())?;
@@ -372,14 +381,7 @@ impl Handler for Inbound {
             cluster: &req.peer_cluster,
             target: &req.target,
         };
-        if let Err(e) = judge(
-            &snap,
-            dst,
-            self.pod.ip,
-            req.peer_addr,
-            to.port(),
-            Some(tunnel),
-        ) {
+        if let Err(e) = judge(&snap, dst, pod_ip, req.peer_addr, to.port(), Some(tunnel)) {
             labels.response_flags = e.flag.into();
             self.node.metrics.opened(&labels);
             self.node.metrics.closed(&labels, 0, 0);
@@ -617,6 +619,15 @@ async fn plain_relay(
     r
 }
 
+/// The pod's address a tunnel is for: of its target's family when the target is an address
+/// (it must be the pod's own), else of the tunnel's own (a hostname target).
+fn tunnel_pod_ip(pod: &Pod, req: &ConnectRequest) -> IpAddr {
+    match &req.target {
+        Destination::Addr(a) => pod.ip_like(a.ip()),
+        Destination::Host { .. } => pod.ip_like(req.peer_addr.ip()),
+    }
+}
+
 async fn plain_checked(
     node: &Arc<Node>,
     pod: &Arc<Pod>,
@@ -630,7 +641,8 @@ async fn plain_checked(
     let changes = ferry_runtime::recheck::from_now(&node.changes);
     let (plan, l) = {
         let snap = node.store.load();
-        let plan = inbound::plan_inbound(&snap, &pod.uid, pod.ip, inbound::Arrival::Plain(orig));
+        let pod_ip = pod.ip_like(orig.ip());
+        let plan = inbound::plan_inbound(&snap, &pod.uid, pod_ip, inbound::Arrival::Plain(orig));
         let (plan, dst) = match (plan, snap.workload(&pod.uid)) {
             (InboundPlan::Refuse(e), _) => return Err(e.into()),
             (_, None) => return Err(inbound::InboundError::LeftMesh.into()),
@@ -639,7 +651,7 @@ async fn plain_checked(
         let verdict = authorize(
             &snap,
             dst,
-            pod.ip,
+            pod_ip,
             None,
             peer,
             orig.port(),
@@ -725,7 +737,12 @@ async fn via_waypoint(
 ) -> Result<(u64, u64), ConnError> {
     let tunnel = Box::pin(async {
         let creds = node.certs.fetch(&pod.identity).await?;
-        let key = PoolKey::new(pod.identity.clone(), pod.ip, wp.hbone, vec![wp.identity]);
+        let key = PoolKey::new(
+            pod.identity.clone(),
+            pod.ip_like(wp.hbone.ip()),
+            wp.hbone,
+            vec![wp.identity],
+        );
         let baggage = Baggage {
             cluster: Some(wp.cluster.to_string()),
             plaintext: true,

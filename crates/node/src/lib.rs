@@ -12,7 +12,8 @@
 //!   `enrollment`: enrolled pods kept across restarts; [`zds`]: the node agent's protocol
 //!   (Istio's `istio.workload.zds`), pods handed over with their namespace as a descriptor.
 //! - `capture`: the iptables rules in each pod's namespace; `transparent`: the rules there that
-//!   let the proxy connect to the app from the original client's address.
+//!   let the proxy connect to the app from the original client's address; both for each IP
+//!   family (`family`: `iptables` and `ip -4`, `ip6tables` and `ip -6`).
 //! - `outbound`, `inbound`: the two directions; a held inbound connection re-checks its own
 //!   authorization on each snapshot change (`ferry_runtime::recheck`).
 //! - `dns`: the DNS proxy of DNS-captured pods: mesh names answered (scope applied), other
@@ -29,6 +30,7 @@ mod app;
 mod capture;
 mod dns;
 mod enrollment;
+mod family;
 mod inbound;
 mod memory;
 mod namespaces;
@@ -40,3 +42,4 @@ mod transparent;
 pub mod zds;
 
 pub use app::{Config, run};
+pub use memory::on_worker_park;

@@ -140,7 +140,7 @@ async fn set_up(
 ) -> Result<(Arc<Labels>, Box<dyn Io>), ConnError> {
     let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
     log.dst_addr = orig.to_string();
-    ferry_core::ports::refuse_recursion(pod.ip, orig)?;
+    ferry_core::ports::refuse_recursion(pod.ip_like(orig.ip()), orig)?;
     // The landings a connect failed to, before any byte was sent: a retry sets them aside.
     let mut failed: Vec<WorkloadUid> = Vec::new();
     let mut last: Option<(ConnError, Labels)> = None;
@@ -505,7 +505,7 @@ async fn pooled(
 ) -> Result<(Tunnel, Option<Duration>, Credentials, TrustBundle), ConnError> {
     let creds = node.certs.fetch(&pod.identity).await?;
     let bundle = node.bundle();
-    let key = PoolKey::new(pod.identity.clone(), pod.ip, to, identities);
+    let key = PoolKey::new(pod.identity.clone(), pod.ip_like(to.ip()), to, identities);
     let (tunnel, handshake) = node
         .pool
         .open_timed(&key, &creds, &bundle, authority, headers)

@@ -1,7 +1,7 @@
 //! Enrolling pods: listeners opened inside a pod's namespace, its certificate fetched, its
 //! capture rules installed; and removing them.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,8 +12,10 @@ use ferry_core::identity::Identity;
 use ferry_core::model::WorkloadUid;
 use ferry_runtime::netns::Netns;
 use parking_lot::Mutex;
+use tokio::net::TcpListener;
 
 use crate::capture;
+use crate::family::Family;
 use crate::state::{Node, Pod};
 use crate::transparent;
 
@@ -146,10 +148,45 @@ impl Node {
             path: label.clone(),
             source,
         })?;
+        let io = |source| EnrollError::Netns {
+            path: label.clone(),
+            source,
+        };
+        let v6 = ipv6_of(&ns).await;
+        // IPv6 is captured wherever ip6tables works (fail closed: a namespace that turns IPv6
+        // on later has its connections refused, not let past the proxy), and must be where
+        // the namespace has it on.
+        let mut captured = vec![Family::V4];
+        if v6.enabled || capture::saved(ns.path(), Family::V6).await.is_ok() {
+            captured.push(Family::V6);
+        }
+        // The listeners of each family served: IPv4's always, IPv6's where it is on.
+        let mut listeners = vec![listeners(&ns, Family::V4).await.map_err(io)?];
+        if v6.enabled {
+            listeners.extend(listeners_v6(&ns, &uid).await);
+        }
+        let serves_v6 = listeners.len() > 1;
+        if !v6.enabled {
+            tracing::info!(pod = %uid, "IPv6 is disabled in the pod's namespace: served over IPv4 only");
+        } else if !v6.loopback {
+            tracing::info!(pod = %uid, "no ::1 on the pod's loopback: its outbound IPv6 connections are redirected to a proxy it cannot reach, and fail");
+        }
+        let mut ips = vec![ip];
+        ips.extend(
+            w.addresses
+                .iter()
+                .copied()
+                .filter(|a| Family::of(*a) != Family::of(ip))
+                .filter(|a| a.is_ipv4() || serves_v6)
+                .take(1),
+        );
         let pod = Arc::new(Pod {
             uid: uid.clone(),
             name: w.name.clone(),
             ip,
+            ips,
+            captured,
+            serves_v6,
             identity,
             dns: w
                 .dns_capture
@@ -157,72 +194,81 @@ impl Node {
             netns: ns,
             tasks: Mutex::new(Vec::new()),
             transparent: std::sync::atomic::AtomicBool::new(false),
+            transparent_v6: std::sync::atomic::AtomicBool::new(false),
         });
-        let listen = |port| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port);
-        let io = |source| EnrollError::Netns {
-            path: label.clone(),
-            source,
-        };
-        let outbound = pod
-            .netns
-            .listen(listen(capture::OUTBOUND_PORT))
-            .await
-            .map_err(io)?;
-        let inbound = pod
-            .netns
-            .listen(listen(capture::INBOUND_PORT))
-            .await
-            .map_err(io)?;
-        let hbone = pod
-            .netns
-            .listen(listen(capture::HBONE_PORT))
-            .await
-            .map_err(io)?;
         // Before the rules, as the listeners: a pod whose queries cannot be served is not.
-        let dns = match &pod.dns {
-            Some(_) => Some(crate::dns::bind(&pod.netns).await.map_err(io)?),
-            None => None,
-        };
+        let mut dns = Vec::new();
+        if pod.dns.is_some() {
+            dns.push(crate::dns::bind(&pod.netns, Family::V4).await.map_err(io)?);
+            if serves_v6 {
+                match crate::dns::bind(&pod.netns, Family::V6).await {
+                    Ok(s) => dns.push(s),
+                    // No ::1: the pod's IPv6 queries are redirected there and fail (closed).
+                    Err(e) => {
+                        tracing::info!(pod = %uid, error = %e, "no DNS proxy on [::1]:15053; the pod's IPv6 DNS queries fail")
+                    }
+                }
+            }
+        }
         // Registered before the listeners accept: a connection they take may need the pod
         // (the tunnel dialer finds pods by address).
-        self.by_ip.lock().insert(ip, pod.clone());
+        for a in &pod.ips {
+            self.by_ip.lock().insert(*a, pod.clone());
+        }
         self.pods.lock().insert(uid.clone(), pod.clone());
         self.pod_served.notify_one();
         {
             let mut t = pod.tasks.lock();
-            t.push(tokio::spawn(self.clone().serve_tcp(
-                pod.clone(),
-                outbound,
-                "outbound",
-                crate::outbound::handle,
-            )));
-            t.push(tokio::spawn(self.clone().serve_tcp(
-                pod.clone(),
-                inbound,
-                "inbound plain",
-                crate::inbound::plain,
-            )));
-            t.push(tokio::spawn(crate::inbound::serve_hbone(
-                self.clone(),
-                pod.clone(),
-                hbone,
-            )));
+            for [outbound, inbound, hbone] in listeners {
+                t.push(tokio::spawn(self.clone().serve_tcp(
+                    pod.clone(),
+                    outbound,
+                    "outbound",
+                    crate::outbound::handle,
+                )));
+                t.push(tokio::spawn(self.clone().serve_tcp(
+                    pod.clone(),
+                    inbound,
+                    "inbound plain",
+                    crate::inbound::plain,
+                )));
+                t.push(tokio::spawn(crate::inbound::serve_hbone(
+                    self.clone(),
+                    pod.clone(),
+                    hbone,
+                )));
+            }
             t.push(tokio::spawn(self.clone().keep_rules(pod.clone())));
-            if let (Some(resolver), Some(socket)) = (pod.dns.clone(), dns) {
+            if let Some(resolver) = pod.dns.clone() {
                 let egress = Arc::new(crate::state::PodEgress(pod.clone()));
-                t.push(tokio::spawn(resolver.serve_udp(egress, socket)));
+                for socket in dns {
+                    t.push(tokio::spawn(
+                        resolver.clone().serve_udp(egress.clone(), socket),
+                    ));
+                }
             }
         }
-        if let Err(e) =
-            capture::install(pod.netns.path(), &self.uncaptured(&uid), pod.dns.is_some()).await
-        {
-            self.by_ip.lock().remove(&ip);
-            self.pods.lock().remove(&uid);
-            self.stop(&pod).await;
-            return Err(e.into());
+        for family in pod.captured.clone() {
+            if let Err(e) = capture::install(
+                pod.netns.path(),
+                family,
+                &self.uncaptured(&uid),
+                pod.dns.is_some(),
+            )
+            .await
+            {
+                for a in &pod.ips {
+                    self.by_ip.lock().remove(a);
+                }
+                self.pods.lock().remove(&uid);
+                self.stop(&pod).await;
+                return Err(e.into());
+            }
         }
-        self.install_transparent(&pod).await;
-        tracing::info!(pod = %uid, ip = %ip, identity = %pod.identity, netns = %pod.netns.path().display(), dns_capture = pod.dns.is_some(), "pod enrolled");
+        for family in pod.transparent_families() {
+            self.install_transparent(&pod, family).await;
+        }
+        tracing::info!(pod = %uid, ip = %ip, ips = ?pod.ips, ipv6 = serves_v6, identity = %pod.identity, netns = %pod.netns.path().display(), dns_capture = pod.dns.is_some(), "pod enrolled");
         Ok(pod)
     }
 
@@ -238,7 +284,9 @@ impl Node {
         let pod = self.pods.lock().remove(&WorkloadUid::new(uid));
         match pod {
             Some(p) => {
-                self.by_ip.lock().remove(&p.ip);
+                for a in &p.ips {
+                    self.by_ip.lock().remove(a);
+                }
                 self.stop(&p).await;
                 tracing::info!(pod = %uid, "pod removed");
                 true
@@ -258,7 +306,9 @@ impl Node {
         let Some(old) = old else {
             return Err(EnrollError::UnknownWorkload(uid.to_string()));
         };
-        self.by_ip.lock().remove(&old.ip);
+        for a in &old.ips {
+            self.by_ip.lock().remove(a);
+        }
         for t in old.tasks.lock().drain(..) {
             t.abort();
         }
@@ -312,19 +362,23 @@ impl Node {
             // Reported and handled by the reconcile loop.
             return;
         }
-        self.repair_transparent(pod).await;
+        for family in pod.transparent_families() {
+            self.repair_transparent(pod, family).await;
+        }
         let uncaptured = self.uncaptured(&pod.uid);
         let dns = pod.dns.is_some();
-        let Some(drift) = capture::check(path, &uncaptured, dns).await else {
-            return;
-        };
-        self.capture_repairs.inc();
-        match capture::install(path, &uncaptured, dns).await {
-            Ok(()) => {
-                tracing::warn!(pod = %pod.uid, capture.drift = %drift, "capture rules were missing or altered; rewritten")
-            }
-            Err(e) => {
-                tracing::error!(pod = %pod.uid, capture.drift = %drift, error = %e, "capture rules are missing or altered and cannot be rewritten")
+        for &family in &pod.captured {
+            let Some(drift) = capture::check(path, family, &uncaptured, dns).await else {
+                continue;
+            };
+            self.capture_repairs.inc();
+            match capture::install(path, family, &uncaptured, dns).await {
+                Ok(()) => {
+                    tracing::warn!(pod = %pod.uid, family = family.name(), capture.drift = %drift, "capture rules were missing or altered; rewritten")
+                }
+                Err(e) => {
+                    tracing::error!(pod = %pod.uid, family = family.name(), capture.drift = %drift, error = %e, "capture rules are missing or altered and cannot be rewritten")
+                }
             }
         }
     }
@@ -333,9 +387,13 @@ impl Node {
         for t in pod.tasks.lock().drain(..) {
             t.abort();
         }
-        pod.transparent.store(false, Ordering::Relaxed);
-        transparent::remove(pod.netns.path()).await;
-        capture::remove(pod.netns.path()).await;
+        for family in pod.transparent_families() {
+            pod.transparent(family).store(false, Ordering::Relaxed);
+            transparent::remove(pod.netns.path(), family).await;
+        }
+        for &family in &pod.captured {
+            capture::remove(pod.netns.path(), family).await;
+        }
     }
 }
 
@@ -354,14 +412,14 @@ async fn settled(changes: Option<&mut capture::RuleChanges>) -> std::io::Result<
 }
 
 impl Node {
-    /// Installs `pod`'s original-source rules ([`transparent`]); the app sees the client's
-    /// address from then on. A failure only costs that: logged, and the pod is served.
-    async fn install_transparent(&self, pod: &Pod) {
-        match transparent::install(pod.netns.path()).await {
-            Ok(()) => pod.transparent.store(true, Ordering::Relaxed),
+    /// Installs `pod`'s original-source rules of `family` ([`transparent`]); the app sees the
+    /// client's address from then on. A failure only costs that: logged, and the pod is served.
+    async fn install_transparent(&self, pod: &Pod, family: Family) {
+        match transparent::install(pod.netns.path(), family).await {
+            Ok(()) => pod.transparent(family).store(true, Ordering::Relaxed),
             Err(e) => {
-                pod.transparent.store(false, Ordering::Relaxed);
-                tracing::error!(pod = %pod.uid, error = %e, "original-source rules cannot be installed; the app sees the pod's own address as every mesh connection's source");
+                pod.transparent(family).store(false, Ordering::Relaxed);
+                tracing::error!(pod = %pod.uid, family = family.name(), error = %e, "original-source rules cannot be installed; the app sees the pod's own address as every mesh connection's source");
             }
         }
     }
@@ -369,13 +427,61 @@ impl Node {
     /// Rewrites `pod`'s original-source rules if they differ from Ferry's (counted with the
     /// capture's repairs). Until they are back, connections to the app come from the pod's own
     /// address.
-    async fn repair_transparent(&self, pod: &Pod) {
-        let Some(drift) = transparent::check(pod.netns.path()).await else {
+    async fn repair_transparent(&self, pod: &Pod, family: Family) {
+        let Some(drift) = transparent::check(pod.netns.path(), family).await else {
             return;
         };
-        pod.transparent.store(false, Ordering::Relaxed);
+        pod.transparent(family).store(false, Ordering::Relaxed);
         self.capture_repairs.inc();
-        tracing::warn!(pod = %pod.uid, transparent.drift = %drift, "original-source rules were missing or altered; rewriting");
-        self.install_transparent(pod).await;
+        tracing::warn!(pod = %pod.uid, family = family.name(), transparent.drift = %drift, "original-source rules were missing or altered; rewriting");
+        self.install_transparent(pod, family).await;
+    }
+}
+
+/// What a pod's namespace allows of IPv6, read inside it.
+#[derive(Clone, Copy, Debug)]
+struct Ipv6 {
+    /// `net.ipv6.conf.all.disable_ipv6` is 0 (and the kernel has IPv6).
+    enabled: bool,
+    /// `::1` is on its loopback (where its outbound IPv6 connections are redirected).
+    loopback: bool,
+}
+
+async fn ipv6_of(netns: &Netns) -> Ipv6 {
+    let read = netns
+        .run(|| {
+            // /proc/sys/net is the namespace of the thread that opens it: this one's.
+            let enabled = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+                .is_ok_and(|v| v.trim() == "0");
+            let loopback = std::net::UdpSocket::bind((std::net::Ipv6Addr::LOCALHOST, 0)).is_ok();
+            Ipv6 { enabled, loopback }
+        })
+        .await;
+    read.unwrap_or(Ipv6 {
+        enabled: false,
+        loopback: false,
+    })
+}
+
+/// The outbound, inbound and HBONE listeners of `family` in the pod's namespace (`0.0.0.0` or
+/// `[::]`, one family each).
+async fn listeners(netns: &Netns, family: Family) -> std::io::Result<[TcpListener; 3]> {
+    let at = |port| SocketAddr::new(family.unspecified(), port);
+    Ok([
+        netns.listen_one_family(at(capture::OUTBOUND_PORT)).await?,
+        netns.listen_one_family(at(capture::INBOUND_PORT)).await?,
+        netns.listen_one_family(at(capture::HBONE_PORT)).await?,
+    ])
+}
+
+/// IPv6's listeners, if they can be opened: a pod whose IPv6 cannot be served is served over
+/// IPv4 (its IPv6 connections, captured, are refused), never refused itself.
+async fn listeners_v6(netns: &Netns, uid: &WorkloadUid) -> Option<[TcpListener; 3]> {
+    match listeners(netns, Family::V6).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::info!(pod = %uid, error = %e, "no IPv6 listeners in the pod's namespace: served over IPv4 only");
+            None
+        }
     }
 }

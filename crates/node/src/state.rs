@@ -22,20 +22,34 @@ use tokio::task::JoinHandle;
 use ferry_runtime::netns::Netns;
 use ferry_runtime::telemetry::Metrics;
 
+use crate::family::Family;
+
 /// One enrolled pod.
 #[derive(Debug)]
 pub(crate) struct Pod {
     pub(crate) uid: WorkloadUid,
     pub(crate) name: String,
+    /// Its first address (the workload's first: IPv4 for a dual-stack pod).
     pub(crate) ip: IpAddr,
+    /// Every address it is served at: [`Pod::ip`] first, then its address of the other family
+    /// if the namespace serves that family (an IPv6 address in a namespace with IPv6 disabled
+    /// is not).
+    pub(crate) ips: Vec<IpAddr>,
+    /// The families its namespace's rules capture ([`crate::capture`]): IPv4, and IPv6 where
+    /// `ip6tables` works there (fail closed: also in a namespace with IPv6 disabled).
+    pub(crate) captured: Vec<crate::family::Family>,
+    /// Whether the namespace has IPv6 on: then it has IPv6 listeners and original-source rules.
+    pub(crate) serves_v6: bool,
     pub(crate) identity: Identity,
     /// Its DNS proxy, when its workload says `dns_capture` (taken at enrollment).
     pub(crate) dns: Option<Arc<crate::dns::Resolver>>,
     pub(crate) netns: Netns,
     pub(crate) tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Whether the rules that let the proxy connect to the app from the client's address are in
-    /// place ([`crate::transparent`]): until they are, the app sees the pod's own address.
+    /// place ([`crate::transparent`]), IPv4's and IPv6's: until they are, the app sees the pod's
+    /// own address.
     pub(crate) transparent: AtomicBool,
+    pub(crate) transparent_v6: AtomicBool,
 }
 
 // === impl Pod ===
@@ -47,10 +61,42 @@ impl Pod {
     }
 
     /// The address to connect to `to` in the pod from, for a connection whose client the
-    /// decision found to be `client` ([`ferry_core::app_source`]): `client` if the pod's rules
-    /// are in place and both are IPv4 (the rules are), else none (the pod's own address).
+    /// decision found to be `client` ([`ferry_core::app_source`]): `client` if it is of `to`'s
+    /// family and the pod's rules of that family are in place, else none (the pod's own
+    /// address).
     pub(crate) fn source_for(&self, client: Option<IpAddr>, to: SocketAddr) -> Option<IpAddr> {
-        client.filter(|c| c.is_ipv4() && to.is_ipv4() && self.transparent.load(Ordering::Relaxed))
+        let family = Family::of(to.ip());
+        client.filter(|c| {
+            Family::of(*c) == family && self.transparent(family).load(Ordering::Relaxed)
+        })
+    }
+
+    /// The families whose original-source rules the pod gets: IPv4's, and IPv6's where its
+    /// namespace has IPv6 on.
+    pub(crate) fn transparent_families(&self) -> Vec<Family> {
+        let mut f = vec![Family::V4];
+        if self.serves_v6 {
+            f.push(Family::V6);
+        }
+        f
+    }
+
+    /// Whether the original-source rules of `family` are in place.
+    pub(crate) fn transparent(&self, family: Family) -> &AtomicBool {
+        match family {
+            Family::V4 => &self.transparent,
+            Family::V6 => &self.transparent_v6,
+        }
+    }
+
+    /// The pod's address of `ip`'s family (the one a connection in that family reaches it at),
+    /// else its first.
+    pub(crate) fn ip_like(&self, ip: IpAddr) -> IpAddr {
+        self.ips
+            .iter()
+            .copied()
+            .find(|a| Family::of(*a) == Family::of(ip))
+            .unwrap_or(self.ip)
     }
 }
 

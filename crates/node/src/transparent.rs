@@ -15,7 +15,11 @@
 //! stack (table 133) and reach the proxy's transparent socket instead of leaving by the pod's
 //! interface. Connections the proxy opens elsewhere (tunnels to other pods) never pass the pod's
 //! PREROUTING with the proxy's mark, so they are untouched, and so are the app's own
-//! connections. IPv4 only: the node proxy connects an IPv6 target from the pod's own address.
+//! connections.
+//!
+//! Each IP family has its own: the mangle chains in `iptables` and in `ip6tables`, the routing
+//! rule and the local route (`local ::/0 dev lo table 133`) in `ip -4` and in `ip -6`. A pod whose
+//! namespace has IPv6 disabled gets the IPv4 half only ([`crate::pods`] decides).
 //!
 //! They go and come with the capture rules: installed at enrollment, compared whenever the
 //! namespace's nf_tables ruleset (the chains) or its routing rules and routes change, rewritten
@@ -29,6 +33,7 @@ use nix::sys::socket::SockProtocol;
 use tokio::process::Command;
 
 use crate::capture::{self, RuleChanges};
+use crate::family::Family;
 
 /// Why the rules could not be read or changed.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +47,7 @@ impl From<capture::CaptureError> for TransparentError {
     fn from(e: capture::CaptureError) -> Self {
         Self {
             netns: e.netns,
-            detail: e.detail,
+            detail: format!("{}: {}", e.tool, e.detail),
         }
     }
 }
@@ -76,23 +81,28 @@ fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
     ]
 }
 
-/// The routing rule, as `ip -4 rule show` prints it (whitespace aside).
+/// The routing rule, as `ip -4 rule show` (and `ip -6`) prints it (whitespace aside).
 fn rule_line() -> String {
     format!("{RULE_PRIORITY}: from all fwmark {ORIGIN_MARK:#x}/{MASK:#x} lookup {ROUTE_TABLE}")
 }
 
-/// The one route of [`ROUTE_TABLE`], as `ip -4 route show table` prints it.
-const ROUTE_LINE: &str = "local default dev lo scope host";
+/// The one route of [`ROUTE_TABLE`], as `ip -4 route show table` (`ip -6`) prints it.
+fn route_line(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "local default dev lo scope host",
+        Family::V6 => "local default dev lo metric 1024 pref medium",
+    }
+}
 
 fn words(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// How the pod's rules differ from these, if they do: `mangle` (its mangle table as
+/// How the pod's rules of `family` differ from these, if they do: `mangle` (its mangle table as
 /// `iptables-save` prints it), `rules` (`ip -4 rule show`) and `routes` (`ip -4 route show
-/// table 133`). The chains as the capture's ([`capture::drift_of`]); the routing rule present
-/// once; the table holding the one local route.
-pub(crate) fn drift(mangle: &str, rules: &str, routes: &str) -> Option<String> {
+/// table 133`), or the same of IPv6. The chains as the capture's ([`capture::drift_of`]); the
+/// routing rule present once; the table holding the one local route.
+pub(crate) fn drift(family: Family, mangle: &str, rules: &str, routes: &str) -> Option<String> {
     let mut found: Vec<String> = capture::drift_of(mangle, &chains()).into_iter().collect();
     let want = rule_line();
     let n = rules.lines().filter(|l| words(l) == want).count();
@@ -104,9 +114,10 @@ pub(crate) fn drift(mangle: &str, rules: &str, routes: &str) -> Option<String> {
         .map(words)
         .filter(|l| !l.is_empty())
         .collect();
-    if table != [ROUTE_LINE] {
+    let route = route_line(family);
+    if table != [route] {
         found.push(format!(
-            "table {ROUTE_TABLE} holds {} route(s), not only '{ROUTE_LINE}'",
+            "table {ROUTE_TABLE} holds {} route(s), not only '{route}'",
             table.len()
         ));
     }
@@ -140,28 +151,30 @@ async fn run_ip(netns: &Path, args: &[&str]) -> Result<String, TransparentError>
 
 /// What [`drift`] compares, read from the pod's namespace. A routing table that does not
 /// exist yet holds no route.
-async fn read(netns: &Path) -> Result<(String, String, String), TransparentError> {
+async fn read(netns: &Path, family: Family) -> Result<(String, String, String), TransparentError> {
     let table = ROUTE_TABLE.to_string();
-    let routes = match run_ip(netns, &["-4", "route", "show", "table", &table]).await {
+    let f = family.ip_flag();
+    let routes = match run_ip(netns, &[f, "route", "show", "table", &table]).await {
         Err(e) if e.detail.contains("table does not exist") => String::new(),
         r => r?,
     };
     Ok((
-        capture::saved_table(netns, "mangle").await?,
-        run_ip(netns, &["-4", "rule", "show"]).await?,
+        capture::saved_table(netns, family, "mangle").await?,
+        run_ip(netns, &[f, "rule", "show"]).await?,
         routes,
     ))
 }
 
-/// How the pod's rules differ from Ferry's, if they do; rules that cannot be read differ.
-pub(crate) async fn check(netns: &Path) -> Option<String> {
-    match read(netns).await {
-        Ok((mangle, rules, routes)) => drift(&mangle, &rules, &routes),
+/// How the pod's rules of `family` differ from Ferry's, if they do; rules that cannot be read
+/// differ.
+pub(crate) async fn check(netns: &Path, family: Family) -> Option<String> {
+    match read(netns, family).await {
+        Ok((mangle, rules, routes)) => drift(family, &mangle, &rules, &routes),
         Err(e) => Some(e.to_string()),
     }
 }
 
-/// The arguments of the routing rule, after `ip -4 rule add|del`.
+/// The arguments of the routing rule, after `ip -4 rule add|del` (`ip -6`).
 fn rule_args() -> Vec<String> {
     vec![
         "fwmark".into(),
@@ -176,24 +189,26 @@ fn rule_args() -> Vec<String> {
 /// Makes the pod's rules Ferry's, unless they already are (a handover leaves the previous node
 /// proxy's in place): the chains in one `iptables-restore` transaction (as the capture's), the
 /// table's route replaced and any other flushed, the routing rule put there once.
-pub(crate) async fn install(netns: &Path) -> Result<(), TransparentError> {
-    let (mangle, rules, routes) = read(netns).await?;
-    if drift(&mangle, &rules, &routes).is_none() {
+pub(crate) async fn install(netns: &Path, family: Family) -> Result<(), TransparentError> {
+    let (mangle, rules, routes) = read(netns, family).await?;
+    if drift(family, &mangle, &rules, &routes).is_none() {
         return Ok(());
     }
-    capture::restore(netns, &capture::rewrite_of("mangle", &mangle, &chains())).await?;
+    let script = capture::rewrite_of("mangle", &mangle, &chains());
+    capture::restore(netns, family, &script).await?;
     let table = ROUTE_TABLE.to_string();
-    if !routes.trim().is_empty() && words(&routes) != ROUTE_LINE {
-        run_ip(netns, &["-4", "route", "flush", "table", &table]).await?;
+    let f = family.ip_flag();
+    if !routes.trim().is_empty() && words(&routes) != route_line(family) {
+        run_ip(netns, &[f, "route", "flush", "table", &table]).await?;
     }
     run_ip(
         netns,
         &[
-            "-4",
+            f,
             "route",
             "replace",
             "local",
-            "0.0.0.0/0",
+            family.any(),
             "dev",
             "lo",
             "table",
@@ -207,19 +222,20 @@ pub(crate) async fn install(netns: &Path) -> Result<(), TransparentError> {
     let present = rules.lines().filter(|l| words(l) == want).count();
     if present != 1 {
         for _ in 0..present {
-            run_ip(netns, &[&["-4", "rule", "del"], &rule[..]].concat()).await?;
+            run_ip(netns, &[&[f, "rule", "del"], &rule[..]].concat()).await?;
         }
-        run_ip(netns, &[&["-4", "rule", "add"], &rule[..]].concat()).await?;
+        run_ip(netns, &[&[f, "rule", "add"], &rule[..]].concat()).await?;
     }
     Ok(())
 }
 
-/// Removes the pod's rules; missing ones are not an error.
-pub(crate) async fn remove(netns: &Path) {
+/// Removes the pod's rules of `family`; missing ones are not an error.
+pub(crate) async fn remove(netns: &Path, family: Family) {
     let rule = rule_args();
     let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    let f = family.ip_flag();
     for _ in 0..8 {
-        if run_ip(netns, &[&["-4", "rule", "del"], &rule[..]].concat())
+        if run_ip(netns, &[&[f, "rule", "del"], &rule[..]].concat())
             .await
             .is_err()
         {
@@ -227,12 +243,20 @@ pub(crate) async fn remove(netns: &Path) {
         }
     }
     let table = ROUTE_TABLE.to_string();
-    let _ = run_ip(netns, &["-4", "route", "flush", "table", &table]).await;
+    let _ = run_ip(netns, &[f, "route", "flush", "table", &table]).await;
     for (hook, chain, _) in chains() {
         for _ in 0..8 {
             let deleted = capture::nsenter(netns)
                 .args([
-                    "iptables", "-w", "-t", "mangle", "-D", hook, "-p", "tcp", "-j",
+                    family.iptables(),
+                    "-w",
+                    "-t",
+                    "mangle",
+                    "-D",
+                    hook,
+                    "-p",
+                    "tcp",
+                    "-j",
                 ])
                 .arg(chain)
                 .stdout(std::process::Stdio::null())
@@ -245,7 +269,7 @@ pub(crate) async fn remove(netns: &Path) {
         }
         for op in ["-F", "-X"] {
             let _ = capture::nsenter(netns)
-                .args(["iptables", "-w", "-t", "mangle", op, chain])
+                .args([family.iptables(), "-w", "-t", "mangle", op, chain])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .status()
@@ -254,12 +278,20 @@ pub(crate) async fn remove(netns: &Path) {
     }
 }
 
-/// Changes to the namespace's IPv4 routing rules and routes (rtnetlink's RTNLGRP_IPV4_RULE and
-/// RTNLGRP_IPV4_ROUTE): the other half of what [`check`] compares (the chains' changes are
-/// nf_tables events, [`RuleChanges::open`]).
+/// Changes to the namespace's routing rules and routes of both families (rtnetlink's
+/// RTNLGRP_IPV4_RULE, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_RULE and RTNLGRP_IPV6_ROUTE): the other
+/// half of what [`check`] compares (the chains' changes are nf_tables events,
+/// [`RuleChanges::open`]).
 pub(crate) async fn route_changes(netns: &Netns) -> std::io::Result<RuleChanges> {
-    let groups =
-        (1 << (nix::libc::RTNLGRP_IPV4_ROUTE - 1)) | (1 << (nix::libc::RTNLGRP_IPV4_RULE - 1));
+    use nix::libc::{RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV4_RULE, RTNLGRP_IPV6_ROUTE, RTNLGRP_IPV6_RULE};
+    let groups = [
+        RTNLGRP_IPV4_ROUTE,
+        RTNLGRP_IPV4_RULE,
+        RTNLGRP_IPV6_ROUTE,
+        RTNLGRP_IPV6_RULE,
+    ]
+    .iter()
+    .fold(0u32, |g, n| g | (1 << (n - 1)));
     RuleChanges::subscribe(netns, SockProtocol::NetlinkRoute, groups).await
 }
 

@@ -30,34 +30,52 @@ const ROUTES: &str = "local default dev lo scope host \n";
 
 #[test]
 fn ferrys_rules_as_the_tools_print_them_do_not_drift() {
-    assert_eq!(drift(MANGLE, RULES, ROUTES), None);
+    assert_eq!(drift(Family::V4, MANGLE, RULES, ROUTES), None);
 }
 
 #[test]
 fn a_missing_or_changed_piece_drifts_and_is_named() {
     let no_restore = MANGLE.replace("-A OUTPUT -p tcp -j FERRY_ORIG_OUT\n", "");
-    let why = drift(&no_restore, RULES, ROUTES).expect("a missing jump drifts");
+    let why = drift(Family::V4, &no_restore, RULES, ROUTES).expect("a missing jump drifts");
     assert!(
         why.contains("OUTPUT jumps to FERRY_ORIG_OUT 0 time(s)"),
         "{why}"
     );
     let other_mark = MANGLE.replace("--set-xmark 0x111/0xfff", "--set-xmark 0x222/0xfff");
     assert!(
-        drift(&other_mark, RULES, ROUTES)
+        drift(Family::V4, &other_mark, RULES, ROUTES)
             .unwrap()
             .contains("FERRY_ORIG_PRE")
     );
     let no_rule = RULES.replace("32764:\tfrom all fwmark 0x111/0xfff lookup 133\n", "");
-    let why = drift(MANGLE, &no_rule, ROUTES).unwrap();
+    let why = drift(Family::V4, MANGLE, &no_rule, ROUTES).unwrap();
     assert!(why.contains("is there 0 time(s)"), "{why}");
     let twice = format!("{RULES}32764:\tfrom all fwmark 0x111/0xfff lookup 133\n");
-    assert!(drift(MANGLE, &twice, ROUTES).unwrap().contains("2 time(s)"));
-    let why = drift(MANGLE, RULES, "").unwrap();
+    assert!(
+        drift(Family::V4, MANGLE, &twice, ROUTES)
+            .unwrap()
+            .contains("2 time(s)")
+    );
+    let why = drift(Family::V4, MANGLE, RULES, "").unwrap();
     assert!(why.contains("table 133 holds 0 route(s)"), "{why}");
     let extra = format!("{ROUTES}198.18.0.0/15 dev eth0 scope link\n");
     assert!(
-        drift(MANGLE, RULES, &extra)
+        drift(Family::V4, MANGLE, RULES, &extra)
             .unwrap()
             .contains("holds 2 route(s)")
     );
+}
+
+#[test]
+fn the_ipv6_half_is_the_same_rules_with_ipv6s_local_route() {
+    // ip6tables-save prints the same chains; `ip -6 route show table 133` the route with its
+    // metric and preference.
+    let routes = "local default dev lo metric 1024 pref medium\n";
+    assert_eq!(drift(Family::V6, MANGLE, RULES, routes), None);
+    assert!(
+        drift(Family::V6, MANGLE, RULES, ROUTES)
+            .unwrap()
+            .contains("not only 'local default dev lo metric 1024 pref medium'")
+    );
+    assert!(drift(Family::V4, MANGLE, RULES, routes).is_some());
 }

@@ -128,11 +128,26 @@ impl Netns {
             .map_err(|_| io::Error::other("the namespace thread dropped the job"))
     }
 
-    /// A listener on `addr` inside the namespace.
+    /// A listener on `addr` inside the namespace (`[::]` takes IPv4 too, as the system's
+    /// default says).
     pub async fn listen(&self, addr: SocketAddr) -> io::Result<TcpListener> {
+        self.listen_with(addr, false).await
+    }
+
+    /// A listener on `addr` that takes `addr`'s family only: on `[::]`, IPv6 alone
+    /// (`IPV6_V6ONLY`), beside an IPv4 listener of its own, so that an IPv4 peer is never seen
+    /// as an IPv4-mapped IPv6 address.
+    pub async fn listen_one_family(&self, addr: SocketAddr) -> io::Result<TcpListener> {
+        self.listen_with(addr, true).await
+    }
+
+    async fn listen_with(&self, addr: SocketAddr, one_family: bool) -> io::Result<TcpListener> {
         let l = self
             .run(move || -> io::Result<std::net::TcpListener> {
                 let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+                if one_family && addr.is_ipv6() {
+                    s.set_only_v6(true)?;
+                }
                 s.set_reuse_address(true)?;
                 // A new node proxy opens its listeners beside the old one's during a handover.
                 s.set_reuse_port(true)?;

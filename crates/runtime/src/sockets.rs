@@ -36,10 +36,14 @@ pub fn bounds(idle: Duration, finish: tokio::sync::watch::Receiver<bool>) -> Bou
     }
 }
 
-/// Where a captured connection was going: its original IPv4 destination (`SO_ORIGINAL_DST`).
+/// Where a captured connection was going: its original destination, asked in the family of
+/// the listener that accepted it (`SO_ORIGINAL_DST` for IPv4, `IP6T_SO_ORIGINAL_DST` for IPv6).
 pub fn original_dst(tcp: &TcpStream) -> io::Result<SocketAddr> {
-    SockRef::from(tcp)
-        .original_dst_v4()?
-        .as_socket()
+    let sock = SockRef::from(tcp);
+    let orig = match tcp.local_addr()? {
+        SocketAddr::V4(_) => sock.original_dst_v4()?,
+        SocketAddr::V6(_) => sock.original_dst_v6()?,
+    };
+    orig.as_socket()
         .ok_or_else(|| io::Error::other("not an IP address"))
 }

@@ -30,6 +30,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::family::Family as IpFamily;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
 use ferry_runtime::netns::Netns;
@@ -147,14 +148,22 @@ pub(crate) trait Egress: Send + Sync + fmt::Debug {
     fn tcp(&self, upstream: SocketAddr) -> Opening<'_, TcpStream>;
 }
 
-/// The socket a pod's redirected queries arrive on: `127.0.0.1:`[`DNS_PORT`] inside its
-/// namespace (loopback only: nothing from outside the pod reaches it). Shared by port with the
-/// next node proxy during a handover, as the TCP listeners are.
-pub(crate) async fn bind(netns: &Netns) -> io::Result<UdpSocket> {
-    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DNS_PORT);
+/// The socket a pod's redirected queries of `family` arrive on: `127.0.0.1:`[`DNS_PORT`] or
+/// `[::1]:`[`DNS_PORT`] inside its namespace (loopback only: nothing from outside the pod
+/// reaches it). Shared by port with the next node proxy during a handover, as the TCP
+/// listeners are.
+pub(crate) async fn bind(netns: &Netns, family: IpFamily) -> io::Result<UdpSocket> {
+    let ip = match family {
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpFamily::V6 => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+    };
+    let addr = SocketAddr::new(ip, DNS_PORT);
     let s = netns
         .run(move || -> io::Result<std::net::UdpSocket> {
-            let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+            let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+            if addr.is_ipv6() {
+                s.set_only_v6(true)?;
+            }
             s.set_reuse_address(true)?;
             s.set_reuse_port(true)?;
             s.set_nonblocking(true)?;
