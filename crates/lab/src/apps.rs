@@ -44,8 +44,13 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
         if !ports.contains(&DIRECT_ECHO_PORT) {
             ports.push(DIRECT_ECHO_PORT);
         }
+        let mut listeners = Vec::new();
         for &port in &ports {
-            let l = TcpListener::bind(("0.0.0.0", port)).await?;
+            listeners.push((port, TcpListener::bind(("0.0.0.0", port)).await?));
+            // And on IPv6 where the pod has it (a dual-stack pod's app answers both families).
+            listeners.extend(bind_v6_only(port).map(|l| (port, l)));
+        }
+        for (port, l) in listeners {
             let name = name.to_string();
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -105,6 +110,21 @@ pub(crate) fn echo(name: &str, ports: &[u16]) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// A listener on `[::]:port` for IPv6 alone (beside the IPv4 one on the same port), if the
+/// namespace has IPv6.
+fn bind_v6_only(port: u16) -> Option<TcpListener> {
+    let open = || -> std::io::Result<std::net::TcpListener> {
+        let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+        s.set_only_v6(true)?;
+        s.set_reuse_address(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+        s.listen(1024)?;
+        Ok(s.into())
+    };
+    open().ok().and_then(|l| TcpListener::from_std(l).ok())
 }
 
 /// Reads each connection to its end, then answers with the byte count (8 bytes, little endian).

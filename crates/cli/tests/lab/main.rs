@@ -8,6 +8,7 @@ mod bench;
 mod crash;
 mod dns;
 mod drain;
+mod dual_stack;
 mod explain;
 mod failover;
 mod gateway;

@@ -2,13 +2,15 @@
 //! the captured ones with their node proxy.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::IpAddr;
+use std::process::Command;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use ferry_core::model::{ServiceKey, TunnelProtocol, Workload};
 use ferry_core::snapshot::Snapshot;
 
-use super::net::{attach, netns};
+use super::net::{attach, ip, netns, run};
 use super::{APP_PORTS, Lab, waypoints};
 use crate::api::api_call;
 use crate::procs::spawn;
@@ -29,8 +31,15 @@ pub(super) fn create(
     workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
     for (j, w) in workloads.iter().enumerate() {
         let ns = netns(state, format!("{id}-p{j}"))?;
-        let addr = format!("{}/15", w.addresses[0]);
-        attach(&ns, &addr, &networks[w.network.as_str()], &format!("p{j}"))?;
+        let ipv6 = w.labels.get(IPV6_LABEL).map(String::as_str);
+        attach(
+            &ns,
+            &with_prefix(w.addresses[0]),
+            &networks[w.network.as_str()],
+            &format!("p{j}"),
+        )?;
+        prepare_ipv6(&ns, ipv6, &w.addresses[1..])
+            .with_context(|| format!("the namespace of {}", w.name))?;
         state.pods.insert(
             w.name.clone(),
             Pod {
@@ -47,6 +56,62 @@ pub(super) fn create(
     }
     state.save()?;
     Ok(workloads)
+}
+
+/// A pod's label that has the lab prepare its namespace's IPv6 before it is enrolled:
+/// `disabled` (`net.ipv6.conf.all.disable_ipv6=1`: no IPv6 at all) or `no-loopback` (`::1`
+/// removed from `lo`), so the node proxy's handling of such pods can be tried.
+pub(crate) const IPV6_LABEL: &str = "ferry.dev/lab-ipv6";
+
+/// `addr` with the prefix of the lab's ranges, as `ip addr add` takes it: 198.18.0.0/15 for
+/// IPv4, 2001:2::/48 for IPv6 (RFC 5180, the IPv6 benchmarking range). The pods of a network
+/// share one bridge, so every address of the range is on-link: the namespaces have no other
+/// route.
+fn with_prefix(addr: IpAddr) -> String {
+    match addr {
+        IpAddr::V4(_) => format!("{addr}/15"),
+        IpAddr::V6(_) => format!("{addr}/48"),
+    }
+}
+
+/// Adds a pod's `more` addresses (after its first) to its eth0, as its [`IPV6_LABEL`] allows,
+/// and prepares its IPv6 as the label says. IPv6 addresses skip duplicate address detection
+/// (`nodad`): the lab assigns each once, and they are usable at once.
+fn prepare_ipv6(ns: &str, label: Option<&str>, more: &[IpAddr]) -> anyhow::Result<()> {
+    let disabled = match label {
+        None => false,
+        Some("disabled") => true,
+        Some("no-loopback") => {
+            ip(&["-n", ns, "-6", "addr", "del", "::1/128", "dev", "lo"])?;
+            false
+        }
+        Some(other) => bail!("{IPV6_LABEL}: expected disabled or no-loopback, found {other:?}"),
+    };
+    if disabled {
+        for conf in ["all", "default"] {
+            run(Command::new("ip").args([
+                "netns",
+                "exec",
+                ns,
+                "sysctl",
+                "-q",
+                "-w",
+                &format!("net.ipv6.conf.{conf}.disable_ipv6=1"),
+            ]))?;
+        }
+    }
+    for addr in more {
+        if addr.is_ipv6() && disabled {
+            continue;
+        }
+        let prefixed = with_prefix(*addr);
+        let mut args = vec!["-n", ns, "addr", "add", &prefixed, "dev", "eth0"];
+        if addr.is_ipv6() {
+            args.push("nodad");
+        }
+        ip(&args)?;
+    }
+    Ok(())
 }
 
 /// Every port a service targets, so any service's traffic finds the app listening.
