@@ -35,7 +35,13 @@
 //!   `selector`, with the service's port map; and by its address `endpoints` (which may be
 //!   another service's VIP: a nested service address). `selector_clusters: [..]` limits the
 //!   selector to the workloads of the clusters named (a service that exists only in some
-//!   clusters, as Kubernetes objects do).
+//!   clusters, as Kubernetes objects do). A workload's `services: {<name or hostname>: {80:
+//!   8080}}` makes it back those services of its namespace whatever their selectors, with that
+//!   port map (Kubernetes' manual EndpointSlices; a port left out has the service's target).
+//! - A service port may target a name instead of a number (`target_port_name: http`, as a
+//!   Kubernetes `targetPort: http`): each workload serves it on its own port of that name
+//!   (`ports: {http: 8080}` on the workload, a pod's container ports), so two workloads may
+//!   serve it on different ports; a workload without that name does not serve the port.
 //! - A service port `{port, target_port}` may say what it speaks as a Kubernetes Service port
 //!   does: `app_protocol` (`http`, `http2`, `grpc`, `kubernetes.io/h2c`, ...) or else its
 //!   `name` (`<protocol>[-<suffix>]`, such as `grpc-health`), read as Istio reads them

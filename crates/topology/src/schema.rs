@@ -142,6 +142,9 @@ pub struct PortSpec {
     pub port: u16,
     /// Optional here only so that a missing target is reported with the other problems.
     pub target_port: Option<u16>,
+    /// Instead of `target_port`: Kubernetes' named target port. Each workload serves this
+    /// port on its own port of this name (its `ports`); one that has none does not serve it.
+    pub target_port_name: Option<String>,
     /// The port's name, as in Kubernetes: `<protocol>[-<suffix>]` declares what it speaks
     /// when `app_protocol` does not (Istio's protocol selection).
     pub name: Option<String>,
@@ -270,6 +273,14 @@ pub struct WorkloadSpec {
     /// names (opt-in; Istio's pod annotation `ambient.istio.io/dns-capture`).
     #[serde(default)]
     pub dns_capture: bool,
+    /// Its ports by name (a pod's container ports), for services whose ports target a name.
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+    /// Services of its namespace it backs whatever their selectors (Kubernetes' manual
+    /// EndpointSlices), each with its service port to target port map; a service port left
+    /// out has the service's own target.
+    #[serde(default)]
+    pub services: BTreeMap<String, BTreeMap<u16, u16>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
@@ -404,6 +415,8 @@ impl Default for WorkloadSpec {
             labels: Labels::new(),
             waypoint: None,
             dns_capture: false,
+            ports: BTreeMap::new(),
+            services: BTreeMap::new(),
         }
     }
 }

@@ -272,6 +272,17 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "named target ports and services a workload backs by name",
+        "services:\n  - name: web\n    ports: [{port: 80, target_port: 8080, target_port_name: http}, {port: 81, target_port_name: \"\"}, {port: 82, target_port_name: http}]\nworkloads:\n  - {name: a, node: east-1, address: 198.18.1.1, services: {nowhere: {80: 8080}, web: {83: 8080, 82: 0}}}\n",
+        &[
+            "services[0] (web).ports[0].target_port_name: expected either `target_port` or `target_port_name`, found both",
+            "services[0] (web).ports[1].target_port_name: expected a port name, found \"\"",
+            "workloads[0] (a).services.nowhere: expected a service (name or hostname) of namespace default, found \"nowhere\"",
+            "workloads[0] (a).services.web.82: expected a target port from 1 to 65535, found 0",
+            "workloads[0] (a).services.web.83: expected a key that is one of the service's ports [82], found 83",
+        ],
+    ),
+    (
         "a bad root namespace",
         "root_namespace: Bad/NS\npeer_authentication: [{name: a, mesh: true, mode: strict}]\n",
         &[

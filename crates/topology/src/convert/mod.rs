@@ -137,7 +137,13 @@ struct Selector {
     /// Only workloads of these clusters (none: of every cluster).
     clusters: Option<BTreeSet<ClusterId>>,
     ports: Vec<ferry_core::model::PortMapping>,
+    /// Ports whose target is each workload's own port of this name.
+    named: Vec<(u16, String)>,
 }
+
+/// A service's ports, for workloads that back it by name (`WorkloadSpec::services`): each
+/// port and, if it targets a name, that name.
+type ServicePorts = Vec<(u16, Option<String>)>;
 
 /// Conversion state: what is declared so far, the problems found, and the output.
 struct Cx {
@@ -153,6 +159,8 @@ struct Cx {
     /// `(namespace, name)` of each waypoint.
     waypoints: BTreeMap<(String, String), WaypointInfo>,
     selectors: Vec<Selector>,
+    /// Each service's ports.
+    service_ports: BTreeMap<ServiceKey, ServicePorts>,
     /// Who holds each address, by where it was declared.
     addresses: HashMap<NetworkAddress, String>,
     /// Declared object (as `SnapshotError` names it, e.g. `workload <uid>`) to where it was
@@ -172,6 +180,7 @@ impl Cx {
             gateways: BTreeMap::new(),
             waypoints: BTreeMap::new(),
             selectors: Vec::new(),
+            service_ports: BTreeMap::new(),
             addresses: HashMap::new(),
             origins: HashMap::new(),
             out: Out::default(),

@@ -11,14 +11,14 @@ use ferry_core::model::{
 };
 use ferry_core::protocol;
 
-use super::{Cx, Selector, WaypointInfo, item, namespace, one_of};
+use super::{Cx, Selector, ServicePorts, WaypointInfo, item, namespace, one_of};
 use crate::schema::{
     EndpointSpec, HealthSpec, LbModeSpec, LbSpec, PortSpec, PreferSpec, ScopeSpec, ServiceSpec,
     VipSpec, WaypointForSpec, WaypointSpec,
 };
 
 /// The hostname of service `name` in `namespace` when the file gives none.
-fn default_hostname(name: &str, namespace: &str) -> String {
+pub(super) fn default_hostname(name: &str, namespace: &str) -> String {
     format!("{name}.{namespace}.svc.cluster.local")
 }
 
@@ -154,6 +154,21 @@ impl Cx {
             if !unique {
                 continue;
             }
+            let named: Vec<(u16, String)> = s
+                .ports
+                .iter()
+                .filter(|p| p.target_port.is_none())
+                .filter_map(|p| Some((p.port, p.target_port_name.clone()?)))
+                .filter(|(port, _)| ports.iter().any(|sp| sp.port == *port))
+                .collect();
+            let by_name: ServicePorts = ports
+                .iter()
+                .map(|sp| {
+                    let name = named.iter().find(|(p, _)| *p == sp.port);
+                    (sp.port, name.map(|(_, n)| n.clone()))
+                })
+                .collect();
+            self.service_ports.insert(key.clone(), by_name);
             if let Some(labels) = s.selector.as_ref().filter(|l| !l.is_empty()) {
                 self.selectors.push(Selector {
                     key: key.clone(),
@@ -162,11 +177,13 @@ impl Cx {
                     clusters: selector_clusters,
                     ports: ports
                         .iter()
+                        .filter(|p| p.target_port != 0)
                         .map(|p| PortMapping {
                             service_port: p.port,
                             target_port: p.target_port,
                         })
                         .collect(),
+                    named,
                 });
             }
             self.out.services.push(Service {
@@ -221,25 +238,44 @@ impl Cx {
                 );
                 ok = false;
             }
-            match p.target_port {
-                None => {
+            match (p.target_port, p.target_port_name.as_deref()) {
+                (Some(_), Some(_)) => {
+                    self.problem(
+                        format!("{port_path}.target_port_name"),
+                        "expected either `target_port` or `target_port_name`, found both",
+                    );
+                }
+                (None, Some("")) => {
+                    self.problem(
+                        format!("{port_path}.target_port_name"),
+                        "expected a port name, found \"\"",
+                    );
+                }
+                // Each workload's own port of that name: the service's target is none (0).
+                (None, Some(_)) if ok => ports.push(ServicePort {
+                    port: p.port,
+                    target_port: 0,
+                    app_protocol: protocol::declared(p.app_protocol.as_deref(), p.name.as_deref()),
+                }),
+                (None, Some(_)) => {}
+                (None, None) => {
                     self.problem(
                         format!("{port_path}.target_port"),
                         "expected the port the endpoints listen on, found none (a port without a target)",
                     );
                 }
-                Some(0) => {
+                (Some(0), None) => {
                     self.problem(
                         format!("{port_path}.target_port"),
                         "expected a target port from 1 to 65535, found 0",
                     );
                 }
-                Some(target_port) if ok => ports.push(ServicePort {
+                (Some(target_port), None) if ok => ports.push(ServicePort {
                     port: p.port,
                     target_port,
                     app_protocol: protocol::declared(p.app_protocol.as_deref(), p.name.as_deref()),
                 }),
-                Some(_) => {}
+                (Some(_), None) => {}
             }
         }
         ports

@@ -8,7 +8,7 @@ use ferry_core::model::{
     TunnelProtocol, Workload, WorkloadUid,
 };
 
-use super::services::User;
+use super::services::{User, default_hostname};
 use super::{Cx, item, namespace, one_of, selects};
 use crate::schema::{InstanceSpec, ProtocolSpec, WorkloadSpec};
 
@@ -91,7 +91,7 @@ impl Cx {
                 .copied()
                 .collect();
             candidates.sort_unstable();
-            let services: BTreeMap<ServiceKey, Vec<PortMapping>> = candidates
+            let mut services: BTreeMap<ServiceKey, Vec<PortMapping>> = candidates
                 .iter()
                 .map(|&j| &selectors[j])
                 .filter(|s| selects(&s.labels, &w.labels))
@@ -100,8 +100,13 @@ impl Cx {
                     (Some(set), Some(p)) => set.contains(&p.cluster),
                     (Some(_), None) => false,
                 })
-                .map(|s| (s.key.clone(), s.ports.clone()))
+                .map(|s| {
+                    let mut ports = s.ports.clone();
+                    ports.extend(named_ports(&s.named, &w.ports));
+                    (s.key.clone(), ports)
+                })
                 .collect();
+            services.extend(self.backs(&path, &ns, w));
 
             let Some(placement) = placement else { continue };
             let pod = Pod {
@@ -130,6 +135,64 @@ impl Cx {
         }
         drop(index);
         self.selectors = selectors;
+    }
+
+    /// The services workload `w` (at `path`, of namespace `ns`) backs by name, whatever their
+    /// selectors, with their port maps: its own map for a port, else its port of the name the
+    /// service port targets, else the service's target.
+    fn backs(
+        &mut self,
+        path: &str,
+        ns: &str,
+        w: &WorkloadSpec,
+    ) -> Vec<(ServiceKey, Vec<PortMapping>)> {
+        let mut out = Vec::new();
+        for (name, map) in &w.services {
+            let service_path = format!("{path}.services.{name}");
+            // A hostname, else a name with the default hostname.
+            let hostname = if name.contains('.') {
+                name.clone()
+            } else {
+                default_hostname(name, ns)
+            };
+            let key = ServiceKey::new(ns, &hostname);
+            let Some(declared) = self.service_ports.get(&key).cloned() else {
+                self.problem(
+                    service_path,
+                    format!(
+                        "expected a service (name or hostname) of namespace {ns}, found {name:?}"
+                    ),
+                );
+                continue;
+            };
+            let mut ports = Vec::new();
+            for (&service_port, &target_port) in map {
+                let port_path = format!("{service_path}.{service_port}");
+                if !declared.iter().any(|(p, _)| *p == service_port) {
+                    let list: Vec<u16> = declared.iter().map(|(p, _)| *p).collect();
+                    let expected = one_of("service's ports", &list);
+                    self.problem(
+                        port_path,
+                        format!("expected a key that is {expected}, found {service_port}"),
+                    );
+                } else if target_port == 0 {
+                    self.problem(port_path, "expected a target port from 1 to 65535, found 0");
+                } else {
+                    ports.push(PortMapping {
+                        service_port,
+                        target_port,
+                    });
+                }
+            }
+            let named: Vec<(u16, String)> = declared
+                .into_iter()
+                .filter(|(p, _)| !map.contains_key(p))
+                .filter_map(|(p, n)| Some((p, n?)))
+                .collect();
+            ports.extend(named_ports(&named, &w.ports));
+            out.push((key, ports));
+        }
+        out
     }
 
     /// An instance of the waypoint whose service is `waypoint`: a label-less HBONE pod that
@@ -294,4 +357,19 @@ fn health(healthy: bool, terminating: bool) -> Health {
         (false, true) => Health::Healthy,
         (false, false) => Health::Unhealthy,
     }
+}
+
+/// The port maps of service ports that target a name (`named`: service port, name), from a
+/// workload's named ports; a name it does not have maps nothing (it does not serve the port).
+fn named_ports<'a>(
+    named: &'a [(u16, String)],
+    own: &'a BTreeMap<String, u16>,
+) -> impl Iterator<Item = PortMapping> + 'a {
+    named.iter().filter_map(|(service_port, name)| {
+        let target_port = *own.get(name).filter(|p| **p != 0)?;
+        Some(PortMapping {
+            service_port: *service_port,
+            target_port,
+        })
+    })
 }
