@@ -18,10 +18,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 
 use super::pod_status::is_ready;
-use super::{Tx, label, ns_name};
+use super::{Tx, label, ns_name, selectorless};
 
 /// The label that names a slice's Service.
-const SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub(super) const SERVICE_NAME: &str = "kubernetes.io/service-name";
 
 /// A pod's state, as the translation gives it to its workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +51,14 @@ impl Tx<'_> {
             for s in &c.endpoint_slices {
                 if let Some(unnamed) = states.add(s) {
                     let (ns, name) = ns_name(&s.metadata);
+                    // A selector-less Service's are its endpoints ([`super::manual`]).
+                    if label(&s.metadata, SERVICE_NAME)
+                        .is_some_and(|svc| selectorless(c, &ns, svc).is_some())
+                    {
+                        continue;
+                    }
                     let msg = format!(
-                        "{unnamed} endpoint(s) left out: they name no pod (no targetRef), and a Service's endpoints are the pods it selects (a selector-less Service's manual endpoints are not read)"
+                        "{unnamed} endpoint(s) left out: they name no pod (no targetRef), and the endpoints of a Service with a selector are the pods it selects"
                     );
                     self.note(&c.cluster, format!("EndpointSlice {ns}/{name}"), msg);
                 }
@@ -126,7 +132,7 @@ impl SliceStates {
 }
 
 /// The state one endpoint's conditions give, with Kubernetes' meaning of each nil.
-fn state(c: Option<&EndpointConditions>) -> PodState {
+pub(super) fn state(c: Option<&EndpointConditions>) -> PodState {
     let ready = c.and_then(|c| c.ready).unwrap_or(true);
     PodState {
         healthy: c.and_then(|c| c.serving).unwrap_or(ready),

@@ -18,8 +18,16 @@
 //!   endpoints, it is terminating if any says so, else unhealthy if any is not serving. An
 //!   endpoint whose `targetRef` uid is not the pod's names an earlier pod of that name and is
 //!   not read. A pod no endpoint names keeps its own: `Ready` is health, a deletion timestamp
-//!   is terminating. Endpoints with no `targetRef` name no pod: left out, with a note per slice
-//!   (none for the API server's own `default/kubernetes`, in every cluster). See [`endpoints`].
+//!   is terminating. See [`endpoints`].
+//! - **Manual endpoints.** A Service without a selector is backed by the addresses of its
+//!   slices' endpoints that name no pod, each a plain TCP workload of the slice's cluster with
+//!   the slice's ports (matched to the Service's by name) and the endpoint's state, as istiod
+//!   reads them (see [`manual`]). Endpoints with no `targetRef` in a slice of a Service with a
+//!   selector are left out, with a note per slice (none for the API server's own
+//!   `default/kubernetes`, in every cluster).
+//! - **Named target ports.** A Service port whose `targetPort` is a name is served by each pod
+//!   on its own container port of that name (two pods may differ); a pod without one does not
+//!   serve that port.
 //! - **Waypoints.** A `Gateway` of class `istio-waypoint` is a waypoint; its
 //!   `istio.io/waypoint-for` label says what it serves (`service`, the default, `workload`,
 //!   `all`; `none` leaves it out); its instances are the pods labelled
@@ -52,6 +60,7 @@
 //!   [`peer_auth`]): plain TCP to a workload whose mode is STRICT is refused at its node.
 
 mod endpoints;
+mod manual;
 mod mcs;
 mod peer_auth;
 mod places;
@@ -66,6 +75,7 @@ use std::collections::BTreeMap;
 
 use ferry_topology::schema::{File, ScopeSpec};
 use ferry_topology::{Topology, TopologyError};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::objects::{ClusterObjects, Note};
@@ -156,6 +166,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
     tx.services();
     tx.pods();
     tx.clusterset();
+    tx.manual_endpoints();
     tx.policies();
     tx.peer_authentications();
     Translation {
@@ -222,6 +233,19 @@ fn ns_name(meta: &ObjectMeta) -> (String, String) {
 /// A label of an object.
 fn label<'m>(meta: &'m ObjectMeta, key: &str) -> Option<&'m str> {
     meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The Service of `ns/name` in `c`, if it has no selector: its endpoints are its slices'.
+fn selectorless<'c>(c: &'c ClusterObjects, ns: &str, name: &str) -> Option<&'c Service> {
+    c.services.iter().find(|s| {
+        let (sns, sname) = ns_name(&s.metadata);
+        sns == ns
+            && sname == name
+            && s.spec.as_ref().is_some_and(|spec| {
+                spec.selector.as_ref().is_none_or(BTreeMap::is_empty)
+                    && spec.type_.as_deref() != Some("ExternalName")
+            })
+    })
 }
 
 /// An annotation, else a label, of an object.

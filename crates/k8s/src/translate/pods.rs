@@ -1,5 +1,7 @@
 //! Pods to workloads.
 
+use std::collections::BTreeMap;
+
 use ferry_topology::schema::{ProtocolSpec, WorkloadSpec};
 
 use super::pod_status::{GATEWAY_NAME, pod_ips};
@@ -90,11 +92,35 @@ impl Tx<'_> {
                     labels: p.metadata.labels.clone().unwrap_or_default(),
                     waypoint,
                     dns_capture: enrolled && dns_capture(&p.metadata),
+                    ports: named_ports(p),
                     ..WorkloadSpec::default()
                 });
             }
         }
     }
+}
+
+/// A pod's named TCP container ports, for the Services whose `targetPort` names one (the
+/// first container that names a port wins, as Kubernetes resolves it).
+fn named_ports(p: &k8s_openapi::api::core::v1::Pod) -> BTreeMap<String, u16> {
+    let mut out = BTreeMap::new();
+    let ports = p
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten());
+    for cp in ports {
+        if cp.protocol.as_deref().is_some_and(|proto| proto != "TCP") {
+            continue;
+        }
+        if let (Some(name), Ok(port)) = (cp.name.as_ref(), u16::try_from(cp.container_port))
+            && !name.is_empty()
+            && port != 0
+        {
+            out.entry(name.clone()).or_insert(port);
+        }
+    }
+    out
 }
 
 /// Istio's per-pod DNS capture switch (`"true"` / `"false"`). Ferry's DNS proxy is opt-in: a

@@ -6,21 +6,29 @@ use ferry_topology::schema::{
     HealthSpec, LbDetail, LbModeSpec, LbSpec, MinHealthySpec, PortSpec, PreferSpec, ServiceSpec,
     VipSpec,
 };
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Serves, Tx, ns_name, setting};
 use crate::objects::ClusterObjects;
 
-/// A TCP port of a Service: its number, its target's, and what it says it speaks (its name
+/// A TCP port of a Service: its number, its target, and what it says it speaks (its name
 /// and `appProtocol`, read as Istio reads them when the topology is converted).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct KubePort {
     pub(super) port: u16,
-    pub(super) target: u16,
+    pub(super) target: Target,
     pub(super) name: Option<String>,
     pub(super) app_protocol: Option<String>,
+}
+
+/// A Service port's `targetPort`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Target {
+    Number(u16),
+    /// A container port's name: each pod serves the port on its own port of that name.
+    Name(String),
 }
 
 /// One cluster's copy of a service, translated.
@@ -183,8 +191,8 @@ impl Tx<'_> {
     }
 
     /// TCP ports with their target ports, names and `appProtocol`s. A named target port is
-    /// looked up on the pods the service selects in this cluster; one that no pod names is left
-    /// out with a note.
+    /// each pod's own port of that name (a pod without one does not serve the port); a target
+    /// of port 0 is left out with a note.
     fn ports(&mut self, c: &ClusterObjects, object: &str, s: &Service) -> Vec<KubePort> {
         let Some(spec) = s.spec.as_ref() else {
             return Vec::new();
@@ -198,12 +206,18 @@ impl Tx<'_> {
                 continue;
             };
             let target = match &p.target_port {
-                None => Some(port),
-                Some(IntOrString::Int(n)) => u16::try_from(*n).ok(),
-                Some(IntOrString::String(named)) => named_port(c, s, named),
+                None => Some(Target::Number(port)),
+                Some(IntOrString::Int(n)) => u16::try_from(*n)
+                    .ok()
+                    .filter(|n| *n != 0)
+                    .map(Target::Number),
+                Some(IntOrString::String(named)) if !named.is_empty() => {
+                    Some(Target::Name(named.clone()))
+                }
+                Some(IntOrString::String(_)) => None,
             };
             match target {
-                Some(t) if t != 0 && port != 0 => out.push(KubePort {
+                Some(t) if port != 0 => out.push(KubePort {
                     port,
                     target: t,
                     name: p.name.clone().filter(|n| !n.is_empty()),
@@ -211,7 +225,7 @@ impl Tx<'_> {
                 }),
                 _ => {
                     let msg = format!(
-                        "port {port} left out: its target port {:?} is not a port of any pod the service selects",
+                        "port {port} left out: its target port {:?} is no port",
                         p.target_port
                     );
                     self.note(&c.cluster, object.to_string(), msg);
@@ -265,7 +279,14 @@ pub(super) fn port_specs(ports: &[KubePort]) -> Vec<PortSpec> {
         .iter()
         .map(|p| PortSpec {
             port: p.port,
-            target_port: Some(p.target),
+            target_port: match &p.target {
+                Target::Number(n) => Some(*n),
+                Target::Name(_) => None,
+            },
+            target_port_name: match &p.target {
+                Target::Number(_) => None,
+                Target::Name(n) => Some(n.clone()),
+            },
             name: p.name.clone(),
             app_protocol: p.app_protocol.clone(),
         })
@@ -280,30 +301,4 @@ pub(super) fn selector_clusters(copies: &[ServiceCopy]) -> Vec<String> {
         .filter(|c| c.selector.is_some() && c.selector == first.selector)
         .map(|c| c.cluster.clone())
         .collect()
-}
-
-/// The number of container port `named` on the first pod `s` selects in `c`.
-fn named_port(c: &ClusterObjects, s: &Service, named: &str) -> Option<u16> {
-    let selector = s.spec.as_ref()?.selector.as_ref()?;
-    let ns = s.metadata.namespace.as_deref().unwrap_or("default");
-    c.pods
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == ns)
-        .filter(|p| selects(selector, p))
-        .find_map(|p| {
-            p.spec
-                .as_ref()?
-                .containers
-                .iter()
-                .flat_map(|k| k.ports.iter().flatten())
-                .find(|cp| cp.name.as_deref() == Some(named))
-                .and_then(|cp| u16::try_from(cp.container_port).ok())
-        })
-}
-
-fn selects(selector: &BTreeMap<String, String>, p: &Pod) -> bool {
-    let labels = p.metadata.labels.as_ref();
-    selector
-        .iter()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
