@@ -156,14 +156,16 @@ fn with_scheme(address: &str, plaintext: bool) -> String {
     }
 }
 
-/// Runs `main` on a two-thread runtime; an error is printed as `ferry <what>: ...`, exit 2.
-fn run_process<F>(what: &str, main: impl FnOnce() -> anyhow::Result<F>) -> ExitCode
+/// Runs `main` on a two-thread runtime whose workers run `on_park` as they go idle; an error
+/// is printed as `ferry <what>: ...`, exit 2.
+fn run_process<F>(what: &str, on_park: fn(), main: impl FnOnce() -> anyhow::Result<F>) -> ExitCode
 where
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
     let result = main().and_then(|fut| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .on_thread_park(on_park)
             .enable_all()
             .build()?
             .block_on(fut)
@@ -177,9 +179,13 @@ where
     }
 }
 
+/// What a worker of the waypoint's and gateway's runtimes does as it goes idle: nothing.
+fn idle_as_is() {}
+
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
-    run_process("node", || {
+    // After a load spike the node gives freed memory back, the workers' caches included.
+    run_process("node", ferry_node::on_worker_park, || {
         let mut control = args.control.read(args.plaintext)?;
         control.admin = Some(args.admin);
         Ok(ferry_node::run(ferry_node::Config {
@@ -244,7 +250,7 @@ pub(crate) struct WaypointArgs {
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
-    run_process("waypoint", || {
+    run_process("waypoint", idle_as_is, || {
         let mut control = args.control.read(PLAINTEXT_NEVER)?;
         control.admin = args.admin;
         Ok(ferry_waypoint::run(ferry_waypoint::Config {
@@ -280,7 +286,7 @@ pub(crate) struct GatewayArgs {
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
-    run_process("gateway", || {
+    run_process("gateway", idle_as_is, || {
         let mut control = args.control.read(PLAINTEXT_NEVER)?;
         control.admin = args.admin;
         Ok(ferry_gateway::run(ferry_gateway::Config {
