@@ -295,9 +295,12 @@ def check_shape(name, objs):
     check(cs.get("hostNetwork") is True, f"{name}: ferry-cni in the host network (no CNI plugin runs for the agent's own pod)")
     check(cs.get("priorityClassName") == "system-node-critical", f"{name}: ferry-cni is system-node-critical")
     agent, install = container(cni, "agent"), container(cni, "install-cni")
-    for ct in (agent, install):
-        caps = ct.get("securityContext", {}).get("capabilities", {})
-        check(caps.get("drop") == ["ALL"] and not caps.get("add"), f"{name}: ferry-cni/{ct['name']} has no capability")
+    caps = install.get("securityContext", {}).get("capabilities", {})
+    check(caps.get("drop") == ["ALL"] and not caps.get("add"), f"{name}: ferry-cni/install-cni has no capability")
+    sc = agent.get("securityContext", {})
+    caps = sc.get("capabilities", {})
+    check(caps.get("drop") == ["ALL"] and sorted(caps.get("add", [])) == ["SYS_ADMIN", "SYS_PTRACE"] and sc.get("privileged") is False,
+          f"{name}: ferry-cni/agent drops every capability but SYS_ADMIN, SYS_PTRACE (pods that started before it); not privileged", str(caps))
     check(flag(n, "--zds-socket") == flag(agent, "--zds-socket"), f"{name}: node proxy and agent name the same ZDS socket", f"{flag(n, '--zds-socket')} / {flag(agent, '--zds-socket')}")
     env = {e["name"]: e.get("value") for e in install.get("env", [])}
     plugin = json.loads(env["PLUGIN_CONFIG"])
@@ -320,6 +323,8 @@ def check_shape(name, objs):
                            ("agent's ZDS socket", cni, agent, flag(agent, "--zds-socket")),
                            ("agent's plugin socket", cni, agent, flag(agent, "--plugin-socket"))):
         check(host_path(o, ct, p) == p, f"{name}: the {what} {p} is the same path on the host", str(host_path(o, ct, p)))
+    proc = flag(agent, "--proc-dir")
+    check(host_path(cni, agent, proc) == "/proc", f"{name}: the agent's --proc-dir {proc} is the host's /proc", str(host_path(cni, agent, proc)))
 
     # Files named by flags (and the node proxy's default files) are in their volumes.
     def resolvable(o, c, path, made):

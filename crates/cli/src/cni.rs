@@ -50,6 +50,10 @@ pub(crate) struct AgentArgs {
     /// Where the enrolled pods are kept across restarts of the agent.
     #[arg(long, default_value = "/var/run/ferry/cni-pods.json")]
     state_file: PathBuf,
+    /// With --node-name: the node's /proc (in a pod: the host's, mounted), where the agent finds
+    /// the network namespaces of pods that started before it, by their IPs.
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    proc_dir: PathBuf,
 }
 
 /// Whether this process was started by the name of the plugin (the runtime runs it so).
@@ -101,6 +105,7 @@ pub(crate) fn run(cmd: CniCommand) -> ExitCode {
                     excluded: args.excluded.into_iter().collect::<BTreeSet<_>>(),
                     state_file: args.state_file,
                     kubernetes,
+                    proc_dir: args.proc_dir,
                 };
                 ferry_cni::agent::run(config).await
             };

@@ -205,6 +205,80 @@ impl World {
         .to_vec()
     }
 
+    /// The arguments of `ferry cni agent` enrolling namespace `default` by its flag.
+    fn agent_args(&self) -> Vec<String> {
+        [
+            "cni",
+            "agent",
+            "--plugin-socket",
+            &self.path("cni.sock"),
+            "--zds-socket",
+            &self.path("zds.sock"),
+            "--namespace",
+            "default",
+            "--state-file",
+            &self.path("agent-pods.json"),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+
+    /// An echo server outside the pods, in the host namespace on the bridge's address
+    /// (198.18.`net`.1:7070), answering each connection's bytes as they come.
+    fn echo_server(&self, rt: &tokio::runtime::Runtime) -> SocketAddr {
+        let host = Netns::open(Path::new(&format!("/var/run/netns/{}", self.host))).unwrap();
+        let server = SocketAddr::from(([198, 18, self.net, 1], 7070));
+        let listener = rt.block_on(host.listen(server)).unwrap();
+        rt.spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = conn.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        server
+    }
+
+    /// A TCP connection from pod namespace `pod` to `to` (an app's socket: no mark, captured).
+    fn connect_from(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        pod: &str,
+        to: SocketAddr,
+    ) -> std::net::TcpStream {
+        let netns = Netns::open(Path::new(&format!("/var/run/netns/{pod}"))).unwrap();
+        let conn = rt
+            .block_on(netns.run(move || std::net::TcpStream::connect_timeout(&to, DEADLINE)))
+            .unwrap()
+            .unwrap();
+        conn.set_read_timeout(Some(DEADLINE)).unwrap();
+        conn
+    }
+
+    /// The pids listening on the node proxy's outbound port in pod namespace `netns`.
+    fn listeners(&self, netns: &str) -> Vec<u32> {
+        let out = run(Command::new("ip").args(["netns", "exec", netns, "ss", "-ltnpH"]));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(":15001 "))
+            .flat_map(|l| l.split("pid=").skip(1))
+            .filter_map(|p| p.split(',').next()?.parse().ok())
+            .collect()
+    }
+
+    fn pid(&self, name: &str) -> u32 {
+        self.procs.iter().find(|(n, _)| n == name).unwrap().1.id()
+    }
+
+    /// Whether process `name` has exited.
+    fn exited(&mut self, name: &str) -> bool {
+        self.procs
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .is_some_and(|(_, c)| c.try_wait().ok().flatten().is_some())
+    }
+
     /// Starts `ferry cni agent --node-name node-1` reading enrollment from `api` (through a
     /// kubeconfig), in the test's own network namespace where `api` listens.
     fn start_kube_agent(&mut self, api: &ApiServer) {
@@ -269,6 +343,8 @@ impl World {
         let _ = Command::new("ip").args(["netns", "del", &ns]).output();
         run(Command::new("ip").args(["netns", "add", &ns]));
         self.pods.push(ns.clone());
+        // Its loopback up, as the runtime sets it up apart from the conflist.
+        run(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"]));
         ns
     }
 
@@ -429,20 +505,7 @@ fn pods_chained_through_ferry_cni_are_served_checked_and_released_and_others_lef
     let mut w = World::new();
     // The control plane, the agent (namespace `default` enrolled) and the node proxy.
     let node_args = w.control_plane();
-    let agent_args: Vec<String> = [
-        "cni",
-        "agent",
-        "--plugin-socket",
-        &w.path("cni.sock"),
-        "--zds-socket",
-        &w.path("zds.sock"),
-        "--namespace",
-        "default",
-        "--state-file",
-        &w.path("agent-pods.json"),
-    ]
-    .map(str::to_string)
-    .to_vec();
+    let agent_args = w.agent_args();
     let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
     let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
     w.start("agent", &agent_args);
@@ -676,17 +739,9 @@ fn a_pod_started_before_the_agent_is_found_by_its_address_and_captured() {
     let node_args = w.control_plane();
     let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
 
-    // The pod's sandbox as the runtime made it before Ferry was there: its loopback up (the
-    // runtime's loopback plugin) and its address from the bridge, and its pause process in it.
+    // The pod's sandbox as the runtime made it before Ferry was there: its address from the
+    // bridge alone, and its pause process in it.
     let web = w.pod("web");
-    let ran = w.plugin(
-        "ADD",
-        &json!({"type": "loopback"}),
-        None,
-        &web,
-        ("default", "web"),
-    );
-    assert!(ran.ok, "loopback ADD: {}", ran.stdout);
     let bridge = w.conflist()["plugins"][0].clone();
     let ran = w.plugin("ADD", &bridge, None, &web, ("default", "web"));
     assert!(ran.ok, "bridge ADD: {}", ran.stdout);
@@ -695,20 +750,7 @@ fn a_pod_started_before_the_agent_is_found_by_its_address_and_captured() {
     w.spawn("pause", Command::new("ip"), &pause);
 
     // A server outside the pod, in the node's namespace, on the bridge's address.
-    let host = Netns::open(Path::new(&format!("/var/run/netns/{}", w.host))).unwrap();
-    let server: SocketAddr = "198.18.62.1:7070".parse().unwrap();
-    let listener = rt.block_on(host.listen(server)).unwrap();
-    rt.spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                if conn.read_to_end(&mut got).await.is_ok() {
-                    let _ = conn.write_all(&got).await;
-                }
-            });
-        }
-    });
+    let server = w.echo_server(&rt);
 
     // Then the agent and the node proxy: the agent finds the pod's namespace by its address
     // among the node's processes, and hands it over.
@@ -740,21 +782,12 @@ fn a_pod_started_before_the_agent_is_found_by_its_address_and_captured() {
     );
 
     // A connection from the pod is carried by the node proxy.
-    let pod = Netns::open(Path::new(&format!("/var/run/netns/{web}"))).unwrap();
-    let echoed = rt
-        .block_on(pod.run(move || -> std::io::Result<Vec<u8>> {
-            use std::io::{Read, Write};
-            let mut conn = std::net::TcpStream::connect_timeout(&server, DEADLINE)?;
-            conn.set_read_timeout(Some(DEADLINE))?;
-            conn.write_all(b"started before the agent")?;
-            conn.shutdown(std::net::Shutdown::Write)?;
-            let mut back = Vec::new();
-            conn.read_to_end(&mut back)?;
-            Ok(back)
-        }))
-        .unwrap()
-        .unwrap();
-    assert_eq!(echoed, b"started before the agent");
+    let mut conn = w.connect_from(&rt, &web, server);
+    assert_eq!(
+        echo(&mut conn, b"started before the agent"),
+        b"started before the agent"
+    );
+    drop(conn);
     w.wait_log("node", "dst.addr=198.18.62.1:7070", 1);
     let log = w.log("node");
     let line = log
@@ -764,6 +797,102 @@ fn a_pod_started_before_the_agent_is_found_by_its_address_and_captured() {
     assert!(line.contains("src.addr=198.18.62.10:"), "{line}");
     drop(w);
     api.stop();
+}
+
+/// Sends `bytes` on `conn` and reads as many back (from the echo server).
+fn echo(conn: &mut std::net::TcpStream, bytes: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    conn.write_all(bytes).unwrap();
+    let mut back = vec![0; bytes.len()];
+    conn.read_exact(&mut back).unwrap();
+    back
+}
+
+#[test]
+fn a_second_node_proxy_takes_the_pods_over_while_the_first_drains_and_connections_go_on() {
+    if !nix_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut w = World::on(63);
+    let node_args = w.control_plane();
+    let agent_args = w.agent_args();
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    w.start("agent", &agent_args);
+    w.wait_log("agent", "node agent serving", 1);
+    let first: Vec<&str> = node_args.iter().map(String::as_str).collect();
+    w.start("node", &first);
+    w.wait_log("agent", "replay acknowledged", 1);
+    let web = w.pod("web");
+    let (ran, _) = w.add(&web, ("default", "web"));
+    assert!(ran.ok, "ADD: {}\nagent:\n{}", ran.stdout, w.log("agent"));
+    let server = w.echo_server(&rt);
+
+    // A connection through the first node proxy, open across the upgrade.
+    let mut open = w.connect_from(&rt, &web, server);
+    assert_eq!(echo(&mut open, b"before"), b"before");
+
+    // The second node proxy (as a DaemonSet surge starts it: its own admin port and files, the
+    // same ZDS socket) takes the agent's replay and serves the pod beside the first.
+    let mut second = node_args.clone();
+    for (flag, value) in [
+        ("--admin", "127.0.0.1:15100".to_string()),
+        ("--api", w.path("node2.sock")),
+        ("--state-file", w.path("node2.pods")),
+    ] {
+        let i = second.iter().position(|a| a == flag).unwrap() + 1;
+        second[i] = value;
+    }
+    let second: Vec<&str> = second.iter().map(String::as_str).collect();
+    w.start("node2", &second);
+    w.wait_log("agent", "replay acknowledged", 2);
+    let (one, two) = (w.pid("node"), w.pid("node2"));
+    assert!(
+        eventually(DEADLINE, || {
+            let l = w.listeners(&web);
+            l.contains(&one) && l.contains(&two)
+        }),
+        "both node proxies listen in the pod: {:?} (first {one}, second {two})",
+        w.listeners(&web)
+    );
+
+    // The first drains: its open connection goes on meanwhile, and it exits once that ends.
+    run(Command::new("kill").args(["-TERM", &one.to_string()]));
+    assert_eq!(echo(&mut open, b"while draining"), b"while draining");
+    drop(open);
+    assert!(
+        eventually(DEADLINE, || w.exited("node")),
+        "the first node proxy did not exit:\n{}",
+        w.log("node")
+    );
+
+    // The second carries new connections; the pod stays captured.
+    let mut after = w.connect_from(&rt, &web, server);
+    assert_eq!(echo(&mut after, b"after"), b"after");
+    drop(after);
+    w.wait_log("node2", &format!("dst.addr={server}"), 1);
+    assert!(w.nat(&web).contains("-A OUTPUT -p tcp -j FERRY_OUT"));
+    let left = w.listeners(&web);
+    assert!(
+        !left.is_empty() && left.iter().all(|p| *p == two),
+        "only the second listens in the pod: {left:?} (second {two})"
+    );
+    // The agent kept the first's connection until it closed it: the two never took turns.
+    assert_eq!(
+        w.log("agent")
+            .matches("node proxy connected; replaying")
+            .count(),
+        2,
+        "{}",
+        w.log("agent")
+    );
+    assert!(
+        !w.log("node")
+            .contains("the node agent closed the connection"),
+        "{}",
+        w.log("node")
+    );
 }
 
 /// Root, asked of `id` as the lab tests do.

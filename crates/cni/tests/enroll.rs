@@ -114,6 +114,7 @@ impl World {
             excluded: BTreeSet::new(),
             state_file: dir.join("pods.json"),
             kubernetes: Some(kubernetes),
+            proc_dir: "/proc".into(),
         };
         let agent = tokio::spawn(async move {
             if let Err(e) = ferry_cni::agent::run(config).await {

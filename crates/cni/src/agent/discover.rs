@@ -86,7 +86,8 @@ pub(crate) fn matches(seen: &[Seen], wanted: &[Wanted]) -> BTreeMap<String, Foun
         .collect()
 }
 
-/// Every network namespace of the processes under `proc` (each once), but the agent's own,
+/// Every network namespace of the processes under `proc` (each once), but the agent's own
+/// (`/proc/self`: `proc` may be the host's procfs mounted elsewhere),
 /// with its interfaces' addresses. A process that ends meanwhile, or whose namespace cannot be
 /// entered, is left out (logged).
 pub(crate) async fn scan(proc: &Path) -> std::io::Result<Vec<Seen>> {

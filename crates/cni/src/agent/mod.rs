@@ -17,7 +17,9 @@
 //! acked it (its capture is in place), and fails when no node proxy is connected or it refused,
 //! so the pod does not start uncaptured (fail closed). When a node proxy (re)connects, the agent
 //! replays every pod it holds and then `snapshot_sent`; the node proxy releases the pods of
-//! its earlier session that the replay left out.
+//! its earlier session that the replay left out. The newest node proxy gets the changes; an
+//! older one still connected (a surge upgrade: the new one started beside it) keeps its
+//! connection, idle, until it drains and closes it, and serves its pods meanwhile.
 
 mod discover;
 mod enroll;
@@ -63,6 +65,9 @@ pub struct Config {
     pub state_file: PathBuf,
     /// Read enrollment from the cluster's labels (else the flags alone decide).
     pub kubernetes: Option<Kubernetes>,
+    /// The node's processes (the host's `/proc`; in a pod, where it is mounted), among whose
+    /// network namespaces the agent finds the pods that started before it.
+    pub proc_dir: PathBuf,
 }
 
 /// What the plugin's questions and the node proxy's connection share.
@@ -270,8 +275,15 @@ impl Agent {
                 tokio::select! {
                     op = rx.recv() => match op {
                         Some(op) => link.carry(op).await?,
-                        // Replaced by a newer connection.
-                        None => return Ok(()),
+                        // Replaced by a newer node proxy (a surge upgrade: the new one took the
+                        // replay and serves the pods beside this one). The connection stays open,
+                        // idle, until this node proxy closes it as it drains: closed by the
+                        // agent, it would connect again and take the pods back.
+                        None => {
+                            tracing::info!(link = id, "a newer node proxy took over; this one's connection is kept, idle, until it closes it");
+                            link.closed().await;
+                            return Ok(());
+                        }
                     },
                     () = link.closed() => return Err(zds::LinkError::Closed),
                 }

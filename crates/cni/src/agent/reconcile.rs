@@ -10,7 +10,6 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +22,6 @@ use super::pods::{Kept, Pod, uid};
 use super::zds::Op;
 use super::{Agent, info};
 use crate::spec::PodRef;
-
-/// Where the node's processes are listed.
-const PROC: &str = "/proc";
 
 /// The first and the longest wait before trying a failed step again.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
@@ -133,7 +129,7 @@ impl Agent {
             self.unknown.lock().clear();
             return false;
         }
-        let seen = match discover::scan(Path::new(PROC)).await {
+        let seen = match discover::scan(&self.config.proc_dir).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "the node's processes could not be listed to find pods that started before the agent; trying again");
