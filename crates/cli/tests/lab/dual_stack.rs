@@ -2,7 +2,8 @@
 //! have an IPv4 and an IPv6 address (2001:2::/48), the service `echo` a VIP of each family. An
 //! IPv6 connection crosses nodes over HBONE to `[v6]:15008` and the app sees the IPv6 client;
 //! the same pods still talk over IPv4. Beside them, pods the node proxy must start cleanly: one
-//! with IPv4 only, one whose namespace has IPv6 disabled, one whose loopback has no `::1`.
+//! with IPv4 only, one whose namespace has IPv6 disabled, one whose loopback has no `::1`; and
+//! one with IPv6 only.
 //!
 //! Every lab app answers `"<name> port <p> saw <peer>"`.
 
@@ -136,6 +137,12 @@ fn ipv6_and_ipv4_pod_to_pod_over_hbone_and_pods_without_ipv6_start_cleanly() {
         .filter(|l| l.contains("\"level\":\"ERROR\""))
         .collect();
     assert!(errors.is_empty(), "main-a logged errors: {errors:#?}");
+    // A pod with IPv6 only: to the service's IPv6 VIP, seen as itself.
+    let r = lab
+        .send("v6only", "[2001:2::10:1]:80", "v6 only")
+        .expect("v6only");
+    assert!(r.starts_with("echo port 8080 saw ["), "{r}");
+    assert_eq!(saw(&r), "2001:2::1:14", "{r}");
     // IPv6 from the pod without ::1 is captured all the same: it never reaches echo past the
     // proxy (its redirect to ::1 has nowhere to land).
     let r = lab.send("nolo6", "[2001:2::2:20]:8080", "past the proxy?");

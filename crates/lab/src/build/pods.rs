@@ -32,6 +32,11 @@ pub(super) fn create(
     for (j, w) in workloads.iter().enumerate() {
         let ns = netns(state, format!("{id}-p{j}"))?;
         let ipv6 = w.labels.get(IPV6_LABEL).map(String::as_str);
+        if w.addresses[0].is_ipv6() {
+            // An IPv6-only pod: its first address goes on with the link, usable at once (no
+            // duplicate address detection, as `nodad` for the others).
+            sysctl(&ns, "net.ipv6.conf.default.accept_dad=0")?;
+        }
         attach(
             &ns,
             &with_prefix(w.addresses[0]),
@@ -89,15 +94,7 @@ fn prepare_ipv6(ns: &str, label: Option<&str>, more: &[IpAddr]) -> anyhow::Resul
     };
     if disabled {
         for conf in ["all", "default"] {
-            run(Command::new("ip").args([
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-q",
-                "-w",
-                &format!("net.ipv6.conf.{conf}.disable_ipv6=1"),
-            ]))?;
+            sysctl(ns, &format!("net.ipv6.conf.{conf}.disable_ipv6=1"))?;
         }
     }
     for addr in more {
@@ -112,6 +109,11 @@ fn prepare_ipv6(ns: &str, label: Option<&str>, more: &[IpAddr]) -> anyhow::Resul
         ip(&args)?;
     }
     Ok(())
+}
+
+/// Sets `setting` (`key=value`) inside the namespace `ns`.
+fn sysctl(ns: &str, setting: &str) -> anyhow::Result<()> {
+    run(Command::new("ip").args(["netns", "exec", ns, "sysctl", "-q", "-w", setting]))
 }
 
 /// Every port a service targets, so any service's traffic finds the app listening.
