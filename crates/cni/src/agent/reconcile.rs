@@ -129,6 +129,7 @@ impl Agent {
             self.unknown.lock().clear();
             return false;
         }
+        let started = tokio::time::Instant::now();
         let seen = match discover::scan(&self.config.proc_dir).await {
             Ok(s) => s,
             Err(e) => {
@@ -136,6 +137,12 @@ impl Agent {
                 return true;
             }
         };
+        tracing::info!(
+            pods = wanted.len(),
+            namespaces = seen.len(),
+            scan_ms = started.elapsed().as_millis() as u64,
+            "looked for pods that started before the agent among the node's network namespaces"
+        );
         let found = discover::matches(
             &seen,
             &wanted.iter().map(|(_, w)| w.clone()).collect::<Vec<_>>(),
