@@ -231,7 +231,11 @@ pub(crate) fn connect_then(
 /// outbound capture lets it pass; it must go to a port the destination leaves uncaptured, such
 /// as [`DIRECT_ECHO_PORT`], to reach the app without its node proxy: the same wire, no proxy).
 pub(crate) async fn dial(to: SocketAddr, direct: bool) -> std::io::Result<TcpStream> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(to),
+        socket2::Type::STREAM,
+        None,
+    )?;
     if direct {
         s.set_mark(0x539)?;
     }
