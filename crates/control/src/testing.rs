@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+pub mod sim;
+
 /// A topology file of `workloads` pods and `services` services over two clusters on two
 /// networks and 100 nodes: service `svcK` selects the pods labelled `app: svcK` (pod `i` is
 /// labelled `svc(i % services)`), every even service is global, a namespace policy allows the
