@@ -68,7 +68,8 @@ pub struct Config {
     pub server_names: Vec<String>,
 }
 
-/// What one client may open on the gRPC port (CA and xDS alike).
+/// What one client may open on the gRPC port (CA and xDS alike), and how often its xDS stream
+/// is pushed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServeLimits {
     /// Concurrent HTTP/2 streams on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`); a
@@ -76,6 +77,9 @@ pub struct ServeLimits {
     pub streams_per_connection: u32,
     /// Open connections from one peer IP; more are closed at accept.
     pub connections_per_peer: usize,
+    /// The least time between two pushes of changes on one xDS stream: a burst of edits within
+    /// it reaches a node as one push (`XdsServer::with_push_interval`).
+    pub push_interval: Duration,
 }
 
 impl Default for ServeLimits {
@@ -83,6 +87,7 @@ impl Default for ServeLimits {
         Self {
             streams_per_connection: 32,
             connections_per_peer: 16,
+            push_interval: crate::xds_server::DEFAULT_PUSH_INTERVAL,
         }
     }
 }
@@ -186,8 +191,9 @@ pub async fn serve_live(
             tokio::spawn(k.run(store.clone(), res_tx, reload_tx, kube_metrics.clone()))
         }
     };
-    let xds =
-        XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone())).with_k8s(k8s.clone());
+    let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()))
+        .with_k8s(k8s.clone())
+        .with_push_interval(config.limits.push_interval);
     let metrics = xds.metrics();
     let metrics_listener = TcpListener::bind(config.metrics_listen)
         .await

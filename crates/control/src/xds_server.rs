@@ -8,10 +8,19 @@
 //! was last brought to. The difference from one set to the next is computed once per change
 //! and type ([`Diffs`]) and fanned out to every stream that held the same set. Every push
 //! carries a nonce; a NACK (a request with that nonce and `error_detail`) is logged and counted.
+//!
+//! Flow control: a stream builds a response only once the transport has taken the one before
+//! (one waits at most), so a node that stops reading (its HTTP/2 window full) stops the building
+//! and costs the server no more memory however many edits come; when it reads again it gets one
+//! difference from what it holds to the latest set, never each version in between. Changes are
+//! pushed to a stream at most once per push interval ([`XdsServer::with_push_interval`],
+//! [`DEFAULT_PUSH_INTERVAL`]): a change after a quiet interval goes out at once, the changes of
+//! a burst within it go out together.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use ferry_api::discovery::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -21,6 +30,7 @@ use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ferry_xds::resources::{Diff, ResourceSet, diff, diff_sets};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -42,7 +52,12 @@ pub struct XdsServer {
     metrics: Arc<Metrics>,
     diffs: Arc<Diffs>,
     connected: Arc<Connected>,
+    /// The least time between two pushes of changes on one stream.
+    push_interval: Duration,
 }
+
+/// The default of [`XdsServer::with_push_interval`].
+pub const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_millis(5);
 
 impl XdsServer {
     pub fn new(
@@ -61,7 +76,17 @@ impl XdsServer {
             metrics: Arc::new(Metrics::default()),
             diffs: Arc::default(),
             connected: Arc::default(),
+            push_interval: DEFAULT_PUSH_INTERVAL,
         }
+    }
+
+    /// Pushes a change to a stream no sooner than `interval` after its last push of one: the
+    /// changes made meanwhile (a burst of edits) go out together, as one difference from what
+    /// the node holds to the latest set. A change after a quiet interval goes out at once.
+    #[must_use]
+    pub fn with_push_interval(mut self, interval: Duration) -> Self {
+        self.push_interval = interval;
+        self
     }
 
     /// Also accepts Kubernetes service-account tokens (checked from the headers too).
@@ -136,7 +161,8 @@ impl AggregatedDiscoveryService for XdsServer {
             .to_string();
         self.metrics.streams.inc();
         tracing::info!(node = %node, cluster = %cluster, "xDS stream opened");
-        let (tx, rx) = mpsc::channel(16);
+        // One response waits for the transport at a time (see `Stream_::run`).
+        let (tx, rx) = mpsc::channel(1);
         let stream = Stream_ {
             inbound: request.into_inner(),
             tx,
@@ -148,6 +174,7 @@ impl AggregatedDiscoveryService for XdsServer {
             peer,
             connected: self.connected.clone(),
             registration: None,
+            push_interval: self.push_interval,
         };
         tokio::spawn(stream.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -167,6 +194,7 @@ struct Stream_ {
     connected: Arc<Connected>,
     /// Lists this stream's program in `connected` from its first request with a node.
     registration: Option<Registration>,
+    push_interval: Duration,
     /// Counts this stream in `ferry_xds_streams_open` while it lives.
     _open: OpenStream,
 }
@@ -253,11 +281,27 @@ impl Drop for OpenStream {
 }
 
 impl Stream_ {
+    /// Reads the client's requests and pushes as the transport takes responses: a response is
+    /// built only once the one before it has been taken (the channel holds one), so a client
+    /// that stops reading stops the building, and when it reads again it is brought from what
+    /// it holds to the latest set in one difference per type. At most one change is pushed per
+    /// [`XdsServer::with_push_interval`]; the changes within it go out as one.
     async fn run(mut self) {
         let mut types: HashMap<String, Held> = HashMap::new();
         let mut nonce = 0u64;
+        // Types subscribed and not yet answered, in order.
+        let mut first: VecDeque<String> = VecDeque::new();
+        // Built from one change, waiting for room (at most one: the change's second type).
+        let mut queue: VecDeque<DeltaDiscoveryResponse> = VecDeque::new();
+        // The served set changed since the last push.
+        let mut stale = false;
+        let mut last_push: Option<Instant> = None;
         loop {
+            let ready_at = last_push.map(|t| t + self.push_interval);
+            let due = ready_at.is_none_or(|t| Instant::now() >= t);
+            let work = !queue.is_empty() || !first.is_empty() || (stale && due);
             tokio::select! {
+                biased;
                 msg = self.inbound.message() => {
                     let req = match msg {
                         Ok(Some(r)) => r,
@@ -267,72 +311,93 @@ impl Stream_ {
                             break;
                         }
                     };
-                    if self.registration.is_none()
-                        && let Some(n) = &req.node
-                    {
-                        self.registration = Some(self.connected.register(&self.node, n, self.peer));
-                    }
-                    if req.type_url != ADDRESS_TYPE && req.type_url != AUTHORIZATION_TYPE {
-                        tracing::debug!(node = %self.node, type_url = %req.type_url, "ignoring an unknown type");
-                        continue;
-                    }
-                    if !req.response_nonce.is_empty() {
-                        match &req.error_detail {
-                            Some(e) => {
-                                self.metrics.nacks.inc();
-                                tracing::warn!(node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce, detail = %e.message, "xDS NACK");
-                            }
-                            None => {
-                                self.metrics.acks.inc();
-                            }
-                        }
-                        if types.contains_key(&req.type_url) {
-                            continue;
-                        }
-                    }
-                    if types.contains_key(&req.type_url) {
-                        continue;
-                    }
-                    let held = Held::Initial(req.initial_resource_versions.into_iter().collect());
-                    types.insert(req.type_url.clone(), held);
-                    let current = self.resources.borrow().clone();
-                    if !self.push(&mut types, &req.type_url, &current, &mut nonce, true).await {
-                        break;
+                    if let Some(type_url) = self.request(&mut types, req) {
+                        first.push_back(type_url);
                     }
                 }
-                changed = self.resources.changed() => {
+                changed = self.resources.changed(), if !stale => {
                     if changed.is_err() {
                         break;
                     }
-                    // One set for every type of this change: no type may miss it.
-                    let current = self.resources.borrow_and_update().clone();
-                    let mut urls: Vec<String> = types.keys().cloned().collect();
-                    // Policies before addresses: a workload never references a policy the node
-                    // does not have yet (no window without its ALLOW policy).
-                    urls.sort_by_key(|t| t.as_str() != AUTHORIZATION_TYPE);
-                    for t in urls {
-                        if !self.push(&mut types, &t, &current, &mut nonce, false).await {
-                            return;
+                    stale = true;
+                }
+                permit = self.tx.clone().reserve_owned(), if work => {
+                    let Ok(permit) = permit else {
+                        break;
+                    };
+                    if queue.is_empty() {
+                        if let Some(type_url) = first.pop_front() {
+                            let current = self.resources.borrow().clone();
+                            queue.extend(self.push(&mut types, &type_url, &current, &mut nonce, true));
+                        } else {
+                            // One set for every type of this change: no type may miss it.
+                            let current = self.resources.borrow_and_update().clone();
+                            stale = false;
+                            last_push = Some(Instant::now());
+                            let mut urls: Vec<String> = types.keys().cloned().collect();
+                            // Policies before addresses: a workload never references a policy
+                            // the node does not have yet (no window without its ALLOW policy).
+                            urls.sort_by_key(|t| t.as_str() != AUTHORIZATION_TYPE);
+                            for t in urls {
+                                queue.extend(self.push(&mut types, &t, &current, &mut nonce, false));
+                            }
                         }
                     }
+                    if let Some(response) = queue.pop_front() {
+                        permit.send(Ok(response));
+                    }
                 }
+                () = sleep_until_or_never(ready_at), if stale && !due => {}
             }
         }
     }
 
-    /// Sends what the client lacks of `type_url` (always on the first push). False when the
-    /// client is gone.
-    async fn push(
+    /// Takes one request: counts ACKs and NACKs and returns the type when it subscribes to one
+    /// for the first time on this stream (its `initial_resource_versions` kept in `types`).
+    fn request(
         &mut self,
+        types: &mut HashMap<String, Held>,
+        req: DeltaDiscoveryRequest,
+    ) -> Option<String> {
+        if self.registration.is_none()
+            && let Some(n) = &req.node
+        {
+            self.registration = Some(self.connected.register(&self.node, n, self.peer));
+        }
+        if req.type_url != ADDRESS_TYPE && req.type_url != AUTHORIZATION_TYPE {
+            tracing::debug!(node = %self.node, type_url = %req.type_url, "ignoring an unknown type");
+            return None;
+        }
+        if !req.response_nonce.is_empty() {
+            match &req.error_detail {
+                Some(e) => {
+                    self.metrics.nacks.inc();
+                    tracing::warn!(node = %self.node, type_url = %req.type_url, nonce = %req.response_nonce, detail = %e.message, "xDS NACK");
+                }
+                None => {
+                    self.metrics.acks.inc();
+                }
+            }
+        }
+        if types.contains_key(&req.type_url) {
+            return None;
+        }
+        let held = Held::Initial(req.initial_resource_versions.into_iter().collect());
+        types.insert(req.type_url.clone(), held);
+        Some(req.type_url)
+    }
+
+    /// What the client lacks of `type_url` (always a response on the first push; none when
+    /// nothing changed). The client is taken to hold `current`'s resources from then on.
+    fn push(
+        &self,
         types: &mut HashMap<String, Held>,
         type_url: &str,
         current: &Arc<ResourceSet>,
         nonce: &mut u64,
         first: bool,
-    ) -> bool {
-        let Some(held) = types.get_mut(type_url) else {
-            return true;
-        };
+    ) -> Option<DeltaDiscoveryResponse> {
+        let held = types.get_mut(type_url)?;
         let d = match held {
             Held::Set(prev) if Arc::ptr_eq(prev, current) => Arc::default(),
             Held::Set(prev) => self.diffs.between(prev, current, type_url),
@@ -344,7 +409,7 @@ impl Stream_ {
         // Whatever is sent below, the client then holds exactly `current`'s resources.
         *held = Held::Set(current.clone());
         if d.is_empty() && !first {
-            return true;
+            return None;
         }
         *nonce += 1;
         let resources: Vec<Resource> = d
@@ -370,7 +435,14 @@ impl Stream_ {
             nonce: nonce.to_string(),
             removed_resources: d.removed.clone(),
         };
-        drop(d);
-        self.tx.send(Ok(response)).await.is_ok()
+        Some(response)
+    }
+}
+
+/// Sleeps until `at`; never wakes without one.
+async fn sleep_until_or_never(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

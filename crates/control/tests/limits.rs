@@ -192,6 +192,7 @@ async fn streams_per_connection_are_advertised_and_connections_per_peer_capped()
     let limits = ServeLimits {
         streams_per_connection: 7,
         connections_per_peer: 2,
+        ..ServeLimits::default()
     };
     let s = serve("conns", true, limits).await;
     // HTTP/2 without TLS (plaintext mode): the server's SETTINGS carry the stream cap.
