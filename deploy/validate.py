@@ -186,8 +186,15 @@ def check_rbac(name, objs):
     expected = {k: {"list", "watch"} for k in watched}
     if writes_status:
         expected[("multicluster.x-k8s.io", "serviceexports/status")] = {"patch"}
+    with open(os.path.join(ROOT, "crates/k8s/src/imports.rs")) as f:
+        imports = f.read()
+    if "Patch::Apply" in imports:
+        # Server-side apply creates a missing ServiceImport.
+        expected[("multicluster.x-k8s.io", "serviceimports")] |= {"create", "patch"}
+    if ".delete(" in imports:
+        expected[("multicluster.x-k8s.io", "serviceimports")] |= {"delete"}
     extra = {k: sorted(v - expected.get(k, set())) for k, v in granted.items() if v - expected.get(k, set())}
-    check(not extra and granted.keys() == expected.keys(), f"{name}: ClusterRole ferry-control grants nothing more (ServiceExport status: patch)", f"extra {extra}, expected {sorted(expected)}")
+    check(not extra and granted.keys() == expected.keys(), f"{name}: ClusterRole ferry-control grants nothing more (ServiceExport status: patch; ServiceImport: create, patch, delete)", f"extra {extra}, expected {sorted(expected)}")
 
 
 def cni_agent_rules():

@@ -14,6 +14,7 @@
 pub mod client;
 pub mod crd;
 pub mod enrollment;
+mod imports;
 pub mod objects;
 pub mod remote;
 mod repair;

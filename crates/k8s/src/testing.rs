@@ -60,7 +60,9 @@ struct State {
     lists: u64,
     gone: u64,
     patches: u64,
-    /// Every patch served, in order.
+    /// Server-side applies served.
+    applies: u64,
+    /// Every status patch served, in order.
     patch_log: Vec<Patched>,
 }
 
@@ -143,6 +145,16 @@ impl FieldSelector {
             got.and_then(Value::as_str).unwrap_or("") == want
         })
     }
+}
+
+/// The collection and `namespace/name` key of one object's path
+/// (`<group path>/namespaces/<ns>/<plural>/<name>`).
+fn object_path(path: &str) -> Option<(String, String)> {
+    let parts: Vec<&str> = path.rsplitn(5, '/').collect();
+    let [name, plural, ns, "namespaces", prefix] = parts.as_slice() else {
+        return None;
+    };
+    Some((format!("{prefix}/{plural}"), format!("{ns}/{name}")))
 }
 
 /// The collection a request's path reads and the namespace it narrows to: a namespaced path
@@ -384,8 +396,14 @@ impl ApiServer {
                 return status(code, "Refused", "refused by the test");
             }
         }
+        if req.method() == hyper::Method::PATCH && !path.ends_with("/status") {
+            return self.server_side_apply(&path, req).await;
+        }
         if req.method() == hyper::Method::PATCH {
             return self.patch_status(&path, req).await;
+        }
+        if req.method() == hyper::Method::DELETE {
+            return self.delete_at(&path);
         }
         let raw_query = req.uri().query().unwrap_or("");
         let selector =
@@ -457,6 +475,81 @@ impl ApiServer {
         }
         self.apply(object.clone());
         json_response(StatusCode::OK, &object)
+    }
+
+    /// `PATCH <group path>/namespaces/<ns>/<plural>/<name>` as server-side apply
+    /// (`application/apply-patch+yaml`, a whole object): created if absent, else merged into
+    /// the stored object (a simplification of field ownership: the applier owns what it
+    /// sends); an ADDED or MODIFIED event.
+    async fn server_side_apply(&self, path: &str, req: Request<Incoming>) -> Response<Body> {
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if content_type != "application/apply-patch+yaml" {
+            return status(
+                415,
+                "UnsupportedMediaType",
+                "only server-side apply is served here",
+            );
+        }
+        let Some((collection, key)) = object_path(path) else {
+            return status(404, "NotFound", "not a namespaced object");
+        };
+        let Ok(body) = req.into_body().collect().await else {
+            return status(400, "BadRequest", "unreadable body");
+        };
+        let Ok(applied) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
+            return status(400, "BadRequest", "not JSON");
+        };
+        if collection_of_value(&applied) != collection || key_of(&applied) != key {
+            return status(
+                400,
+                "BadRequest",
+                "the object is not the one the path names",
+            );
+        }
+        let mut object = self
+            .state
+            .lock()
+            .collections
+            .get(&collection)
+            .and_then(|c| c.get(&key))
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        json_patch::merge(&mut object, &applied);
+        self.state.lock().applies += 1;
+        self.apply(object.clone());
+        json_response(StatusCode::OK, &object)
+    }
+
+    /// `DELETE <group path>/namespaces/<ns>/<plural>/<name>`: a DELETED event.
+    fn delete_at(&self, path: &str) -> Response<Body> {
+        let Some((collection, key)) = object_path(path) else {
+            return status(404, "NotFound", "not a namespaced object");
+        };
+        let object = self
+            .state
+            .lock()
+            .collections
+            .get(&collection)
+            .and_then(|c| c.get(&key))
+            .cloned();
+        let Some(object) = object else {
+            return status(404, "NotFound", "no such object");
+        };
+        self.delete(
+            object["apiVersion"].as_str().unwrap_or("v1"),
+            object["kind"].as_str().unwrap_or(""),
+            &key,
+        );
+        json_response(StatusCode::OK, &object)
+    }
+
+    /// Server-side applies served so far.
+    pub fn applies(&self) -> u64 {
+        self.state.lock().applies
     }
 
     /// Status patches served so far.

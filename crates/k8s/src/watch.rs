@@ -11,7 +11,8 @@
 //!   reported in [`WatchStatus`].
 //! - The translation runs on a blocking thread, never on the async runtime.
 //! - Each `ServiceExport`'s `Conflict` condition is written back when it changes
-//!   ([`crate::status`]).
+//!   ([`crate::status`]), and the cluster-set addresses Ferry allocates are kept in
+//!   `ServiceImport`s ([`crate::imports`]).
 //! - With [`WatchConfig::remote_secrets`], remote clusters come and go with Istio's remote
 //!   secrets in the local cluster ([`secrets`]).
 
@@ -242,12 +243,14 @@ pub async fn run<F>(
             let mut t = translate(&mesh, &objects);
             t.notes.splice(0..0, decoding);
             let exports = std::mem::take(&mut t.exports);
-            (t.into_topology(), exports)
+            let imports = std::mem::take(&mut t.imports);
+            (t.into_topology(), exports, imports)
         })
         .await;
         let outcome = match outcome {
-            Ok((outcome, exports)) => {
+            Ok((outcome, exports, imports)) => {
                 export_status.write(&clients, &exports).await;
+                crate::imports::write(&clients, &imports).await;
                 Ok(outcome)
             }
             Err(e) => Err(e),

@@ -15,19 +15,65 @@
 //! - Where exporting copies disagree on ports, selector or waypoint, the first exporting
 //!   cluster's copy is used and every other exporting cluster gets a note on its
 //!   `ServiceExport` (the MCS API's `Conflict` condition).
+//! - An allocated address is kept where the MCS API keeps a cluster-set address: a
+//!   `ServiceImport` (`spec.ips`, `type: ClusterSetIP`) of the same namespace and name in each
+//!   cluster of a network that had none, labelled [`MANAGED_BY`]`: ferry` (see
+//!   [`ImportWrite`]). Read back at the next translation, and after a restart, it is the
+//!   service's address from then on, whatever else is exported or unexported. Ferry deletes the
+//!   imports it wrote once the service is no longer exported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use ferry_topology::schema::{ScopeSpec, ServiceSpec, VipSpec};
 
-use super::services::{ServiceCopy, port_specs, selector_clusters};
+use super::services::{KubePort, ServiceCopy, port_specs, selector_clusters};
 use super::{Tx, ns_name};
+
+/// The label on the `ServiceImport`s Ferry writes, with the value `ferry`.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// A `ServiceImport` that keeps the cluster-set address Ferry allocated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportWrite {
+    pub ips: Vec<String>,
+    /// The service's ports: `(port, name)`.
+    pub ports: Vec<(u16, Option<String>)>,
+}
+
+impl ImportWrite {
+    /// The object, for server-side apply.
+    pub fn object(&self, namespace: &str, name: &str) -> serde_json::Value {
+        let ports: Vec<serde_json::Value> = self
+            .ports
+            .iter()
+            .map(|(port, pname)| match pname {
+                Some(n) => serde_json::json!({"port": port, "protocol": "TCP", "name": n}),
+                None => serde_json::json!({"port": port, "protocol": "TCP"}),
+            })
+            .collect();
+        serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+            "kind": "ServiceImport",
+            "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY: "ferry"}},
+            "spec": {"type": "ClusterSetIP", "ips": self.ips, "ports": ports},
+        })
+    }
+}
 
 impl Tx<'_> {
     pub(super) fn clusterset(&mut self) {
         let copies = std::mem::take(&mut self.copies);
         let mut used = self.used_addresses();
+        // Every import's address is taken: an allocation never moves onto one kept for
+        // another service.
+        used.extend(
+            self.clusters
+                .iter()
+                .flat_map(|c| &c.service_imports)
+                .flat_map(|i| &i.spec.ips)
+                .filter_map(|ip| ip.parse::<IpAddr>().ok()),
+        );
         // `(cluster, namespace, name)` of every export, and its scope.
         let mut exports: BTreeMap<(String, String, String), ScopeSpec> = BTreeMap::new();
         for c in self.clusters.clone() {
@@ -82,7 +128,7 @@ impl Tx<'_> {
                 })
                 .collect();
             let owned: Vec<ServiceCopy> = exporting.iter().map(|c| (*c).clone()).collect();
-            let vips = self.clusterset_addresses(ns, name, &mut used);
+            let vips = self.clusterset_addresses(ns, name, &first.ports, &mut used);
             self.file.services.push(ServiceSpec {
                 name: name.clone(),
                 namespace: Some(ns.clone()),
@@ -97,6 +143,16 @@ impl Tx<'_> {
                 load_balancing: first.load_balancing(),
                 ..ServiceSpec::default()
             });
+        }
+        // The imports Ferry wrote for services no longer exported.
+        for c in &self.clusters {
+            for i in &c.service_imports {
+                let (ns, name) = ns_name(&i.metadata);
+                let exported = exports.keys().any(|(_, n, m)| *n == ns && *m == name);
+                if ferry_managed(i) && !exported {
+                    self.imports.insert((c.cluster.clone(), ns, name), None);
+                }
+            }
         }
         // Exports of nothing.
         for (cluster, ns, name) in exports.keys() {
@@ -117,6 +173,7 @@ impl Tx<'_> {
         &mut self,
         ns: &str,
         name: &str,
+        ports: &[KubePort],
         used: &mut BTreeSet<IpAddr>,
     ) -> Vec<VipSpec> {
         let mut vips = Vec::new();
@@ -163,12 +220,52 @@ impl Tx<'_> {
                         address: ip.to_string(),
                     });
                 }
+                self.keep_allocation(ns, name, ip, ports, &covered);
             } else {
                 let msg = "no free cluster-set address left in the configured range; reachable by name only";
                 self.note("(mesh)", format!("ServiceExport {ns}/{name}"), msg);
             }
         }
         vips
+    }
+
+    /// Writes the allocated `ip` of `ns/name` to a `ServiceImport` in every cluster on a
+    /// network not `covered` by an import's address, unless another controller owns the
+    /// import there.
+    fn keep_allocation(
+        &mut self,
+        ns: &str,
+        name: &str,
+        ip: IpAddr,
+        ports: &[KubePort],
+        covered: &BTreeSet<String>,
+    ) {
+        let write = ImportWrite {
+            ips: vec![ip.to_string()],
+            ports: ports.iter().map(|p| (p.port, p.name.clone())).collect(),
+        };
+        for c in &self.clusters {
+            let network = self
+                .file
+                .clusters
+                .iter()
+                .find(|k| k.name == c.cluster)
+                .map(|k| k.network.clone())
+                .unwrap_or_default();
+            if covered.contains(&network) {
+                continue;
+            }
+            let existing = c
+                .service_imports
+                .iter()
+                .find(|i| ns_name(&i.metadata) == (ns.to_string(), name.to_string()));
+            if existing.is_none_or(ferry_managed) {
+                self.imports.insert(
+                    (c.cluster.clone(), ns.to_string(), name.to_string()),
+                    Some(write.clone()),
+                );
+            }
+        }
     }
 
     /// Every address the file holds so far, and every pod address.
@@ -197,6 +294,11 @@ impl Tx<'_> {
             .filter_map(|a| a.parse().ok())
             .collect()
     }
+}
+
+/// An import Ferry wrote.
+fn ferry_managed(i: &crate::crd::ServiceImport) -> bool {
+    super::label(&i.metadata, MANAGED_BY) == Some("ferry")
 }
 
 /// The narrower of two scopes (local is narrowest; two lists: the clusters in both).

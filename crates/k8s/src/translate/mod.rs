@@ -61,7 +61,7 @@
 
 mod endpoints;
 mod manual;
-mod mcs;
+pub mod mcs;
 mod peer_auth;
 mod places;
 mod pod_status;
@@ -133,6 +133,10 @@ pub struct Translation {
     /// The `Conflict` condition every `ServiceExport` should carry: `(cluster, namespace,
     /// name)` to the conflict's message, or `None` for no conflict.
     pub exports: BTreeMap<(String, String, String), Option<String>>,
+    /// The `ServiceImport`s Ferry keeps its allocated cluster-set addresses in: `(cluster,
+    /// namespace, name)` to the import to write, or `None` to delete one it wrote that is no
+    /// longer wanted. Only what differs from the objects read.
+    pub imports: BTreeMap<(String, String, String), Option<mcs::ImportWrite>>,
 }
 
 impl Translation {
@@ -159,6 +163,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
         pod_states: BTreeMap::new(),
         copies: Vec::new(),
         exports: BTreeMap::new(),
+        imports: BTreeMap::new(),
     };
     tx.places();
     tx.endpoints();
@@ -173,6 +178,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
         file: tx.file,
         notes: tx.notes,
         exports: tx.exports,
+        imports: tx.imports,
     }
 }
 
@@ -200,6 +206,8 @@ struct Tx<'a> {
     copies: Vec<(String, String, Vec<services::ServiceCopy>)>,
     /// Each `ServiceExport`'s conflict, if any.
     exports: BTreeMap<(String, String, String), Option<String>>,
+    /// The `ServiceImport`s to write or delete.
+    imports: BTreeMap<(String, String, String), Option<mcs::ImportWrite>>,
 }
 
 impl Tx<'_> {
