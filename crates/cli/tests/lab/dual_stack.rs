@@ -3,7 +3,7 @@
 //! IPv6 connection crosses nodes over HBONE to `[v6]:15008` and the app sees the IPv6 client;
 //! the same pods still talk over IPv4. Beside them, pods the node proxy must start cleanly: one
 //! with IPv4 only, one whose namespace has IPv6 disabled, one whose loopback has no `::1`; and
-//! one with IPv6 only.
+//! one with IPv6 only. `sleep`'s DNS queries, over either family, get A and AAAA answers.
 //!
 //! Every lab app answers `"<name> port <p> saw <peer>"`.
 
@@ -84,6 +84,29 @@ fn ipv6_and_ipv4_pod_to_pod_over_hbone_and_pods_without_ipv6_start_cleanly() {
             Starts("path", "hbone"),
         ],
     );
+
+    // sleep's DNS queries (captured) for echo's name, sent over IPv4 and over IPv6 to a server
+    // that does not exist: its node proxy answers A with the IPv4 VIP, AAAA with the IPv6 one.
+    for server in ["198.18.0.53", "2001:2::53"] {
+        for (ty, vip) in [("A", "198.18.10.1"), ("AAAA", "2001:2::10:1")] {
+            let out = lab.output(&[
+                "dig",
+                "sleep",
+                "echo.default.svc.cluster.local",
+                "--type",
+                ty,
+                "--server",
+                server,
+            ]);
+            let a = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{ty} via {server}: {out:?}");
+            assert!(
+                a.starts_with("rcode No Error via udp"),
+                "{ty} via {server}: {a}"
+            );
+            assert!(a.contains(vip), "{ty} via {server}: {a}");
+        }
+    }
 
     // The same pods over IPv4.
     for to in ["198.18.2.20:8080", "198.18.10.1:80"] {
