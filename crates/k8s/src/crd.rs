@@ -1,5 +1,6 @@
 //! The custom resources the translation reads, as far as it reads them: Gateway API's
-//! `Gateway` (`gateway.networking.k8s.io/v1`, waypoints and east-west gateways) and Istio's
+//! `Gateway` (`gateway.networking.k8s.io/v1`, waypoints and east-west gateways) and
+//! `HTTPRoute` (routes attached to a Service), Istio's
 //! `AuthorizationPolicy` and `PeerAuthentication` (`security.istio.io/v1`).
 //!
 //! A `Gateway`'s fields Ferry does not use are ignored. An `AuthorizationPolicy` keeps every
@@ -223,4 +224,76 @@ pub struct ServiceImport {
 pub struct ServiceImportSpec {
     #[serde(default)]
     pub ips: Vec<String>,
+}
+
+/// A Gateway API `HTTPRoute` (`gateway.networking.k8s.io/v1`), as far as it is read: attached
+/// to a Service (GAMMA), it is that Service's waypoint's routes. Fields Ferry does not apply are
+/// kept in `other` maps, so that a rule using one is left out rather than read as something
+/// else.
+#[derive(Clone, Debug, Deserialize)]
+pub struct HttpRoute {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: HttpRouteSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteSpec {
+    #[serde(default)]
+    pub parent_refs: Vec<RouteRef>,
+    #[serde(default)]
+    pub rules: Vec<HttpRouteRule>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// A `parentRef` or `backendRef`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RouteRef {
+    pub group: Option<String>,
+    pub kind: Option<String>,
+    pub name: String,
+    pub namespace: Option<String>,
+    pub port: Option<u16>,
+    pub weight: Option<u32>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteRule {
+    #[serde(default)]
+    pub matches: Vec<HttpRouteMatch>,
+    #[serde(default)]
+    pub backend_refs: Vec<RouteRef>,
+    pub timeouts: Option<BTreeMap<String, String>>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct HttpRouteMatch {
+    pub path: Option<PathMatch>,
+    #[serde(default)]
+    pub headers: Vec<HeaderMatch>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PathMatch {
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
+    pub value: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct HeaderMatch {
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
+    pub name: String,
+    pub value: String,
 }

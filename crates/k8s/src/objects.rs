@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::crd::{
-    AuthorizationPolicy, Gateway, PeerAuthentication, PolicySpec, ServiceExport, ServiceImport,
-    WorkloadSelector,
+    AuthorizationPolicy, Gateway, HttpRoute, PeerAuthentication, PolicySpec, ServiceExport,
+    ServiceImport, WorkloadSelector,
 };
 
 /// Everything of one cluster the translation reads.
@@ -39,6 +39,8 @@ pub struct ClusterObjects {
     pub peer_authentications: Vec<PeerAuthentication>,
     pub service_exports: Vec<ServiceExport>,
     pub service_imports: Vec<ServiceImport>,
+    /// Gateway API routes: those attached to a Service are its waypoint's routes.
+    pub http_routes: Vec<HttpRoute>,
 }
 
 /// Something the translation left out or changed, and why: logged and counted by the caller.
@@ -145,6 +147,10 @@ impl ClusterObjects {
             },
             ("gateway.networking.k8s.io", "Gateway") => match serde_json::from_value(value) {
                 Ok(o) => self.gateways.push(o),
+                Err(e) => bad(e),
+            },
+            ("gateway.networking.k8s.io", "HTTPRoute") => match serde_json::from_value(value) {
+                Ok(o) => self.http_routes.push(o),
                 Err(e) => bad(e),
             },
             ("multicluster.x-k8s.io", "ServiceExport") => match serde_json::from_value(value) {

@@ -131,6 +131,11 @@ fn kinds() -> Vec<ApiResource> {
             "Gateway",
         )),
         ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            "v1",
+            "HTTPRoute",
+        )),
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
             "security.istio.io",
             "v1",
             "AuthorizationPolicy",

@@ -199,7 +199,7 @@ pub struct RouteSpec {
 }
 
 /// Conditions that must all hold.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteMatchSpec {
     /// Exact path.

@@ -54,6 +54,8 @@
 //!   cluster-set address: the `ServiceImport`'s, else one allocated from
 //!   [`MeshConfig::clusterset_cidr`] by a hash of its name (see [`mcs`]). Its scope is the
 //!   whole cluster set unless `ferry.dev/scope` on a `ServiceExport` narrows it.
+//! - **HTTP routes.** An `HTTPRoute` whose `parentRefs` name a Service gives that Service's
+//!   waypoint one route per rule, as far as Ferry can apply it exactly (see [`routes`]).
 //! - **Policies** are translated with Istio's semantics (see [`policies`]); one Ferry cannot
 //!   enforce exactly fails closed.
 //! - **PeerAuthentications** become the policies istiod sends ztunnel for them (see
@@ -67,6 +69,7 @@ mod places;
 mod pod_status;
 mod pods;
 mod policies;
+mod routes;
 mod scope;
 mod services;
 mod waypoints;
@@ -172,6 +175,7 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
     tx.pods();
     tx.clusterset();
     tx.manual_endpoints();
+    tx.http_routes();
     tx.policies();
     tx.peer_authentications();
     Translation {
