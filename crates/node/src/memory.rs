@@ -213,6 +213,50 @@ mod tests {
         assert!(flush_thread_cache());
     }
 
+    /// After a trim on an idle runtime, every worker has flushed its cache, the one that had
+    /// been asleep since it started included.
+    #[test]
+    fn every_worker_flushes_after_a_trim() {
+        let parked: Arc<parking_lot::Mutex<std::collections::HashMap<std::thread::ThreadId, u64>>> =
+            Arc::default();
+        let seen = parked.clone();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .on_thread_park(move || {
+                on_worker_park();
+                let at = FLUSHED_AT.with(Cell::get);
+                seen.lock().insert(std::thread::current().id(), at);
+            })
+            .build()
+            .expect("a runtime");
+        // Both workers have started and parked.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while parked.lock().len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the workers never parked"
+            );
+            std::thread::yield_now();
+        }
+        let trims = rt
+            .block_on(async {
+                tokio::spawn(async {
+                    trim();
+                    TRIMS.load(Ordering::Relaxed)
+                })
+                .await
+            })
+            .expect("the trim");
+        while parked.lock().values().any(|at| *at < trims) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a worker did not flush after the trim: {:?}",
+                parked.lock()
+            );
+            std::thread::yield_now();
+        }
+    }
+
     /// A worker flushes once per trim it has not followed, on its own thread.
     #[test]
     fn a_parking_worker_follows_each_trim_once() {
