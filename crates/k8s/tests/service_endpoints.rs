@@ -166,19 +166,26 @@ async fn a_service_without_a_selector_is_backed_by_its_endpoint_slices_addresses
         set(&[("db-1-198-18-9-1", 9000)])
     );
 
-    // The second address becomes ready: both take connections.
+    // The second address becomes ready, and an endpoint names a pod: all three take
+    // connections, the pod on the slice's port too.
     r.alpha.apply(slice(json!([
         {"addresses": ["198.18.9.1"], "conditions": {"ready": true}, "nodeName": "alpha-1"},
         {"addresses": ["198.18.9.2"], "conditions": {"ready": true}},
+        {"addresses": ["198.18.1.20"], "conditions": {"ready": true}, "nodeName": "alpha-1",
+         "targetRef": {"kind": "Pod", "namespace": "default", "name": "echo-alpha-1", "uid": "0000-echo-alpha-1"}},
     ])));
     let (s, _) = r
-        .until("both addresses take connections", |s, _| {
-            landings(s, "198.18.10.50:5432").len() == 2
+        .until("the three endpoints take connections", |s, _| {
+            landings(s, "198.18.10.50:5432").len() == 3
         })
         .await;
     assert_eq!(
         landings(&s, "198.18.10.50:5432"),
-        set(&[("db-1-198-18-9-1", 6432), ("db-1-198-18-9-2", 6432)])
+        set(&[
+            ("db-1-198-18-9-1", 6432),
+            ("db-1-198-18-9-2", 6432),
+            ("echo-alpha-1", 6432)
+        ])
     );
 
     // The slice deleted: no endpoint is left.

@@ -10,8 +10,9 @@
 //! - on the endpoint's node when that node is of its cluster, else in the cluster alone;
 //! - backing the Service and, when its cluster exports the Service, the cluster-set service.
 //!
-//! Slices of `addressType: FQDN` name no address: left out, with a note. Endpoints that name a
-//! pod are that pod's, whose state they give, as for every slice.
+//! Slices of `addressType: FQDN` name no address: left out, with a note. An endpoint that names
+//! a pod of its cluster (`targetRef`) makes that pod's workload back the Service, with the same
+//! port map; its state is the pod's, given by its endpoints as for every slice.
 
 use std::collections::BTreeMap;
 
@@ -61,10 +62,10 @@ impl Tx<'_> {
             services.insert(clusterset, ports);
         }
         for e in s.endpoints.iter().flatten() {
-            if e.target_ref
-                .as_ref()
-                .is_some_and(|t| t.kind.as_deref() == Some("Pod"))
+            if let Some(t) = e.target_ref.as_ref()
+                && t.kind.as_deref() == Some("Pod")
             {
+                self.pod_backs(c, &ns, t, &services);
                 continue;
             }
             let st = state(e.conditions.as_ref());
@@ -90,6 +91,48 @@ impl Tx<'_> {
                     services: services.clone(),
                     ..WorkloadSpec::default()
                 });
+            }
+        }
+    }
+
+    /// Pod `target` (named by an endpoint of a selector-less Service's slice in namespace `ns`
+    /// of `c`) backs `services`: added to its workload's, unless the pod is not in the mesh
+    /// model or the reference names an earlier pod of that name (another uid).
+    fn pod_backs(
+        &mut self,
+        c: &ClusterObjects,
+        ns: &str,
+        target: &k8s_openapi::api::core::v1::ObjectReference,
+        services: &BTreeMap<String, BTreeMap<u16, u16>>,
+    ) {
+        let pod_ns = target.namespace.as_deref().unwrap_or(ns);
+        let Some(name) = target.name.as_deref() else {
+            return;
+        };
+        let pod = c
+            .pods
+            .iter()
+            .find(|p| ns_name(&p.metadata) == (pod_ns.into(), name.into()));
+        let same = pod.is_some_and(
+            |p| match (target.uid.as_deref(), p.metadata.uid.as_deref()) {
+                (Some(t), Some(u)) => t == u,
+                _ => true,
+            },
+        );
+        if !same {
+            return;
+        }
+        let nodes = &self.nodes;
+        let workload = self.file.workloads.iter_mut().find(|w| {
+            w.namespace.as_deref() == Some(pod_ns)
+                && w.name == name
+                && w.uid.is_none()
+                && (w.cluster.as_deref() == Some(c.cluster.as_str())
+                    || w.node.as_ref().and_then(|n| nodes.get(n)) == Some(&c.cluster))
+        });
+        if let Some(w) = workload {
+            for (svc, ports) in services {
+                w.services.insert(svc.clone(), ports.clone());
             }
         }
     }

@@ -22,7 +22,7 @@
 //! - **Manual endpoints.** A Service without a selector is backed by the addresses of its
 //!   slices' endpoints that name no pod, each a plain TCP workload of the slice's cluster with
 //!   the slice's ports (matched to the Service's by name) and the endpoint's state, as istiod
-//!   reads them (see [`manual`]). Endpoints with no `targetRef` in a slice of a Service with a
+//!   reads them, and by the pods its endpoints name (see [`manual`]). Endpoints with no `targetRef` in a slice of a Service with a
 //!   selector are left out, with a note per slice (none for the API server's own
 //!   `default/kubernetes`, in every cluster).
 //! - **Named target ports.** A Service port whose `targetPort` is a name is served by each pod
