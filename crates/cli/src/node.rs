@@ -232,8 +232,11 @@ pub(crate) struct WaypointArgs {
     cluster: String,
     #[command(flatten)]
     control: ControlArgs,
+    /// Where to serve HBONE, repeatable: each address gets a listener of its family alone, so
+    /// `--listen 0.0.0.0:15008 --listen [::]:15008` serves both (as do the instance's IPv4 and
+    /// IPv6 addresses, given one by one).
     #[arg(long, default_value = "0.0.0.0:15008")]
-    listen: SocketAddr,
+    listen: Vec<SocketAddr>,
     /// Listen and dial inside this network namespace (the waypoint pod's).
     #[arg(long)]
     netns: Option<PathBuf>,
@@ -257,7 +260,7 @@ pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
             uid: args.uid.clone(),
             cluster: args.cluster.clone(),
             control,
-            listen: args.listen,
+            listen: args.listen.clone(),
             netns: args.netns.clone(),
             admin: args.admin,
             drain: Duration::from_secs(args.drain_seconds),
@@ -272,8 +275,10 @@ pub(crate) struct GatewayArgs {
     name: String,
     #[command(flatten)]
     control: ControlArgs,
+    /// Where to serve HBONE, repeatable, one family per address (`--listen 0.0.0.0:15008
+    /// --listen [::]:15008` serves both).
     #[arg(long, default_value = "0.0.0.0:15008")]
-    listen: SocketAddr,
+    listen: Vec<SocketAddr>,
     /// Seconds open tunnels may finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
@@ -292,7 +297,7 @@ pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
         Ok(ferry_gateway::run(ferry_gateway::Config {
             name: args.name.clone(),
             control,
-            listen: args.listen,
+            listen: args.listen.clone(),
             drain: Duration::from_secs(args.drain_seconds),
             admin: args.admin,
         }))

@@ -11,7 +11,7 @@ use crate::model::{
     ClusterId, GatewayRef, Health, NetworkAddress, NetworkId, ServiceKey, Workload, WorkloadUid,
 };
 use crate::ports::{RecursiveCall, refuse_recursion};
-use crate::route::{Destination, WaypointInstances};
+use crate::route::{Destination, Family, WaypointInstances};
 use crate::snapshot::{AddressOwner, Snapshot};
 
 /// Why a connection arriving for a pod is refused.
@@ -116,7 +116,7 @@ fn plan_plain(
     let to = SocketAddr::new(pod_ip, orig.port());
     refuse_recursion(pod_ip, to)?;
     let w = snap.workload(pod).ok_or(InboundError::LeftMesh)?;
-    Ok(match waypoint_instance(snap, w) {
+    Ok(match waypoint_instance(snap, w, Family::of_ip(orig.ip())) {
         Some(via) => InboundPlan::ViaWaypoint(via),
         None => InboundPlan::Deliver(to),
     })
@@ -164,14 +164,19 @@ pub fn resolve_target(
 }
 
 /// The waypoint instance plain traffic to `dst` must go through, if `dst` has a waypoint (its
-/// own, or the first of the services it backs) served by a waypoint service.
+/// own, or the first of the services it backs) served by a waypoint service, at the instance's
+/// address of `family` (the connection's), else its first ([`Family::pick`], as routing picks).
 ///
 /// The candidates are the waypoint's instances that its scope admits for `dst`'s cluster
 /// ([`WaypointInstances::admits`], the filter the routing decision applies too), healthy, on
 /// `dst`'s network, with an address and an identity. The pick rule is this side's own: `dst`'s
 /// cluster first, then the lowest uid, so the choice is stable (no load balancing: the traffic
 /// comes from outside the mesh, there is no source to balance for).
-pub fn waypoint_instance(snap: &Snapshot, dst: &Workload) -> Option<WaypointInstance> {
+pub fn waypoint_instance(
+    snap: &Snapshot,
+    dst: &Workload,
+    family: Family,
+) -> Option<WaypointInstance> {
     let wp = waypoint_of(snap, dst)?;
     let set = WaypointInstances::resolve(snap, wp)?;
     let key = set.key?;
@@ -180,7 +185,7 @@ pub fn waypoint_instance(snap: &Snapshot, dst: &Workload) -> Option<WaypointInst
         .filter(|i| {
             i.health == Health::Healthy && i.network == dst.network && set.admits(i, &dst.cluster)
         })
-        .filter_map(|i| Some((*i, *i.addresses.first()?, i.identity().ok()?)))
+        .filter_map(|i| Some((*i, family.pick(&i.addresses)?, i.identity().ok()?)))
         .min_by_key(|(i, _, _)| (i.cluster != dst.cluster, &i.uid))
         .map(|(i, ip, identity)| WaypointInstance {
             hbone: SocketAddr::new(ip, wp.hbone_port),

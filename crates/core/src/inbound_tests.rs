@@ -176,7 +176,7 @@ fn behind_waypoint() -> MeshBuilder {
 fn pick(m: &MeshBuilder) -> Option<String> {
     let snap = m.build();
     let app = snap.workloads().find(|w| w.name == "app").unwrap().clone();
-    waypoint_instance(&snap, &app).map(|i| {
+    waypoint_instance(&snap, &app, Family::V4).map(|i| {
         assert_eq!(i.waypoint, key("wp"));
         assert_eq!(i.cluster, ClusterId::new("east"));
         let inst = snap.workload(&i.instance).unwrap();
@@ -198,6 +198,49 @@ fn plain_traffic_goes_through_a_waypoint_instance_own_cluster_first() {
     assert_eq!(pick(&m).as_deref(), Some("wp-west"));
     m.workload_mut("wp-west").health = Health::Unhealthy;
     assert_eq!(pick(&m), None);
+}
+
+#[test]
+fn plain_traffic_reaches_a_dual_stack_waypoint_instance_in_the_connections_family() {
+    let mut m = behind_waypoint();
+    m.workload_mut("app")
+        .addresses
+        .push("2001:2::1:20".parse().unwrap());
+    m.workload_mut("wp-east-a")
+        .addresses
+        .push("2001:2::1:5".parse().unwrap());
+    let snap = m.build();
+    let app = uid(&snap, "app");
+    let via = |pod_ip: &str, orig: &str| match plan_inbound(
+        &snap,
+        &app,
+        ip(pod_ip),
+        Arrival::Plain(at(orig)),
+    ) {
+        InboundPlan::ViaWaypoint(via) => via.hbone,
+        other => panic!("expected the waypoint, got {other:?}"),
+    };
+    // The instance's address of the family the connection came in on.
+    assert_eq!(
+        via("2001:2::1:20", "[2001:2::1:20]:8080"),
+        at("[2001:2::1:5]:15008")
+    );
+    assert_eq!(
+        via("198.18.1.20", "198.18.1.20:8080"),
+        at("198.18.1.5:15008")
+    );
+    // An IPv4-only instance is reached over IPv4 whatever the connection's family.
+    m.workload_mut("wp-east-a").addresses.truncate(1);
+    let snap = m.build();
+    let InboundPlan::ViaWaypoint(v) = plan_inbound(
+        &snap,
+        &app,
+        ip("2001:2::1:20"),
+        Arrival::Plain(at("[2001:2::1:20]:8080")),
+    ) else {
+        panic!("expected the waypoint")
+    };
+    assert_eq!(v.hbone, at("198.18.1.5:15008"));
 }
 
 #[test]

@@ -36,7 +36,8 @@ pub struct Config {
     /// The control plane, with the gateway's credential (`ferry control token --node
     /// gateway.<name>`).
     pub control: ControlPlane,
-    pub listen: SocketAddr,
+    /// The HBONE listeners, one family each (e.g. `0.0.0.0:15008` and `[::]:15008`).
+    pub listen: Vec<SocketAddr>,
     /// How long open tunnels may finish after SIGTERM.
     pub drain: Duration,
     /// Admin endpoint (`/ready`, `/metrics`).
@@ -302,9 +303,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_context(|| format!("binding the admin endpoint {addr}"))?;
         tokio::spawn(ferry_runtime::admin::serve(admin, admin_routes(registry)));
     }
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {}", config.listen))?;
+    anyhow::ensure!(!config.listen.is_empty(), "no address to listen on");
+    let listeners = ferry_runtime::sockets::listen_each(&config.listen)?;
     let (trigger, drain) = ferry_runtime::drain::new();
     let hbone = ferry_runtime::serve::Hbone {
         what: "gateway",
@@ -316,13 +316,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         drain,
         open: Arc::default(),
     };
-    let serving = tokio::spawn(ferry_runtime::serve::serve_hbone(listener, hbone, gw));
+    let serving = tokio::spawn(ferry_runtime::serve::serve_hbone_each(listeners, hbone, gw));
     tracing::info!(
         gateway = %config.name,
-        listen = %config.listen,
+        listen = ?config.listen,
         identity = %g.identity,
         network = %g.network,
-        "ferry gateway {}: serving HBONE on {} as {} for network {}",
+        "ferry gateway {}: serving HBONE on {:?} as {} for network {}",
         config.name,
         config.listen,
         g.identity,

@@ -143,19 +143,7 @@ impl Netns {
 
     async fn listen_with(&self, addr: SocketAddr, one_family: bool) -> io::Result<TcpListener> {
         let l = self
-            .run(move || -> io::Result<std::net::TcpListener> {
-                let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-                if one_family && addr.is_ipv6() {
-                    s.set_only_v6(true)?;
-                }
-                s.set_reuse_address(true)?;
-                // A new node proxy opens its listeners beside the old one's during a handover.
-                s.set_reuse_port(true)?;
-                s.set_nonblocking(true)?;
-                s.bind(&addr.into())?;
-                s.listen(1024)?;
-                Ok(s.into())
-            })
+            .run(move || crate::sockets::std_listener(addr, one_family))
             .await??;
         TcpListener::from_std(l)
     }

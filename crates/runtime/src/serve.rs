@@ -19,7 +19,7 @@ use crate::accept::Acceptor;
 use crate::drain::DrainWatcher;
 
 /// One HBONE listener: who it serves as, and with what.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Hbone {
     /// For logs: which listener this is.
     pub what: &'static str,
@@ -70,6 +70,20 @@ impl Drop for Open {
         self.0.count.fetch_sub(1, Ordering::Relaxed);
         self.0.closed.notify_waiters();
     }
+}
+
+/// Accepts HBONE connections on each of `listeners` (a program's addresses, e.g. one of each
+/// family) as [`serve_hbone`] does; returns once every one has stopped.
+pub async fn serve_hbone_each<H: Handler>(
+    listeners: Vec<TcpListener>,
+    hbone: Hbone,
+    handler: Arc<H>,
+) {
+    let mut each = tokio::task::JoinSet::new();
+    for l in listeners {
+        each.spawn(serve_hbone(l, hbone.clone(), handler.clone()));
+    }
+    while each.join_next().await.is_some() {}
 }
 
 /// Accepts HBONE connections on `listener` until the drain starts; each connection is served on

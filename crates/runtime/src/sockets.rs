@@ -1,14 +1,45 @@
 //! Socket hygiene on the app-side legs (the pod's own connections to and from the node proxy):
 //! a peer that vanished is noticed, and a half-closed connection that went quiet is ended,
-//! both within the node's idle bound.
+//! both within the node's idle bound. And the listeners every program opens.
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use ferry_hbone::copy::Bounds;
-use socket2::{SockRef, TcpKeepalive};
-use tokio::net::TcpStream;
+use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A non-blocking listener on `addr`, in the calling thread's network namespace. With
+/// `one_family`, one on `[::]` takes IPv6 alone (`IPV6_V6ONLY`), so that an IPv4 listener of
+/// its own can sit beside it and an IPv4 peer is never seen as an IPv4-mapped IPv6 address.
+/// `SO_REUSEPORT`: a new process opens its listeners beside the old one's during a handover.
+pub fn std_listener(addr: SocketAddr, one_family: bool) -> io::Result<std::net::TcpListener> {
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if one_family && addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+/// A listener on each of `addrs` in this process's own namespace, one family each
+/// ([`std_listener`]): `0.0.0.0:15008` and `[::]:15008` may both be given. Fails naming the
+/// address that could not be bound.
+pub fn listen_each(addrs: &[SocketAddr]) -> io::Result<Vec<TcpListener>> {
+    addrs
+        .iter()
+        .map(|a| {
+            std_listener(*a, true)
+                .and_then(TcpListener::from_std)
+                .map_err(|e| io::Error::new(e.kind(), format!("binding {a}: {e}")))
+        })
+        .collect()
+}
 
 /// Keepalive probes start after half the bound and, three unanswered probes later, end the
 /// connection; unacknowledged data gives up after the bound too. Failures only cost hygiene,

@@ -18,7 +18,7 @@ use ferry_core::identity::Identity;
 use ferry_core::inbound::fronted_by;
 use ferry_core::model::{ClusterId, NetworkId, WorkloadUid};
 use ferry_core::random::SplitMix64;
-use ferry_core::route::{self, Compact, Plan, Source, Transport};
+use ferry_core::route::{self, Compact, Family, Plan, Source, Transport};
 use ferry_hbone::headers::{ConnectHeaders, Refusal};
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
 use ferry_hbone::server::{ConnectRequest, Handler, Outcome};
@@ -42,7 +42,9 @@ pub struct Config {
     pub cluster: String,
     /// The control plane, with the credential of the node this instance runs on.
     pub control: ControlPlane,
-    pub listen: SocketAddr,
+    /// The HBONE listeners, one family each (an instance's IPv4 and IPv6 addresses, or
+    /// `0.0.0.0:15008` and `[::]:15008`).
+    pub listen: Vec<SocketAddr>,
     /// Listen and dial inside this network namespace (the waypoint pod's), while talking to
     /// the control plane from the process's own.
     pub netns: Option<std::path::PathBuf>,
@@ -411,8 +413,9 @@ fn original_client(
         .as_ref()
         .and_then(|u| snap.workload(u))
         .map(|w| &**w);
+    // The landing's address the tunnel goes on to: of the family dialled, as routing picks it.
     let target = landing
-        .and_then(|w| w.addresses.first().copied())
+        .and_then(|w| Family::of(&req.target).pick(&w.addresses))
         .unwrap_or(req.peer_addr.ip());
     let facts = TunnelSource {
         peer: &req.peer,
@@ -566,7 +569,10 @@ impl Waypoint {
             .fetch(&self.identity)
             .await
             .map_err(Pooled::Certificate)?;
-        let key = PoolKey::new(self.identity.clone(), self.ip, to, identities);
+        let from = Family::of_ip(to.ip())
+            .pick(&self.addresses)
+            .unwrap_or(to.ip());
+        let key = PoolKey::new(self.identity.clone(), from, to, identities);
         let bundle = self
             .certs
             .trust_bundle()
@@ -656,10 +662,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .cloned()
         .with_context(|| format!("no workload {} in the mesh", config.uid))?;
     let identity = me.identity()?;
-    let ip = *me
-        .addresses
-        .first()
-        .context("the waypoint has no address")?;
+    anyhow::ensure!(!me.addresses.is_empty(), "the waypoint has no address");
+    anyhow::ensure!(!config.listen.is_empty(), "no address to listen on");
     let certs = control.certificates(&config.cluster)?;
     certs.fetch(&identity).await?;
     let netns = match &config.netns {
@@ -685,7 +689,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         bundle: bundle.clone(),
         uid,
         identity: identity.clone(),
-        ip,
+        addresses: me.addresses.clone(),
         cluster: ClusterId::new(&config.cluster),
         network: me.network.clone(),
         metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),
@@ -695,11 +699,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         finish: drain.finish_signal(),
         this: this.clone(),
     });
-    let listener = match &netns {
-        Some(ns) => ns.listen(config.listen).await,
-        None => tokio::net::TcpListener::bind(config.listen).await,
-    }
-    .with_context(|| format!("binding {}", config.listen))?;
+    let listeners = match &netns {
+        Some(ns) => {
+            let mut each = Vec::new();
+            for a in &config.listen {
+                let l = ns.listen_one_family(*a).await;
+                each.push(l.with_context(|| format!("binding {a}"))?);
+            }
+            each
+        }
+        None => ferry_runtime::sockets::listen_each(&config.listen)?,
+    };
     if let Some(addr) = config.admin {
         let admin = match &netns {
             Some(ns) => ns.listen(addr).await,
@@ -718,16 +728,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         drain,
         open: Arc::default(),
     };
-    let serving = tokio::spawn(ferry_runtime::serve::serve_hbone(
-        listener,
+    let serving = tokio::spawn(ferry_runtime::serve::serve_hbone_each(
+        listeners,
         hbone,
         wp.clone(),
     ));
     tracing::info!(
         waypoint = %config.uid,
-        listen = %config.listen,
+        listen = ?config.listen,
         identity = %identity,
-        "ferry waypoint {}: serving HBONE on {} as {identity}",
+        "ferry waypoint {}: serving HBONE on {:?} as {identity}",
         config.uid,
         config.listen
     );

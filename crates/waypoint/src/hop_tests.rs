@@ -98,7 +98,7 @@ async fn waypoint_in(ca: &Arc<TestCa>, m: MeshBuilder) -> Fixture {
         bundle: ca.bundle(),
         uid: me.uid.clone(),
         identity: identity.clone(),
-        ip: me.addresses[0],
+        addresses: me.addresses.clone(),
         cluster: me.cluster.clone(),
         network: me.network.clone(),
         metrics: Arc::new(crate::metrics::RequestMetrics::new(&mut registry)),

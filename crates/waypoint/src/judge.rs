@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ferry_core::identity::Identity;
 use ferry_core::inbound::InboundError;
 use ferry_core::model::WorkloadUid;
+use ferry_core::route::Family;
 use ferry_core::snapshot::Snapshot;
 use ferry_core::store::Store;
 use ferry_runtime::conn::{ConnError, ConnErrorKind, Denial};
@@ -60,7 +61,9 @@ impl Judge {
         let conn = ferry_core::authz::ConnInfo {
             source_identity: self.source.as_ref(),
             source_ip: self.source_ip,
-            destination_ip: dst.addresses.first().copied().unwrap_or(self.source_ip),
+            destination_ip: Family::of_ip(self.source_ip)
+                .pick(&dst.addresses)
+                .unwrap_or(self.source_ip),
             destination_port: self.port,
             via_waypoint: false,
         };

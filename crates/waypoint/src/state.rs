@@ -22,7 +22,9 @@ pub(crate) struct Waypoint {
     pub(crate) bundle: TrustBundle,
     pub(crate) uid: WorkloadUid,
     pub(crate) identity: Identity,
-    pub(crate) ip: IpAddr,
+    /// Its addresses (at least one): a tunnel it opens leaves from the one of the destination's
+    /// family.
+    pub(crate) addresses: Vec<IpAddr>,
     pub(crate) cluster: ClusterId,
     pub(crate) network: NetworkId,
     pub(crate) metrics: Arc<crate::metrics::RequestMetrics>,

@@ -211,23 +211,28 @@ pub(super) struct Cx<'a, 'r, T: ?Sized> {
 /// an IPv6 address, and over IPv4 otherwise (and likewise the other way round); a hostname
 /// goes on over IPv4 first, as its endpoints' first addresses are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Family {
+pub enum Family {
     V4,
     V6,
 }
 
 impl Family {
     /// The family of a dialled destination: an address's own, IPv4 for a hostname.
-    pub(crate) fn of(dst: &Destination) -> Self {
+    pub fn of(dst: &Destination) -> Self {
         match dst {
-            Destination::Addr(a) if a.is_ipv6() => Self::V6,
-            _ => Self::V4,
+            Destination::Addr(a) => Self::of_ip(a.ip()),
+            Destination::Host { .. } => Self::V4,
         }
+    }
+
+    /// The family of an address.
+    pub fn of_ip(ip: std::net::IpAddr) -> Self {
+        if ip.is_ipv6() { Self::V6 } else { Self::V4 }
     }
 
     /// The address of `addresses` to reach a workload at: the first of this family, else the
     /// first of any.
-    pub(crate) fn pick(self, addresses: &[std::net::IpAddr]) -> Option<std::net::IpAddr> {
+    pub fn pick(self, addresses: &[std::net::IpAddr]) -> Option<std::net::IpAddr> {
         addresses
             .iter()
             .find(|a| a.is_ipv6() == (self == Self::V6))

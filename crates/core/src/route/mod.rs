@@ -36,7 +36,7 @@ pub use compact::Compact;
 pub(crate) use decide::resolve_host;
 #[cfg(test)]
 use decide::route_traced;
-pub use decide::{Within, plan, plan_compact, plan_within, route, route_within};
+pub use decide::{Family, Within, plan, plan_compact, plan_within, route, route_within};
 pub use destination::{BadAuthority, Destination, valid_hostname};
 pub use reach::Near;
 pub use trace::{CandidateRole, DropReason, Step};

@@ -2,11 +2,13 @@
 //! inside their pod's; they terminate HBONE themselves and are not captured.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use ferry_core::model::{ServiceKey, Workload};
+use ferry_core::ports::HBONE_PORT;
 use ferry_core::snapshot::Snapshot;
 
 use super::Lab;
@@ -58,6 +60,13 @@ fn start_one(
     // Admin (`/metrics`) on the pod's own address, port 15020.
     let admin = format!("{}:15020", pod.ip);
     let join = control.join_args(&token_file);
+    // HBONE on each of the instance's addresses: a dual-stack instance is dialled in the family
+    // of the connection it carries.
+    let listen: Vec<String> = w
+        .addresses
+        .iter()
+        .map(|a| SocketAddr::new(*a, HBONE_PORT).to_string())
+        .collect();
     let mut args = vec![
         lab.exe.as_str(),
         "waypoint",
@@ -70,6 +79,9 @@ fn start_one(
         "--admin",
         &admin,
     ];
+    for l in &listen {
+        args.extend(["--listen", l.as_str()]);
+    }
     args.extend(join.iter().map(String::as_str));
     args.extend(lab.opts.hop_args.iter().map(String::as_str));
     spawn(state, &ns, &args, &log)?;
