@@ -50,7 +50,8 @@
 //! - `scope` is `global`, `local` (the default: the secure choice) or `{clusters: [..]}`;
 //!   `scope_by_cluster` overrides it for the endpoints of one cluster.
 //! - A waypoint becomes a service on port 15008 with `waypoint_for` set, backed by its
-//!   `instances`; its load balancing defaults to `prefer_close`. A service or workload names its
+//!   `instances` (each at its `address`, or `addresses`: one of each family for a dual-stack
+//!   instance, as a workload's); its load balancing defaults to `prefer_close`. A service or workload names its
 //!   waypoint as `name` (same namespace) or `namespace/name`, and the waypoint's `for` must serve
 //!   it.
 //! - A policy applies mesh-wide (`mesh: true`), to the workloads of its namespace matching its

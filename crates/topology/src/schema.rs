@@ -119,7 +119,10 @@ pub struct WaypointSpec {
 pub struct InstanceSpec {
     pub name: String,
     pub node: String,
-    pub address: String,
+    /// Its address, or `addresses` (one of each family for a dual-stack instance), as a
+    /// workload's.
+    pub address: Option<String>,
+    pub addresses: Option<Vec<String>>,
     #[serde(default = "yes")]
     pub healthy: bool,
     /// Shutting down: no new connections, open ones kept (whatever `healthy` says).
@@ -427,7 +430,8 @@ impl Default for InstanceSpec {
         Self {
             name: String::new(),
             node: String::new(),
-            address: String::new(),
+            address: None,
+            addresses: None,
             healthy: true,
             terminating: false,
             capacity: 1,

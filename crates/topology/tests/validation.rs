@@ -225,6 +225,15 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "waypoint instance addresses",
+        "waypoints:\n  - name: wp\n    instances:\n      - {name: a, node: east-1, address: 198.18.1.5, addresses: [198.18.1.6]}\n      - {name: b, node: east-1}\n      - {name: c, node: east-1, addresses: [198.18.1.7, \"2001:2::1:zz\"]}\n",
+        &[
+            "waypoints[0] (wp).instances[0] (a): expected either `address` or `addresses`, found both",
+            "waypoints[0] (wp).instances[1] (b): expected `address` or `addresses`, found neither",
+            "waypoints[0] (wp).instances[2] (c).addresses[1]: expected an IP address such as 198.18.0.1, found \"2001:2::1:zz\"",
+        ],
+    ),
+    (
         "policy selector problems",
         "policies:\n  - {name: p1, selector: {}}\n  - {name: p2, mesh: true, selector: {app: x}}\n",
         &[

@@ -171,3 +171,95 @@ fn ipv6_and_ipv4_pod_to_pod_over_hbone_and_pods_without_ipv6_start_cleanly() {
     let r = lab.send("nolo6", "[2001:2::2:20]:8080", "past the proxy?");
     assert!(r.is_err(), "IPv6 from nolo6 must fail closed: {r:?}");
 }
+
+/// shop (main-b) behind shop-waypoint, whose instance has an IPv4 and an IPv6 address and
+/// listens on both: `sleep` to shop's IPv6 VIP goes to the waypoint at its IPv6 address and on
+/// to shop's; plain TCP from `legacy` (not in the mesh) to shop's IPv6 address is relayed by
+/// main-b's node proxy to the waypoint's IPv6 address; both still work over IPv4.
+#[test]
+fn a_dual_stack_waypoint_carries_ipv6_and_ipv4() {
+    let Some(lab) = Lab::up_with(Some("dual-stack.yaml"), "f7") else {
+        return;
+    };
+    const WAYPOINT_LOG: &str = "waypoint-shop-waypoint-b";
+    // It serves HBONE on both of its addresses.
+    lab.log_line(
+        WAYPOINT_LOG,
+        &[
+            Text("serving HBONE"),
+            Text("198.18.2.50:15008"),
+            Text("[2001:2::2:50]:15008"),
+        ],
+    );
+
+    // In the mesh, over IPv6: to the waypoint's IPv6 address, then to shop's.
+    let r = lab
+        .send("sleep", "[2001:2::10:2]:80", "via the waypoint")
+        .expect("sleep to shop's IPv6 VIP");
+    assert!(r.starts_with("shop port 8080 saw ["), "{r}");
+    assert_eq!(
+        saw(&r),
+        "2001:2::1:10",
+        "the app sees sleep's IPv6 address: {r}"
+    );
+    lab.log_line(
+        "main-a",
+        &[
+            Field("direction", "outbound"),
+            Starts("src.addr", "[2001:2::1:10]:"),
+            Field("dst.addr", "[2001:2::2:50]:15008"),
+        ],
+    );
+    lab.log_line(
+        WAYPOINT_LOG,
+        &[
+            Field("direction", "waypoint"),
+            Starts("src.addr", "[2001:2::1:10]:"),
+            Field("dst.addr", "[2001:2::10:2]:80"),
+            Field("dst.workload", "main//v1/Pod/default/shop"),
+            Text("hbone to [2001:2::2:30]:15008"),
+        ],
+    );
+    lab.log_line(
+        "main-b",
+        &[
+            Field("direction", "inbound"),
+            Starts("src.addr", "[2001:2::2:50]:"),
+            Field("dst.hbone_addr", "[2001:2::2:30]:8080"),
+        ],
+    );
+
+    // Plain TCP from outside the mesh to shop's IPv6 address: main-b's node proxy sends it to
+    // the waypoint's IPv6 address (its first, IPv4, one before).
+    let r = lab
+        .send("legacy", "[2001:2::2:30]:8080", "plain v6")
+        .expect("legacy to shop over IPv6");
+    assert!(r.starts_with("shop port 8080 saw ["), "{r}");
+    assert_eq!(saw(&r), "2001:2::1:90", "{r}");
+    lab.log_line(
+        WAYPOINT_LOG,
+        &[
+            Field("direction", "waypoint"),
+            Starts("src.addr", "[2001:2::2:30]:"),
+            Field("dst.addr", "[2001:2::2:30]:8080"),
+        ],
+    );
+
+    // The same over IPv4.
+    let r = lab
+        .send("sleep", "198.18.10.2:80", "v4 via the waypoint")
+        .expect("sleep to shop's IPv4 VIP");
+    assert_eq!(saw(&r), "198.18.1.10", "{r}");
+    let r = lab
+        .send("legacy", "198.18.2.30:8080", "plain v4")
+        .expect("legacy to shop over IPv4");
+    assert_eq!(saw(&r), "198.18.1.90", "{r}");
+    lab.log_line(
+        WAYPOINT_LOG,
+        &[
+            Field("direction", "waypoint"),
+            Starts("src.addr", "198.18.1.10:"),
+            Field("dst.addr", "198.18.10.2:80"),
+        ],
+    );
+}

@@ -286,7 +286,8 @@ impl Tx<'_> {
             .waypoints
             .iter()
             .flat_map(|w| &w.instances)
-            .map(|i| i.address.as_str());
+            .flat_map(|i| i.address.iter().chain(i.addresses.iter().flatten()))
+            .map(String::as_str);
         let gateways = f.gateways.iter().map(|g| g.address.as_str());
         vips.chain(pods)
             .chain(instances)

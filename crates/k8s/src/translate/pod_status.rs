@@ -30,8 +30,3 @@ pub(super) fn pod_ips(p: &Pod) -> Vec<String> {
     ips.retain(|ip| ip.parse::<std::net::IpAddr>().is_ok());
     ips
 }
-
-/// The pod's first address.
-pub(super) fn pod_ip(p: &Pod) -> Option<String> {
-    pod_ips(p).into_iter().next()
-}

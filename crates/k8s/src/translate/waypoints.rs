@@ -7,7 +7,7 @@ use ferry_topology::schema::{InstanceSpec, VipSpec, WaypointForSpec, WaypointSpe
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::pod_status::{GATEWAY_NAME, pod_ip};
+use super::pod_status::{GATEWAY_NAME, pod_ips};
 use super::{Serves, Tx, label, ns_name};
 
 /// Gateway API class of Istio's waypoints.
@@ -104,7 +104,8 @@ impl Tx<'_> {
                     continue;
                 }
                 for p in c.pods.iter().filter(|p| is_instance(p, ns, name)) {
-                    let (Some(address), Some(node)) = (pod_ip(p), node_of(p)) else {
+                    let addresses = pod_ips(p);
+                    let (false, Some(node)) = (addresses.is_empty(), node_of(p)) else {
                         continue;
                     };
                     if self.nodes.get(&node) != Some(&c.cluster) {
@@ -124,7 +125,8 @@ impl Tx<'_> {
                     spec.instances.push(InstanceSpec {
                         name: p.metadata.name.clone().unwrap_or_default(),
                         node,
-                        address,
+                        address: None,
+                        addresses: Some(addresses),
                         healthy: state.healthy,
                         terminating: state.terminating,
                         capacity: 1,

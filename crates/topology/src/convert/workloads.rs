@@ -53,33 +53,7 @@ impl Cx {
             self.check_identity(&path, &ns, Some(service_account));
             let placement = self.placement(&path, w.node.as_deref(), w.cluster.as_deref());
 
-            let texts: Vec<(String, &String)> = match (&w.address, &w.addresses) {
-                (Some(_), Some(_)) => {
-                    self.problem(
-                        &path,
-                        "expected either `address` or `addresses`, found both",
-                    );
-                    Vec::new()
-                }
-                (Some(a), None) => vec![(format!("{path}.address"), a)],
-                (None, Some(list)) => list
-                    .iter()
-                    .enumerate()
-                    .map(|(j, a)| (format!("{path}.addresses[{j}]"), a))
-                    .collect(),
-                (None, None) => Vec::new(),
-            };
-            let mut addresses = Vec::new();
-            for (address_path, text) in texts {
-                let Some(ip) = self.ip(&address_path, text) else {
-                    continue;
-                };
-                if let Some(p) = &placement {
-                    let network = p.network.clone();
-                    self.claim(&address_path, &path, &network, ip);
-                }
-                addresses.push(ip);
-            }
+            let addresses = self.addresses(&path, &w.address, &w.addresses, placement.as_ref());
             let waypoint = w.waypoint.as_ref().and_then(|r| {
                 self.waypoint_ref(&format!("{path}.waypoint"), &ns, r, User::Workload)
             });
@@ -207,11 +181,9 @@ impl Cx {
     ) {
         self.check_name(path, "name", &inst.name);
         let placement = self.placement(path, Some(&inst.node), None);
-        let address_path = format!("{path}.address");
-        let ip = self.ip(&address_path, &inst.address);
-        if let (Some(p), Some(ip)) = (&placement, ip) {
-            let network = p.network.clone();
-            self.claim(&address_path, path, &network, ip);
+        let addresses = self.addresses(path, &inst.address, &inst.addresses, placement.as_ref());
+        if inst.address.is_none() && inst.addresses.as_ref().is_none_or(Vec::is_empty) {
+            self.problem(path, "expected `address` or `addresses`, found neither");
         }
         let Some(placement) = placement else { return };
         let pod = Pod {
@@ -221,7 +193,7 @@ impl Cx {
             uid: None,
             service_account,
             placement,
-            addresses: ip.into_iter().collect(),
+            addresses,
         };
         let Some(mut workload) = self.workload(pod) else {
             return;
@@ -234,6 +206,42 @@ impl Cx {
         };
         workload.services.insert(waypoint.clone(), vec![hbone]);
         self.out.workloads.push(workload);
+    }
+
+    /// The addresses `address` or `addresses` (not both) of the item at `path`, each parsed and
+    /// claimed on its network; the ones with problems left out.
+    fn addresses(
+        &mut self,
+        path: &str,
+        address: &Option<String>,
+        addresses: &Option<Vec<String>>,
+        placement: Option<&Placement>,
+    ) -> Vec<IpAddr> {
+        let texts: Vec<(String, &String)> = match (address, addresses) {
+            (Some(_), Some(_)) => {
+                self.problem(path, "expected either `address` or `addresses`, found both");
+                Vec::new()
+            }
+            (Some(a), None) => vec![(format!("{path}.address"), a)],
+            (None, Some(list)) => list
+                .iter()
+                .enumerate()
+                .map(|(j, a)| (format!("{path}.addresses[{j}]"), a))
+                .collect(),
+            (None, None) => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for (address_path, text) in texts {
+            let Some(ip) = self.ip(&address_path, text) else {
+                continue;
+            };
+            if let Some(p) = placement {
+                let network = p.network.clone();
+                self.claim(&address_path, path, &network, ip);
+            }
+            out.push(ip);
+        }
+        out
     }
 
     /// A workload with defaults, after checking that it is unique; `None` if it is not.
