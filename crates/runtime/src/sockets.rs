@@ -78,3 +78,50 @@ pub fn original_dst(tcp: &TcpStream) -> io::Result<SocketAddr> {
     orig.as_socket()
         .ok_or_else(|| io::Error::other("not an IP address"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `0.0.0.0:P` and `[::]:P` both bind (each takes its own family), and each accepts a
+    /// connection of its family; an address that cannot be bound is named in the error.
+    /// (Binding a port already bound succeeds: `SO_REUSEPORT`, for handovers.)
+    #[tokio::test]
+    async fn listen_each_binds_one_listener_per_family_on_one_port() {
+        let v4 = listen_each(&["0.0.0.0:0".parse().unwrap()]).unwrap();
+        let port = v4[0].local_addr().unwrap().port();
+        drop(v4);
+        let addrs: Vec<SocketAddr> = [format!("0.0.0.0:{port}"), format!("[::]:{port}")]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let each = listen_each(&addrs).expect("both families on one port");
+        assert!(
+            SockRef::from(&each[1]).only_v6().unwrap(),
+            "[::] takes IPv6 alone"
+        );
+        for (l, to) in each
+            .iter()
+            .zip([format!("127.0.0.1:{port}"), format!("[::1]:{port}")])
+        {
+            let to: SocketAddr = to.parse().unwrap();
+            let (_c, accepted) = tokio::join!(
+                TcpStream::connect(to),
+                // A deadline, not a measure: the connection went to the other listener.
+                tokio::time::timeout(Duration::from_secs(10), l.accept())
+            );
+            let (_, peer) = accepted
+                .unwrap_or_else(|_| panic!("{to} was not accepted by its family's listener"))
+                .unwrap();
+            assert_eq!(peer.is_ipv6(), to.is_ipv6(), "{to} accepted from {peer}");
+        }
+        // An address no interface holds (bound, never sent to) cannot be bound.
+        let absent: SocketAddr = "198.18.255.254:15008".parse().unwrap();
+        let e = listen_each(&[absent]).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.starts_with("binding 198.18.255.254:15008: ")),
+            "{e:?}"
+        );
+    }
+}
