@@ -8,6 +8,9 @@ use std::process::ExitCode;
 /// The name the runtime runs the plugin by (the conflist's `type`): a link to this binary.
 pub(crate) const PLUGIN_NAME: &str = "ferry-cni";
 
+// Parsed once per process from the command line: the size of the agent's arguments beside the
+// empty plugin variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum CniCommand {
     /// The plugin, as the runtime runs it: CNI_COMMAND and the rest in the environment, the
