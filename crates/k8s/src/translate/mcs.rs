@@ -179,13 +179,7 @@ impl Tx<'_> {
         let mut vips = Vec::new();
         let mut covered = BTreeSet::new();
         for c in &self.clusters {
-            let network = self
-                .file
-                .clusters
-                .iter()
-                .find(|k| k.name == c.cluster)
-                .map(|k| k.network.clone())
-                .unwrap_or_default();
+            let network = self.network_of(&c.cluster);
             for import in &c.service_imports {
                 if ns_name(&import.metadata) != (ns.to_string(), name.to_string()) {
                     continue;
@@ -245,13 +239,7 @@ impl Tx<'_> {
             ports: ports.iter().map(|p| (p.port, p.name.clone())).collect(),
         };
         for c in &self.clusters {
-            let network = self
-                .file
-                .clusters
-                .iter()
-                .find(|k| k.name == c.cluster)
-                .map(|k| k.network.clone())
-                .unwrap_or_default();
+            let network = self.network_of(&c.cluster);
             if covered.contains(&network) {
                 continue;
             }

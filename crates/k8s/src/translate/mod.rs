@@ -223,6 +223,16 @@ impl Tx<'_> {
         });
     }
 
+    /// The network the mesh file gives `cluster` (empty when it names none).
+    fn network_of(&self, cluster: &str) -> String {
+        self.file
+            .clusters
+            .iter()
+            .find(|k| k.name == cluster)
+            .map(|k| k.network.clone())
+            .unwrap_or_default()
+    }
+
     /// Labels of namespace `ns` in `cluster`.
     fn namespace_labels(&self, cluster: &ClusterObjects, ns: &str) -> BTreeMap<String, String> {
         cluster

@@ -56,13 +56,7 @@ impl Tx<'_> {
     pub(super) fn services(&mut self) {
         let mut copies: BTreeMap<(String, String), Vec<ServiceCopy>> = BTreeMap::new();
         for c in self.clusters.clone() {
-            let network = self
-                .file
-                .clusters
-                .iter()
-                .find(|k| k.name == c.cluster)
-                .map(|k| k.network.clone())
-                .unwrap_or_default();
+            let network = self.network_of(&c.cluster);
             for s in &c.services {
                 let (ns, name) = ns_name(&s.metadata);
                 let Some(spec) = s.spec.as_ref() else {

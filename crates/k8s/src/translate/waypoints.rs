@@ -75,13 +75,7 @@ impl Tx<'_> {
                     if ns_name(&s.metadata) != (ns.clone(), name.clone()) {
                         continue;
                     }
-                    let network = self
-                        .file
-                        .clusters
-                        .iter()
-                        .find(|k| k.name == c.cluster)
-                        .map(|k| k.network.clone())
-                        .unwrap_or_default();
+                    let network = self.network_of(&c.cluster);
                     for ip in s
                         .spec
                         .as_ref()
