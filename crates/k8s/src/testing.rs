@@ -453,13 +453,7 @@ impl ApiServer {
         let Ok(patch) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
             return status(400, "BadRequest", "not JSON");
         };
-        let current = self
-            .state
-            .lock()
-            .collections
-            .get(&collection)
-            .and_then(|c| c.get(&key))
-            .cloned();
+        let current = self.stored(&collection, &key);
         let Some(mut object) = current else {
             return status(404, "NotFound", "no such object");
         };
@@ -510,18 +504,21 @@ impl ApiServer {
                 "the object is not the one the path names",
             );
         }
-        let mut object = self
-            .state
-            .lock()
-            .collections
-            .get(&collection)
-            .and_then(|c| c.get(&key))
-            .cloned()
-            .unwrap_or_else(|| json!({}));
+        let mut object = self.stored(&collection, &key).unwrap_or_else(|| json!({}));
         json_patch::merge(&mut object, &applied);
         self.state.lock().applies += 1;
         self.apply(object.clone());
         json_response(StatusCode::OK, &object)
+    }
+
+    /// The stored object `key` of `collection`, if there is one.
+    fn stored(&self, collection: &str, key: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .collections
+            .get(collection)?
+            .get(key)
+            .cloned()
     }
 
     /// `DELETE <group path>/namespaces/<ns>/<plural>/<name>`: a DELETED event.
@@ -529,13 +526,7 @@ impl ApiServer {
         let Some((collection, key)) = object_path(path) else {
             return status(404, "NotFound", "not a namespaced object");
         };
-        let object = self
-            .state
-            .lock()
-            .collections
-            .get(&collection)
-            .and_then(|c| c.get(&key))
-            .cloned();
+        let object = self.stored(&collection, &key);
         let Some(object) = object else {
             return status(404, "NotFound", "no such object");
         };
