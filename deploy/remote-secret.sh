@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints the remote secret of the cluster kubectl points at: what the other clusters' control
-# planes read it with (`ferry control serve --remote-secret FILE`). The same Secret as
+# planes read it with (they watch such Secrets in their namespace: `ferry control serve
+# --remote-secrets-namespace ferry-system`, deploy/components/multicluster). The same Secret as
 # `istioctl create-remote-secret` writes (crates/k8s/src/remote.rs reads it): labelled
 # istio/multiCluster: "true", one key named after the cluster ID, holding a kubeconfig for the
 # API server with the token of the ferry-reader account (deploy/components/multicluster).
@@ -12,9 +13,9 @@
 #                  the kubeconfig's, often a loopback address that only this machine reaches;
 #                  for kind: https://<the control-plane container's IP>:6443)
 #
-# Then, in each other cluster:
-#   kubectl -n ferry-system create secret generic ferry-remote-secrets \
-#     --from-file=CLUSTER_ID.yaml=<this output>
+# Then apply it in each other cluster: `deploy/remote-secret.sh CLUSTER_ID ... | kubectl
+# --context OTHER apply -f -`. Its control plane starts reading this cluster at once, and stops
+# when the Secret is deleted; no restart.
 set -euo pipefail
 
 id='' context=() server='' ns=ferry-system

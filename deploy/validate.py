@@ -37,7 +37,6 @@ MADE_OUTSIDE = {
     ("Secret", "ferry-ca"),
     ("ConfigMap", "ferry-ca-root"),
     ("ConfigMap", "ferry-k8s-issuer"),
-    ("Secret", "ferry-remote-secrets"),
 }
 
 # Commands the manifests run that a binary may not have yet (none today: `ferry cni agent` landed
@@ -212,6 +211,78 @@ def cni_agent_rules():
     if "patch_status" in text:
         rules[("", "pods/status")] = {"patch"}
     return rules
+
+
+def expand(o, c, value):
+    """`value` with each $(VAR) the container defines replaced: a literal, or the pod's
+    namespace (fieldRef metadata.namespace); None when a variable is anything else."""
+    env = {e["name"]: e for e in c.get("env", [])}
+
+    def one(m):
+        e = env.get(m.group(1))
+        if e is None:
+            raise KeyError(m.group(1))
+        if "value" in e:
+            return e["value"]
+        if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+            return o["metadata"]["namespace"]
+        raise KeyError(m.group(1))
+
+    try:
+        return re.sub(r"\$\((\w+)\)", one, value)
+    except KeyError:
+        return None
+
+
+def grants(role):
+    """{(group, resource): verbs} of a Role or ClusterRole."""
+    out = {}
+    for r in role.get("rules", []):
+        for g in r.get("apiGroups", []):
+            for res in r.get("resources", []):
+                out.setdefault((g, res), set()).update(r.get("verbs", []))
+    return out
+
+
+def bound_to(objs, kind, role, ns, sa):
+    """Whether a RoleBinding in `ns` binds the `kind` (Role) `role` to ServiceAccount `sa`."""
+    return any(
+        b.get("kind") == "RoleBinding" and b["metadata"].get("namespace") == ns
+        and b["roleRef"].get("kind") == kind and b["roleRef"].get("name") == role
+        and any(s.get("kind") == "ServiceAccount" and s.get("name") == sa and s.get("namespace") == ns for s in b.get("subjects", []))
+        for b in objs)
+
+
+def check_remote_secrets(name, objs):
+    """Remote secrets are watched in one namespace (--remote-secrets-namespace), read through a
+    Role there: never mounted as files, never a ClusterRole on Secrets."""
+    wide = [f"{o['metadata']['name']}: {sorted(grants(o).get((g, r), []))}" for o in objs if o.get("kind") == "ClusterRole"
+            for g, r in grants(o) if g in ("", "*") and r in ("secrets", "*")]
+    check(not wide, f"{name}: no ClusterRole grants Secrets (remote secrets are read through a Role in one namespace)", "; ".join(wide))
+    with open(os.path.join(ROOT, "crates/k8s/src/watch/secrets.rs")) as f:
+        code = f.read()
+    check("Api::namespaced_with" in code and "Api::all" not in code,
+          f"{name}: crates/k8s/src/watch/secrets.rs reads Secrets in one namespace (what a Role grants)")
+    control = find(objs, "Deployment", "ferry-control")
+    c = container(control, "control")
+    files = [a for a in c.get("args", []) if a.startswith("--remote-secret=")]
+    check(not files, f"{name}: the control plane watches remote secrets instead of reading files at start", f"{files}")
+    ns_flag = flag(c, "--remote-secrets-namespace")
+    if find(objs, "ServiceAccount", "ferry-reader") is not None:
+        check(ns_flag is not None, f"{name}: a cluster of a multi-cluster mesh watches remote secrets (--remote-secrets-namespace)")
+    if ns_flag is None:
+        check(not any(o.get("kind") == "Role" and ("", "secrets") in grants(o) for o in objs),
+              f"{name}: no Role on Secrets where no remote secrets are watched")
+        return
+    ns = expand(control, c, ns_flag)
+    sa = pod_spec(control).get("serviceAccountName")
+    roles = [o for o in objs if o.get("kind") == "Role" and o["metadata"].get("namespace") == ns and ("", "secrets") in grants(o)]
+    good = [r for r in roles if grants(r) == {("", "secrets"): {"get", "list", "watch"}} and not any(x.get("resourceNames") for x in r["rules"])]
+    check(len(roles) == 1 and len(good) == 1, f"{name}: a Role in {ns} grants exactly get, list, watch on Secrets (--remote-secrets-namespace={ns_flag})",
+          f"roles {[(r['metadata']['name'], sorted((k, sorted(v)) for k, v in grants(r).items())) for r in roles]}")
+    if good:
+        check(bound_to(objs, "Role", good[0]["metadata"]["name"], ns, sa),
+              f"{name}: Role {good[0]['metadata']['name']} is bound to the control plane's account ({ns}/{sa})")
 
 
 def check_cni_rbac(name, objs):
@@ -394,6 +465,8 @@ def check_remote_secret(objs, cluster):
     check(len(objs) == 1 and objs[0].get("kind") == "Secret", "remote-secret.sh: one Secret")
     s = objs[0]
     labels = s["metadata"].get("labels", {})
+    check(s["metadata"].get("namespace") == "ferry-system",
+          "remote-secret.sh: in ferry-system, where the overlays' control planes watch (--remote-secrets-namespace)")
     check(labels.get("istio/multiCluster") == "true", "remote-secret.sh: labelled istio/multiCluster: \"true\" (what the control plane requires)")
     data = s.get("stringData", {})
     check(list(data) == [cluster], f"remote-secret.sh: one key, the cluster ID {cluster}")
@@ -478,6 +551,7 @@ def main():
             lambda: check_shape(name, objs),
             lambda: check_rbac(name, objs),
             lambda: check_cni_rbac(name, objs),
+            lambda: check_remote_secrets(name, objs),
         ]
         if args.ferry:
             steps.append(lambda: check_flags(name, objs, args.ferry))
