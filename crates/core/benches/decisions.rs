@@ -8,21 +8,19 @@
 
 use std::alloc::System;
 use std::hint::black_box;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ferry_core::authz::{ConnInfo, authorize};
 use ferry_core::identity::Identity;
-use ferry_core::model::{
-    Action, Clause, Match, Policy, PolicyScope, Rule, ServiceScope, StringMatch, WaypointFor,
-    Workload,
-};
+use ferry_core::model::Workload;
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{Compact, Destination, Source, Step, Within, plan, plan_compact, route};
 use ferry_core::snapshot::Snapshot;
-use ferry_core::testing::{MeshBuilder, waypoint_ref};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+mod common;
+use common::{POLICIES, SERVICES, SOURCES, WORKLOADS, mesh};
 
 /// Counts live heap bytes so the snapshot's size can be reported, and allocations so a
 /// decision's can.
@@ -41,97 +39,6 @@ fn allocs() -> usize {
     s.allocations + s.reallocations
 }
 
-const WORKLOADS: usize = 10_000;
-const SERVICES: usize = 1_000;
-const POLICIES: usize = 1_000;
-const NAMESPACES: usize = 100;
-
-fn addr(net: usize, i: usize) -> String {
-    format!("198.{}.{}.{}", 18 + net, i / 250, i % 250 + 1)
-}
-
-fn mesh() -> MeshBuilder {
-    let mut m = MeshBuilder::new();
-    m.cluster("east", "net-east").cluster("west", "net-west");
-    m.gateway("gw-east", "east", "198.18.255.1")
-        .gateway("gw-west", "west", "198.19.255.1");
-    for n in 0..50 {
-        let c = if n % 2 == 0 { "east" } else { "west" };
-        m.node(
-            &format!("node{n}"),
-            c,
-            &format!("r{}/z{}/s{}", n % 2, n % 4, n % 8),
-        );
-    }
-    for i in 0..WORKLOADS {
-        let n = i % 50;
-        let w = m.pod(
-            &format!("pod{i}"),
-            &format!("node{n}"),
-            &addr(n % 2, 100 + i),
-        );
-        w.namespace = format!("ns{}", i % NAMESPACES);
-    }
-    m.waypoint("wp", WaypointFor::Service).scope = ServiceScope::global();
-    for k in 0..4 {
-        m.waypoint_pod(
-            "wp",
-            &format!("wp{k}"),
-            &format!("node{k}"),
-            &addr(k % 2, 12_000 + k),
-        );
-    }
-    for s in 0..SERVICES {
-        let name = format!("svc{s}");
-        let vips = [
-            ("net-east", addr(0, 20_000 + s)),
-            ("net-west", addr(1, 20_000 + s)),
-        ];
-        let svc = m.service(
-            &name,
-            &[(vips[0].0, &vips[0].1), (vips[1].0, &vips[1].1)],
-            80,
-            8080,
-        );
-        svc.scope = if s % 2 == 0 {
-            ServiceScope::global()
-        } else {
-            ServiceScope::local()
-        };
-        if s % 10 == 0 {
-            svc.waypoint = Some(waypoint_ref("wp"));
-        }
-        for k in 0..10 {
-            m.backs(&format!("pod{}", (s * 10 + k) % WORKLOADS), &name);
-        }
-    }
-    for p in 0..POLICIES {
-        let ns = format!("ns{}", p % NAMESPACES);
-        let m_ = Match {
-            principals: vec![StringMatch::Prefix(format!(
-                "cluster.local/ns/{ns}/sa/pod{p}"
-            ))],
-            destination_ports: vec![8080, 9090],
-            ..Match::default()
-        };
-        m.policy(Policy {
-            name: format!("policy{p}"),
-            namespace: ns,
-            scope: PolicyScope::Namespace,
-            action: if p % 5 == 0 {
-                Action::Deny
-            } else {
-                Action::Allow
-            },
-            rules: vec![Rule {
-                clauses: vec![Clause { matches: vec![m_] }],
-            }],
-            dry_run: false,
-        });
-    }
-    m
-}
-
 fn bench(c: &mut Criterion) {
     let m = mesh();
     let before = live();
@@ -144,19 +51,15 @@ fn bench(c: &mut Criterion) {
     );
     drop(m);
 
-    let sources: Vec<&Workload> = snap.workloads().map(|w| &**w).take(512).collect();
-    let vips: Vec<SocketAddr> = snap
-        .services()
-        .filter(|s| s.waypoint_for.is_none())
-        .filter_map(|s| s.vips.first().map(|v| SocketAddr::new(v.ip, 80)))
-        .collect();
+    let sources = common::workloads(&snap, 0, SOURCES);
+    let vips = common::vips(&snap);
 
     let conns: Vec<(&Workload, Destination)> = {
         let mut rng = SplitMix64::new(11);
         (0..4096)
             .map(|_| {
                 let src = sources[rng.below(sources.len() as u64) as usize];
-                let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
+                let dst = vips[rng.below(vips.len() as u64) as usize].clone();
                 (src, dst)
             })
             .collect()
@@ -169,22 +72,22 @@ fn bench(c: &mut Criterion) {
     g.bench_function("plan_service_vip_no_trace", |b| {
         b.iter(|| {
             let src = sources[rng.below(sources.len() as u64) as usize];
-            let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
-            black_box(plan(&snap, Source::new(src), &dst, &mut rng).is_ok())
+            let dst = &vips[rng.below(vips.len() as u64) as usize];
+            black_box(plan(&snap, Source::new(src), dst, &mut rng).is_ok())
         })
     });
     g.bench_function("route_service_vip", |b| {
         b.iter(|| {
             let src = sources[rng.below(sources.len() as u64) as usize];
-            let dst = Destination::Addr(vips[rng.below(vips.len() as u64) as usize]);
+            let dst = &vips[rng.below(vips.len() as u64) as usize];
             black_box(
-                route(&snap, Source::new(src), &dst, &mut rng)
+                route(&snap, Source::new(src), dst, &mut rng)
                     .outcome
                     .is_ok(),
             )
         })
     });
-    let dsts: Vec<&Workload> = snap.workloads().map(|w| &**w).skip(512).take(512).collect();
+    let dsts = common::workloads(&snap, 1, SOURCES);
     let ids: Vec<Identity> = sources.iter().map(|w| w.identity().unwrap()).collect();
     g.bench_function("authorize", |b| {
         b.iter(|| {
