@@ -15,13 +15,14 @@ mod index;
 use std::fmt;
 use std::sync::Arc;
 
-use imbl::{HashMap, OrdMap};
+use imbl::OrdMap;
 use serde::Serialize;
 
 pub use delta::SnapshotDelta;
 use index::Touched;
 
 use crate::identity::InvalidIdentity;
+use crate::keyed_hash::Map;
 use crate::model::{
     AddressEndpoint, Cluster, ClusterId, Gateway, GatewayDestination, NetworkAddress, NetworkId,
     Node, NodeName, Policy, PolicyKey, Service, ServiceKey, Workload, WorkloadUid,
@@ -132,33 +133,33 @@ pub enum SnapshotError {
 
 /// The whole mesh at one version, with the indexes every hop needs.
 ///
-/// Every map is persistent (`imbl`): a snapshot made by [`Snapshot::apply`] shares every entry
+/// Every map is persistent (`imbl`), hashed with a keyed fast hash (`keyed_hash`): a snapshot made by [`Snapshot::apply`] shares every entry
 /// and index bucket a delta did not touch with the one it was made from.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     version: u64,
     clusters: OrdMap<ClusterId, Cluster>,
     nodes: OrdMap<NodeName, Node>,
-    workloads: HashMap<WorkloadUid, Arc<Workload>>,
-    services: HashMap<ServiceKey, Arc<Service>>,
-    policies: HashMap<PolicyKey, Arc<Policy>>,
+    workloads: Map<WorkloadUid, Arc<Workload>>,
+    services: Map<ServiceKey, Arc<Service>>,
+    policies: Map<PolicyKey, Arc<Policy>>,
     /// By name.
     gateways: Vec<Arc<Gateway>>,
-    by_address: HashMap<NetworkAddress, AddressOwner>,
+    by_address: Map<NetworkAddress, AddressOwner>,
     /// Each bucket by key.
-    by_hostname: HashMap<String, Vec<ServiceKey>>,
+    by_hostname: Map<String, Vec<ServiceKey>>,
     /// Each bucket by uid.
-    by_node: HashMap<NodeName, Arc<Vec<WorkloadUid>>>,
+    by_node: Map<NodeName, Arc<Vec<WorkloadUid>>>,
     /// Every service has a bucket, in [`endpoint_sort_key`] order.
-    endpoints: HashMap<ServiceKey, Arc<Vec<Endpoint>>>,
+    endpoints: Map<ServiceKey, Arc<Vec<Endpoint>>>,
     /// By key, as each namespace's bucket.
     mesh_policies: Vec<PolicyKey>,
-    namespace_policies: HashMap<String, Vec<PolicyKey>>,
+    namespace_policies: Map<String, Vec<PolicyKey>>,
     /// How many workloads name each policy: a policy still named cannot go.
-    policy_refs: HashMap<PolicyKey, usize>,
+    policy_refs: Map<PolicyKey, usize>,
     /// How many workloads and services name each waypoint or network gateway destination: a
     /// service or address still named cannot go.
-    gateway_refs: HashMap<GatewayDestination, usize>,
+    gateway_refs: Map<GatewayDestination, usize>,
 }
 
 /// Collects objects and builds a [`Snapshot`] from them.

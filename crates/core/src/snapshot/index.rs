@@ -9,6 +9,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use super::{AddressOwner, Endpoint, ObjectRef, Snapshot, SnapshotError, endpoint_order};
+use crate::keyed_hash::Map;
 use crate::model::{
     Cluster, ClusterId, Gateway, GatewayDestination, GatewayRef, NetworkAddress, NetworkId, Node,
     NodeName, Policy, PolicyKey, PolicyScope, Service, ServiceKey, Workload, WorkloadUid,
@@ -31,11 +32,11 @@ fn mark<K: Hash + Eq + Clone>(set: &mut HashSet<K>, key: &K) {
     }
 }
 
-fn count_up<K: Hash + Eq + Clone>(counts: &mut imbl::HashMap<K, usize>, key: &K) {
+fn count_up<K: Hash + Eq + Clone>(counts: &mut Map<K, usize>, key: &K) {
     *counts.entry(key.clone()).or_insert(0) += 1;
 }
 
-fn count_down<K: Hash + Eq + Clone>(counts: &mut imbl::HashMap<K, usize>, key: &K) {
+fn count_down<K: Hash + Eq + Clone>(counts: &mut Map<K, usize>, key: &K) {
     if let Some(n) = counts.get_mut(key) {
         *n -= 1;
         if *n == 0 {
@@ -429,7 +430,7 @@ impl Snapshot {
 
 /// Drops the entries of `key`'s bucket that `gone` picks, and the bucket once it is empty.
 fn remove_from_bucket<K: Hash + Eq + Clone, T: Clone>(
-    map: &mut imbl::HashMap<K, Arc<Vec<T>>>,
+    map: &mut Map<K, Arc<Vec<T>>>,
     key: &K,
     gone: impl Fn(&T) -> bool,
 ) {
@@ -443,7 +444,7 @@ fn remove_from_bucket<K: Hash + Eq + Clone, T: Clone>(
 
 /// Sorts `key`'s bucket, copying it only when it is out of order.
 fn sort_bucket<K: Hash + Eq + Clone, T: Clone>(
-    map: &mut imbl::HashMap<K, Arc<Vec<T>>>,
+    map: &mut Map<K, Arc<Vec<T>>>,
     key: &K,
     order: impl Fn(&T, &T) -> std::cmp::Ordering,
 ) {
