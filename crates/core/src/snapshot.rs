@@ -13,8 +13,10 @@ mod delta;
 mod index;
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 
+use equivalent::Equivalent;
 use imbl::OrdMap;
 use serde::Serialize;
 
@@ -283,6 +285,33 @@ fn endpoint_order(a: &Endpoint, b: &Endpoint) -> std::cmp::Ordering {
     }
 }
 
+/// A [`NetworkAddress`] borrowed from its parts. Hashes as a `NetworkAddress` does: the same
+/// fields in the same order (`tests::borrowed_keys_find_what_owned_ones_do`).
+#[derive(Hash)]
+struct AddressRef<'a> {
+    network: &'a NetworkId,
+    ip: IpAddr,
+}
+
+impl Equivalent<NetworkAddress> for AddressRef<'_> {
+    fn equivalent(&self, key: &NetworkAddress) -> bool {
+        self.ip == key.ip && *self.network == key.network
+    }
+}
+
+/// A [`ServiceKey`] borrowed from its parts, hashing as one does.
+#[derive(Hash)]
+struct ServiceKeyRef<'a> {
+    namespace: &'a str,
+    hostname: &'a str,
+}
+
+impl Equivalent<ServiceKey> for ServiceKeyRef<'_> {
+    fn equivalent(&self, key: &ServiceKey) -> bool {
+        self.hostname == key.hostname && self.namespace == key.namespace
+    }
+}
+
 // === impl Snapshot ===
 
 impl Snapshot {
@@ -341,6 +370,25 @@ impl Snapshot {
         self.by_address.get(address)
     }
 
+    /// Who owns `ip` on `network`: [`Snapshot::owner`] without building a [`NetworkAddress`]
+    /// (a copy of the network's name) to look it up.
+    pub(crate) fn owner_on(&self, network: &NetworkId, ip: IpAddr) -> Option<&AddressOwner> {
+        self.by_address.get(&AddressRef { network, ip })
+    }
+
+    /// The endpoints of `service`: [`Snapshot::endpoints`] without building its key (a copy of
+    /// its namespace and hostname) to look them up.
+    pub(crate) fn endpoints_of(&self, service: &Service) -> &[Endpoint] {
+        let key = ServiceKeyRef {
+            namespace: &service.namespace,
+            hostname: &service.hostname,
+        };
+        self.endpoints
+            .get(&key)
+            .map(|b| b.as_slice())
+            .unwrap_or(&[])
+    }
+
     /// Services with this hostname (one per namespace at most).
     pub fn services_by_hostname(&self, hostname: &str) -> &[ServiceKey] {
         self.by_hostname
@@ -366,7 +414,7 @@ impl Snapshot {
     pub(crate) fn gateway_at(&self, address: &NetworkAddress) -> Option<&Arc<Gateway>> {
         self.gateways
             .iter()
-            .find(|g| &g.network_address() == address)
+            .find(|g| g.address == address.ip && g.network == address.network)
     }
 
     /// The policies that apply to `workload`: mesh-wide, its namespace's, and those that select it.
@@ -396,5 +444,37 @@ impl Snapshot {
                 .get(*k)
                 .is_some_and(|s| s.waypoint_for.is_some())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::NetworkAddress;
+    use crate::testing::MeshBuilder;
+
+    #[test]
+    fn borrowed_keys_find_what_owned_ones_do() {
+        let mut m = MeshBuilder::new();
+        m.cluster("east", "net-east").cluster("west", "net-west");
+        m.node("n1", "east", "r/z/s").node("n2", "west", "r/z/s");
+        m.pod("a", "n1", "198.18.1.1");
+        m.pod("b", "n2", "198.18.1.1");
+        m.service("svc", &[("net-east", "198.18.9.1")], 80, 8080);
+        m.backs("a", "svc");
+        let snap = m.build();
+        for w in snap.workloads() {
+            let ip = w.addresses[0];
+            let owned = NetworkAddress::new(w.network.clone(), ip);
+            assert_eq!(snap.owner_on(&w.network, ip), snap.owner(&owned));
+            assert!(snap.owner_on(&w.network, ip).is_some());
+        }
+        // The same address on the network that does not have it.
+        let nowhere = "net-nowhere".into();
+        assert_eq!(snap.owner_on(&nowhere, "198.18.1.1".parse().unwrap()), None);
+        for s in snap.services() {
+            assert_eq!(snap.endpoints_of(s), snap.endpoints(&s.key()));
+        }
+        let svc = snap.services().find(|s| s.name == "svc").unwrap();
+        assert_eq!(snap.endpoints_of(svc).len(), 1);
     }
 }

@@ -13,7 +13,7 @@ use super::{
 use crate::lb::{self, Candidate, Placement};
 use crate::model::{
     AddressEndpoint, ClusterId, GatewayDestination, GatewayRef, Health, LoadBalancing, Locality,
-    NetworkAddress, NetworkId, NodeName, Service, ServiceKey, Workload,
+    NetworkId, NodeName, Service, ServiceKey, Workload,
 };
 use crate::random::Random;
 use crate::snapshot::{AddressOwner, Snapshot};
@@ -151,8 +151,7 @@ pub(crate) fn route_traced<T: Trace + ?Sized>(
 
 /// What the address `addr`, dialled from `src`, belongs to.
 fn classify(snap: &Snapshot, network: &NetworkId, addr: SocketAddr) -> Class {
-    let na = NetworkAddress::new(network.clone(), addr.ip());
-    match snap.owner(&na) {
+    match snap.owner_on(network, addr.ip()) {
         Some(AddressOwner::Service(key)) => Class::Service {
             service: key.clone(),
             port: addr.port(),

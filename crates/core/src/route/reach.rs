@@ -62,8 +62,9 @@ pub(super) fn reach(
         .load_balancing
         .as_ref()
         .is_some_and(|lb| lb.health_policy == HealthPolicy::AllowAll);
-    let mut backends = Vec::new();
-    for ep in snap.endpoints(&svc.key()) {
+    let endpoints = snap.endpoints_of(svc);
+    let mut backends = Vec::with_capacity(endpoints.len());
+    for ep in endpoints {
         let Endpoint::Workload(uid) = ep else {
             return None;
         };

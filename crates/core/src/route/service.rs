@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use super::decide::{Attached, Cand, Cx, MAX_NESTING, SetAside, Target, describe_ref};
-use super::{CandidateRole, Plan, RouteError, Step, Trace, describe_ip};
+use super::{CandidateRole, Plan, RouteError, Step, Trace, ip_port};
 use crate::model::{AddressEndpoint, LoadBalancing, Service, ServiceKey};
 use crate::snapshot::{AddressOwner, Endpoint};
 
@@ -47,9 +47,9 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         }
 
         let origin = self.src.origin_cluster;
-        let mut cands: Vec<Cand<'a>> = Vec::new();
-        let mut lost: Vec<Cand<'a>> = Vec::new();
         let endpoints = snap.endpoints(key);
+        let mut cands: Vec<Cand<'a>> = Vec::with_capacity(endpoints.len());
+        let mut lost: Vec<Cand<'a>> = Vec::new();
         for ep in endpoints {
             let cand = match ep {
                 Endpoint::Workload(uid) => {
@@ -159,7 +159,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
                 }
                 self.step(|| Step::Nested {
                     outer: outer.key(),
-                    address: describe_ip(a.address.ip, port),
+                    address: ip_port(a.address.ip, port),
                     inner: inner.clone(),
                     port,
                 });

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::decide::{Cand, Cx, SetAside, Target, describe_ref, workload_of};
-use super::{Plan, RouteError, Step, Trace, Transport};
+use super::{Plan, RouteError, Step, Trace, Transport, ip_port};
 use crate::identity::Identity;
 use crate::model::{GatewayDestination, GatewayRef, HBONE_PORT, Service, TunnelProtocol, Workload};
 
@@ -53,7 +53,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         match w.tunnel {
             TunnelProtocol::Hbone => Transport::Hbone {
                 connect_to: SocketAddr::new(ip, HBONE_PORT),
-                authority: SocketAddr::new(ip, port).to_string(),
+                authority: ip_port(ip, port),
                 identities: identities([w], sans),
             },
             TunnelProtocol::Tcp => Transport::Tcp {
@@ -132,12 +132,13 @@ pub(super) fn identities<'w>(
     workloads: impl IntoIterator<Item = &'w Workload>,
     extra: &[Identity],
 ) -> Vec<Identity> {
-    let mut ids: Vec<Identity> = workloads
-        .into_iter()
-        .filter_map(|w| w.identity().ok())
-        .chain(extra.iter().cloned())
-        .collect();
-    ids.sort();
-    ids.dedup();
+    let workloads = workloads.into_iter();
+    let mut ids = Vec::with_capacity(workloads.size_hint().1.unwrap_or(1) + extra.len());
+    ids.extend(workloads.filter_map(|w| w.identity().ok()));
+    ids.extend_from_slice(extra);
+    if ids.len() > 1 {
+        ids.sort();
+        ids.dedup();
+    }
     ids
 }

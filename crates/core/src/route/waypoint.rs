@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use super::decide::{Attached, Cand, Cx, SetAside, Target, describe_ref, workload_of};
 use super::transport::identities;
-use super::{CandidateRole, DropReason, Plan, RouteError, Step, Trace, Transport, reach};
+use super::{CandidateRole, DropReason, Plan, RouteError, Step, Trace, Transport, ip_port, reach};
 use crate::model::{
     ClusterId, GatewayDestination, GatewayRef, LoadBalancing, Service, ServiceKey, Workload,
 };
@@ -96,7 +96,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
 
         let origin = self.src.origin_cluster;
         let src_network = self.src.placement.network;
-        let mut cands = Vec::new();
+        let mut cands = Vec::with_capacity(set.instances.len());
         let mut lost = Vec::new();
         for inst in &set.instances {
             let cand = Cand::workload(inst, wp.hbone_port);
@@ -150,9 +150,9 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
                 let transport = if &inst.network == src_network {
                     let ip = self.address_on_source_network(inst)?;
                     let authority = match vip {
-                        Some(v) => v.to_string(),
+                        Some(v) => ip_port(v.ip(), v.port()),
                         None => match s.vip_on(src_network) {
-                            Some(v) => SocketAddr::new(v, port).to_string(),
+                            Some(v) => ip_port(v, port),
                             None => format!("{}:{port}", s.hostname),
                         },
                     };
@@ -173,7 +173,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
                 let target = self.address_on_source_network(w)?;
                 let transport = Transport::Hbone {
                     connect_to: SocketAddr::new(ip, wp.hbone_port),
-                    authority: SocketAddr::new(target, port).to_string(),
+                    authority: ip_port(target, port),
                     identities: identities([inst], sans),
                 };
                 (port, transport, None)
