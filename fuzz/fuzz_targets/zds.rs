@@ -29,11 +29,21 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(!truncated, "a cut packet is refused");
     let payload = match &request {
-        Request::Add { uid, info, netns } => {
+        Request::Add {
+            uid,
+            info,
+            netns,
+            uncaptured,
+        } => {
             assert_eq!((count, *netns), (1, 100), "an add holds its one descriptor");
+            assert!(
+                uncaptured.iter().all(|p| *p != 0 && ![15001, 15006, 15008].contains(p)),
+                "no port 0 or proxy port is left out of capture"
+            );
             workload_request::Payload::Add(AddWorkload {
                 uid: uid.clone(),
                 workload_info: info.clone(),
+                ferry_uncaptured_ports: uncaptured.iter().map(|p| u32::from(*p)).collect(),
             })
         }
         other => {

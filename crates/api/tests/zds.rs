@@ -29,10 +29,27 @@ fn add_is_field_1_with_uid_1_and_workload_info_2() {
             namespace: "s".into(),
             service_account: "a".into(),
         }),
+        ferry_uncaptured_ports: Vec::new(),
     }));
     let info = [0x0a, 1, b'n', 0x12, 1, b's', 0x1a, 1, b'a'];
     let mut inner = vec![0x0a, 1, b'u', 0x12, info.len() as u8];
     inner.extend(info);
+    let mut want = vec![0x0a, inner.len() as u8];
+    want.extend(inner);
+    assert_eq!(add, want);
+}
+
+/// Ferry's extension of the add (uncaptured ports, field 10000, packed varints) comes after
+/// Istio's fields: a stock ztunnel skips it as an unknown field.
+#[test]
+fn the_uncaptured_ports_extension_is_field_10000_packed() {
+    let add = request(workload_request::Payload::Add(AddWorkload {
+        uid: "u".into(),
+        workload_info: None,
+        ferry_uncaptured_ports: vec![18080, 1],
+    }));
+    // 10000 << 3 | 2 = 80002: varint 0x82 0xf1 0x04; 18080: 0xa0 0x8d 0x01; 1: 0x01.
+    let inner = [0x0a, 1, b'u', 0x82, 0xf1, 0x04, 4, 0xa0, 0x8d, 0x01, 0x01];
     let mut want = vec![0x0a, inner.len() as u8];
     want.extend(inner);
     assert_eq!(add, want);

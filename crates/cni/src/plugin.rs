@@ -82,6 +82,8 @@ fn add(inv: &Invocation, conf: &NetConf) -> Result<serde_json::Value, CniError> 
             pod: inv.pod.clone(),
             container_id: inv.container_id.clone(),
             netns,
+            // The enroller's setting, never a plugin's: every inbound port captured.
+            uncaptured: Vec::new(),
         },
     )?;
     if !answer.error.is_empty() {

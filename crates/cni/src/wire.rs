@@ -20,6 +20,11 @@ pub enum Ask {
         pod: PodRef,
         container_id: String,
         netns: PathBuf,
+        /// Inbound ports of the pod left out of its capture (ZDS's Ferry extension): a setting
+        /// of the node's enroller (`ferry lab`, for its benchmarks' direct baseline), which the
+        /// plugin never sends; the socket is root's only.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        uncaptured: Vec<u16>,
     },
     /// A pod ended: release it (known or not).
     Del { pod: PodRef, container_id: String },
@@ -64,10 +69,24 @@ mod tests {
             },
             container_id: "c1".into(),
             netns: "/var/run/netns/web".into(),
+            uncaptured: Vec::new(),
         };
         let line = serde_json::to_string(&ask).unwrap();
         assert!(line.starts_with(r#"{"op":"add""#), "{line}");
         assert_eq!(serde_json::from_str::<Ask>(&line).unwrap(), ask);
         assert!(serde_json::from_str::<Ask>(r#"{"op":"frob"}"#).is_err());
+        assert!(
+            !line.contains("uncaptured"),
+            "the plugin's add sends none: {line}"
+        );
+        let lab = Ask::Add {
+            pod: PodRef::default(),
+            container_id: "c".into(),
+            netns: "/n".into(),
+            uncaptured: vec![18080],
+        };
+        let line = serde_json::to_string(&lab).unwrap();
+        assert!(line.contains(r#""uncaptured":[18080]"#), "{line}");
+        assert_eq!(serde_json::from_str::<Ask>(&line).unwrap(), lab);
     }
 }

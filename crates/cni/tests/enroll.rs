@@ -165,6 +165,7 @@ impl World {
             },
             container_id: format!("ctr-{name}"),
             netns: NETNS.into(),
+            uncaptured: Vec::new(),
         };
         let conn = tokio::net::UnixStream::connect(self.dir.join("cni.sock"))
             .await

@@ -103,26 +103,8 @@ fn add_options(options: &[&str]) -> Result<Uncaptured, String> {
 /// already keeps its rules: asking for other uncaptured ports needs a `del` first.
 async fn add(node: &Arc<Node>, uid: &str, netns: &str, uncaptured: Uncaptured) -> String {
     let key = WorkloadUid::new(uid);
-    {
-        let mut all = node.uncaptured.lock();
-        let now = all.get(&key).cloned().unwrap_or_default();
-        if now != uncaptured {
-            if node.pods.lock().contains_key(&key) {
-                return format!(
-                    "error: {uid} is enrolled with {}; `del` it first\n",
-                    if now.is_empty() {
-                        "every inbound port captured".to_string()
-                    } else {
-                        now.to_string()
-                    }
-                );
-            }
-            if uncaptured.is_empty() {
-                all.remove(&key);
-            } else {
-                all.insert(key.clone(), uncaptured);
-            }
-        }
+    if let Err(e) = node.set_uncaptured(&key, uncaptured) {
+        return format!("error: {e}; `del` it first\n");
     }
     match node
         .enroll(

@@ -89,11 +89,7 @@ impl Uncaptured {
         let ports = word
             .strip_prefix("uncaptured=")?
             .split(',')
-            .map(|p| {
-                p.parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0 && !PROXY_PORTS.contains(p))
-            })
+            .map(|p| p.parse::<u32>().ok().and_then(uncapturable))
             .collect::<Option<Vec<u16>>>()?;
         Some(Self::new(ports))
     }
@@ -111,6 +107,14 @@ impl std::fmt::Display for Uncaptured {
 }
 
 const PROXY_PORTS: [u16; 3] = [OUTBOUND_PORT, INBOUND_PORT, HBONE_PORT];
+
+/// `port` as a port a pod may be enrolled to leave out of capture: not 0, not a proxy port
+/// (leaving those out would break the pod's serving), and a port at all.
+pub(crate) fn uncapturable(port: u32) -> Option<u16> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0 && !PROXY_PORTS.contains(p))
+}
 
 /// Ferry's chain of each hook, with the rules it holds, as `iptables-save` (or
 /// `ip6tables-save`) prints them.

@@ -304,6 +304,33 @@ impl Node {
         self.uncaptured.lock().get(uid).cloned().unwrap_or_default()
     }
 
+    /// Records the inbound ports pod `uid` leaves out of capture, before it is enrolled (by the
+    /// API or the node agent). A pod served now keeps the ports it was enrolled with: asking it
+    /// for others is refused (it is released first).
+    pub(crate) fn set_uncaptured(
+        &self,
+        uid: &WorkloadUid,
+        ports: crate::capture::Uncaptured,
+    ) -> Result<(), UncapturedConflict> {
+        let mut all = self.uncaptured.lock();
+        let now = all.get(uid).cloned().unwrap_or_default();
+        if now == ports {
+            return Ok(());
+        }
+        if self.pods.lock().contains_key(uid) {
+            return Err(UncapturedConflict {
+                uid: uid.clone(),
+                now,
+            });
+        }
+        if ports.is_empty() {
+            all.remove(uid);
+        } else {
+            all.insert(uid.clone(), ports);
+        }
+        Ok(())
+    }
+
     pub(crate) fn enrolled(&self) -> Vec<(String, PathBuf)> {
         let mut v: Vec<_> = self
             .pods
@@ -314,4 +341,15 @@ impl Node {
         v.sort();
         v
     }
+}
+
+/// A served pod asked to leave other inbound ports out of capture than it was enrolled with.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{uid} is enrolled with {}",
+    if now.is_empty() { "every inbound port captured".to_string() } else { now.to_string() }
+)]
+pub(crate) struct UncapturedConflict {
+    uid: WorkloadUid,
+    now: crate::capture::Uncaptured,
 }

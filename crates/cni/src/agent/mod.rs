@@ -258,7 +258,10 @@ impl Agent {
         );
         let ended = async {
             for (u, kept, netns) in &replay {
-                if let Err(e) = link.add(u, info(&kept.pod), netns).await? {
+                if let Err(e) = link
+                    .add(u, info(&kept.pod), &kept.uncaptured, netns)
+                    .await?
+                {
                     tracing::warn!(pod = %u, error = %e, "the node proxy refused a replayed pod");
                 }
             }
@@ -324,13 +327,20 @@ impl Agent {
                 pod,
                 container_id,
                 netns,
-            } => self.add(pod, container_id, netns).await,
+                uncaptured,
+            } => self.add(pod, container_id, netns, uncaptured).await,
             Ask::Del { pod, container_id } => self.del(&pod, &container_id).await,
             Ask::Check { pod, container_id } => self.check(&pod, &container_id),
         }
     }
 
-    async fn add(&self, pod: PodRef, container_id: String, netns: PathBuf) -> Answer {
+    async fn add(
+        &self,
+        pod: PodRef,
+        container_id: String,
+        netns: PathBuf,
+        uncaptured: Vec<u16>,
+    ) -> Answer {
         let verdict = match &self.kube {
             None if self.flags().enrolls(&pod.namespace) => Verdict::Enroll,
             None => Verdict::Leave(Why::NotAsked),
@@ -345,6 +355,7 @@ impl Agent {
             container_id,
             netns,
             inode: None,
+            uncaptured,
         };
         if let Verdict::Leave(why) = verdict {
             tracing::info!(k8s.namespace = %kept.pod.namespace, k8s.name = %kept.pod.name, reason = %why, "pod not enrolled: left alone");
@@ -372,6 +383,7 @@ impl Agent {
         let op = Op::Add {
             uid: id.clone(),
             info: info(&kept.pod),
+            uncaptured: kept.uncaptured.clone(),
             netns: file.clone(),
             done,
         };

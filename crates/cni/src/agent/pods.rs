@@ -48,6 +48,10 @@ pub(crate) struct Kept {
     /// namespace once the pid is reused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) inode: Option<u64>,
+    /// Inbound ports left out of the pod's capture, as the enroller asked
+    /// ([`crate::wire::Ask::Add`]); sent with every add of the pod, replays too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) uncaptured: Vec<u16>,
 }
 
 impl Kept {
@@ -211,6 +215,11 @@ mod tests {
                 container_id: name.into(),
                 netns: path,
                 inode,
+                uncaptured: if name == "web" {
+                    vec![18080]
+                } else {
+                    Vec::new()
+                },
             };
             pods.insert(
                 uid(&kept.pod, name),
@@ -230,6 +239,11 @@ mod tests {
         let (back, gone) = Pods::load(&state).unwrap();
         assert_eq!(back.len(), 3);
         assert!(back.get("shop/web").unwrap().netns.is_some());
+        assert_eq!(
+            back.get("shop/web").unwrap().kept.uncaptured,
+            [18080],
+            "a pod's uncaptured ports are kept, to be replayed"
+        );
         assert!(back.get("shop/found").unwrap().netns.is_some());
         assert!(back.get("shop/moved").is_none());
         assert!(

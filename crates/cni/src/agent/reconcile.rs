@@ -167,6 +167,7 @@ impl Agent {
                         container_id: String::new(),
                         netns: path.clone(),
                         inode: Some(*inode),
+                        uncaptured: Vec::new(),
                     };
                     state.pods.insert(w.key.clone(), Pod { kept, netns: None });
                 }
@@ -215,6 +216,7 @@ impl Agent {
             let op = Op::Add {
                 uid: key.to_string(),
                 info: info(&pod.kept.pod),
+                uncaptured: pod.kept.uncaptured.clone(),
                 netns: file.clone(),
                 done,
             };

@@ -28,6 +28,7 @@ pub(crate) enum Op {
     Add {
         uid: String,
         info: WorkloadInfo,
+        uncaptured: Vec<u16>,
         netns: Arc<File>,
         done: oneshot::Sender<Result<(), String>>,
     },
@@ -116,15 +117,19 @@ impl Link {
         }
     }
 
+    /// An add of pod `uid` in `netns`, with `uncaptured` (Ferry's extension: none from a
+    /// plugin's add) left out of its inbound capture.
     pub(crate) async fn add(
         &self,
         uid: &str,
         info: WorkloadInfo,
+        uncaptured: &[u16],
         netns: &File,
     ) -> Result<Result<(), String>, LinkError> {
         let add = Payload::Add(AddWorkload {
             uid: uid.to_string(),
             workload_info: Some(info),
+            ferry_uncaptured_ports: uncaptured.iter().map(|p| u32::from(*p)).collect(),
         });
         self.request(add, Some(netns)).await
     }
@@ -158,10 +163,11 @@ impl Link {
             Op::Add {
                 uid,
                 info,
+                uncaptured,
                 netns,
                 done,
             } => {
-                let r = self.add(&uid, info, &netns).await;
+                let r = self.add(&uid, info, &uncaptured, &netns).await;
                 answer(done, &r);
                 r.map(drop)
             }

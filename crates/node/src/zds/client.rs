@@ -16,8 +16,9 @@ use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
 
 use super::frames::{self, FrameError, MAX_FRAME};
 use super::session::{Action, Aliases, Session, SessionError};
+use crate::capture::Uncaptured;
 use crate::pods::{EnrollError, PodNetns};
-use crate::state::Node;
+use crate::state::{Node, UncapturedConflict};
 
 /// The first wait before connecting again, doubled after each failure up to [`BACKOFF_MAX`].
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -39,6 +40,8 @@ pub(crate) enum RequestError {
     NotANamespace(std::io::Error),
     #[error(transparent)]
     Enroll(#[from] EnrollError),
+    #[error("{0}; del it first")]
+    Uncaptured(#[from] UncapturedConflict),
 }
 
 /// Why a connection ended.
@@ -213,9 +216,13 @@ async fn handle(
             .collect()
     })?;
     match action {
-        Action::Serve { uid, netns } => {
+        Action::Serve {
+            uid,
+            netns,
+            uncaptured,
+        } => {
             let mesh = mesh_uid.unwrap_or_else(|| uid.clone());
-            serve_pod(node, &mesh, netns).await?;
+            serve_pod(node, &mesh, netns, Uncaptured::new(uncaptured)).await?;
             aliases.insert(uid, mesh);
         }
         Action::Keep => {}
@@ -265,20 +272,28 @@ fn agent_pods(node: &Node) -> Vec<WorkloadUid> {
         .collect()
 }
 
-/// Serves pod `uid` in the namespace `fd` refers to: once, if it is served in that namespace
-/// already; in place of the old one if it is served in another.
-async fn serve_pod(node: &Arc<Node>, uid: &WorkloadUid, fd: OwnedFd) -> Result<(), RequestError> {
+/// Serves pod `uid` in the namespace `fd` refers to, with `uncaptured` left out of its inbound
+/// capture: once, if it is served in that namespace already (with the same ports; other ones
+/// are refused); in place of the old one if it is served in another.
+async fn serve_pod(
+    node: &Arc<Node>,
+    uid: &WorkloadUid,
+    fd: OwnedFd,
+    uncaptured: Uncaptured,
+) -> Result<(), RequestError> {
     let file = File::from(fd);
     let id = Netns::id_of(&file).map_err(RequestError::NotANamespace)?;
     let served = node.pods.lock().get(uid).cloned();
     if let Some(pod) = served {
         if pod.netns.id() == id {
+            node.set_uncaptured(uid, uncaptured)?;
             tracing::debug!(pod = %uid, "node agent adds a pod served already");
             return Ok(());
         }
         tracing::info!(pod = %uid, "node agent adds a pod in a new network namespace: serving the new one");
         node.remove(uid.as_str()).await;
     }
+    node.set_uncaptured(uid, uncaptured)?;
     node.enroll(uid.as_str(), PodNetns::Fd(file.into()), ADD_WAIT)
         .await?;
     node.unserved.lock().remove(uid);
@@ -289,6 +304,7 @@ async fn serve_pod(node: &Arc<Node>, uid: &WorkloadUid, fd: OwnedFd) -> Result<(
 /// Stops serving pod `uid` (a pod not served is no error: the agent's del is idempotent).
 async fn release(node: &Node, uid: &WorkloadUid) {
     let unserved = node.unserved.lock().remove(uid).is_some();
+    node.uncaptured.lock().remove(uid);
     if node.remove(uid.as_str()).await || unserved {
         tracing::info!(pod = %uid, "node agent released a pod");
         crate::enrollment::save(node);

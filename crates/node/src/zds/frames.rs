@@ -25,6 +25,9 @@ pub enum Request<F> {
         /// The agent's name for the pod (informational: the mesh snapshot says who it is).
         info: Option<WorkloadInfo>,
         netns: F,
+        /// Inbound ports left out of the pod's capture (Ferry's extension of the add, field
+        /// 10000; none from Istio's agent), each checked: not 0, not a proxy port.
+        uncaptured: Vec<u16>,
     },
     /// Do not release pod `uid` at the end of this replay.
     Keep { uid: String },
@@ -56,6 +59,10 @@ pub enum FrameError {
     UnexpectedDescriptors(&'static str),
     #[error("{0} without a uid")]
     EmptyUid(&'static str),
+    #[error(
+        "uncaptured port {0} is not a port the pod's app may take out of capture (0, over 65535, or a proxy port)"
+    )]
+    UncapturedPort(u32),
 }
 
 /// Decodes one packet: its bytes, the descriptors that came with it, and whether the kernel cut
@@ -85,11 +92,17 @@ pub fn decode<F>(bytes: &[u8], mut fds: Vec<F>, truncated: bool) -> Result<Reque
             if fds.len() > 1 {
                 return Err(FrameError::ExtraDescriptors(fds.len()));
             }
+            let uncaptured = add
+                .ferry_uncaptured_ports
+                .iter()
+                .map(|p| crate::capture::uncapturable(*p).ok_or(FrameError::UncapturedPort(*p)))
+                .collect::<Result<Vec<u16>, FrameError>>()?;
             let netns = fds.pop().ok_or(FrameError::MissingNetns)?;
             Ok(Request::Add {
                 uid: add.uid,
                 info: add.workload_info,
                 netns,
+                uncaptured,
             })
         }
         _ if !fds.is_empty() => Err(FrameError::UnexpectedDescriptors(kind)),
@@ -144,6 +157,7 @@ mod tests {
                 namespace: "default".into(),
                 service_account: "web".into(),
             }),
+            ferry_uncaptured_ports: Vec::new(),
         }))
     }
 
@@ -155,11 +169,44 @@ mod tests {
 
     #[test]
     fn an_add_with_one_descriptor_is_an_add_of_that_descriptor() {
-        let Ok(Request::Add { uid, info, netns }) = decode(&add("u1"), vec![7], false) else {
+        let Ok(Request::Add {
+            uid,
+            info,
+            netns,
+            uncaptured,
+        }) = decode(&add("u1"), vec![7], false)
+        else {
             panic!("not an add");
         };
         assert_eq!((uid.as_str(), netns), ("u1", 7));
         assert_eq!(info.map(|i| i.name), Some("web-0".to_string()));
+        assert!(
+            uncaptured.is_empty(),
+            "Istio's agent leaves every port captured"
+        );
+    }
+
+    #[test]
+    fn an_add_carries_its_uncaptured_ports_and_a_proxy_port_or_no_port_is_refused() {
+        let with = |ports: Vec<u32>| {
+            encode(workload_request::Payload::Add(AddWorkload {
+                uid: "u1".into(),
+                workload_info: None,
+                ferry_uncaptured_ports: ports,
+            }))
+        };
+        let Ok(Request::Add { uncaptured, .. }) = decode(&with(vec![18080, 17778]), vec![7], false)
+        else {
+            panic!("not an add");
+        };
+        assert_eq!(uncaptured, [18080, 17778]);
+        for bad in [0, 15001, 15006, 15008, 65536] {
+            assert_eq!(
+                decode(&with(vec![18080, bad]), vec![7], false),
+                Err(FrameError::UncapturedPort(bad)),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

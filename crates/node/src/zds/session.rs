@@ -20,8 +20,13 @@ use super::frames::Request;
 /// What the node must do for one request.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Action<F> {
-    /// Serve this pod from this namespace (a pod served already stays as it is).
-    Serve { uid: WorkloadUid, netns: F },
+    /// Serve this pod from this namespace, with these inbound ports left out of its capture (a
+    /// pod served already stays as it is).
+    Serve {
+        uid: WorkloadUid,
+        netns: F,
+        uncaptured: Vec<u16>,
+    },
     /// Keep this pod; nothing to do now.
     Keep,
     /// Stop serving this pod.
@@ -58,12 +63,21 @@ impl Session {
         served: impl FnOnce() -> Vec<WorkloadUid>,
     ) -> Result<Action<F>, SessionError> {
         match request {
-            Request::Add { uid, netns, .. } => {
+            Request::Add {
+                uid,
+                netns,
+                uncaptured,
+                ..
+            } => {
                 let uid = WorkloadUid::new(uid);
                 if !self.live {
                     self.named.insert(uid.clone());
                 }
-                Ok(Action::Serve { uid, netns })
+                Ok(Action::Serve {
+                    uid,
+                    netns,
+                    uncaptured,
+                })
             }
             Request::Keep { uid } => {
                 if self.live {
@@ -146,6 +160,7 @@ mod tests {
             uid: s.into(),
             info: None,
             netns: 0,
+            uncaptured: Vec::new(),
         }
     }
 
@@ -161,7 +176,8 @@ mod tests {
             s.step(add("a"), served(&[])),
             Ok(Action::Serve {
                 uid: uid("a"),
-                netns: 0
+                netns: 0,
+                uncaptured: Vec::new(),
             })
         );
         assert_eq!(

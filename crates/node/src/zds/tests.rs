@@ -302,6 +302,17 @@ impl AgentConn {
                 namespace: "default".into(),
                 service_account: name.into(),
             }),
+            ferry_uncaptured_ports: Vec::new(),
+        }));
+        self.send(&add, Some(&pod.file)).await
+    }
+
+    /// An add of `pod` with Ferry's extension: `ports` left out of its inbound capture.
+    async fn add_uncaptured(&self, pod: &PodNs, ports: &[u32]) -> String {
+        let add = request(Payload::Add(AddWorkload {
+            uid: pod.uid.to_string(),
+            workload_info: None,
+            ferry_uncaptured_ports: ports.to_vec(),
         }));
         self.send(&add, Some(&pod.file)).await
     }
@@ -399,6 +410,7 @@ async fn malformed_frames_a_missing_descriptor_and_unknown_requests_get_an_error
     let add = request(Payload::Add(AddWorkload {
         uid: f.pods[1].uid.to_string(),
         workload_info: None,
+        ferry_uncaptured_ports: Vec::new(),
     }));
     let missing = agent.send(&add, None).await;
     assert!(
@@ -469,6 +481,62 @@ async fn a_pod_the_agent_names_by_its_kubernetes_uid_is_found_by_name_and_namesp
     assert_eq!(agent.del_as(k8s_uid).await, "");
     assert!(f.served().is_empty());
     assert!(f.captured().await.is_empty());
+    client.abort();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// The rules of the pod's inbound capture chain, as `iptables -S FERRY_IN` prints them.
+fn inbound_chain(pod: &PodNs) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &pod.name, "iptables", "-w", "-t", "nat"])
+        .args(["-S", "FERRY_IN"])
+        .output()
+        .expect("running iptables");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn an_add_with_uncaptured_ports_leaves_exactly_those_out_of_the_pods_inbound_capture() {
+    if !is_root() {
+        eprintln!("skipping: needs root for network namespaces and iptables");
+        return;
+    }
+    let f = Fixture::new("uncaptured");
+    let path = socket_path("uncaptured");
+    let mut listener = listen(&path);
+    let client = tokio::spawn(super::run(f.node.clone(), path.clone()));
+    let agent = accept(&mut listener).await;
+    assert_eq!(agent.add_uncaptured(&f.pods[0], &[18080, 17778]).await, "");
+    assert_eq!(agent.add(&f.pods[1]).await, "");
+    assert_eq!(agent.snapshot_sent().await, "");
+    let with = inbound_chain(&f.pods[0]);
+    for port in [18080, 17778] {
+        assert!(
+            with.contains(&format!("--dport {port} -j RETURN")),
+            "{port} is not left out:\n{with}"
+        );
+    }
+    let without = inbound_chain(&f.pods[1]);
+    assert!(without.contains("REDIRECT --to-ports 15006"), "{without}");
+    assert!(!without.contains("--dport 18080"), "{without}");
+    // The same add again (a replay): served once, as it is. Other ports: refused, unchanged.
+    assert_eq!(agent.add_uncaptured(&f.pods[0], &[18080, 17778]).await, "");
+    let other = agent.add_uncaptured(&f.pods[0], &[18081]).await;
+    assert!(
+        other.contains("enrolled with uncaptured=17778,18080; del it first"),
+        "{other}"
+    );
+    assert_eq!(inbound_chain(&f.pods[0]), with);
+    // A proxy port is never left out.
+    let proxy = agent.add_uncaptured(&f.pods[2], &[15008]).await;
+    assert!(proxy.contains("uncaptured port 15008"), "{proxy}");
+    assert_eq!(f.served(), f.uids(&[0, 1]));
+    // Released, then added with other ports: those.
+    assert_eq!(agent.del(&f.pods[0]).await, "");
+    assert_eq!(agent.add_uncaptured(&f.pods[0], &[18081]).await, "");
+    let again = inbound_chain(&f.pods[0]);
+    assert!(again.contains("--dport 18081 -j RETURN"), "{again}");
+    assert!(!again.contains("--dport 18080"), "{again}");
     client.abort();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
