@@ -326,7 +326,7 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
-    /// Restart one node proxy; its pods are enrolled again.
+    /// Restart one node proxy; its node agent replays the node's pods to the new process.
     RestartNode {
         node: String,
         /// SIGKILL instead of a drain (a crash).
@@ -345,9 +345,18 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
-    /// Start a stopped node proxy; it serves its enrolled pods again from its own state.
+    /// Start a stopped node proxy; it serves its enrolled pods again from its node agent's
+    /// replay.
     StartNode {
         node: String,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Enroll a pod with its node's agent again, as a container runtime's CNI ADD does for a
+    /// new sandbox: served in the same network namespace, nothing changes; in a new one (its
+    /// namespace created again), the node proxy serves the new one.
+    Enroll {
+        pod: String,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -682,6 +691,15 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::StartNode { node, lab } => {
             ops::start_node(&lab.state_dir, &node)?;
             println!("ferry lab: node {node} started; it serves its pods again");
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Enroll { pod, lab } => {
+            let state = crate::state::State::up(&lab.state_dir)?;
+            if !state.pods.get(&pod).is_some_and(|p| p.enrolled) {
+                anyhow::bail!("{pod} is not one of the lab's enrolled pods");
+            }
+            crate::agent::enroll(&state, &pod)?;
+            println!("ferry lab: pod {pod} enrolled with its node agent");
             Ok(ExitCode::SUCCESS)
         }
     }

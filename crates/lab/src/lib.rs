@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-mod api;
+mod agent;
 mod apps;
 mod bench;
 mod build;

@@ -1,5 +1,6 @@
 //! What `ferry lab` does to a running lab's node proxies: hand one over, stop, start, restart
-//! it. What it does to a pod is in `pods`.
+//! it. The node's agent stays up throughout and replays the node's pods to each node proxy that
+//! connects. What it does to a pod is in `pods`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -7,12 +8,12 @@ use std::time::Duration;
 use anyhow::Context;
 use nix::sys::signal::Signal;
 
-use crate::api::api_list;
-use crate::procs::{signal_and_wait, spawn_append, stop_and_wait, wait_for};
+use crate::agent::wait_served;
+use crate::procs::{signal_and_wait, spawn_append, stop_and_wait};
 use crate::state::State;
 
 /// Restarts one node proxy (SIGTERM and drain, or with `kill`, SIGKILL at once). The new
-/// process serves the node's pods again from its own enrollment state: nothing is re-enrolled.
+/// process serves the node's pods again from the agent's replay: nothing is re-enrolled.
 pub(crate) fn restart_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Result<()> {
     stop_node(state_dir, node, kill)?;
     start_node(state_dir, node)
@@ -40,9 +41,10 @@ pub(crate) fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Res
 pub(crate) fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::up(state_dir)?;
     let n = state.node(node)?;
-    let (netns, api, log, args) = (
+    let (netns, api, admin, log, args) = (
         n.netns.clone(),
         n.api.clone(),
+        n.admin.clone(),
         n.log.clone(),
         n.args.clone(),
     );
@@ -58,33 +60,11 @@ pub(crate) fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         n.pid = pid;
     }
     state.save()?;
-    wait_for("the restarted node proxy", Duration::from_secs(20), || {
-        api.exists()
-    })?;
-    wait_served(&state, node, &api)
-}
-
-/// Waits until the node proxy behind `api` serves every pod enrolled on `node` (restored from
-/// its own state; nothing is enrolled again).
-fn wait_served(state: &State, node: &str, api: &Path) -> anyhow::Result<()> {
-    let expected: Vec<String> = state
-        .pods
-        .values()
-        .filter(|p| p.enrolled && p.node.as_deref() == Some(node))
-        .map(|p| p.uid.clone())
-        .collect();
-    wait_for(
-        "the node proxy to serve its enrolled pods again",
-        Duration::from_secs(30),
-        || {
-            api_list(api)
-                .is_ok_and(|served| expected.iter().all(|u| served.iter().any(|(s, _)| s == u)))
-        },
-    )
+    wait_served(&state, node, &netns, &admin)
 }
 
 /// Hands a node's pods over to a new node proxy process without refusing a connection: the new
-/// process reads the node's enrollment state, opens its listeners beside the old one's
+/// process takes the agent's replay, opens its listeners beside the old one's
 /// (SO_REUSEPORT) and keeps the capture rules as they are; only then does the old one drain and
 /// exit (its queued connections migrate).
 pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
@@ -96,13 +76,13 @@ pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         args[i + 1] = api.display().to_string();
     }
     // The old process still holds its admin port: the new one takes the next.
-    let mut admin = None;
-    if let Some(i) = args.iter().position(|a| a == "--admin") {
-        let (ip, port) = args[i + 1].rsplit_once(':').context("admin address")?;
-        let next = format!("{ip}:{}", port.parse::<u16>()? + 1);
-        args[i + 1].clone_from(&next);
-        admin = Some(next);
-    }
+    let i = args
+        .iter()
+        .position(|a| a == "--admin")
+        .context("no --admin in the node proxy's command line")?;
+    let (ip, port) = args[i + 1].rsplit_once(':').context("admin address")?;
+    let admin = format!("{ip}:{}", port.parse::<u16>()? + 1);
+    args[i + 1].clone_from(&admin);
     let pid = spawn_append(
         &mut state,
         &netns,
@@ -110,11 +90,8 @@ pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         &log,
         "handover: a new node proxy starts beside the old one",
     )?;
-    wait_for("the new node proxy", Duration::from_secs(20), || {
-        api.exists()
-    })?;
-    // It serves the node's pods from the shared enrollment state, beside the old one.
-    wait_served(&state, node, &api)?;
+    // It serves the node's pods from the agent's replay, beside the old one.
+    wait_served(&state, node, &netns, &admin)?;
     // Only now does the old one stop accepting and drain.
     stop_and_wait(
         old,
@@ -125,9 +102,7 @@ pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
         n.pid = pid;
         n.api = api;
         n.args = args;
-        if let Some(a) = admin {
-            n.admin = a;
-        }
+        n.admin = admin;
     }
     state.save()?;
     Ok(())

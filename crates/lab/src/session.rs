@@ -199,11 +199,12 @@ fn print_status(state: &State) {
     );
     for (name, n) in &state.nodes {
         println!(
-            "  node {name:<10} cluster {:<8} netns {:<10} admin http://{}/ (log {})",
+            "  node {name:<10} cluster {:<8} netns {:<10} admin http://{}/ (log {}; its node agent's {})",
             n.cluster,
             n.netns,
             n.admin,
-            n.log.display()
+            n.log.display(),
+            n.agent.with_extension("log").display()
         );
     }
     for (name, p) in &state.pods {

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Pod {
     pub(crate) uid: String,
+    /// Its workload's namespace (as its node agent is told).
+    #[serde(default)]
+    pub(crate) namespace: String,
     pub(crate) netns: String,
     pub(crate) ip: String,
     pub(crate) node: Option<String>,
@@ -30,6 +33,9 @@ pub(crate) struct NodeProc {
     pub(crate) netns: String,
     pub(crate) mgmt_ip: String,
     pub(crate) api: PathBuf,
+    /// Its node agent's socket, where the lab enrolls the node's pods ([`crate::agent`]).
+    #[serde(default)]
+    pub(crate) agent: PathBuf,
     pub(crate) admin: String,
     pub(crate) log: PathBuf,
     pub(crate) cluster: String,

@@ -1,15 +1,16 @@
 //! A node proxy killed with SIGKILL: nothing goes around it while it is down, and it serves its
-//! pods again from its own state. The longest scenario, on its own lab; its module sorts first so
+//! pods again from its node agent's replay. The longest scenario, on its own lab; its module sorts first so
 //! that libtest, which starts tests in name order, starts it first and fits the others around it.
 
 use std::time::Duration;
 
+use crate::harness::Has::Text;
 use crate::harness::{Lab, SHORT_BOUNDS_ARGS, eventually};
 
-/// `stop-node --kill`, then `start-node` with an unservable pod in its state (which stays, so
-/// its own lab), node proxies as in [`crate::harness::SHORT_BOUNDS`].
+/// `stop-node --kill`, then `start-node` with an unservable pod in its own state file (which
+/// stays, so its own lab), node proxies as in [`crate::harness::SHORT_BOUNDS`].
 #[test]
-fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_state() {
+fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_node_agents_replay() {
     let Some(lab) = Lab::up_with_args(None, "fK", SHORT_BOUNDS_ARGS) else {
         return;
     };
@@ -28,11 +29,13 @@ fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_state() {
         "traffic from sleep reached {dst} while its node proxy was down:\n{}",
         &lab.log(dst)[mark..]
     );
-    // Restarted, it serves the pod again from its own state, without re-enrollment; a pod in
-    // that state it cannot serve is reported, and does not make it unready.
+    // Restarted, it serves the pod again from its node agent's replay (ZDS), without
+    // re-enrollment: the pod is the agent's, not in the node proxy's own state file. That file
+    // stays the fallback for pods enrolled without an agent: one there it cannot serve is
+    // reported, and does not make it unready.
     let state_file = lab.dir.join(format!("{src}.pods"));
-    let mut pods = std::fs::read_to_string(&state_file).unwrap();
-    assert!(pods.contains("/Pod/default/sleep "), "{pods}");
+    let mut pods = std::fs::read_to_string(&state_file).unwrap_or_default();
+    assert!(!pods.contains("/Pod/default/sleep "), "{pods}");
     pods.push_str("alpha//v1/Pod/default/ghost /var/run/netns/ferry-test-no-such-netns\n");
     std::fs::write(&state_file, pods).unwrap();
     // Its capture chain emptied while it is down: a node proxy starting up rewrites it.
@@ -50,6 +53,13 @@ fn a_killed_node_proxy_lets_nothing_through_and_serves_again_from_its_state() {
         .send("sleep", "198.18.2.20:8080", "back")
         .expect("served again");
     assert!(r.contains("back"), "{r}");
+    // Handed over by the agent twice: when the lab came up, and in its replay to the new process.
+    let handed = lab
+        .log_lines(src)
+        .iter()
+        .filter(|l| l.has(&Text("node agent adds a pod")) && l.has(&Text("/Pod/default/sleep")))
+        .count();
+    assert_eq!(handed, 2, "sleep's adds by the node agent in {src}.log");
     let admin = lab.state(&["nodes", src, "admin"]);
     let admin = admin.as_str().unwrap();
     // (The restored pod waits a moment for its workload to appear in the mesh first.)

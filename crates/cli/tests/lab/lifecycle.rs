@@ -166,13 +166,15 @@ fn a_re_created_pod_namespace_is_served_again_rules_first() {
         return;
     };
     let dst = "alpha-2";
-    // A pod's namespace deleted and created again under the same name: the node proxy notices
-    // (a directory event), and serves the new one, rules first.
+    // A pod's namespace deleted and created again under the same name, and the pod added again
+    // as a runtime's CNI ADD does for a new sandbox: the node agent hands the new namespace over
+    // and the node proxy serves it in place of the old one, rules first.
     let ns = lab.state(&["pods", "ledger-alpha", "netns"]);
     let ns = ns.as_str().unwrap();
     for args in [["netns", "del", ns], ["netns", "add", ns]] {
         assert!(Command::new("ip").args(args).status().unwrap().success());
     }
+    lab.run(&["enroll", "ledger-alpha"]);
     let rules = || {
         Command::new("ip")
             .args(["netns", "exec", ns, "iptables", "-w", "-t", "nat"])
@@ -188,7 +190,9 @@ fn a_re_created_pod_namespace_is_served_again_rules_first() {
     );
     lab.log_line(
         dst,
-        &[Text("namespace was created again: serving the new one")],
+        &[Text(
+            "node agent adds a pod in a new network namespace: serving the new one",
+        )],
     );
 }
 

@@ -1,5 +1,6 @@
 //! Node proxies: one namespace on the management network per topology node, running
-//! `ferry node` with its join token.
+//! `ferry node` with its join token and, beside it, the node's agent (`ferry cni agent`), which
+//! hands the node's pods to it over ZDS.
 
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use crate::MGMT_PREFIX;
 use crate::procs::{spawn, wait_for};
 use crate::state::{NodeProc, State};
 
-/// Starts every node proxy, then waits until each has opened its enrollment API.
+/// Starts every node's agent and node proxy, then waits until each agent listens and each node
+/// proxy answers on its admin port.
 pub(super) fn start(
     lab: &Lab<'_>,
     state: &mut State,
@@ -26,9 +28,9 @@ pub(super) fn start(
     }
     for n in state.nodes.values() {
         wait_for(
-            &format!("the node proxy in {}", n.netns),
+            &format!("the node agent and node proxy in {}", n.netns),
             Duration::from_secs(20),
-            || n.api.exists(),
+            || n.agent.exists() && n.api.exists(),
         )?;
     }
     Ok(())
@@ -56,6 +58,15 @@ fn start_one(
     )?;
     let api = state_dir.join(format!("{}.sock", n.name));
     let log = state_dir.join(format!("{}.log", n.name));
+    // The agent first: the node proxy connects to it once synced with the control plane.
+    let agent = crate::agent::command(&lab.exe, state_dir, n.name.as_str());
+    let agent_argv: Vec<&str> = agent.iter().map(String::as_str).collect();
+    spawn(
+        state,
+        &ns,
+        &agent_argv,
+        &state_dir.join(format!("{}.agent.log", n.name)),
+    )?;
     let admin = format!("{mgmt_ip}:15000");
     let args: Vec<String> = [
         lab.exe.as_str(),
@@ -71,6 +82,10 @@ fn start_one(
         "--state-file",
         &state_dir
             .join(format!("{}.pods", n.name))
+            .display()
+            .to_string(),
+        "--zds-socket",
+        &crate::agent::zds_socket(state_dir, n.name.as_str())
             .display()
             .to_string(),
     ]
@@ -89,6 +104,7 @@ fn start_one(
             netns: ns,
             mgmt_ip,
             api,
+            agent: crate::agent::plugin_socket(state_dir, n.name.as_str()),
             admin,
             log,
             cluster: n.cluster.to_string(),

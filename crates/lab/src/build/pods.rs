@@ -12,7 +12,6 @@ use ferry_core::snapshot::Snapshot;
 
 use super::net::{attach, ip, netns, run};
 use super::{APP_PORTS, Lab, waypoints};
-use crate::api::api_call;
 use crate::procs::spawn;
 use crate::state::{Pod, State};
 
@@ -49,6 +48,7 @@ pub(super) fn create(
             w.name.clone(),
             Pod {
                 uid: w.uid.to_string(),
+                namespace: w.namespace.to_string(),
                 netns: ns,
                 ip: w.addresses[0].to_string(),
                 node: w.node.as_ref().map(ToString::to_string),
@@ -168,33 +168,25 @@ pub(super) fn start_apps(lab: &Lab<'_>, state: &mut State, snap: &Snapshot) -> a
     Ok(())
 }
 
-/// Enrolls every HBONE pod that is not a waypoint with its node proxy, with the benchmark's
-/// direct ports left out of its inbound capture (see [`crate::apps::DIRECT_ECHO_PORT`]): a lab
-/// setting, made at enrollment, which no pod can make for itself.
+/// Enrolls every HBONE pod that is not a waypoint with its node's agent, which hands it to the
+/// node proxy over ZDS, with the benchmark's direct ports left out of its inbound capture (see
+/// [`crate::agent`]).
 pub(super) fn enroll(
     state: &mut State,
     workloads: &[Arc<Workload>],
     waypoint_keys: &HashSet<ServiceKey>,
 ) -> anyhow::Result<()> {
+    for (node, n) in &state.nodes {
+        crate::agent::wait_ready(node, n)?;
+    }
     for w in workloads {
-        let Some(node) = &w.node else { continue };
-        if w.tunnel != TunnelProtocol::Hbone || waypoints::is_waypoint(w, waypoint_keys) {
+        if w.node.is_none()
+            || w.tunnel != TunnelProtocol::Hbone
+            || waypoints::is_waypoint(w, waypoint_keys)
+        {
             continue;
         }
-        let pod = state.pods.get(&w.name).context("pod state")?;
-        let api = &state.nodes[node.as_str()].api;
-        let answer = api_call(
-            api,
-            &format!(
-                "add {} /var/run/netns/{} uncaptured={}",
-                pod.uid,
-                pod.netns,
-                crate::apps::DIRECT_PORTS.map(|p| p.to_string()).join(",")
-            ),
-        )?;
-        if answer.trim() != "ok" {
-            bail!("enrolling {} on {node}: {}", w.name, answer.trim());
-        }
+        crate::agent::enroll(state, &w.name)?;
         if let Some(p) = state.pods.get_mut(&w.name) {
             p.enrolled = true;
         }
