@@ -4,17 +4,30 @@
 //! segments after the scheme). Parsing is strict so that a certificate can never be matched
 //! against an identity that only looks similar.
 
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+const SCHEME: &str = "spiffe://";
+const NS: &str = "/ns/";
+const SA: &str = "/sa/";
+
 /// A SPIFFE identity of a workload.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Held as its URI in one shared string, with where its parts end: a copy (a tunnel's accepted
+/// identities, a pool key, a log field) is a reference count, and printing it is one write.
+/// Compared, ordered and hashed by its parts, trust domain first, as three strings would be.
+#[derive(Clone)]
 pub struct Identity {
-    trust_domain: String,
-    namespace: String,
-    service_account: String,
+    uri: Arc<str>,
+    /// Where the trust domain ends in `uri`.
+    td_end: usize,
+    /// Where the namespace ends (the service account follows `/sa/`).
+    ns_end: usize,
 }
 
 /// Why a string is not a SPIFFE workload identity.
@@ -35,49 +48,99 @@ pub enum InvalidIdentity {
 impl Identity {
     /// Builds an identity from its parts, checking each of them.
     pub fn new(
-        trust_domain: impl Into<String>,
-        namespace: impl Into<String>,
-        service_account: impl Into<String>,
+        trust_domain: impl AsRef<str>,
+        namespace: impl AsRef<str>,
+        service_account: impl AsRef<str>,
     ) -> Result<Self, InvalidIdentity> {
-        let id = Self {
-            trust_domain: trust_domain.into(),
-            namespace: namespace.into(),
-            service_account: service_account.into(),
-        };
+        let (td, ns, sa) = (
+            trust_domain.as_ref(),
+            namespace.as_ref(),
+            service_account.as_ref(),
+        );
+        let mut uri = String::with_capacity(
+            SCHEME.len() + td.len() + NS.len() + ns.len() + SA.len() + sa.len(),
+        );
+        for part in [SCHEME, td, NS, ns, SA, sa] {
+            uri.push_str(part);
+        }
         for (part, value) in [
-            ("trust domain", &id.trust_domain),
-            ("namespace", &id.namespace),
-            ("service account", &id.service_account),
+            ("trust domain", td),
+            ("namespace", ns),
+            ("service account", sa),
         ] {
             if !valid_segment(value) {
-                return Err(InvalidIdentity::Part {
-                    value: id.to_string(),
-                    part,
-                });
+                return Err(InvalidIdentity::Part { value: uri, part });
             }
         }
-        Ok(id)
+        let td_end = SCHEME.len() + td.len();
+        Ok(Self {
+            uri: uri.into(),
+            td_end,
+            ns_end: td_end + NS.len() + ns.len(),
+        })
     }
 
     pub fn trust_domain(&self) -> &str {
-        &self.trust_domain
+        &self.uri[SCHEME.len()..self.td_end]
     }
 
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        &self.uri[self.td_end + NS.len()..self.ns_end]
     }
 
     pub fn service_account(&self) -> &str {
-        &self.service_account
+        &self.uri[self.ns_end + SA.len()..]
     }
 
     /// The identity without the `spiffe://` scheme, the form Istio's authorization policies
     /// compare principals against.
     pub fn principal(&self) -> String {
-        format!(
-            "{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
+        self.uri[SCHEME.len()..].to_string()
+    }
+
+    fn parts(&self) -> (&str, &str, &str) {
+        (
+            self.trust_domain(),
+            self.namespace(),
+            self.service_account(),
         )
+    }
+}
+
+impl PartialEq for Identity {
+    fn eq(&self, other: &Self) -> bool {
+        // Segments hold no '/', so equal URIs are equal parts.
+        self.uri == other.uri
+    }
+}
+
+impl Eq for Identity {}
+
+impl Ord for Identity {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.parts().cmp(&other.parts())
+    }
+}
+
+impl PartialOrd for Identity {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Hash for Identity {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.parts().hash(state);
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("trust_domain", &self.trust_domain())
+            .field("namespace", &self.namespace())
+            .field("service_account", &self.service_account())
+            .finish()
     }
 }
 
@@ -90,11 +153,7 @@ fn valid_segment(s: &str) -> bool {
 
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "spiffe://{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        f.write_str(&self.uri)
     }
 }
 
@@ -136,6 +195,28 @@ mod tests {
         assert_eq!(id.to_string(), "spiffe://cluster.local/ns/default/sa/sleep");
         assert_eq!(id.to_string().parse::<Identity>().unwrap(), id);
         assert_eq!(id.principal(), "cluster.local/ns/default/sa/sleep");
+        assert_eq!(
+            (id.trust_domain(), id.namespace(), id.service_account()),
+            ("cluster.local", "default", "sleep")
+        );
+    }
+
+    #[test]
+    fn ordered_and_hashed_by_parts() {
+        use std::hash::BuildHasher;
+        let id = |td: &str, ns: &str, sa: &str| Identity::new(td, ns, sa).unwrap();
+        // By trust domain first, as three strings compare: "a" < "a.b", though the URI
+        // "spiffe://a.b/..." sorts before "spiffe://a/...".
+        assert!(id("a", "z", "z") < id("a.b", "a", "a"));
+        assert!(id("a", "ns", "b") > id("a", "ns", "a"));
+        assert!(id("a", "n", "z") < id("a", "n-2", "a"));
+        assert_eq!(id("a", "b", "c"), "spiffe://a/ns/b/sa/c".parse().unwrap());
+        let h = std::hash::RandomState::new();
+        assert_eq!(
+            h.hash_one(id("a", "b", "c")),
+            h.hash_one(("a", "b", "c")),
+            "hashed as its three parts"
+        );
     }
 
     #[test]
