@@ -1,14 +1,17 @@
 //! The rules in a pod's namespace that let the node proxy connect to the app from the
 //! original client's address (`IP_TRANSPARENT`, [`ferry_runtime::netns::Netns::connect_from`]),
-//! as istio-cni sets them up for ztunnel, with Istio's marks:
+//! as istio-cni sets them up for ztunnel, with Istio's marks, and one rule and one setting more
+//! (the `MARK` and the sysctl, below):
 //!
 //! ```text
 //!   mangle PREROUTING -p tcp -> FERRY_ORIG_PRE: marked by the proxy (0x539), arriving on lo
 //!                                               -> CONNMARK 0x111 (a connection the proxy made
 //!                                                  to the pod itself)
+//!                                               -> MARK 0x111 (the packet itself)
 //!   mangle OUTPUT     -p tcp -> FERRY_ORIG_OUT: its connection marked 0x111 -> restore the mark
 //!   ip rule fwmark 0x111/0xfff pref 32764 lookup 133
 //!   ip route local 0.0.0.0/0 dev lo table 133
+//!   sysctl net.ipv4.tcp_fwmark_accept=1
 //! ```
 //!
 //! The app's replies to the client's address carry mark 0x111, so they are routed to the local
@@ -16,6 +19,16 @@
 //! interface. Connections the proxy opens elsewhere (tunnels to other pods) never pass the pod's
 //! PREROUTING with the proxy's mark, so they are untouched, and so are the app's own
 //! connections.
+//!
+//! Beyond istio-cni's rules, the proxy's packets arriving on lo also get mark 0x111 themselves
+//! (`MARK`, after the `CONNMARK`), and `net.ipv4.tcp_fwmark_accept=1` (both families) makes the
+//! app's socket accepted from such a SYN carry it. Its route is then table 133's `local ... dev
+//! lo` from the SYN-ACK on. Without them the accepted socket routes by the main table, through
+//! the pod's interface: an MSS of 1448 (MTU 1500) on a loopback connection that otherwise takes
+//! 65483, so bulk data towards the app moves in 45 times as many segments, and each of the app's
+//! packets is routed again when OUTPUT restores the mark. That cost 15% more node proxy CPU per
+//! GB and a quarter of the bulk throughput (`ferry lab bench`, issue 17). Where the sysctl cannot
+//! be written (a container's read-only `/proc/sys`), connections work as before, at that cost.
 //!
 //! Each IP family has its own: the mangle chains in `iptables` and in `ip6tables`, the routing
 //! rule and the local route (`local ::/0 dev lo table 133`) in `ip -4` and in `ip -6`. A pod whose
@@ -60,6 +73,8 @@ const MASK: u32 = 0xfff;
 pub(crate) const ROUTE_TABLE: u32 = 133;
 /// The priority of the rule that selects it (before `main`, 32766).
 const RULE_PRIORITY: u32 = 32764;
+/// Accepted sockets take their SYN's mark (for IPv4 and IPv6 alike); see the module's text.
+const FWMARK_ACCEPT: &str = "net.ipv4.tcp_fwmark_accept";
 
 /// The mangle chains, with their rules as `iptables-save` prints them.
 fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
@@ -67,9 +82,14 @@ fn chains() -> [(&'static str, &'static str, Vec<String>); 2] {
         (
             "PREROUTING",
             "FERRY_ORIG_PRE",
-            vec![format!(
-                "-m mark --mark {MARK:#x}/{MASK:#x} -j CONNMARK --set-xmark {ORIGIN_MARK:#x}/{MASK:#x}"
-            )],
+            vec![
+                format!(
+                    "-m mark --mark {MARK:#x}/{MASK:#x} -j CONNMARK --set-xmark {ORIGIN_MARK:#x}/{MASK:#x}"
+                ),
+                format!(
+                    "-m mark --mark {MARK:#x}/{MASK:#x} -j MARK --set-xmark {ORIGIN_MARK:#x}/{MASK:#x}"
+                ),
+            ],
         ),
         (
             "OUTPUT",
@@ -190,6 +210,9 @@ fn rule_args() -> Vec<String> {
 /// proxy's in place): the chains in one `iptables-restore` transaction (as the capture's), the
 /// table's route replaced and any other flushed, the routing rule put there once.
 pub(crate) async fn install(netns: &Path, family: Family) -> Result<(), TransparentError> {
+    if let Err(detail) = fwmark_accept(netns, true).await {
+        tracing::info!(netns = %netns.display(), sysctl = FWMARK_ACCEPT, error = %detail, "cannot set; the app's side of connections from the client's address keeps the pod interface's MSS (slower bulk transfers)");
+    }
     let (mangle, rules, routes) = read(netns, family).await?;
     if drift(family, &mangle, &rules, &routes).is_none() {
         return Ok(());
@@ -229,8 +252,27 @@ pub(crate) async fn install(netns: &Path, family: Family) -> Result<(), Transpar
     Ok(())
 }
 
+/// Sets [`FWMARK_ACCEPT`] in the pod's namespace (`sysctl`, as the capture sets
+/// `tcp_migrate_req`): what it said went wrong, if it did.
+async fn fwmark_accept(netns: &Path, on: bool) -> Result<(), String> {
+    let setting = format!("{FWMARK_ACCEPT}={}", u8::from(on));
+    let out = capture::nsenter(netns)
+        .args(["sysctl", "-q", "-w", &setting])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run nsenter/sysctl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
 /// Removes the pod's rules of `family`; missing ones are not an error.
 pub(crate) async fn remove(netns: &Path, family: Family) {
+    let _ = fwmark_accept(netns, false).await;
     let rule = rule_args();
     let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
     let f = family.ip_flag();

@@ -15,6 +15,7 @@ const MANGLE: &str = "\
 -A OUTPUT -p tcp -j FERRY_ORIG_OUT
 -A FERRY_ORIG_OUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
 -A FERRY_ORIG_PRE -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
+-A FERRY_ORIG_PRE -m mark --mark 0x539/0xfff -j MARK --set-xmark 0x111/0xfff
 COMMIT
 ";
 
@@ -39,6 +40,16 @@ fn a_missing_or_changed_piece_drifts_and_is_named() {
     let why = drift(Family::V4, &no_restore, RULES, ROUTES).expect("a missing jump drifts");
     assert!(
         why.contains("OUTPUT jumps to FERRY_ORIG_OUT 0 time(s)"),
+        "{why}"
+    );
+    // istio-cni's rules alone (the proxy's packets not marked for the app's accepted socket).
+    let no_mark = MANGLE.replace(
+        "-A FERRY_ORIG_PRE -m mark --mark 0x539/0xfff -j MARK --set-xmark 0x111/0xfff\n",
+        "",
+    );
+    let why = drift(Family::V4, &no_mark, RULES, ROUTES).expect("a missing MARK drifts");
+    assert!(
+        why.contains("FERRY_ORIG_PRE holds 1 rule(s) that differ from Ferry's 2"),
         "{why}"
     );
     let other_mark = MANGLE.replace("--set-xmark 0x111/0xfff", "--set-xmark 0x222/0xfff");

@@ -117,6 +117,50 @@ fn the_app_sees_the_client_pods_address_through_the_east_west_gateway_and_a_wayp
     assert_eq!(saw(&r), "198.18.1.10", "{r}");
 }
 
+/// The app's side of a connection from the client's address has loopback's MSS: its socket,
+/// accepted from the node proxy's marked SYN, routes by table 133 (`lo`) from its SYN-ACK on,
+/// not by the pod's interface (MTU 1500, MSS 1448: bulk data to the app in 45 times as many
+/// segments, which cost a quarter of `ferry lab bench`'s bulk throughput).
+#[test]
+fn the_apps_side_of_a_connection_from_the_client_address_has_loopbacks_mss() {
+    use std::time::Duration;
+    let Some(lab) = MESH.get() else { return };
+    let _held = lab.hold_pinging("sleep", "198.18.2.20:8080");
+    // `ss -ti` prints each socket on one line, its TCP details on the next.
+    let app_sockets = || {
+        let (_, out) = in_pod(
+            lab,
+            "echo-alpha-2",
+            &["ss", "-tinH", "state", "established", "( sport = :8080 )"],
+        );
+        let lines: Vec<String> = out.lines().map(str::to_string).collect();
+        lines
+            .chunks(2)
+            .filter(|s| s[0].contains(" 198.18.1.10:"))
+            .map(|s| s.join(" "))
+            .collect::<Vec<String>>()
+    };
+    let mut found = Vec::new();
+    assert!(
+        crate::harness::eventually(Duration::from_secs(15), || {
+            found = app_sockets();
+            !found.is_empty()
+        }),
+        "no connection from 198.18.1.10 at echo-alpha-2's app"
+    );
+    for s in &found {
+        let advmss: u32 = s
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("advmss:"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no advmss in {s}"));
+        assert!(
+            advmss > 1460,
+            "the app's socket has the interface's MSS: {s}"
+        );
+    }
+}
+
 /// Runs `args` in `pod`'s network namespace: whether it succeeded, and its output.
 fn in_pod(lab: &crate::harness::Lab, pod: &str, args: &[&str]) -> (bool, String) {
     let ns = lab.state(&["pods", pod, "netns"]);
