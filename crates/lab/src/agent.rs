@@ -43,12 +43,17 @@ pub(crate) fn command(exe: &str, state_dir: &Path, node: &str) -> Vec<String> {
         "--zds-socket",
         &file("zds.sock"),
         "--state-file",
-        &file("agent-pods.json"),
+        &pod_list(state_dir, node).display().to_string(),
         "--all-namespaces",
     ]
     .iter()
     .map(ToString::to_string)
     .collect()
+}
+
+/// Where `node`'s agent keeps its pods (its `--state-file`).
+pub(crate) fn pod_list(state_dir: &Path, node: &str) -> std::path::PathBuf {
+    state_dir.join(format!("{node}.agent-pods.json"))
 }
 
 /// Where `node`'s agent listens for the node proxy (its `--zds-socket`).

@@ -58,7 +58,10 @@ fn start_one(
     )?;
     let api = state_dir.join(format!("{}.sock", n.name));
     let log = state_dir.join(format!("{}.log", n.name));
-    // The agent first: the node proxy connects to it once synced with the control plane.
+    // The agent first: the node proxy connects to it once synced with the control plane. It
+    // starts with no pods: a pod list left in the directory (by a lab whose lab.json is gone)
+    // would name this lab's namespaces under another lab's uids.
+    let _ = std::fs::remove_file(crate::agent::pod_list(state_dir, n.name.as_str()));
     let agent = crate::agent::command(&lab.exe, state_dir, n.name.as_str());
     let agent_argv: Vec<&str> = agent.iter().map(String::as_str).collect();
     spawn(
