@@ -1,4 +1,10 @@
 //! Versioned resource sets: what the control plane serves, and what a client has.
+//!
+//! A set's maps are persistent (`imbl`): a set brought to a new snapshot by
+//! [`ResourceSet::update`] shares every resource that did not change with the set before, and
+//! the difference of two such sets ([`diff_sets`]) walks only what is not shared.
+
+mod update;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -31,8 +37,10 @@ impl Versioned {
     }
 }
 
-/// The resources of one type, by name.
-pub type TypeResources = BTreeMap<String, Versioned>;
+/// The resources of one type, by name, in name order (a persistent map: clones share it).
+pub type TypeResources = imbl::OrdMap<String, Versioned>;
+
+pub use update::Changes;
 
 /// Everything the control plane serves, by type URL.
 #[derive(Clone, Debug, Default)]
@@ -67,7 +75,7 @@ impl ResourceSet {
     }
 
     pub fn len(&self) -> usize {
-        self.by_type.values().map(BTreeMap::len).sum()
+        self.by_type.values().map(imbl::OrdMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -89,20 +97,24 @@ impl Diff {
 }
 
 /// What a client holding exactly `held` needs to match `current`: one ordered walk over both
-/// (no per-name lookups), the same [`Diff`] as [`diff`] would give for `held`'s versions.
+/// that skips what the two share (a set updated from another shares all it did not change), the
+/// same [`Diff`] as [`diff`] would give for `held`'s versions.
 pub fn diff_sets(held: &TypeResources, current: &TypeResources) -> Diff {
     let mut out = Diff::default();
-    let mut old = held.iter().peekable();
-    for (name, v) in current {
-        while let Some((gone, _)) = old.next_if(|(o, _)| o.as_str() < name.as_str()) {
-            out.removed.push(gone.clone());
-        }
-        match old.next_if(|(o, _)| *o == name) {
-            Some((_, was)) if was.version == v.version => {}
-            _ => out.upserts.push((name.clone(), v.clone())),
+    for item in held.diff(current) {
+        match item {
+            imbl::ordmap::DiffItem::Add(name, v) => out.upserts.push((name.clone(), v.clone())),
+            imbl::ordmap::DiffItem::Update {
+                old: (_, was),
+                new: (name, v),
+            } => {
+                if was.version != v.version {
+                    out.upserts.push((name.clone(), v.clone()));
+                }
+            }
+            imbl::ordmap::DiffItem::Remove(name, _) => out.removed.push(name.clone()),
         }
     }
-    out.removed.extend(old.map(|(gone, _)| gone.clone()));
     out
 }
 

@@ -9,7 +9,10 @@ mod project;
 mod to_wire;
 
 pub use from_wire::{Decoded, InvalidResource, decode_address, decode_authorization};
-pub(crate) use to_wire::{address_resources, authorization_resources};
+pub(crate) use to_wire::{
+    address_resources, authorization_resources, gateway_address, gateway_name,
+    policy_reads_workloads, policy_resource, service_address, workload_address,
+};
 
 /// The xDS resource name of a service: `namespace/hostname`.
 pub(crate) fn service_name(ns: &str, hostname: &str) -> String {

@@ -29,7 +29,7 @@ pub(super) fn upstream(snap: &Snapshot, p: &Policy) -> (sec::Action, Vec<sec::Ru
         // Matches nothing, and is dry-run besides: inert whether or not the peer honours dry_run.
         return (sec::Action::Deny, Vec::new(), true);
     }
-    let exempt = if p.action == Action::Deny && names_http(p) {
+    let exempt = if reads_workloads(p) {
         Exemption::of(snap, p)
     } else {
         Exemption::None
@@ -50,6 +50,12 @@ pub(super) fn upstream(snap: &Snapshot, p: &Policy) -> (sec::Action, Vec<sec::Ru
         Action::Allow | Action::Audit => sec::Action::Allow,
     };
     (action, rules, false)
+}
+
+/// Whether `p`'s upstream form reads the snapshot beyond `p`: a DENY naming HTTP facts spares
+/// waypoints by the workloads it applies to ([`Exemption`]). An audit or dry-run policy never.
+pub(super) fn reads_workloads(p: &Policy) -> bool {
+    p.action == Action::Deny && !p.dry_run && names_http(p)
 }
 
 fn names_http(p: &Policy) -> bool {

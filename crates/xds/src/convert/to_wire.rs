@@ -6,69 +6,102 @@ use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, AppProtocol, FailoverMinimum, GatewayDestination, GatewayRef, Health, HealthPolicy,
-    HttpRoute, LbMode, LocalityScope, Match, NetworkAddress, PathMatch, Policy, PolicyScope,
-    ScopeRule, Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor, Workload,
+    Action, AppProtocol, FailoverMinimum, Gateway, GatewayDestination, GatewayRef, Health,
+    HealthPolicy, HttpRoute, LbMode, LocalityScope, Match, NetworkAddress, PathMatch, Policy,
+    PolicyScope, ScopeRule, Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor,
+    Workload,
 };
 use ferry_core::snapshot::Snapshot;
 use ferry_core::telemetry::canonical;
 
 use super::fields::{ip_bytes, l4_match, string_match};
 
-/// Every `istio.workload.Address` resource of the snapshot: (name, message).
+/// Every `istio.workload.Address` resource of the snapshot: (name, message). Later entries of
+/// the same name win (services over gateways over workloads), as a map built from it keeps them.
 pub(crate) fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
     let mut out = Vec::new();
     for w in snap.workloads() {
-        out.push((
-            w.uid.to_string(),
-            wl::Address {
-                r#type: Some(wl::address::Type::Workload(workload(w))),
-            },
-        ));
+        out.push(workload_address(w));
     }
     for g in snap.gateways() {
-        let uid = format!(
-            "{}//v1/Pod/{}/{}",
-            g.cluster,
-            g.identity.namespace(),
-            g.name
-        );
-        let w = wl::Workload {
-            uid: uid.clone(),
-            name: g.name.clone(),
-            namespace: g.identity.namespace().to_string(),
-            addresses: vec![ip_bytes(g.address)],
-            network: g.network.to_string(),
-            tunnel_protocol: wl::TunnelProtocol::Hbone as i32,
-            trust_domain: g.identity.trust_domain().to_string(),
-            service_account: g.identity.service_account().to_string(),
-            cluster_id: g.cluster.to_string(),
-            ferry_eastwest_gateway: true,
-            ..Default::default()
-        };
-        out.push((
-            uid,
-            wl::Address {
-                r#type: Some(wl::address::Type::Workload(w)),
-            },
-        ));
+        out.push(gateway_address(g));
     }
     for s in snap.services() {
-        out.push((
-            s.key().to_string(),
-            wl::Address {
-                r#type: Some(wl::address::Type::Service(service(snap, s))),
-            },
-        ));
+        out.push(service_address(snap, s));
     }
     out
 }
 
+/// A workload's address resource: it depends on the workload alone.
+pub(crate) fn workload_address(w: &Workload) -> (String, wl::Address) {
+    (
+        w.uid.to_string(),
+        wl::Address {
+            r#type: Some(wl::address::Type::Workload(workload(w))),
+        },
+    )
+}
+
+/// The name of an east-west gateway's address resource.
+pub(crate) fn gateway_name(g: &Gateway) -> String {
+    format!(
+        "{}//v1/Pod/{}/{}",
+        g.cluster,
+        g.identity.namespace(),
+        g.name
+    )
+}
+
+/// An east-west gateway's address resource (a workload marked as the gateway): it depends on
+/// the gateway alone.
+pub(crate) fn gateway_address(g: &Gateway) -> (String, wl::Address) {
+    let uid = gateway_name(g);
+    let w = wl::Workload {
+        uid: uid.clone(),
+        name: g.name.clone(),
+        namespace: g.identity.namespace().to_string(),
+        addresses: vec![ip_bytes(g.address)],
+        network: g.network.to_string(),
+        tunnel_protocol: wl::TunnelProtocol::Hbone as i32,
+        trust_domain: g.identity.trust_domain().to_string(),
+        service_account: g.identity.service_account().to_string(),
+        cluster_id: g.cluster.to_string(),
+        ferry_eastwest_gateway: true,
+        ..Default::default()
+    };
+    (
+        uid,
+        wl::Address {
+            r#type: Some(wl::address::Type::Workload(w)),
+        },
+    )
+}
+
+/// A service's address resource: it depends on the service and on the identities of its
+/// endpoints (through nested service addresses too; see `upstream_sans`).
+pub(crate) fn service_address(snap: &Snapshot, s: &Service) -> (String, wl::Address) {
+    (
+        s.key().to_string(),
+        wl::Address {
+            r#type: Some(wl::address::Type::Service(service(snap, s))),
+        },
+    )
+}
+
 /// Every `istio.security.Authorization` resource: (name, message).
 pub(crate) fn authorization_resources(snap: &Snapshot) -> Vec<(String, sec::Authorization)> {
-    snap.policies()
-        .map(|p| (p.key().to_string(), policy(snap, p)))
-        .collect()
+    snap.policies().map(|p| policy_resource(snap, p)).collect()
+}
+
+/// A policy's resource: it depends on the policy alone unless
+/// [`policy_reads_workloads`] says it also reads the workloads it applies to.
+pub(crate) fn policy_resource(snap: &Snapshot, p: &Policy) -> (String, sec::Authorization) {
+    (p.key().to_string(), policy(snap, p))
+}
+
+/// Does `p`'s resource depend on more than `p` (the workloads it applies to, their waypoints)?
+pub(crate) fn policy_reads_workloads(p: &Policy) -> bool {
+    super::project::reads_workloads(p)
 }
 
 fn network_address(a: &NetworkAddress) -> wl::NetworkAddress {
