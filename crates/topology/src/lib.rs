@@ -76,6 +76,7 @@
 
 mod convert;
 mod error;
+pub mod kept;
 mod limits;
 pub mod schema;
 
@@ -114,15 +115,27 @@ pub fn parse_within(
         file: source_name.to_string(),
         problems,
     };
-    limits::check(text, limits).map_err(|p| fail(vec![p]))?;
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    let file: schema::File =
-        serde_path_to_error::deserialize(de).map_err(|e| fail(vec![error::from_yaml(&e)]))?;
+    let file = parse_file(source_name, text, limits)?;
     let (snapshot, trust_domain) = convert::convert(&file).map_err(fail)?;
     Ok(Topology {
         snapshot,
         trust_domain,
     })
+}
+
+/// The limits checked, then the YAML parsed into the schema (nothing converted yet).
+fn parse_file(
+    source_name: &str,
+    text: &str,
+    limits: &Limits,
+) -> Result<schema::File, TopologyError> {
+    let fail = |problems| TopologyError {
+        file: source_name.to_string(),
+        problems,
+    };
+    limits::check(text, limits).map_err(|p| fail(vec![p]))?;
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| fail(vec![error::from_yaml(&e)]))
 }
 
 /// Checks and converts an already-built [`schema::File`] by the same rules as a parsed one;
