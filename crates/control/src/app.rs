@@ -143,9 +143,9 @@ pub async fn serve_live(
         Source::File(path) => {
             // Watch first, so an edit made while the first state loads is not missed.
             let watch = TopologyWatch::new(path.clone(), config.watch)?;
-            let topology =
-                crate::source::load(path, config.watch.limits, config.watch.budget).await?;
-            (topology, Running::File(watch))
+            let (topology, kept) =
+                crate::source::load_kept(path, config.watch.limits, config.watch.budget).await?;
+            (topology, Running::File(watch.with_kept(kept)))
         }
         Source::Kubernetes(k) => {
             let (first, started) = crate::kube_source::start(k).await?;

@@ -20,7 +20,7 @@ use ferry_xds::resources::ResourceSet;
 /// What the control plane serves for `snap`: its resources, with nested service addresses
 /// flattened where that is safe.
 pub fn resource_set(snap: &Snapshot) -> ResourceSet {
-    match flattened(snap) {
+    match flatten_or_none(snap) {
         Some(flat) => ResourceSet::encode(&flat),
         // Nothing to resolve: encoded as it is, without building the same snapshot again.
         None => ResourceSet::encode(snap),
@@ -30,12 +30,12 @@ pub fn resource_set(snap: &Snapshot) -> ResourceSet {
 /// The snapshot with every safely flattenable address endpoint resolved. Objects that do not
 /// change are shared with the input, not copied.
 pub fn flatten(snap: &Snapshot) -> Snapshot {
-    flattened(snap).unwrap_or_else(|| rebuild(snap))
+    flatten_or_none(snap).unwrap_or_else(|| rebuild(snap))
 }
 
 /// [`flatten`], or `None` when no address endpoint can be flattened (the snapshot would come
 /// out the same).
-fn flattened(snap: &Snapshot) -> Option<Snapshot> {
+pub fn flatten_or_none(snap: &Snapshot) -> Option<Snapshot> {
     let mut add: HashMap<WorkloadUid, Vec<(ServiceKey, Vec<PortMapping>)>> = HashMap::new();
     let mut outer: HashMap<ServiceKey, Vec<AddressEndpoint>> = HashMap::new();
     for s in snap.services() {

@@ -17,8 +17,8 @@ use ferry_topology::Topology;
 use ferry_xds::resources::ResourceSet;
 use tokio::sync::{mpsc, watch};
 
-use crate::flatten::resource_set;
 use crate::metrics::KubeMetrics;
+use crate::served::Served;
 use crate::source::Reloads;
 
 /// Where the clusters are and how to read them.
@@ -38,6 +38,9 @@ pub struct KubeSource {
     /// cluster: clusters come and go with them.
     pub remote_secrets_namespace: Option<String>,
     pub mesh: MeshConfig,
+    /// Several replicas: only the holder of this Lease of the local cluster writes to the
+    /// clusters (ServiceImports, ServiceExport status); every replica serves.
+    pub lease: Option<ferry_k8s::lease::LeaseConfig>,
     /// How long to wait for the first translated mesh before giving up.
     pub initial_sync: Duration,
 }
@@ -53,6 +56,9 @@ pub(crate) struct Started {
 
 /// Connects to every cluster and waits for the first translated mesh.
 pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started)> {
+    if let Some(lease) = &src.lease {
+        lease.check()?;
+    }
     let mut clusters = vec![Cluster {
         id: src.cluster_id.clone(),
         network: src.network.clone(),
@@ -81,6 +87,7 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
         mesh: src.mesh.clone(),
         initial_sync: src.initial_sync,
         remote_secrets: src.remote_secrets_namespace.clone(),
+        lease: src.lease.clone(),
         ..WatchConfig::default()
     };
     let watch = tokio::spawn(ferry_k8s::watch::run(
@@ -134,18 +141,27 @@ impl Started {
                 }
             }
         }));
+        // What is served, kept to encode the next mesh from.
+        let mut served: Option<Served> = None;
         while let Some(outcome) = self.rest.recv().await {
             match outcome {
                 Ok((t, notes)) => {
                     metrics.set(&notes);
                     // Flattening and encoding a large mesh takes a while: off the runtime, as
                     // the translation was.
+                    let prior = served
+                        .take()
+                        .map_or_else(|| Err((store.load(), resources.borrow().clone())), Ok);
                     let encoded = tokio::task::spawn_blocking(move || {
-                        let set = resource_set(&t.snapshot);
-                        (t, set)
+                        // Only what changed is encoded again.
+                        let next = match prior {
+                            Ok(s) => s.next(&t.snapshot),
+                            Err((snap, set)) => Served::from_parts(&snap, set).next(&t.snapshot),
+                        };
+                        (t, next)
                     })
                     .await;
-                    let Ok((t, set)) = encoded else {
+                    let Ok((t, next)) = encoded else {
                         tracing::error!(
                             "encoding the Kubernetes mesh panicked; still serving the last good state"
                         );
@@ -155,9 +171,9 @@ impl Started {
                         });
                         continue;
                     };
-                    let set = Arc::new(set);
                     store.publish(t.snapshot);
-                    resources.send_replace(set);
+                    resources.send_replace(next.resources().clone());
+                    served = Some(next);
                     reloads.send_modify(|r| r.applied += 1);
                 }
                 Err(e) => reloads.send_modify(|r| {

@@ -6,6 +6,7 @@
 //! - [`ca`]: the mesh CA (root, CSRs, node tokens, the co-location rule, the gRPC service).
 //! - [`xds_server`]: `DeltaAggregatedResources`: initial state on subscribe, then differences.
 //! - [`flatten`]: nested service addresses resolved once, before they go on the wire.
+//! - [`served`]: what is served for a mesh, kept so that an edit encodes only what it changed.
 //! - [`source`]: the topology file, watched for edits.
 //! - [`metrics`]: the Prometheus endpoint for the xDS counters.
 //! - [`nodes`]: the programs connected over xDS and their admin addresses (for the mesh map).
@@ -21,6 +22,7 @@ pub mod flatten;
 pub mod kube_source;
 pub mod metrics;
 pub mod nodes;
+pub mod served;
 pub mod source;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -13,18 +13,24 @@
 //! time budget is rejected (its thread is left to finish; at most [`MAX_PARSE_THREADS`] run at
 //! once). A good edit replaces the snapshot and the served resources in one step each; a bad
 //! one is logged with its located errors and the last good state keeps being served.
+//!
+//! An edit costs what it changes, not what the file holds: the last good text is kept
+//! ([`Kept`]), so an edit of workload entries alone parses and converts just those entries and
+//! applies them to the snapshot as a delta (anything else is parsed whole); and what is served
+//! is kept ([`Served`]), so only the resources whose inputs changed are encoded again.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::store::Store;
+use ferry_topology::kept::{Kept, parse_kept};
 use ferry_topology::{Limits, Problem, Topology, TopologyError};
 use ferry_xds::resources::ResourceSet;
 use notify::Watcher as _;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
-use crate::flatten::resource_set;
+use crate::served::Served;
 
 /// Parse threads that may run at once; a further edit waits for one to end.
 pub const MAX_PARSE_THREADS: usize = 2;
@@ -80,6 +86,8 @@ pub struct TopologyWatch {
     _watcher: notify::RecommendedWatcher,
     threads: Arc<Semaphore>,
     last: Option<Vec<u8>>,
+    /// The last good text, for edits of workloads alone (boxed: it holds a snapshot).
+    kept: Option<Box<Kept>>,
 }
 
 impl std::fmt::Debug for TopologyWatch {
@@ -141,16 +149,28 @@ impl TopologyWatch {
             _watcher: watcher,
             threads: Arc::new(Semaphore::new(MAX_PARSE_THREADS)),
             last,
+            kept: None,
         })
     }
 
-    /// Applies each edit to `store` and `resources` until dropped.
+    /// Starts from `kept`, the text the first state was loaded from ([`load_kept`]), so that
+    /// even the first edit of workloads alone is parsed for those alone.
+    #[must_use]
+    pub fn with_kept(mut self, kept: Option<Kept>) -> Self {
+        self.kept = kept.map(Box::new);
+        self
+    }
+
+    /// Applies each edit to `store` and `resources` until dropped. `resources` holds what is
+    /// served for the store's snapshot when it starts.
     pub async fn run(
         mut self,
         store: Arc<Store>,
         resources: watch::Sender<Arc<ResourceSet>>,
         reloads: watch::Sender<Reloads>,
     ) {
+        // What is served, kept to encode the next edit from (made on the first edit's thread).
+        let mut served: Option<Served> = None;
         loop {
             if self.events.recv().await.is_none() {
                 return;
@@ -166,14 +186,21 @@ impl TopologyWatch {
             let Ok(permit) = self.threads.clone().acquire_owned().await else {
                 return;
             };
-            let judged = judge(
+            let prior = Prior {
+                served: served
+                    .clone()
+                    .map_or_else(|| Err((store.load(), resources.borrow().clone())), Ok),
+                kept: self.kept.take().map(|k| *k),
+            };
+            let (judged, kept) = judge(
                 &self.path,
                 self.config,
                 self.last.take(),
                 Some(permit),
-                true,
+                Some(prior),
             )
             .await;
+            self.kept = kept.map(Box::new);
             let (digest, result) = match judged {
                 Judged::Unchanged(digest) => {
                     self.last = Some(digest);
@@ -183,17 +210,19 @@ impl TopologyWatch {
             };
             self.last = digest;
             match *result {
-                Ok(Parsed {
+                Ok(Reloaded {
                     topology,
-                    resources: set,
+                    served: next,
+                    incremental,
                 }) => {
-                    // Encoded on the parse thread (judged with `encode`).
-                    let set = set.unwrap_or_else(|| resource_set(&topology.snapshot));
+                    // Encoded on the parse thread (judged with a prior).
+                    let next = next.unwrap_or_else(|| Served::new(&topology.snapshot));
                     store.publish(topology.snapshot);
                     // The old set goes when the last stream pushing from it is done with it.
-                    drop(resources.send_replace(Arc::new(set)));
+                    drop(resources.send_replace(next.resources().clone()));
+                    served = Some(next);
                     reloads.send_modify(|r| r.applied += 1);
-                    tracing::info!(path = %self.path.display(), "topology reloaded");
+                    tracing::info!(path = %self.path.display(), incremental, "topology reloaded");
                 }
                 Err(e) => {
                     tracing::error!(path = %self.path.display(), error = %e, "topology edit rejected; still serving the last good state");
@@ -214,15 +243,24 @@ pub async fn load(
     limits: Limits,
     budget: Duration,
 ) -> Result<Topology, TopologyError> {
+    load_kept(path, limits, budget).await.map(|(t, _)| t)
+}
+
+/// [`load`], with the text kept for [`TopologyWatch::with_kept`].
+pub async fn load_kept(
+    path: &Path,
+    limits: Limits,
+    budget: Duration,
+) -> Result<(Topology, Option<Kept>), TopologyError> {
     let config = WatchConfig {
         limits,
         budget,
         ..WatchConfig::default()
     };
-    match judge(path, config, None, None, false).await {
-        Judged::Changed(_, result) => result.map(|p| p.topology),
+    match judge(path, config, None, None, None).await {
+        (Judged::Changed(_, result), kept) => result.map(|p| (p.topology, kept)),
         // Nothing to compare with: it cannot be unchanged.
-        Judged::Unchanged(_) => Err(TopologyError {
+        (Judged::Unchanged(_), _) => Err(TopologyError {
             file: path.display().to_string(),
             problems: vec![Problem::new("", "expected a topology, found none")],
         }),
@@ -234,24 +272,35 @@ enum Judged {
     /// The same content as last time.
     Unchanged(Vec<u8>),
     /// New content (its digest, when it could be read), parsed or rejected.
-    Changed(Option<Vec<u8>>, Box<Result<Parsed, TopologyError>>),
+    Changed(Option<Vec<u8>>, Box<Result<Reloaded, TopologyError>>),
 }
 
-/// A topology read from the file, and the resources xDS serves for it when asked for.
-struct Parsed {
-    topology: Topology,
-    resources: Option<ResourceSet>,
+/// A topology read from the file, and what xDS serves for it when asked for.
+#[derive(Debug)]
+pub struct Reloaded {
+    pub topology: Topology,
+    pub served: Option<Served>,
+    /// Whether only workload entries were parsed (the rest kept from the text before).
+    pub incremental: bool,
 }
 
-/// Reads, compares, parses and (with `encode`) encodes on a new thread (holding `permit` while
-/// it runs); gives up waiting after the budget.
+/// What the last good state left for the next edit: what is served (or, before the first edit,
+/// the snapshot and the resources encoded for it) and the text it was parsed from.
+struct Prior {
+    served: Result<Served, (Arc<ferry_core::snapshot::Snapshot>, Arc<ResourceSet>)>,
+    kept: Option<Kept>,
+}
+
+/// Reads, compares, parses and (with a `prior`) encodes on a new thread (holding `permit`
+/// while it runs); gives up waiting after the budget. Also gives the text kept for the next
+/// edit (the prior's when the edit is rejected or unchanged; none when abandoned).
 async fn judge(
     path: &Path,
     config: WatchConfig,
     last: Option<Vec<u8>>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    encode: bool,
-) -> Judged {
+    prior: Option<Prior>,
+) -> (Judged, Option<Kept>) {
     let (tx, rx) = oneshot::channel();
     // The digest is known before the parse starts: a parse abandoned over its budget is still
     // not retried for the same content.
@@ -261,6 +310,10 @@ async fn judge(
         .name("topology-parse".into())
         .spawn(move || {
             let _permit = permit;
+            let (mut kept, served) = match prior {
+                Some(p) => (p.kept, Some(p.served)),
+                None => (None, None),
+            };
             let judged = match ferry_topology::read_file_within(&thread_path, &config.limits) {
                 Err(e) => Judged::Changed(None, Box::new(Err(e))),
                 Ok(text) => {
@@ -270,18 +323,16 @@ async fn judge(
                         Judged::Unchanged(digest)
                     } else {
                         let name = thread_path.display().to_string();
-                        // The text is not needed past the parse: freed before encoding.
-                        let parsed = ferry_topology::parse_within(&name, &text, &config.limits);
-                        drop(text);
-                        let parsed = parsed.map(|topology| Parsed {
-                            resources: encode.then(|| resource_set(&topology.snapshot)),
-                            topology,
+                        let served = served.map(|s| {
+                            s.unwrap_or_else(|(snap, set)| Served::from_parts(&snap, set))
                         });
+                        let parsed =
+                            reload(&name, text, &config.limits, &mut kept, served.as_ref());
                         Judged::Changed(Some(digest), Box::new(parsed))
                     }
                 }
             };
-            let _ = tx.send(judged);
+            let _ = tx.send((judged, kept));
         });
     let fail = |digest: Option<Vec<u8>>, message: String| {
         Judged::Changed(
@@ -293,25 +344,68 @@ async fn judge(
         )
     };
     if let Err(e) = spawned {
-        return fail(
+        return (
+            fail(
+                None,
+                format!("expected a thread to parse on, found an error: {e}"),
+            ),
             None,
-            format!("expected a thread to parse on, found an error: {e}"),
         );
     }
     match tokio::time::timeout(config.budget, rx).await {
         Ok(Ok(judged)) => judged,
-        Ok(Err(_)) => fail(
-            None,
-            "expected the parse to finish, found that it panicked".into(),
-        ),
-        Err(_) => fail(
-            digest_rx.try_recv().ok(),
-            format!(
-                "expected a parse within {:?}, found it still running (abandoned)",
-                config.budget
+        Ok(Err(_)) => (
+            fail(
+                None,
+                "expected the parse to finish, found that it panicked".into(),
             ),
+            None,
+        ),
+        Err(_) => (
+            fail(
+                digest_rx.try_recv().ok(),
+                format!(
+                    "expected a parse within {:?}, found it still running (abandoned)",
+                    config.budget
+                ),
+            ),
+            None,
         ),
     }
+}
+
+/// Parses `text`: through `kept` when the edit is of workload entries alone (see [`Kept`]), else
+/// whole (and `kept` becomes the new text's, or stays when the text is rejected); with
+/// `served`, encodes from it only what changed ([`Served`]).
+pub fn reload(
+    name: &str,
+    text: String,
+    limits: &Limits,
+    kept: &mut Option<Kept>,
+    served: Option<&Served>,
+) -> Result<Reloaded, TopologyError> {
+    let text = match kept.as_mut() {
+        Some(k) => match k.edit(text, limits) {
+            Ok((topology, edit)) => {
+                let served = served.map(|s| s.edited(&topology.snapshot, &edit.workloads));
+                return Ok(Reloaded {
+                    topology,
+                    served,
+                    incremental: true,
+                });
+            }
+            Err(text) => text,
+        },
+        None => text,
+    };
+    let (topology, new_kept) = parse_kept(name, text, limits)?;
+    *kept = new_kept;
+    let served = served.map(|s| s.next(&topology.snapshot));
+    Ok(Reloaded {
+        topology,
+        served,
+        incremental: false,
+    })
 }
 
 /// Content digest, so edits within one mtime tick count.
