@@ -126,8 +126,9 @@ pub(crate) struct Node {
     pub(crate) state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.
     pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
-    /// Inbound ports each pod was enrolled to leave out of capture (`add ... uncaptured=`);
-    /// pods enrolled without are absent. Kept across restarts with the enrolled pods.
+    /// Inbound ports each pod was enrolled to leave out of capture (the API's `add ...
+    /// uncaptured=`, ZDS's `ferry_uncaptured_ports`); pods enrolled without are absent. Kept
+    /// across restarts with the API's pods (the agent sends its pods' ports in each replay).
     pub(crate) uncaptured: Mutex<HashMap<WorkloadUid, crate::capture::Uncaptured>>,
     /// With a node agent (`--zds-socket`): whether its first replay ended (`snapshot_sent`).
     /// Readiness waits for it, so a node proxy is not ready before it serves the pods already

@@ -9,7 +9,8 @@
 //!
 //! - `add { uid, workload_info }` with one descriptor in SCM_RIGHTS: serve the pod in that
 //!   namespace (a pod served already, in the same namespace, is served once; in another one, the
-//!   new namespace replaces the old);
+//!   new namespace replaces the old); Ferry's extension `ferry_uncaptured_ports` (field 10000,
+//!   which Istio's agent never sends) leaves those inbound ports of the pod out of capture;
 //! - `keep { uid }`, replay only: do not release the pod at the end of the replay;
 //! - `del { uid }`: stop serving the pod;
 //! - `snapshot_sent`: the replay is over; the agent's pods that it neither added nor kept since
