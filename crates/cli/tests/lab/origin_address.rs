@@ -120,7 +120,7 @@ fn the_app_sees_the_client_pods_address_through_the_east_west_gateway_and_a_wayp
 /// The app's side of a connection from the client's address has loopback's MSS: its socket,
 /// accepted from the node proxy's marked SYN, routes by table 133 (`lo`) from its SYN-ACK on,
 /// not by the pod's interface (MTU 1500, MSS 1448: bulk data to the app in 45 times as many
-/// segments, which cost a quarter of `ferry lab bench`'s bulk throughput).
+/// segments, and each of the app's packets routed again; `node::transparent`).
 #[test]
 fn the_apps_side_of_a_connection_from_the_client_address_has_loopbacks_mss() {
     use std::time::Duration;
