@@ -285,6 +285,46 @@ def check_remote_secrets(name, objs):
               f"{name}: Role {good[0]['metadata']['name']} is bound to the control plane's account ({ns}/{sa})")
 
 
+def lease_verbs():
+    """The verbs on leases crates/k8s/src/lease.rs uses: get (get_opt), create, update
+    (replace)."""
+    with open(os.path.join(ROOT, "crates/k8s/src/lease.rs")) as f:
+        code = f.read()
+    uses = {"get": "get_opt(" in code or ".get(" in code, "create": ".create(" in code, "update": ".replace(" in code,
+            "patch": ".patch(" in code, "delete": ".delete(" in code}
+    return {v for v, used in uses.items() if used}
+
+
+def check_lease(name, objs):
+    """Several replicas elect the one that writes (--lease NAMESPACE/NAME), through a Role on
+    leases in that namespace granting what lease.rs uses."""
+    control = find(objs, "Deployment", "ferry-control")
+    c = container(control, "control")
+    lease = flag(c, "--lease")
+    if not check(lease is not None or control["spec"].get("replicas", 1) <= 1,
+                 f"{name}: {control['spec'].get('replicas')} control plane replicas elect the one that writes (--lease)"):
+        return
+    if lease is None:
+        return
+    ns = (expand(control, c, lease) or "").split("/")[0]
+    env = {e["name"] for e in c.get("env", [])}
+    check("POD_NAME" in env or flag(c, "--lease-identity") is not None,
+          f"{name}: each replica has its own identity in the Lease (POD_NAME or --lease-identity)")
+    wide = [o["metadata"]["name"] for o in objs if o.get("kind") == "ClusterRole" and ("coordination.k8s.io", "leases") in grants(o)]
+    check(not wide, f"{name}: no ClusterRole grants leases", f"{wide}")
+    verbs = lease_verbs()
+    sa = pod_spec(control).get("serviceAccountName")
+    roles = [o for o in objs if o.get("kind") == "Role" and o["metadata"].get("namespace") == ns
+             and ("coordination.k8s.io", "leases") in grants(o)]
+    good = [r for r in roles if grants(r) == {("coordination.k8s.io", "leases"): verbs}]
+    check(len(roles) == 1 and len(good) == 1,
+          f"{name}: a Role in {ns} grants exactly {sorted(verbs)} on leases (--lease={lease}; what crates/k8s/src/lease.rs uses)",
+          f"roles {[(r['metadata']['name'], sorted((k, sorted(v)) for k, v in grants(r).items())) for r in roles]}")
+    if good:
+        check(bound_to(objs, "Role", good[0]["metadata"]["name"], ns, sa),
+              f"{name}: Role {good[0]['metadata']['name']} is bound to the control plane's account ({ns}/{sa})")
+
+
 def check_cni_rbac(name, objs):
     role = find(objs, "ClusterRole", "ferry-cni")
     binding = find(objs, "ClusterRoleBinding", "ferry-cni")
@@ -552,6 +592,7 @@ def main():
             lambda: check_rbac(name, objs),
             lambda: check_cni_rbac(name, objs),
             lambda: check_remote_secrets(name, objs),
+            lambda: check_lease(name, objs),
         ]
         if args.ferry:
             steps.append(lambda: check_flags(name, objs, args.ferry))

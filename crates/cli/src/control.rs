@@ -63,6 +63,21 @@ pub(crate) struct ServeArgs {
     /// reconnects, a deleted one removes them. Needs get, list and watch on Secrets there.
     #[arg(long, requires = "cluster_id")]
     remote_secrets_namespace: Option<String>,
+    /// Several replicas: only the holder of this coordination.k8s.io/v1 Lease of the local
+    /// cluster (NAMESPACE/NAME, created if missing) writes to the clusters (ServiceImports,
+    /// ServiceExport status); every replica watches and serves. Needs get, create and update on
+    /// leases there. Without it this control plane writes as if it were the only one.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "cluster_id")]
+    lease: Option<String>,
+    /// This replica's name in the Lease, unique among the replicas (default: the host name and
+    /// the process ID).
+    #[arg(long, env = "POD_NAME")]
+    lease_identity: Option<String>,
+    /// How long a holder's claim lasts: another replica takes the Lease once it saw no renewal
+    /// for this long. The holder renews every sixth of it and stops writing after two thirds of
+    /// it without a renewal.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
     /// The scope of a Kubernetes service that declares none (ferry.dev/scope or
     /// istio.io/global): local or global.
     #[arg(long, default_value = "local", value_parser = ["local", "global"])]
@@ -181,6 +196,27 @@ impl ServeArgs {
     fn into_config(self) -> anyhow::Result<Config> {
         let issuers = K8sConfig::from_args(&self.k8s_issuer, &self.k8s_jwks, &self.k8s_ca)
             .map_err(|e| anyhow!(e))?;
+        let lease = self
+            .lease
+            .as_deref()
+            .map(|l| {
+                let (ns, name) = l
+                    .split_once('/')
+                    .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+                    .ok_or_else(|| anyhow!("--lease {l:?}: expected NAMESPACE/NAME"))?;
+                let identity = self.lease_identity.clone().unwrap_or_else(default_identity);
+                let lease = ferry_k8s::lease::LeaseConfig::new(
+                    ns,
+                    name,
+                    identity,
+                    Duration::from_secs(self.lease_duration_seconds),
+                );
+                lease
+                    .check()
+                    .map_err(|e| anyhow!("--lease-duration-seconds: {e}"))?;
+                Ok::<_, anyhow::Error>(lease)
+            })
+            .transpose()?;
         let source = match (self.topology, self.cluster_id) {
             (Some(path), _) => Source::File(path),
             (None, Some(cluster_id)) => Source::Kubernetes(Box::new(KubeSource {
@@ -198,6 +234,7 @@ impl ServeArgs {
                     },
                     ..ferry_k8s::MeshConfig::default()
                 },
+                lease,
                 initial_sync: Duration::from_secs(30),
             })),
             (None, None) => return Err(anyhow!("expected --topology or --cluster-id")),
@@ -233,6 +270,14 @@ impl ServeArgs {
             server_names: self.server_name,
         })
     }
+}
+
+/// A replica's name in the Lease when none is given: the host name and the process ID.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{host}_{}", std::process::id())
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

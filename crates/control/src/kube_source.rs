@@ -38,6 +38,9 @@ pub struct KubeSource {
     /// cluster: clusters come and go with them.
     pub remote_secrets_namespace: Option<String>,
     pub mesh: MeshConfig,
+    /// Several replicas: only the holder of this Lease of the local cluster writes to the
+    /// clusters (ServiceImports, ServiceExport status); every replica serves.
+    pub lease: Option<ferry_k8s::lease::LeaseConfig>,
     /// How long to wait for the first translated mesh before giving up.
     pub initial_sync: Duration,
 }
@@ -53,6 +56,9 @@ pub(crate) struct Started {
 
 /// Connects to every cluster and waits for the first translated mesh.
 pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started)> {
+    if let Some(lease) = &src.lease {
+        lease.check()?;
+    }
     let mut clusters = vec![Cluster {
         id: src.cluster_id.clone(),
         network: src.network.clone(),
@@ -81,6 +87,7 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
         mesh: src.mesh.clone(),
         initial_sync: src.initial_sync,
         remote_secrets: src.remote_secrets_namespace.clone(),
+        lease: src.lease.clone(),
         ..WatchConfig::default()
     };
     let watch = tokio::spawn(ferry_k8s::watch::run(

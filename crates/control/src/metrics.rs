@@ -112,6 +112,9 @@ pub struct KubeMetrics {
     /// Per watched cluster: 1 while its watches answer, 0 while the last one failed (its last
     /// objects keep serving).
     pub reachable: Family<ClusterLabels, Gauge>,
+    /// 1 while this replica holds the Lease and so writes to the clusters, 0 while another
+    /// does (only set when replicas elect, `--lease`).
+    pub leader: Gauge,
 }
 
 /// The label of one watched cluster.
@@ -133,6 +136,11 @@ impl KubeMetrics {
             "Watched Kubernetes clusters: 1 while their API server answers, 0 while its last watch failed (the cluster's last objects keep serving)",
             self.reachable.clone(),
         );
+        registry.register(
+            "ferry_kubernetes_leader",
+            "1 while this control plane holds the Lease and writes to the clusters (ServiceImports, ServiceExport status), 0 while another replica does",
+            self.leader.clone(),
+        );
     }
 
     /// Shows the clusters watched now, and only those, each reachable or not.
@@ -144,6 +152,9 @@ impl KubeMetrics {
                     cluster: id.clone(),
                 })
                 .set(i64::from(c.last_error.is_none()));
+        }
+        if let Some(l) = &status.leader {
+            self.leader.set(i64::from(l.leading));
         }
     }
 

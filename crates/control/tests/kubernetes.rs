@@ -83,6 +83,7 @@ async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
             kubeconfig: Some(local),
             remote_secrets: vec![secret],
             remote_secrets_namespace: None,
+            lease: None,
             mesh: ferry_k8s::MeshConfig::default(),
             initial_sync: Duration::from_secs(10),
         },
@@ -139,14 +140,15 @@ async fn clusters_read_from_kubernetes_reach_a_node_proxy() {
 struct Plane {
     listening: Listening,
     store: Arc<Store>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    node: tokio::task::JoinHandle<()>,
+    /// Shuts the control plane down, its watch and election with it (aborting its task would
+    /// leave them running), when dropped.
+    _shutdown: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Drop for Plane {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.node.abort();
     }
 }
 
@@ -167,13 +169,16 @@ impl Plane {
             server_names: vec![],
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<Listening>();
-        let server = tokio::spawn(async move {
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
             ferry_control::app::serve(
                 &config,
                 |l| {
                     let _ = tx.send(*l);
                 },
-                std::future::pending(),
+                async move {
+                    let _ = stop.await;
+                },
             )
             .await
             .unwrap();
@@ -198,7 +203,8 @@ impl Plane {
         Self {
             listening,
             store,
-            tasks: vec![server, node],
+            node,
+            _shutdown: shutdown,
         }
     }
 
@@ -210,7 +216,16 @@ impl Plane {
             .lines()
             .any(|l| l == line)
         {
-            assert!(tokio::time::Instant::now() < end, "no metric line {line}");
+            assert!(
+                tokio::time::Instant::now() < end,
+                "no metric line {line}: {}",
+                fetch(self.listening.metrics_addr, "/metrics")
+                    .await
+                    .lines()
+                    .filter(|l| l.contains("kubernetes"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -232,6 +247,7 @@ async fn remote_clusters_follow_the_remote_secrets_in_the_local_cluster() {
             kubeconfig: Some(local),
             remote_secrets: vec![],
             remote_secrets_namespace: Some("istio-system".into()),
+            lease: None,
             mesh: ferry_k8s::MeshConfig::default(),
             initial_sync: Duration::from_secs(10),
         },
@@ -293,6 +309,106 @@ async fn remote_clusters_follow_the_remote_secrets_in_the_local_cluster() {
         "{metrics}"
     );
     drop(plane);
+    alpha.stop();
+}
+
+/// Two replicas electing with a Lease of the local cluster: both serve the mesh to their node
+/// proxies, one says it leads (`ferry_kubernetes_leader 1`, `/debug/kubernetes`) and writes
+/// the ServiceImport; once it is gone the other takes the Lease and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_serve_and_the_lease_holder_alone_writes() {
+    let alpha = ApiServer::start(&[&fixture("alpha")]).await;
+    alpha.apply(
+        json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+                       "metadata": {"name": "ledger", "namespace": "default"}}),
+    );
+    let dir =
+        Dir(std::env::temp_dir().join(format!("ferry-k8s-control-lease-{}", std::process::id())));
+    let mut planes = Vec::new();
+    for who in ["a", "b"] {
+        let sub = dir.0.join(who);
+        std::fs::create_dir_all(&sub).unwrap();
+        let path = sub.join("kubeconfig");
+        // Each replica's token names its writes in the server's log.
+        let text =
+            kubeconfig(&alpha, "alpha").replace("user: {}", &format!("user: {{token: {who}}}"));
+        std::fs::write(&path, text).unwrap();
+        let lease = ferry_k8s::lease::LeaseConfig::new(
+            "ferry-system",
+            "ferry-control",
+            who,
+            Duration::from_secs(2),
+        );
+        let source = KubeSource {
+            cluster_id: "alpha".into(),
+            network: None,
+            kubeconfig: Some(path),
+            remote_secrets: vec![],
+            remote_secrets_namespace: None,
+            lease: Some(lease),
+            mesh: ferry_k8s::MeshConfig::default(),
+            initial_sync: Duration::from_secs(10),
+        };
+        let sub = Dir(sub);
+        planes.push((who, Plane::start(source, &sub).await, sub));
+    }
+    for (who, plane, _) in &planes {
+        eventually(&format!("{who}'s node proxy gets the mesh"), || {
+            has(&plane.store, "sleep")
+        })
+        .await;
+    }
+    let holder = || {
+        alpha
+            .get(
+                "coordination.k8s.io/v1",
+                "Lease",
+                "ferry-system/ferry-control",
+            )
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+    };
+    eventually("a replica holds the Lease", || holder().is_some()).await;
+    let first = holder().unwrap();
+    let lead = planes.iter().position(|(w, _, _)| *w == first).unwrap();
+    let other = planes[1 - lead].0;
+    planes[lead].1.metric("ferry_kubernetes_leader 1").await;
+    planes[1 - lead].1.metric("ferry_kubernetes_leader 0").await;
+    let debug = fetch(
+        planes[1 - lead].1.listening.metrics_addr,
+        "/debug/kubernetes",
+    )
+    .await;
+    let debug: serde_json::Value = serde_json::from_str(&debug).unwrap();
+    assert_eq!(debug["leader"]["leading"], json!(false), "{debug}");
+    assert_eq!(debug["leader"]["holder"], json!(first), "{debug}");
+    eventually("the holder writes the import", || {
+        alpha
+            .get(
+                "multicluster.x-k8s.io/v1alpha1",
+                "ServiceImport",
+                "default/ledger",
+            )
+            .is_some()
+    })
+    .await;
+    let writers: Vec<String> = alpha
+        .writes()
+        .into_iter()
+        .filter(|w| w.kind == "ServiceImport")
+        .map(|w| w.user)
+        .collect();
+    assert!(
+        writers.iter().all(|u| *u == first),
+        "only {first} wrote: {writers:?}"
+    );
+
+    // The holder gone, the other takes over once the Lease expired, and keeps serving.
+    let stopped = planes.remove(lead);
+    drop(stopped);
+    planes[0].1.metric("ferry_kubernetes_leader 1").await;
+    assert_eq!(holder().as_deref(), Some(other));
+    assert!(has(&planes[0].1.store, "sleep"));
+    drop(planes);
     alpha.stop();
 }
 

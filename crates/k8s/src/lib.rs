@@ -15,6 +15,7 @@ pub mod client;
 pub mod crd;
 pub mod enrollment;
 mod imports;
+pub mod lease;
 pub mod objects;
 pub mod remote;
 mod repair;

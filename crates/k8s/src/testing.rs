@@ -10,7 +10,11 @@
 //! `Api::namespaced` asks for), with equality field selectors (`fieldSelector=
 //! spec.nodeName=node-1`, as a node agent watches its own node's pods) and equality label
 //! selectors (`labelSelector=istio/multiCluster=true`, as remote secrets are watched); any
-//! other selector is refused with `400`. Every kind the watch reads is served at the path kube-rs
+//! other selector is refused with `400`. Single objects are read (`GET`), created (`POST`,
+//! `409 AlreadyExists`), replaced (`PUT`, `409 Conflict` unless the `resourceVersion` sent is
+//! the stored one), server-side applied, status-patched and deleted; every write is logged
+//! with the bearer token it came with ([`ApiServer::writes`]), so a test can tell which client
+//! made it. Every kind the watch reads is served at the path kube-rs
 //! asks for (see [`collection_of`]), `discovery.k8s.io/v1` EndpointSlices at
 //! `/apis/discovery.k8s.io/v1/endpointslices` included; a kind with no objects lists empty.
 //! Built with the `testing` feature, for tests only.
@@ -64,6 +68,22 @@ struct State {
     applies: u64,
     /// Every status patch served, in order.
     patch_log: Vec<Patched>,
+    /// Every write served, in order.
+    writes: Vec<Write>,
+}
+
+/// One write the server made (a create, replace, patch or delete), and who made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    /// `POST`, `PUT`, `PATCH` or `DELETE`.
+    pub method: String,
+    /// The object's kind and `namespace/name`.
+    pub kind: String,
+    pub key: String,
+    /// The bearer token it came with (see [`ApiServer::client_as`]), else `anonymous`.
+    pub user: String,
+    /// The object as stored after it (as deleted, for a delete).
+    pub object: Value,
 }
 
 /// One patch the server applied, as the client sent it.
@@ -264,11 +284,46 @@ impl ApiServer {
         kube::Client::try_from(kube::Config::new(url)).unwrap()
     }
 
-    /// Creates or replaces an object (ADDED or MODIFIED).
-    pub fn apply(&self, mut object: Value) {
+    /// A kube client for this server that sends `user` as its bearer token, which
+    /// [`Self::writes`] names each of its writes by.
+    pub fn client_as(&self, user: &str) -> kube::Client {
+        let url = format!("http://{}", self.addr).parse().unwrap();
+        let mut config = kube::Config::new(url);
+        config.auth_info = serde_json::from_value(json!({ "token": user })).unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// Every write served so far, in order.
+    pub fn writes(&self) -> Vec<Write> {
+        self.state.lock().writes.clone()
+    }
+
+    /// Records a write `method` of `object` by the sender of `headers`.
+    fn record(&self, method: &hyper::Method, headers: &hyper::HeaderMap, object: &Value) {
+        let user = headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("anonymous")
+            .to_string();
+        self.state.lock().writes.push(Write {
+            method: method.to_string(),
+            kind: object["kind"].as_str().unwrap_or("").to_string(),
+            key: key_of(object),
+            user,
+            object: object.clone(),
+        });
+    }
+
+    /// Creates or replaces an object (ADDED or MODIFIED); the object as stored.
+    pub fn apply(&self, object: Value) -> Value {
+        let mut st = self.state.lock();
+        self.apply_locked(&mut st, object)
+    }
+
+    fn apply_locked(&self, st: &mut State, mut object: Value) -> Value {
         let collection = collection_of_value(&object);
         let key = key_of(&object);
-        let mut st = self.state.lock();
         st.rv += 1;
         let rv = st.rv;
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -285,8 +340,10 @@ impl ApiServer {
             object,
         };
         st.log.push(change.clone());
-        drop(st);
+        let stored = change.object.clone();
+        // Sent under the lock: watchers see changes in resourceVersion order.
         let _ = self.changes.send(change);
+        stored
     }
 
     /// Applies every object of a YAML document.
@@ -396,16 +453,34 @@ impl ApiServer {
                 return status(code, "Refused", "refused by the test");
             }
         }
-        if req.method() == hyper::Method::PATCH && !path.ends_with("/status") {
-            return self.server_side_apply(&path, req).await;
+        let raw_query = req.uri().query().unwrap_or("").to_string();
+        let method = req.method().clone();
+        let headers = req.headers().clone();
+        let response = match method {
+            hyper::Method::PATCH if !path.ends_with("/status") => {
+                Some(self.server_side_apply(&path, req).await)
+            }
+            hyper::Method::PATCH => Some(self.patch_status(&path, req).await),
+            hyper::Method::DELETE => Some(self.delete_at(&path)),
+            hyper::Method::POST => Some(self.create(&path, req).await),
+            hyper::Method::PUT => Some(self.replace(&path, req).await),
+            _ => None,
+        };
+        if let Some((code, object)) = response {
+            if code.is_success() {
+                self.record(&method, &headers, &object);
+            }
+            return json_response(code, &object);
         }
-        if req.method() == hyper::Method::PATCH {
-            return self.patch_status(&path, req).await;
+        if !query.contains_key("watch")
+            && let Some((collection, key)) = object_path(&path)
+        {
+            return match self.stored(&collection, &key) {
+                Some(object) => json_response(StatusCode::OK, &object),
+                None => status(404, "NotFound", &format!("{key} not found")),
+            };
         }
-        if req.method() == hyper::Method::DELETE {
-            return self.delete_at(&path);
-        }
-        let raw_query = req.uri().query().unwrap_or("");
+        let raw_query = raw_query.as_str();
         let selector =
             match FieldSelector::of_query(raw_query).and_then(|s| s.with_labels(raw_query)) {
                 Ok(s) => s,
@@ -431,13 +506,13 @@ impl ApiServer {
 
     /// `PATCH <group path>/namespaces/<ns>/<plural>/<name>/status` with a JSON merge patch
     /// (RFC 7386): applied to the stored object, a MODIFIED event.
-    async fn patch_status(&self, path: &str, req: Request<Incoming>) -> Response<Body> {
+    async fn patch_status(&self, path: &str, req: Request<Incoming>) -> (StatusCode, Value) {
         let Some(rest) = path.strip_suffix("/status") else {
-            return status(405, "MethodNotAllowed", "only status is patched here");
+            return failure(405, "MethodNotAllowed", "only status is patched here");
         };
         let parts: Vec<&str> = rest.rsplitn(5, '/').collect();
         let [name, plural, ns, "namespaces", prefix] = parts.as_slice() else {
-            return status(404, "NotFound", "not a namespaced object");
+            return failure(404, "NotFound", "not a namespaced object");
         };
         let collection = format!("{prefix}/{plural}");
         let key = format!("{ns}/{name}");
@@ -448,14 +523,14 @@ impl ApiServer {
             .unwrap_or("")
             .to_string();
         let Ok(body) = req.into_body().collect().await else {
-            return status(400, "BadRequest", "unreadable body");
+            return failure(400, "BadRequest", "unreadable body");
         };
         let Ok(patch) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
-            return status(400, "BadRequest", "not JSON");
+            return failure(400, "BadRequest", "not JSON");
         };
         let current = self.stored(&collection, &key);
         let Some(mut object) = current else {
-            return status(404, "NotFound", "no such object");
+            return failure(404, "NotFound", "no such object");
         };
         json_patch::merge(&mut object, &patch);
         {
@@ -467,38 +542,37 @@ impl ApiServer {
                 body: patch,
             });
         }
-        self.apply(object.clone());
-        json_response(StatusCode::OK, &object)
+        (StatusCode::OK, self.apply(object))
     }
 
     /// `PATCH <group path>/namespaces/<ns>/<plural>/<name>` as server-side apply
     /// (`application/apply-patch+yaml`, a whole object): created if absent, else merged into
     /// the stored object (a simplification of field ownership: the applier owns what it
     /// sends); an ADDED or MODIFIED event.
-    async fn server_side_apply(&self, path: &str, req: Request<Incoming>) -> Response<Body> {
+    async fn server_side_apply(&self, path: &str, req: Request<Incoming>) -> (StatusCode, Value) {
         let content_type = req
             .headers()
             .get(hyper::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if content_type != "application/apply-patch+yaml" {
-            return status(
+            return failure(
                 415,
                 "UnsupportedMediaType",
                 "only server-side apply is served here",
             );
         }
         let Some((collection, key)) = object_path(path) else {
-            return status(404, "NotFound", "not a namespaced object");
+            return failure(404, "NotFound", "not a namespaced object");
         };
         let Ok(body) = req.into_body().collect().await else {
-            return status(400, "BadRequest", "unreadable body");
+            return failure(400, "BadRequest", "unreadable body");
         };
         let Ok(applied) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
-            return status(400, "BadRequest", "not JSON");
+            return failure(400, "BadRequest", "not JSON");
         };
         if collection_of_value(&applied) != collection || key_of(&applied) != key {
-            return status(
+            return failure(
                 400,
                 "BadRequest",
                 "the object is not the one the path names",
@@ -507,8 +581,7 @@ impl ApiServer {
         let mut object = self.stored(&collection, &key).unwrap_or_else(|| json!({}));
         json_patch::merge(&mut object, &applied);
         self.state.lock().applies += 1;
-        self.apply(object.clone());
-        json_response(StatusCode::OK, &object)
+        (StatusCode::OK, self.apply(object))
     }
 
     /// The stored object `key` of `collection`, if there is one.
@@ -522,20 +595,78 @@ impl ApiServer {
     }
 
     /// `DELETE <group path>/namespaces/<ns>/<plural>/<name>`: a DELETED event.
-    fn delete_at(&self, path: &str) -> Response<Body> {
+    fn delete_at(&self, path: &str) -> (StatusCode, Value) {
         let Some((collection, key)) = object_path(path) else {
-            return status(404, "NotFound", "not a namespaced object");
+            return failure(404, "NotFound", "not a namespaced object");
         };
         let object = self.stored(&collection, &key);
         let Some(object) = object else {
-            return status(404, "NotFound", "no such object");
+            return failure(404, "NotFound", "no such object");
         };
         self.delete(
             object["apiVersion"].as_str().unwrap_or("v1"),
             object["kind"].as_str().unwrap_or(""),
             &key,
         );
-        json_response(StatusCode::OK, &object)
+        (StatusCode::OK, object)
+    }
+
+    /// `POST <group path>/namespaces/<ns>/<plural>`: creates the object, `409 AlreadyExists`
+    /// if there is one of its name; an ADDED event.
+    async fn create(&self, path: &str, req: Request<Incoming>) -> (StatusCode, Value) {
+        let (collection, namespace) = collection_of_path(path);
+        let Some(object) = body_json(req).await else {
+            return failure(400, "BadRequest", "not JSON");
+        };
+        if collection_of_value(&object) != collection
+            || object["metadata"]["namespace"].as_str() != namespace.as_deref()
+        {
+            return failure(
+                400,
+                "BadRequest",
+                "the object is not of the collection posted to",
+            );
+        }
+        let key = key_of(&object);
+        if self.stored(&collection, &key).is_some() {
+            return failure(409, "AlreadyExists", &format!("{key} already exists"));
+        }
+        (StatusCode::CREATED, self.apply(object))
+    }
+
+    /// `PUT <group path>/namespaces/<ns>/<plural>/<name>`: replaces the object, `409
+    /// Conflict` if the request's `metadata.resourceVersion` is not the stored one (optimistic
+    /// concurrency, as the API server does it), `404` if there is none; a MODIFIED event.
+    async fn replace(&self, path: &str, req: Request<Incoming>) -> (StatusCode, Value) {
+        let Some((collection, key)) = object_path(path) else {
+            return failure(404, "NotFound", "not a namespaced object");
+        };
+        let Some(object) = body_json(req).await else {
+            return failure(400, "BadRequest", "not JSON");
+        };
+        if collection_of_value(&object) != collection || key_of(&object) != key {
+            return failure(
+                400,
+                "BadRequest",
+                "the object is not the one the path names",
+            );
+        }
+        // One lock for the check and the write: two replaces of one version cannot both pass.
+        let mut st = self.state.lock();
+        let Some(stored) = st.collections.get(&collection).and_then(|c| c.get(&key)) else {
+            return failure(404, "NotFound", &format!("{key} not found"));
+        };
+        let wanted = &object["metadata"]["resourceVersion"];
+        if !wanted.is_null() && *wanted != stored["metadata"]["resourceVersion"] {
+            return failure(
+                409,
+                "Conflict",
+                &format!(
+                    "{key}: the object has been modified; please apply your changes to the latest version and try again"
+                ),
+            );
+        }
+        (StatusCode::OK, self.apply_locked(&mut st, object))
     }
 
     /// Server-side applies served so far.
@@ -675,10 +806,22 @@ fn json_response(code: StatusCode, body: &Value) -> Response<Body> {
         .unwrap()
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+/// A request's body as JSON, if it is.
+async fn body_json(req: Request<Incoming>) -> Option<Value> {
+    let body = req.into_body().collect().await.ok()?;
+    serde_json::from_slice(&body.to_bytes()).ok()
+}
+
+/// A failure `Status` object.
+fn failure(code: u16, reason: &str, message: &str) -> (StatusCode, Value) {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "reason": reason, "message": message, "code": code,
     });
-    json_response(StatusCode::from_u16(code).unwrap(), &body)
+    (StatusCode::from_u16(code).unwrap(), body)
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    let (code, body) = failure(code, reason, message);
+    json_response(code, &body)
 }

@@ -15,6 +15,10 @@
 //!   `ServiceImport`s ([`crate::imports`]).
 //! - With [`WatchConfig::remote_secrets`], remote clusters come and go with Istio's remote
 //!   secrets in the local cluster ([`secrets`]).
+//! - With [`WatchConfig::lease`], only the replica that holds that Lease of the local cluster
+//!   writes (the imports and the export status; [`crate::lease`]); the others translate and
+//!   serve as ever. A replica that becomes the holder translates again and writes what the
+//!   mesh calls for.
 
 mod secrets;
 
@@ -31,6 +35,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::{Notify, watch};
 
+use crate::lease::{Leadership, LeaseConfig};
 use crate::objects::{ClusterObjects, Note};
 use crate::status::ExportStatus;
 use crate::translate::{MeshConfig, translate};
@@ -65,6 +70,9 @@ pub struct WatchConfig {
     /// Watch the remote secrets (`istio/multiCluster: "true"`) of this namespace of the local
     /// cluster (the first one given): each adds the clusters it names, for as long as it exists.
     pub remote_secrets: Option<String>,
+    /// Write to the clusters only while holding this Lease of the local cluster (several
+    /// replicas); `None`: always (one replica).
+    pub lease: Option<LeaseConfig>,
 }
 
 impl Default for WatchConfig {
@@ -74,6 +82,7 @@ impl Default for WatchConfig {
             debounce: Duration::from_millis(50),
             initial_sync: Duration::from_secs(30),
             remote_secrets: None,
+            lease: None,
         }
     }
 }
@@ -91,6 +100,8 @@ pub struct WatchStatus {
     pub last_error: Option<String>,
     /// The watched remote secrets, by `namespace/name`.
     pub remote_secrets: BTreeMap<String, SecretStatus>,
+    /// The election of the replica that writes, when there is one ([`WatchConfig::lease`]).
+    pub leader: Option<Leadership>,
 }
 
 /// What one watched remote secret gives.
@@ -188,6 +199,10 @@ pub async fn run<F>(
     F: FnMut(Outcome) + Send,
 {
     let changed = Arc::new(Notify::new());
+    let (leadership, _election) = match (&config.lease, clusters.first()) {
+        (Some(lease), Some(local)) => elect(local, lease, &changed, &status),
+        _ => (None, Tasks(Vec::new())),
+    };
     let mut remotes = match (&config.remote_secrets, clusters.first()) {
         (Some(ns), Some(local)) => Some(secrets::RemoteClusters::start(
             local,
@@ -254,8 +269,18 @@ pub async fn run<F>(
         .await;
         let outcome = match outcome {
             Ok((outcome, exports, imports)) => {
-                export_status.write(&clients, &exports).await;
-                crate::imports::write(&clients, &imports).await;
+                if leadership.as_ref().is_none_or(|l| l.borrow().leading) {
+                    export_status.write(&clients, &exports).await;
+                    crate::imports::write(&clients, &imports).await;
+                } else {
+                    // The holder writes; what this replica wrote as an earlier holder may have
+                    // been changed since, so it is checked again once it holds the Lease.
+                    export_status = ExportStatus::default();
+                    tracing::debug!(
+                        imports = imports.len(),
+                        "not the Lease's holder: leaving the writes to it"
+                    );
+                }
                 Ok(outcome)
             }
             Err(e) => Err(e),
@@ -293,6 +318,35 @@ pub async fn run<F>(
                 .is_ok()
         {}
     }
+}
+
+/// Starts the election of `lease` in the `local` cluster: its leadership, and the tasks that
+/// run it and keep `status` up to date (a change of leadership also translates again, so a new
+/// holder writes at once).
+fn elect(
+    local: &Cluster,
+    lease: &LeaseConfig,
+    changed: &Arc<Notify>,
+    status: &watch::Sender<WatchStatus>,
+) -> (Option<watch::Receiver<Leadership>>, Tasks) {
+    let (leadership, election) = crate::lease::elect(local.client.clone(), lease.clone());
+    let mut follow = leadership.clone();
+    let (changed, status) = (changed.clone(), status.clone());
+    let follower = tokio::spawn(async move {
+        loop {
+            let now = follow.borrow_and_update().clone();
+            let leading = now.leading;
+            let mut was = None;
+            status.send_modify(|s| was = s.leader.replace(now).map(|l| l.leading));
+            if was != Some(leading) {
+                changed.notify_one();
+            }
+            if follow.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    (Some(leadership), Tasks(vec![election, follower]))
 }
 
 /// Starts the reflector of `api` (kind `ar`, in cluster `cluster`); returns its store and
