@@ -2,19 +2,22 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Serialize;
 
+/// A name held in one shared string: a copy (into a plan, an index bucket, a record) is a
+/// reference count. Compared, ordered and hashed as the string.
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
         #[serde(transparent)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
-            pub fn new(s: impl Into<String>) -> Self {
-                Self(s.into())
+            pub fn new(s: impl AsRef<str>) -> Self {
+                Self(Arc::from(s.as_ref()))
             }
 
             pub fn as_str(&self) -> &str {
@@ -30,7 +33,7 @@ macro_rules! name_type {
 
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
-                Self(s.to_string())
+                Self(Arc::from(s))
             }
         }
     };
@@ -114,5 +117,25 @@ impl NetworkAddress {
 impl fmt::Display for NetworkAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.ip)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_one_shared_string_that_reads_as_before() {
+        let a = WorkloadUid::from("east//v1/Pod/default/a");
+        let copy = a.clone();
+        assert!(std::ptr::eq(a.as_str(), copy.as_str()), "a copy shares it");
+        assert_eq!(a, WorkloadUid::new(String::from("east//v1/Pod/default/a")));
+        assert_eq!(a.to_string(), "east//v1/Pod/default/a");
+        assert_eq!(format!("{a:?}"), r#"WorkloadUid("east//v1/Pod/default/a")"#);
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            r#""east//v1/Pod/default/a""#
+        );
+        assert!(ClusterId::new("east") < ClusterId::new("west"));
     }
 }
