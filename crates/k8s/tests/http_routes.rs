@@ -124,7 +124,8 @@ async fn an_http_route_on_a_service_is_applied_by_its_waypoint() {
             "audit.default.svc.cluster.local",
         ))
         .unwrap();
-    assert_eq!(svc.http_routes[0].timeout_ms, 2000);
+    let header_rule = svc.http_routes.iter().find(|r| r.name == "audit-split.0");
+    assert_eq!(header_rule.map(|r| r.timeout_ms), Some(2000));
     let route_notes: Vec<&str> = notes
         .iter()
         .filter(|n| n.object == "HTTPRoute default/audit-split")

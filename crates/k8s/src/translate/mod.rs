@@ -55,7 +55,8 @@
 //!   [`MeshConfig::clusterset_cidr`] by a hash of its name (see [`mcs`]). Its scope is the
 //!   whole cluster set unless `ferry.dev/scope` on a `ServiceExport` narrows it.
 //! - **HTTP routes.** An `HTTPRoute` whose `parentRefs` name a Service gives that Service's
-//!   waypoint one route per rule, as far as Ferry can apply it exactly (see [`routes`]).
+//!   waypoint one route per match of each rule, in the Gateway API's order of precedence, as
+//!   far as Ferry can apply it exactly (see [`routes`]).
 //! - **Policies** are translated with Istio's semantics (see [`policies`]); one Ferry cannot
 //!   enforce exactly fails closed.
 //! - **PeerAuthentications** become the policies istiod sends ztunnel for them (see

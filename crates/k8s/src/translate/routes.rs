@@ -1,6 +1,11 @@
 //! Gateway API `HTTPRoute`s attached to a Service (`parentRefs` of kind `Service`, the GAMMA
-//! way Istio's ambient mode reads them): each rule becomes one HTTP route of that service,
-//! applied by its waypoint, in the order of the routes' names and then their rules.
+//! way Istio's ambient mode reads them): each match of each rule becomes one HTTP route of that
+//! service (named `<route>.<rule>`, or `<route>.<rule>.<match>` for a rule of several matches),
+//! applied by its waypoint, which takes the first route that matches. They are ordered as the
+//! Gateway API orders matches across every route of the Service ([`Precedence`]): an `Exact`
+//! path first, then the longest `PathPrefix` (a match without a path is the prefix `/`), then
+//! the most header matches; on a tie the oldest route (`creationTimestamp`), then
+//! `<namespace>/<name>` in alphabetical order, then the first rule and match in list order.
 //!
 //! Read: `matches` with `path` (`Exact`, `PathPrefix`, the default) and `headers` (`Exact`, the
 //! default), `backendRefs` to Services of the route's namespace with a `port` and a `weight`,
@@ -12,12 +17,58 @@
 //! waypoint applies it) and is a note. A route of one name in several clusters is read from
 //! the first cluster in ID order; a differing copy is a note.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use ferry_topology::schema::{BackendSpec, RouteMatchSpec, RouteSpec};
+use k8s_openapi::jiff::Timestamp;
 
 use super::{Tx, ns_name};
 use crate::crd::{HttpRoute, HttpRouteRule};
+
+/// Where one match stands among every match of a Service's routes, as the Gateway API orders
+/// them (the first in this order that matches a request takes it). Pure data, compared as a
+/// tuple.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Precedence {
+    /// 0 for an `Exact` path, 1 for a prefix (`PathPrefix`, or none: `/`).
+    path_kind: u8,
+    /// The prefix's length in characters, longest first.
+    prefix_len: Reverse<usize>,
+    /// The number of header matches, most first.
+    headers: Reverse<usize>,
+    /// The route's creation, oldest first (a route without one after every other).
+    created: (bool, Option<Timestamp>),
+    /// `(namespace, name)` of the route.
+    route: (String, String),
+    rule: usize,
+    matched: usize,
+}
+
+impl Precedence {
+    fn of(
+        m: &RouteMatchSpec,
+        created: Option<Timestamp>,
+        route: (String, String),
+        rule: usize,
+        matched: usize,
+    ) -> Self {
+        let (path_kind, prefix_len) = match (&m.path, &m.path_prefix) {
+            (Some(_), _) => (0, 0),
+            (None, Some(p)) => (1, p.chars().count()),
+            (None, None) => (1, 1),
+        };
+        Self {
+            path_kind,
+            prefix_len: Reverse(prefix_len),
+            headers: Reverse(m.headers.len()),
+            created: (created.is_none(), created),
+            route,
+            rule,
+            matched,
+        }
+    }
+}
 
 impl Tx<'_> {
     pub(super) fn http_routes(&mut self) {
@@ -34,8 +85,11 @@ impl Tx<'_> {
                 routes.insert(key, (c.cluster.clone(), r));
             }
         }
+        // By the index of the service they attach to: every match, with where it stands.
+        let mut attached: BTreeMap<usize, Vec<(Precedence, RouteSpec)>> = BTreeMap::new();
         for ((ns, name), (cluster, r)) in routes {
             let object = format!("HTTPRoute {ns}/{name}");
+            let created = r.metadata.creation_timestamp.as_ref().map(|t| t.0);
             for parent in &r.spec.parent_refs {
                 let is_service = parent.kind.as_deref() == Some("Service")
                     && parent
@@ -73,7 +127,12 @@ impl Tx<'_> {
                 }
                 for (i, rule) in r.spec.rules.iter().enumerate() {
                     match self.rule(&ns, &name, i, rule) {
-                        Ok(spec) => self.file.services[si].routes.push(spec),
+                        Ok(spec) => {
+                            let per_match = split(spec, |j, m| {
+                                Precedence::of(m, created, (ns.clone(), name.clone()), i, j)
+                            });
+                            attached.entry(si).or_default().extend(per_match);
+                        }
                         Err(why) => {
                             let msg = format!("rule {i} left out: {why}");
                             self.note(&cluster, object.clone(), msg);
@@ -81,6 +140,12 @@ impl Tx<'_> {
                     }
                 }
             }
+        }
+        for (si, mut routes) in attached {
+            routes.sort_by(|a, b| a.0.cmp(&b.0));
+            self.file.services[si]
+                .routes
+                .extend(routes.into_iter().map(|(_, r)| r));
         }
     }
 
@@ -177,6 +242,57 @@ impl Tx<'_> {
             retries: 0,
         })
     }
+}
+
+/// One route per match of `spec` (a rule without matches is one route that matches every
+/// request, as the prefix `/`), each with its precedence: `<route>.<rule>` keeps its name when
+/// it has at most one match, else each becomes `<route>.<rule>.<match>`.
+fn split(
+    spec: RouteSpec,
+    precedence: impl Fn(usize, &RouteMatchSpec) -> Precedence,
+) -> Vec<(Precedence, RouteSpec)> {
+    if spec.matches.len() <= 1 {
+        let p = precedence(
+            0,
+            spec.matches.first().unwrap_or(&RouteMatchSpec::default()),
+        );
+        return vec![(p, spec)];
+    }
+    let RouteSpec {
+        name,
+        matches,
+        backends,
+        timeout_ms,
+        retries,
+    } = spec;
+    matches
+        .into_iter()
+        .enumerate()
+        .map(|(j, m)| {
+            let route = RouteSpec {
+                name: format!("{name}.{j}"),
+                matches: Vec::new(),
+                backends: backends
+                    .iter()
+                    .map(|b| BackendSpec {
+                        service: b.service.clone(),
+                        port: b.port,
+                        subset: b.subset.clone(),
+                        weight: b.weight,
+                    })
+                    .collect(),
+                timeout_ms,
+                retries,
+            };
+            (
+                precedence(j, &m),
+                RouteSpec {
+                    matches: vec![m],
+                    ..route
+                },
+            )
+        })
+        .collect()
 }
 
 /// `"5s"` or `"500ms"` in milliseconds.
