@@ -27,9 +27,9 @@
 //! the pod's interface: an MSS of 1448 (MTU 1500) on a loopback connection that otherwise takes
 //! 65483, so bulk data towards the app moves in 45 times as many segments, and each of the app's
 //! packets is routed again when OUTPUT restores the mark. Measured (`ferry lab bench`, release
-//! builds, issue 17): the node proxies' CPU per 64 B round trip 127 us without them against 68 us
-//! with them (59 us before the original-source rules existed), per new connection 955 against
-//! 770 us (710 us); see docs/hbone.md. Where the sysctl cannot be written (a container's
+//! builds, issue 17): the node proxies' CPU per 64 B round trip 127 us without them against 62 us
+//! with them (66 us before the original-source rules existed), per new connection 940 against
+//! 775 us (850 us), per GB 3.07 against 2.89 s (2.87 s); see docs/hbone.md. Where the sysctl cannot be written (a container's
 //! read-only `/proc/sys`), connections work as before, at that cost.
 //!
 //! Each IP family has its own: the mangle chains in `iptables` and in `ip6tables`, the routing
