@@ -902,3 +902,64 @@ fn nix_root() -> bool {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
+
+/// On Kubernetes the node proxy's container has a read-only `/proc/sys`, so it cannot set
+/// `tcp_fwmark_accept` (without it the app's side of connections from the client's address
+/// replies through the pod's interface, MSS 1448) or `tcp_migrate_req` (handovers) in the pod:
+/// the plugin, run on the host, sets them.
+#[test]
+fn the_plugin_sets_the_pods_sysctls_where_the_node_proxy_cannot_write_proc_sys() {
+    if !nix_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let mut w = World::on(64);
+    let node_args = w.control_plane();
+    let agent_args = w.agent_args();
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    w.start("agent", &agent_args);
+    w.wait_log("agent", "node agent serving", 1);
+    // The node proxy as a container runs it: /proc/sys bound read-only in its own mounts.
+    let mut node = w.in_host("unshare");
+    node.args([
+        "--mount",
+        "--propagation",
+        "slave",
+        "sh",
+        "-c",
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$0\" \"$@\"",
+        FERRY,
+    ]);
+    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
+    w.spawn("node", node, &node_args);
+    w.wait_log("agent", "replay acknowledged", 1);
+
+    let web = w.pod("web");
+    let (ran, _) = w.add(&web, ("default", "web"));
+    assert!(ran.ok, "ADD: {}\nagent:\n{}", ran.stdout, w.log("agent"));
+    assert!(w.served(&web), "the node proxy listens in the pod");
+    // The node proxy tried and was refused ...
+    w.wait_log("node", "tcp_fwmark_accept", 1);
+    // ... and the plugin set it, and the handover's tcp_migrate_req.
+    assert_eq!(sysctls(&web), "1\n1", "tcp_fwmark_accept, tcp_migrate_req");
+
+    // A pod of a namespace not enrolled keeps the kernel's default.
+    let plain = w.pod("plain");
+    let (ran, _) = w.add(&plain, ("plain", "other"));
+    assert!(ran.ok, "{}", ran.stdout);
+    assert_eq!(sysctls(&plain), "0\n0");
+}
+
+/// `tcp_fwmark_accept` and `tcp_migrate_req` in the namespace `netns`, a line each.
+fn sysctls(netns: &str) -> String {
+    let out = run(Command::new("ip").args([
+        "netns",
+        "exec",
+        netns,
+        "sysctl",
+        "-n",
+        "net.ipv4.tcp_fwmark_accept",
+        "net.ipv4.tcp_migrate_req",
+    ]));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

@@ -3,7 +3,9 @@
 //! proxy over ZDS and answers once the node proxy has put the pod's capture in place. A pod the
 //! node proxy cannot take fails to start (fail closed), as Istio's plugin does.
 //!
-//! - ADD: asks the agent, then prints the previous plugins' result unchanged.
+//! - ADD: asks the agent, then prints the previous plugins' result unchanged. For a pod the
+//!   agent enrolled it also sets [`POD_SYSCTLS`] in the pod's namespace, which the node proxy
+//!   cannot where its container's `/proc/sys` is read-only.
 //! - DEL: asks the agent to release the pod; succeeds when the agent does not know it, and when
 //!   the agent cannot be reached (the spec asks DEL to clean up what it can, not to fail on
 //!   what is gone).
@@ -22,6 +24,17 @@ use crate::wire::{Answer, Ask};
 
 /// How long the plugin waits for the agent, which waits for the node proxy's ack.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The settings the node proxy makes in an enrolled pod's namespace where it can (its container's
+/// `/proc/sys` is read-only on Kubernetes); the plugin runs on the host, where `/proc/sys` is
+/// writable, so it is what makes them there:
+/// - `tcp_fwmark_accept`: the app's accepted socket carries its SYN's mark, so the node proxy's
+///   connections to the app from the client's address reply by loopback (table 133) instead of
+///   the pod's interface (MSS 1448 instead of 65483, and a route lookup per packet;
+///   node/src/transparent.rs);
+/// - `tcp_migrate_req`: a handover moves connections queued on the old node proxy's listeners to
+///   the new one's instead of resetting them (node/src/capture.rs).
+pub const POD_SYSCTLS: [&str; 2] = ["net.ipv4.tcp_fwmark_accept=1", "net.ipv4.tcp_migrate_req=1"];
 
 /// Runs one invocation with this process's environment, stdin and stdout; returns the exit code.
 pub fn run() -> u8 {
@@ -93,7 +106,28 @@ fn add(inv: &Invocation, conf: &NetConf) -> Result<serde_json::Value, CniError> 
             answer.error,
         ));
     }
+    if answer.enrolled {
+        // Best effort, as the node proxy's: without it the pod works, with slower bulk replies.
+        if let Err(e) = pod_sysctls(inv.netns.as_deref().unwrap_or(Path::new(""))) {
+            eprintln!("ferry-cni: ADD: cannot set {POD_SYSCTLS:?} in the pod's namespace: {e}");
+        }
+    }
     Ok(result)
+}
+
+/// Sets [`POD_SYSCTLS`] in the namespace at `netns`: what went wrong, if it did.
+fn pod_sysctls(netns: &Path) -> Result<(), String> {
+    let out = Process::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["sysctl", "-q", "-w"])
+        .args(POD_SYSCTLS)
+        .output()
+        .map_err(|e| format!("cannot run nsenter/sysctl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
 }
 
 fn del(inv: &Invocation, conf: &NetConf) {
