@@ -24,7 +24,7 @@ use std::sync::Arc;
 use ferry_core::model::{Workload, WorkloadUid};
 use ferry_core::snapshot::{Snapshot, SnapshotDelta};
 
-use crate::schema::{File, WorkloadSpec};
+use crate::schema::{File, ServiceSpec, WorkloadSpec};
 use crate::{Limits, Topology, TopologyError, convert, limits};
 
 /// The last good topology, its text and where its workload entries are.
@@ -243,9 +243,35 @@ fn entries(
     }
     let specs: Vec<WorkloadSpec> = serde_yaml_ng::from_str(mid).ok()?;
     let count = specs.len();
+    // Only the services these entries could back are converted with them (a selector whose
+    // labels they carry, a name or hostname they list), without routes and endpoints (which
+    // name other services and say nothing of a workload); an address they share with a service
+    // left out is found when the delta is applied.
+    let mut all: Vec<Option<ServiceSpec>> = std::mem::take(&mut rest.services)
+        .into_iter()
+        .map(Some)
+        .collect();
+    let mut taken = Vec::new();
+    for (i, slot) in all.iter_mut().enumerate() {
+        if slot.as_ref().is_some_and(|s| may_back(s, &specs))
+            && let Some(mut s) = slot.take()
+        {
+            let routes = std::mem::take(&mut s.routes);
+            let endpoints = std::mem::take(&mut s.endpoints);
+            rest.services.push(s);
+            taken.push((i, routes, endpoints));
+        }
+    }
     rest.workloads = specs;
     let converted = convert::convert(rest);
     rest.workloads = Vec::new();
+    for ((i, routes, endpoints), mut s) in taken.into_iter().zip(std::mem::take(&mut rest.services))
+    {
+        s.routes = routes;
+        s.endpoints = endpoints;
+        all[i] = Some(s);
+    }
+    rest.services = all.into_iter().flatten().collect();
     let (mini, _) = converted.ok()?;
     let out: Vec<_> = mini
         .workloads()
@@ -253,6 +279,21 @@ fn entries(
         .cloned()
         .collect();
     (out.len() == count).then_some(out)
+}
+
+/// Could `s` be backed by one of `specs`: its selector's labels all on one of them, or its name
+/// or hostname among the services one lists? (A superset: the conversion decides.)
+fn may_back(s: &ServiceSpec, specs: &[WorkloadSpec]) -> bool {
+    specs.iter().any(|w| {
+        let selected = s
+            .selector
+            .as_ref()
+            .is_some_and(|sel| sel.iter().all(|(k, v)| w.labels.get(k) == Some(v)));
+        let named = w.services.keys().any(|n| {
+            n.split('.').next() == Some(s.name.as_str()) || s.hostname.as_ref() == Some(n)
+        });
+        selected || named
+    })
 }
 
 /// Is `line` an entry of a sequence indented by `indent`: `indent` spaces, then `- `?
