@@ -14,6 +14,8 @@
 pub mod client;
 pub mod crd;
 pub mod enrollment;
+#[cfg(feature = "testing")]
+pub mod fixtures;
 mod imports;
 pub mod lease;
 pub mod objects;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ferry_core::model::ServiceKey;
 use ferry_core::snapshot::Snapshot;
 use ferry_k8s::MeshConfig;
+use ferry_k8s::fixtures::two_clusters as fixture;
 use ferry_k8s::testing::ApiServer;
 use ferry_k8s::watch::{Cluster, WatchConfig, WatchStatus, run};
 use serde_json::json;
@@ -17,14 +18,6 @@ use tokio::sync::watch;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const MCS: &str = "multicluster.x-k8s.io/v1alpha1";
-
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/two-clusters/{name}.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
-}
 
 /// A control plane's watch over `servers` (alpha, beta), allocating from `cidr`; its meshes.
 struct Plane {

@@ -3,20 +3,12 @@
 //! cluster-set: an exported service that runs only in another cluster resolves under its
 //! `clusterset.local` name; a service that is not exported, in another cluster, does not.
 
-use std::path::PathBuf;
-
 use ferry_core::dns::{MeshName, lookup};
 use ferry_core::snapshot::Snapshot;
 use ferry_k8s::{ClusterObjects, MeshConfig, translate};
 
 fn cluster(name: &str, extra: &str) -> ClusterObjects {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
-    let mut c = ClusterObjects::new(name);
-    c.add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
-        .unwrap();
-    c.add_yaml("extra", extra).unwrap();
-    c
+    ferry_k8s::fixtures::cluster(name, extra).0
 }
 
 const BETA: &str = "\

@@ -2,18 +2,11 @@
 //! it is reached in the family a connection came in on.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
 
 use ferry_k8s::{ClusterObjects, MeshConfig, translate};
 
 fn cluster(name: &str, extra: &str) -> ClusterObjects {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
-    let mut c = ClusterObjects::new(name);
-    c.add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
-        .unwrap();
-    c.add_yaml("extra", extra).unwrap();
-    c
+    ferry_k8s::fixtures::cluster(name, extra).0
 }
 
 /// A second instance of the fixture's audit-waypoint, dual-stack.

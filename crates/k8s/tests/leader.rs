@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use ferry_core::model::ServiceKey;
 use ferry_core::snapshot::Snapshot;
+use ferry_k8s::fixtures::two_clusters as fixture;
 use ferry_k8s::lease::LeaseConfig;
 use ferry_k8s::testing::{ApiServer, Write};
 use ferry_k8s::watch::{Cluster, WatchConfig, WatchStatus, run};
@@ -22,14 +23,6 @@ const MCS: &str = "multicluster.x-k8s.io/v1alpha1";
 const LEASE: &str = "ferry-system/ferry-control";
 /// Short, so that a takeover takes seconds; renewed every third of a second.
 const LEASE_DURATION: Duration = Duration::from_secs(2);
-
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/two-clusters/{name}.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
-}
 
 /// One control plane's watch, as `identity`, with its meshes and status.
 struct Plane {

@@ -1,8 +1,6 @@
 //! The Multi-Cluster Services API: exported services become cluster-set services reachable
 //! from every cluster, in one hop, at a stable address, with conflicts reported.
 
-use std::path::PathBuf;
-
 use ferry_core::model::ServiceKey;
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{Destination, Source, Step, route};
@@ -10,12 +8,7 @@ use ferry_core::snapshot::Snapshot;
 use ferry_k8s::{ClusterObjects, MeshConfig, Note, translate};
 
 fn cluster(name: &str, extra: &str) -> ClusterObjects {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
-    let mut c = ClusterObjects::new(name);
-    c.add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
-        .unwrap();
-    let notes = c.add_yaml("extra", extra).unwrap();
+    let (c, notes) = ferry_k8s::fixtures::cluster(name, extra);
     assert_eq!(notes, Vec::<Note>::new());
     c
 }

@@ -1,18 +1,11 @@
 //! `PeerAuthentication` objects become what istiod sends ztunnel for them: the static STRICT
 //! policy and converted port-level ones, listed on the workloads they govern.
 
-use std::path::PathBuf;
-
 use ferry_core::snapshot::Snapshot;
 use ferry_k8s::{ClusterObjects, MeshConfig, Note, translate};
 
 fn cluster(name: &str, extra: &str) -> ClusterObjects {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
-    let mut c = ClusterObjects::new(name);
-    c.add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
-        .unwrap();
-    let notes = c.add_yaml("extra", extra).unwrap();
+    let (c, notes) = ferry_k8s::fixtures::cluster(name, extra);
     assert_eq!(notes, Vec::<Note>::new());
     c
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ferry_core::snapshot::Snapshot;
 use ferry_k8s::Note;
+use ferry_k8s::fixtures::two_clusters as fixture;
 use ferry_k8s::testing::ApiServer;
 use ferry_k8s::watch::{Cluster, WatchConfig, WatchStatus, run};
 use serde_json::{Value, json};
@@ -16,14 +17,6 @@ use tokio::sync::watch;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const NAMESPACE: &str = "istio-system";
-
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/two-clusters/{name}.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
-}
 
 fn kubeconfig(server: &ApiServer, name: &str) -> String {
     format!(

@@ -8,20 +8,13 @@ use std::time::Duration;
 
 use ferry_core::model::{Health, ScopeRule, ServiceKey, TunnelProtocol};
 use ferry_core::snapshot::Snapshot;
+use ferry_k8s::fixtures::two_clusters as fixture;
 use ferry_k8s::testing::ApiServer;
 use ferry_k8s::watch::{Cluster, WatchConfig, WatchStatus, run};
 use serde_json::json;
 use tokio::sync::watch;
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!(
-        "{}/tests/fixtures/two-clusters/{name}.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
-}
 
 /// Two fake clusters and a watch over both; the latest translated mesh in `meshes`.
 struct Rig {

@@ -1,20 +1,11 @@
 //! What the fixture tests share: the two-cluster fixtures with extra objects, translated.
 
-use std::path::PathBuf;
-
 use ferry_core::snapshot::Snapshot;
 use ferry_k8s::{ClusterObjects, MeshConfig, Note, translate};
 
 /// Cluster `name` of the fixtures with the objects of `extra` (YAML), and the notes of both.
 pub(crate) fn cluster(name: &str, extra: &str) -> (ClusterObjects, Vec<Note>) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/fixtures/two-clusters/{name}.yaml"));
-    let mut c = ClusterObjects::new(name);
-    let mut notes = c
-        .add_yaml("fixture", &std::fs::read_to_string(path).unwrap())
-        .unwrap();
-    notes.extend(c.add_yaml("extra", extra).unwrap());
-    (c, notes)
+    ferry_k8s::fixtures::cluster(name, extra)
 }
 
 /// The two clusters, each with its extra objects, translated; every note on the way.
