@@ -16,24 +16,29 @@
 //! pushed to a stream at most once per push interval ([`XdsServer::with_push_interval`],
 //! [`DEFAULT_PUSH_INTERVAL`]): a change after a quiet interval goes out at once, the changes of
 //! a burst within it go out together.
+//!
+//! Responses are framed here, not by tonic ([`framing`], [`route`]): a push is written a chunk
+//! at a time from the difference shared by every stream, so a synced node costs the server no
+//! buffer the size of its largest push.
+
+mod framing;
+mod route;
 
 use std::collections::{HashMap, VecDeque};
-use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use ferry_api::discovery::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use bytes::Bytes;
+use ferry_api::discovery::DeltaDiscoveryRequest;
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ferry_xds::resources::{Diff, ResourceSet, diff, diff_sets};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
+
+use self::framing::Outgoing;
+pub use self::route::{AdsService, DELTA_PATH};
 
 use crate::ca::auth::{Authenticate, Authenticated, Caller};
 use crate::ca::k8s::K8sTokens;
@@ -116,11 +121,7 @@ impl XdsServer {
             self.metrics.refused.clone(),
         )
         .with_k8s(self.k8s.clone());
-        auth.layer(
-            AggregatedDiscoveryServiceServer::new(self)
-                .max_decoding_message_size(MAX_REQUEST_BYTES)
-                .max_encoding_message_size(200 << 20),
-        )
+        auth.layer(AdsService { xds: self })
     }
 }
 
@@ -128,18 +129,20 @@ impl XdsServer {
 pub const MAX_REQUEST_BYTES: usize = 200 << 20;
 
 /// The service as served.
-pub type XdsServerService = Authenticated<AggregatedDiscoveryServiceServer<XdsServer>>;
+pub type XdsServerService = Authenticated<AdsService>;
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+/// The most bytes of a push handed to the transport at once (a resource larger than this goes
+/// alone): what a stream holds of a push beyond the difference every stream shares.
+pub const CHUNK_BYTES: usize = 64 << 10;
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for XdsServer {
-    type DeltaAggregatedResourcesStream = ResponseStream;
-
-    async fn delta_aggregated_resources(
+impl XdsServer {
+    /// Opens a `DeltaAggregatedResources` stream for an authenticated request: its task runs
+    /// until the node hangs up or the served set's sender is dropped, and hands its responses'
+    /// framed bytes over the returned channel as the transport takes them.
+    fn open(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+    ) -> Result<mpsc::Receiver<Bytes>, Status> {
         let node = match (&self.tokens, request.extensions().get::<Caller>()) {
             (Some(_), Some(Caller(n))) => n.to_string(),
             (Some(tokens), None) => match Authenticate::verify(tokens, &request) {
@@ -177,14 +180,14 @@ impl AggregatedDiscoveryService for XdsServer {
             push_interval: self.push_interval,
         };
         tokio::spawn(stream.run());
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(rx)
     }
 }
 
 /// One client's stream.
 struct Stream_ {
     inbound: Streaming<DeltaDiscoveryRequest>,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tx: mpsc::Sender<Bytes>,
     resources: watch::Receiver<Arc<ResourceSet>>,
     diffs: Arc<Diffs>,
     metrics: Arc<Metrics>,
@@ -211,9 +214,13 @@ enum Held {
 /// that needs one and reused by the others. Keyed by the two sets' allocations through `Weak`s:
 /// a `Weak` keeps the allocation's address from being reused (so a key never matches another
 /// set) but not the set's resources, so the cache keeps no old set alive.
+///
+/// A node that connects holding nothing gets the difference from [`Diffs::empty`] (an empty set
+/// kept here, so its key stays valid): the initial sync of many nodes is computed once.
 #[derive(Debug, Default)]
 pub struct Diffs {
     recent: Mutex<Vec<CachedDiff>>,
+    empty: Arc<ResourceSet>,
 }
 
 #[derive(Debug)]
@@ -291,8 +298,9 @@ impl Stream_ {
         let mut nonce = 0u64;
         // Types subscribed and not yet answered, in order.
         let mut first: VecDeque<String> = VecDeque::new();
-        // Built from one change, waiting for room (at most one: the change's second type).
-        let mut queue: VecDeque<DeltaDiscoveryResponse> = VecDeque::new();
+        // Built from one change, sent a chunk at a time as room is made (at most two: a
+        // change's two types).
+        let mut queue: VecDeque<Outgoing> = VecDeque::new();
         // The served set changed since the last push.
         let mut stale = false;
         let mut last_push: Option<Instant> = None;
@@ -343,8 +351,14 @@ impl Stream_ {
                             }
                         }
                     }
-                    if let Some(response) = queue.pop_front() {
-                        permit.send(Ok(response));
+                    if let Some(response) = queue.front_mut() {
+                        let chunk = response.next_chunk(CHUNK_BYTES);
+                        if response.is_done() {
+                            queue.pop_front();
+                        }
+                        if let Some(chunk) = chunk {
+                            permit.send(chunk);
+                        }
                     }
                 }
                 () = sleep_until_or_never(ready_at), if stale && !due => {}
@@ -396,11 +410,14 @@ impl Stream_ {
         current: &Arc<ResourceSet>,
         nonce: &mut u64,
         first: bool,
-    ) -> Option<DeltaDiscoveryResponse> {
+    ) -> Option<Outgoing> {
         let held = types.get_mut(type_url)?;
         let d = match held {
             Held::Set(prev) if Arc::ptr_eq(prev, current) => Arc::default(),
             Held::Set(prev) => self.diffs.between(prev, current, type_url),
+            Held::Initial(known) if known.is_empty() => {
+                self.diffs.between(&self.diffs.empty, current, type_url)
+            }
             Held::Initial(known) => {
                 let empty = Default::default();
                 Arc::new(diff(known, current.of_type(type_url).unwrap_or(&empty)))
@@ -412,30 +429,10 @@ impl Stream_ {
             return None;
         }
         *nonce += 1;
-        let resources: Vec<Resource> = d
-            .upserts
-            .iter()
-            .map(|(name, v)| Resource {
-                version: v.version.clone(),
-                resource: Some(prost_types::Any {
-                    type_url: type_url.to_string(),
-                    value: (*v.body).clone(),
-                }),
-                name: name.clone(),
-                aliases: vec![],
-            })
-            .collect();
         self.metrics.pushes.inc();
-        self.metrics.resources_sent.inc_by(resources.len() as u64);
-        tracing::debug!(node = %self.node, type_url, upserts = resources.len(), removed = d.removed.len(), "xDS push");
-        let response = DeltaDiscoveryResponse {
-            system_version_info: String::new(),
-            resources,
-            type_url: type_url.to_string(),
-            nonce: nonce.to_string(),
-            removed_resources: d.removed.clone(),
-        };
-        Some(response)
+        self.metrics.resources_sent.inc_by(d.upserts.len() as u64);
+        tracing::debug!(node = %self.node, type_url, upserts = d.upserts.len(), removed = d.removed.len(), "xDS push");
+        Some(Outgoing::new(type_url, nonce.to_string(), d))
     }
 }
 
