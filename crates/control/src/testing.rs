@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+pub mod control;
 pub mod sim;
 
 /// A topology file of `workloads` pods and `services` services over two clusters on two

@@ -2,15 +2,16 @@
 //! (`app::serve`, real TLS, the watched file) through many reconnects and topology edits, with
 //! the live heap counted by the allocator.
 //!
-//! `FERRY_CHURN_WORKLOADS=20000 cargo test --release -p ferry-control --test churn -- --nocapture`
-//! runs it at a size where the figures mean something (and prints them).
+//! Each round connects three more nodes, edits the topology once and disconnects them (20 rounds
+//! after two of warm-up; `FERRY_CHURN_ROUNDS` changes it). `FERRY_CHURN_WORKLOADS=20000 cargo
+//! test --release -p ferry-control --test churn -- --nocapture` runs it at a size where the
+//! figures mean something (and prints them).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_control::app::Listening;
 use ferry_control::testing::Counting;
+use ferry_control::testing::control::Control;
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
 use ferry_xds::client::{ClientConfig, XdsClient};
@@ -38,15 +39,6 @@ fn rss() -> isize {
     pages * 4096
 }
 
-/// A directory removed when the test ends, pass or fail.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Polls `cond` every 10 ms until it holds; panics naming `what` after `patience`.
 async fn eventually(what: &str, patience: Duration, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + patience;
@@ -56,35 +48,21 @@ async fn eventually(what: &str, patience: Duration, mut cond: impl FnMut() -> bo
     }
 }
 
-/// Replaces the file in one step (write aside, rename), as editors and config managers do.
-fn replace(path: &std::path::Path, text: &str) {
-    let aside = path.with_extension("yaml.tmp");
-    std::fs::write(&aside, text).unwrap();
-    std::fs::rename(&aside, path).unwrap();
-}
-
-struct Mesh {
-    addr: std::net::SocketAddr,
-    bundle: String,
-    state: PathBuf,
-}
-
-impl Mesh {
-    fn client(&self, node: &str) -> (XdsClient, Arc<Store>) {
-        let store = Arc::new(Store::default());
-        let config = ClientConfig {
-            endpoint: format!("https://{}", self.addr),
-            bundle_pem: self.bundle.clone(),
-            server_name: ferry_control::app::SERVER_NAME.into(),
-            token: ferry_control::app::node_token(&self.state, node).unwrap(),
-            cluster: "east".into(),
-            node_id: format!("ferry~{node}"),
-            plaintext: false,
-            backoff_initial: Duration::from_millis(20),
-            backoff_max: Duration::from_millis(200),
-        };
-        (XdsClient::new(config, store.clone()), store)
-    }
+/// A real node proxy's xDS client of `control`, as `node`.
+fn client(control: &Control, node: &str) -> (XdsClient, Arc<Store>) {
+    let store = Arc::new(Store::default());
+    let config = ClientConfig {
+        endpoint: format!("https://{}", control.listening.addr),
+        bundle_pem: control.bundle().unwrap(),
+        server_name: ferry_control::app::SERVER_NAME.into(),
+        token: control.token(node).unwrap(),
+        cluster: "east".into(),
+        node_id: format!("ferry~{node}"),
+        plaintext: false,
+        backoff_initial: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+    };
+    (XdsClient::new(config, store.clone()), store)
 }
 
 /// `ferry_xds_streams_open` from the metrics endpoint.
@@ -115,60 +93,32 @@ async fn memory_stays_flat_through_reconnects_and_reloads() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2_000);
     let services = (workloads / 20).max(10);
-    let dir = TempDir(std::env::temp_dir().join(format!("ferry-churn-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let topology = dir.0.join("topology.yaml");
     let generated = |edit| ferry_control::testing::generated_topology(workloads, services, edit);
-    std::fs::write(&topology, generated(0)).unwrap();
-    let state = dir.0.join("state");
-    let config = ferry_control::testing::local_config(&topology, &state);
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Listening>();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        ferry_control::app::serve(
-            &config,
-            |l| {
-                let _ = ready_tx.send(*l);
-            },
-            async {
-                let _ = stop_rx.await;
-            },
-        )
-        .await
-    });
-    let listening = tokio::time::timeout(Duration::from_secs(60), ready_rx)
-        .await
-        .expect("the control plane starts")
-        .unwrap();
-    let mesh = Mesh {
-        addr: listening.addr,
-        bundle: ferry_control::app::bundle(&state, "cluster.local").unwrap(),
-        state,
-    };
+    let control = Control::start("churn", &generated(0)).await.unwrap();
+    let listening = control.listening;
     let patience = Duration::from_secs(30);
 
     // One node stays connected throughout and sees every edit.
-    let (watcher, watched) = mesh.client("node0");
+    let (watcher, watched) = client(&control, "node0");
     let watcher_task = tokio::spawn(watcher.run());
     eventually("the first sync", patience, || capacity(&watched) == Some(1)).await;
 
     // Each round: a few nodes connect and sync, the topology is edited, they disconnect.
     let round = |edit: u32| {
-        let mesh = &mesh;
+        let control = &control;
         let watched = &watched;
-        let topology = &topology;
         let generated = &generated;
         async move {
             let clients: Vec<_> = (0..3)
                 .map(|i| {
-                    let (c, store) = mesh.client(&format!("node{}", 1 + i));
+                    let (c, store) = client(control, &format!("node{}", 1 + i));
                     (tokio::spawn(c.run()), store)
                 })
                 .collect();
             for (_, store) in &clients {
                 eventually("a new node's sync", patience, || capacity(store).is_some()).await;
             }
-            replace(topology, &generated(edit));
+            control.replace(&generated(edit)).unwrap();
             eventually("the edit at every node", patience, || {
                 capacity(watched) == Some(edit + 1)
                     && clients.iter().all(|(_, s)| capacity(s) == Some(edit + 1))
@@ -203,7 +153,10 @@ async fn memory_stays_flat_through_reconnects_and_reloads() {
         }
     };
     let base = settled("after warm-up").await;
-    let rounds = 10;
+    let rounds: u32 = std::env::var("FERRY_CHURN_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     for edit in 3..3 + rounds {
         round(edit).await;
     }
@@ -220,7 +173,7 @@ async fn memory_stays_flat_through_reconnects_and_reloads() {
     let bound = base / 10 + (4 << 20);
     let end = Instant::now() + patience;
     let after = loop {
-        let now = settled("after 30 connections and 10 reloads").await;
+        let now = settled("after the rounds").await;
         if now - base <= bound || Instant::now() > end {
             break now;
         }
@@ -234,6 +187,4 @@ async fn memory_stays_flat_through_reconnects_and_reloads() {
     );
 
     watcher_task.abort();
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }

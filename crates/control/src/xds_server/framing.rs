@@ -230,7 +230,7 @@ mod tests {
             at_most in 1usize..800,
         ) {
             let expected = prost_framed(&type_url, &nonce, &d);
-            let mut out = Outgoing::new(&type_url, nonce.clone(), Arc::new(d));
+            let mut out = Outgoing::new(&type_url, nonce, Arc::new(d));
             let mut all = Vec::new();
             let mut chunks = 0;
             while let Some(chunk) = out.next_chunk(at_most) {
