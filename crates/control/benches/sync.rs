@@ -57,7 +57,7 @@ fn mesh(workloads: usize, services: usize) -> ferry_core::snapshot::Snapshot {
         let j = i / 2;
         let a = format!("198.{}.{}.{}", 18 + (n % 2), j / 250, j % 250 + 1);
         let w = m.pod(&format!("pod{i}"), &format!("node{n}"), &a);
-        w.services.insert(
+        w.services.make_mut().insert(
             keys[i % services].clone(),
             vec![PortMapping {
                 service_port: 80,

@@ -72,8 +72,9 @@ pub fn flatten_or_none(snap: &Snapshot) -> Option<Snapshot> {
             }
             Some(extra) => {
                 let mut w: Workload = (**w).clone();
+                let services = w.services.make_mut();
                 for (key, ports) in extra {
-                    w.services
+                    services
                         .entry(key.clone())
                         .or_default()
                         .extend(ports.iter().copied());

@@ -26,6 +26,7 @@ fn mesh() -> MeshBuilder {
     for p in m
         .workload_mut("app")
         .services
+        .make_mut()
         .get_mut(&key("other"))
         .unwrap()
     {

@@ -411,7 +411,7 @@ fn enforce(all: &[PeerAuthentication]) -> (crate::snapshot::Snapshot, Workload) 
     m.cluster("east", "net").node("east-1", "east", "r/z/s");
     let w = m.pod("a", "east-1", "198.18.1.40");
     w.namespace = "foo".into();
-    w.labels = labels(&[("app", "a")]);
+    w.labels = labels(&[("app", "a")]).into();
     let keys = c.workload_policies("foo", &labels(&[("app", "a")]));
     m.workload_mut("a").authorization_policies = keys;
     for p in c.policies() {

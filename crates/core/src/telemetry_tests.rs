@@ -66,7 +66,7 @@ fn the_canonical_revision_is_the_first_label_istio_reads_else_latest() {
 fn a_workload_s_canonical_service_is_what_the_control_plane_sent_else_derived() {
     let mut m = MeshBuilder::new();
     m.cluster("c", "net").node("n", "c", "r/z/s");
-    m.pod("reviews-1", "n", "198.18.1.1").labels = labels(&[("app", "reviews")]);
+    m.pod("reviews-1", "n", "198.18.1.1").labels = labels(&[("app", "reviews")]).into();
     let snap = m.build();
     let w = snap.workloads().next().unwrap();
     assert_eq!(

@@ -4,7 +4,6 @@
 //! workload on a network with an east-west gateway gets that gateway as its `network_gateway`,
 //! as a control plane would do.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::identity::Identity;
@@ -95,9 +94,9 @@ impl MeshBuilder {
             capacity: 1,
             waypoint: None,
             network_gateway: None,
-            services: BTreeMap::new(),
+            services: Default::default(),
             authorization_policies: Vec::new(),
-            labels: BTreeMap::new(),
+            labels: Default::default(),
             canonical_name: String::new(),
             canonical_revision: String::new(),
             dns_capture: false,
@@ -164,7 +163,7 @@ impl MeshBuilder {
                 target_port: p.target_port,
             })
             .collect();
-        self.workload_mut(w).services.insert(key, ports);
+        self.workload_mut(w).services.make_mut().insert(key, ports);
         self
     }
 

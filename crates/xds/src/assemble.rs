@@ -126,7 +126,9 @@ fn try_build(
                 .any(|k| !policy_keys.contains(k));
         if dangling {
             let mut w = (**w).clone();
-            w.services.retain(|k, _| service_keys.contains(k));
+            w.services
+                .make_mut()
+                .retain(|k, _| service_keys.contains(k));
             w.authorization_policies.retain(|k| policy_keys.contains(k));
             b.workload(w);
         } else {

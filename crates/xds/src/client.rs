@@ -24,7 +24,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::assemble::Held;
-use crate::convert::{self, InvalidResource};
+use crate::convert::{self, Interner, InvalidResource};
 use crate::incremental::{self, Changed};
 
 /// The node metadata key under which a data-plane program gives the address of its admin
@@ -80,6 +80,8 @@ pub struct XdsClient {
     ready: watch::Sender<bool>,
     /// The version of the newest snapshot applied.
     changes: watch::Sender<u64>,
+    /// Names and maps the decoded resources share (one push is decoded at a time).
+    intern: Arc<Mutex<Interner>>,
 }
 
 impl XdsClient {
@@ -95,6 +97,7 @@ impl XdsClient {
             state: Arc::new(Mutex::new(ClientState::default())),
             ready: watch::channel(false).0,
             changes: watch::channel(0).0,
+            intern: Arc::default(),
         }
     }
 
@@ -252,12 +255,14 @@ impl XdsClient {
         }
     }
 
-    /// Applies one response; returns its ACK or NACK.
-    fn apply(&self, r: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+    /// Applies one response as a session does with each it receives, and returns its ACK or
+    /// NACK (public for benches, which feed responses without a stream).
+    pub fn apply(&self, r: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
         // Phase 1, no lock: decode every resource.
         let mut rejected = Vec::new();
         let mut addresses = Vec::new();
         let mut policies = Vec::new();
+        let mut intern = self.intern.lock();
         for res in &r.resources {
             let body = res
                 .resource
@@ -276,7 +281,7 @@ impl XdsClient {
                 continue;
             }
             match r.type_url.as_str() {
-                ADDRESS_TYPE => match convert::decode_address(&res.name, body) {
+                ADDRESS_TYPE => match convert::decode_address_with(&mut intern, &res.name, body) {
                     Ok(d) => addresses.push((res.name.clone(), res.version.clone(), d)),
                     Err(e) => rejected.push(e),
                 },
@@ -290,6 +295,7 @@ impl XdsClient {
                 }),
             }
         }
+        drop(intern);
         // Phase 2: one update of the held state, one snapshot, one swap.
         let mut st = self.state.lock();
         st.last_error = None;

@@ -125,7 +125,7 @@ fn live(
         return w.clone();
     }
     let mut w = (**w).clone();
-    w.services.retain(|k, _| has_service(k));
+    w.services.make_mut().retain(|k, _| has_service(k));
     w.authorization_policies.retain(|k| has_policy(k));
     Arc::new(w)
 }

@@ -79,13 +79,16 @@ pub(crate) fn mesh() -> MeshBuilder {
         // search by name would make building this mesh quadratic).
         let key = svc.key();
         for k in 0..10 {
-            m.workloads[(s * 10 + k) % WORKLOADS].services.insert(
-                key.clone(),
-                vec![PortMapping {
-                    service_port: 80,
-                    target_port: 8080,
-                }],
-            );
+            m.workloads[(s * 10 + k) % WORKLOADS]
+                .services
+                .make_mut()
+                .insert(
+                    key.clone(),
+                    vec![PortMapping {
+                        service_port: 80,
+                        target_port: 8080,
+                    }],
+                );
         }
     }
     for p in 0..POLICIES {

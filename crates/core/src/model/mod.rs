@@ -7,6 +7,7 @@ mod names;
 mod peer_authentication;
 mod policy;
 mod service;
+mod shared;
 mod topology;
 mod workload;
 
@@ -25,6 +26,7 @@ pub use service::{
     LbMode, LoadBalancing, LocalityScope, ScopeRule, Service, ServicePort, ServiceScope,
     WaypointFor,
 };
+pub use shared::SharedMap;
 pub use topology::{Cluster, Locality, Node};
 pub use workload::{Health, PortMapping, TunnelProtocol, Workload};
 

@@ -1,13 +1,12 @@
 //! Workloads: pods (and address-only entries) with the identity Ferry impersonates for them.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde::Serialize;
 
 use super::{
     ClusterId, GatewayRef, Locality, NetworkId, NodeName, PolicyKey, ServiceKey, ServicePort,
-    WorkloadUid,
+    SharedMap, WorkloadUid,
 };
 use crate::identity::{Identity, InvalidIdentity};
 
@@ -63,12 +62,14 @@ pub struct Workload {
     /// The east-west gateway through which other networks reach this workload.
     pub network_gateway: Option<GatewayRef>,
     /// The services this workload backs, with their port maps (serialized by `namespace/hostname`:
-    /// a JSON object's keys are strings).
+    /// a JSON object's keys are strings). Shared: the replicas of one deployment back the same
+    /// services, and a node holds their map once.
     #[serde(serialize_with = "by_service_name")]
-    pub services: BTreeMap<ServiceKey, Vec<PortMapping>>,
+    pub services: SharedMap<ServiceKey, Vec<PortMapping>>,
     /// Workload-selector policies that select this workload.
     pub authorization_policies: Vec<PolicyKey>,
-    pub labels: BTreeMap<String, String>,
+    /// Shared as `services` is: replicas carry the same labels.
+    pub labels: SharedMap<String, String>,
     /// The canonical service name as the control plane sent it (istiod's `canonical_name`);
     /// empty: derived from `labels` and `name` (`telemetry::canonical`).
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -84,7 +85,7 @@ pub struct Workload {
 }
 
 fn by_service_name<S: serde::Serializer>(
-    services: &BTreeMap<ServiceKey, Vec<PortMapping>>,
+    services: &SharedMap<ServiceKey, Vec<PortMapping>>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_map(services.iter().map(|(k, v)| (k.to_string(), v)))

@@ -664,6 +664,7 @@ fn route_within_keeps_subset_and_parent_scope() {
     for (w, version) in [("v1", "v1"), ("v2", "v2"), ("v2-west", "v2")] {
         m.workload_mut(w)
             .labels
+            .make_mut()
             .insert("version".into(), version.into());
     }
     m.service("app", &[("net", "198.18.200.1")], 80, 8080).scope = ServiceScope::local();

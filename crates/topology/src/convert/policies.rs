@@ -19,7 +19,7 @@ impl Cx {
         let mut by_any_label: HashMap<(String, String), Vec<usize>> = HashMap::new();
         for (i, w) in self.out.workloads.iter().enumerate() {
             by_namespace.entry(w.namespace.clone()).or_default().push(i);
-            for (k, v) in &w.labels {
+            for (k, v) in w.labels.iter() {
                 by_label
                     .entry((w.namespace.clone(), k.clone(), v.clone()))
                     .or_default()

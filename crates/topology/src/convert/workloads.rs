@@ -102,8 +102,8 @@ impl Cx {
             workload.health = health(w.healthy, w.terminating);
             workload.capacity = w.capacity;
             workload.waypoint = waypoint;
-            workload.services = services;
-            workload.labels.clone_from(&w.labels);
+            workload.services = services.into();
+            workload.labels = w.labels.clone().into();
             workload.dns_capture = w.dns_capture;
             self.out.workloads.push(workload);
         }
@@ -204,7 +204,10 @@ impl Cx {
             service_port: HBONE_PORT,
             target_port: HBONE_PORT,
         };
-        workload.services.insert(waypoint.clone(), vec![hbone]);
+        workload
+            .services
+            .make_mut()
+            .insert(waypoint.clone(), vec![hbone]);
         self.out.workloads.push(workload);
     }
 
@@ -300,9 +303,9 @@ impl Cx {
             capacity: 1,
             waypoint: None,
             network_gateway,
-            services: BTreeMap::new(),
+            services: Default::default(),
             authorization_policies: Vec::new(),
-            labels: BTreeMap::new(),
+            labels: Default::default(),
             // Derived from the labels when read (`ferry_core::telemetry::canonical`).
             canonical_name: String::new(),
             canonical_revision: String::new(),

@@ -10,12 +10,14 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{
     Action, AddressEndpoint, AppProtocol, Cidr, Clause, ClusterId, FailoverMinimum, Gateway,
     GatewayDestination, GatewayRef, HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode,
-    LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId, NodeName, PathMatch,
-    Policy, PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule,
-    Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
-    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
+    LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId, PathMatch, Policy,
+    PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service,
+    ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
+    WaypointFor, Workload, WorkloadUid,
 };
 use ferry_core::telemetry::{canonical_name, canonical_revision};
+
+use super::intern::Interner;
 use prost::Message;
 
 /// A resource the client will not apply. The text is the NACK detail for it.
@@ -38,6 +40,16 @@ type R<T> = Result<T, String>;
 
 /// Decodes one `istio.workload.Address` resource named `name`.
 pub fn decode_address(name: &str, bytes: &[u8]) -> Result<Decoded, InvalidResource> {
+    decode_address_with(&mut Interner::default(), name, bytes)
+}
+
+/// Decodes one `istio.workload.Address` resource named `name`, sharing the names and maps it
+/// repeats with what `intern` handed out before (what a client does with every push).
+pub fn decode_address_with(
+    intern: &mut Interner,
+    name: &str,
+    bytes: &[u8],
+) -> Result<Decoded, InvalidResource> {
     let bad = |reason: String| InvalidResource {
         name: name.to_string(),
         reason,
@@ -55,7 +67,7 @@ pub fn decode_address(name: &str, bytes: &[u8]) -> Result<Decoded, InvalidResour
             if w.ferry_eastwest_gateway {
                 gateway(&w).map(|g| Decoded::Gateway(Arc::new(g)))
             } else {
-                workload(&w).map(|w| Decoded::Workload(Arc::new(w)))
+                workload(w, intern).map(|w| Decoded::Workload(Arc::new(w)))
             }
         }
         Some(wl::address::Type::Service(s)) => {
@@ -65,7 +77,7 @@ pub fn decode_address(name: &str, bytes: &[u8]) -> Result<Decoded, InvalidResour
                     "expected the name namespace/hostname = {expected:?}, found {name:?}"
                 )));
             }
-            service(&s).map(|s| Decoded::Service(Arc::new(s)))
+            service(&s, intern).map(|s| Decoded::Service(Arc::new(s)))
         }
         None => Err("neither a workload nor a service".to_string()),
     }
@@ -124,20 +136,20 @@ fn nonempty<'a>(s: &'a str, what: &str) -> R<&'a str> {
     }
 }
 
-fn network_address(a: &wl::NetworkAddress) -> R<NetworkAddress> {
+fn network_address(a: &wl::NetworkAddress, intern: &mut Interner) -> R<NetworkAddress> {
     Ok(NetworkAddress::new(
-        NetworkId::new(&a.network),
+        intern.network(&a.network),
         ip(&a.address)?,
     ))
 }
 
-fn gateway_ref(g: &wl::GatewayAddress, what: &str) -> R<GatewayRef> {
+fn gateway_ref(g: &wl::GatewayAddress, what: &str, intern: &mut Interner) -> R<GatewayRef> {
     let destination = match &g.destination {
         Some(wl::gateway_address::Destination::Hostname(h)) => GatewayDestination::Service(
             ServiceKey::new(&h.namespace, nonempty(&h.hostname, "hostname")?),
         ),
         Some(wl::gateway_address::Destination::Address(a)) => {
-            GatewayDestination::Address(network_address(a)?)
+            GatewayDestination::Address(network_address(a, intern)?)
         }
         None => return Err(format!("{what}: no destination")),
     };
@@ -170,19 +182,21 @@ fn service_key(s: &str) -> R<ServiceKey> {
     Ok(ServiceKey::new(ns, nonempty(host, "service hostname")?))
 }
 
-fn workload(w: &wl::Workload) -> R<Workload> {
+/// A workload, moved out of its message (its strings are not copied again) with the names and
+/// maps it repeats shared through `intern`.
+fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
     let trust_domain = if w.trust_domain.is_empty() {
         "cluster.local".to_string()
     } else {
-        w.trust_domain.clone()
+        std::mem::take(&mut w.trust_domain)
     };
     let service_account = if w.service_account.is_empty() {
         "default".to_string()
     } else {
-        w.service_account.clone()
+        std::mem::take(&mut w.service_account)
     };
     Identity::new(&trust_domain, &w.namespace, &service_account).map_err(|e| e.to_string())?;
-    let labels: BTreeMap<String, String> = w.ferry_labels.clone().into_iter().collect();
+    let labels = std::mem::take(&mut w.ferry_labels);
     let tunnel = match wl::TunnelProtocol::try_from(w.tunnel_protocol) {
         Ok(wl::TunnelProtocol::Hbone) => TunnelProtocol::Hbone,
         Ok(wl::TunnelProtocol::None) => TunnelProtocol::Tcp,
@@ -204,50 +218,57 @@ fn workload(w: &wl::Workload) -> R<Workload> {
     }
     let locality = w
         .locality
-        .as_ref()
+        .take()
         .map_or_else(Locality::default, |l| Locality {
-            region: l.region.clone(),
-            zone: l.zone.clone(),
-            subzone: l.subzone.clone(),
+            region: l.region,
+            zone: l.zone,
+            subzone: l.subzone,
         });
+    nonempty(&w.uid, "uid")?;
+    nonempty(&w.name, "name")?;
+    let addresses = w.addresses.iter().map(|a| ip(a)).collect::<R<_>>()?;
+    let cluster = intern.cluster(nonempty(&w.cluster_id, "cluster_id")?);
+    let waypoint = w
+        .waypoint
+        .as_ref()
+        .map(|g| gateway_ref(g, "waypoint", intern))
+        .transpose()?;
+    let network_gateway = w
+        .network_gateway
+        .as_ref()
+        .map(|g| gateway_ref(g, "network_gateway", intern))
+        .transpose()?;
+    let authorization_policies = w
+        .authorization_policies
+        .iter()
+        .map(|p| {
+            let (ns, n) = p
+                .split_once('/')
+                .ok_or_else(|| format!("policy key {p:?} is not namespace/name"))?;
+            Ok(PolicyKey::new(ns, n))
+        })
+        .collect::<R<_>>()?;
     Ok(Workload {
-        uid: WorkloadUid::new(nonempty(&w.uid, "uid")?),
-        name: nonempty(&w.name, "name")?.to_string(),
-        namespace: w.namespace.clone(),
+        uid: WorkloadUid::new(&w.uid),
+        canonical_name: given_unless(&w.canonical_name, canonical_name(&labels, &w.name)),
+        canonical_revision: given_unless(&w.canonical_revision, canonical_revision(&labels)),
+        name: w.name,
+        namespace: w.namespace,
         service_account,
         trust_domain,
-        addresses: w.addresses.iter().map(|a| ip(a)).collect::<R<_>>()?,
-        network: NetworkId::new(&w.network),
-        cluster: ClusterId::new(nonempty(&w.cluster_id, "cluster_id")?),
-        node: (!w.node.is_empty()).then(|| NodeName::new(&w.node)),
+        addresses,
+        network: intern.network(&w.network),
+        cluster,
+        node: (!w.node.is_empty()).then(|| intern.node(&w.node)),
         locality,
         tunnel,
         health,
         capacity: w.capacity.unwrap_or(1),
-        waypoint: w
-            .waypoint
-            .as_ref()
-            .map(|g| gateway_ref(g, "waypoint"))
-            .transpose()?,
-        network_gateway: w
-            .network_gateway
-            .as_ref()
-            .map(|g| gateway_ref(g, "network_gateway"))
-            .transpose()?,
-        services,
-        authorization_policies: w
-            .authorization_policies
-            .iter()
-            .map(|p| {
-                let (ns, n) = p
-                    .split_once('/')
-                    .ok_or_else(|| format!("policy key {p:?} is not namespace/name"))?;
-                Ok(PolicyKey::new(ns, n))
-            })
-            .collect::<R<_>>()?,
-        canonical_name: given_unless(&w.canonical_name, canonical_name(&labels, &w.name)),
-        canonical_revision: given_unless(&w.canonical_revision, canonical_revision(&labels)),
-        labels,
+        waypoint,
+        network_gateway,
+        services: intern.services(services).into(),
+        authorization_policies,
+        labels: intern.labels(labels).into(),
         dns_capture: w.ferry_dns_capture,
     })
 }
@@ -303,7 +324,7 @@ fn scope_rule(r: Option<&wl::FerryScopeRule>) -> R<ScopeRule> {
     }
 }
 
-fn service(s: &wl::Service) -> R<Service> {
+fn service(s: &wl::Service, intern: &mut Interner) -> R<Service> {
     // No Ferry scope (a service from istiod): Istio's behaviour, reachable from every cluster.
     let scope = match &s.ferry_scope {
         None => ServiceScope::global(),
@@ -365,7 +386,11 @@ fn service(s: &wl::Service) -> R<Service> {
         name: s.name.clone(),
         namespace: s.namespace.clone(),
         hostname: nonempty(&s.hostname, "hostname")?.to_string(),
-        vips: s.addresses.iter().map(network_address).collect::<R<_>>()?,
+        vips: s
+            .addresses
+            .iter()
+            .map(|a| network_address(a, intern))
+            .collect::<R<_>>()?,
         ports: s
             .ports
             .iter()
@@ -391,7 +416,7 @@ fn service(s: &wl::Service) -> R<Service> {
         waypoint: s
             .waypoint
             .as_ref()
-            .map(|g| gateway_ref(g, "waypoint"))
+            .map(|g| gateway_ref(g, "waypoint", intern))
             .transpose()?,
         load_balancing,
         scope,
@@ -404,6 +429,7 @@ fn service(s: &wl::Service) -> R<Service> {
                         a.address
                             .as_ref()
                             .ok_or("address endpoint without an address")?,
+                        intern,
                     )?,
                     cluster: ClusterId::new(nonempty(&a.cluster, "address endpoint cluster")?),
                     ports: port_mappings(&a.ports)?,

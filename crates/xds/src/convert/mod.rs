@@ -5,10 +5,14 @@
 
 mod fields;
 mod from_wire;
+mod intern;
 mod project;
 mod to_wire;
 
-pub use from_wire::{Decoded, InvalidResource, decode_address, decode_authorization};
+pub use from_wire::{
+    Decoded, InvalidResource, decode_address, decode_address_with, decode_authorization,
+};
+pub use intern::{Interner, ServiceMap};
 pub(crate) use to_wire::{
     address_resources, authorization_resources, gateway_address, gateway_name,
     policy_reads_workloads, policy_resource, service_address, workload_address,

@@ -149,7 +149,7 @@ fn workload(w: &Workload) -> wl::Workload {
         canonical_name: canonical(w).service.to_string(),
         canonical_revision: canonical(w).revision.to_string(),
         workload_name: w.name.clone(),
-        ferry_labels: w.labels.clone().into_iter().collect(),
+        ferry_labels: (*w.labels).clone(),
         workload_type: wl::WorkloadType::Pod as i32,
         services: w
             .services
