@@ -55,8 +55,10 @@ impl fmt::Display for AddressOwner {
 pub enum Endpoint {
     /// A workload that backs the service (its port map is in `Workload::services`).
     Workload(WorkloadUid),
-    /// An endpoint given by address, possibly another service's VIP.
-    Address(AddressEndpoint),
+    /// An endpoint given by address, possibly another service's VIP. Boxed: a bucket holds
+    /// one endpoint per workload that backs the service, and the rare address endpoint would
+    /// make every entry as large as itself (88 bytes instead of 24).
+    Address(Box<AddressEndpoint>),
 }
 
 /// An object of the model, named in errors.

@@ -16,7 +16,7 @@
 //! as `workloads/services` (default `10000/1000,100000/1000`); `1000000/66000` is the
 //! reference's million pods (about a minute to generate and encode, 6 GB for the bench).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -34,8 +34,10 @@ use ferry_core::testing::MeshBuilder;
 use ferry_xds::client::{ClientConfig, XdsClient};
 use ferry_xds::resources::ResourceSet;
 use prost::Message;
+use tikv_jemallocator::Jemalloc;
 
-/// The system allocator, counting live bytes and their peak.
+/// jemalloc, as the `ferry` binary that runs the node proxy uses, counting live bytes and their
+/// peak.
 struct Counting;
 
 static LIVE: AtomicIsize = AtomicIsize::new(0);
@@ -52,17 +54,17 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         grew(l.size() as isize);
         // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(l) }
+        unsafe { Jemalloc.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(p, l) }
+        unsafe { Jemalloc.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
         grew(new as isize - l.size() as isize);
         // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(p, l, new) }
+        unsafe { Jemalloc.realloc(p, l, new) }
     }
 }
 

@@ -304,23 +304,28 @@ impl XdsClient {
         for name in &r.removed_resources {
             versions.remove(name);
         }
-        for (name, version, _) in &addresses {
-            versions.insert(name.clone(), version.clone());
+        for (name, version, _) in &mut addresses {
+            versions.insert(name.clone(), std::mem::take(version));
         }
-        for (name, version, _) in &policies {
-            versions.insert(name.clone(), version.clone());
+        for (name, version, _) in &mut policies {
+            versions.insert(name.clone(), std::mem::take(version));
         }
         for bad in &rejected {
             versions.remove(&bad.name);
         }
-        // What was held under every name this push touches, before it changes.
+        let current = self.store.load();
+        // What was held under every name this push touches, before it changes: only a push
+        // applied as a delta reads it. The first push, or one after a push that made no
+        // snapshot, is assembled in full ([`incremental::update`]).
         let mut changed = Changed::default();
+        let as_delta = st.held.index.synced == Some(current.version());
         let touched = r
             .removed_resources
             .iter()
             .chain(rejected.iter().map(|bad| &bad.name))
             .chain(addresses.iter().map(|(name, _, _)| name))
-            .chain(policies.iter().map(|(name, _, _)| name));
+            .chain(policies.iter().map(|(name, _, _)| name))
+            .filter(|_| as_delta);
         for name in touched {
             if r.type_url == ADDRESS_TYPE {
                 let was = st.held.addresses.get(name).cloned();
@@ -353,7 +358,6 @@ impl XdsClient {
         }
         st.generation += 1;
         let generation = st.generation;
-        let current = self.store.load();
         let incremental::Update {
             snapshot: snap,
             set_aside,

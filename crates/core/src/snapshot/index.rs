@@ -98,7 +98,11 @@ impl Snapshot {
             .push(key.clone());
         mark(&mut touched.by_hostname, &s.hostname);
         let bucket = Arc::make_mut(self.endpoints.entry(key.clone()).or_default());
-        bucket.extend(s.address_endpoints.iter().cloned().map(Endpoint::Address));
+        bucket.extend(
+            s.address_endpoints
+                .iter()
+                .map(|a| Endpoint::Address(Box::new(a.clone()))),
+        );
         mark(&mut touched.endpoints, &key);
         for d in destinations([&s.waypoint]) {
             count_up(&mut self.gateway_refs, d);
