@@ -92,6 +92,12 @@ impl Identity {
         &self.uri[self.ns_end + SA.len()..]
     }
 
+    /// The URI as the shared string it is held in: another reference to it, not a copy (a
+    /// connection's log fields hold it so).
+    pub fn shared(&self) -> Arc<str> {
+        self.uri.clone()
+    }
+
     /// The identity without the `spiffe://` scheme, the form Istio's authorization policies
     /// compare principals against.
     pub fn principal(&self) -> String {

@@ -27,6 +27,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 use ferry_runtime::telemetry::AccessLog;
+use ferry_runtime::text::Text;
 
 /// How a gateway is run.
 #[derive(Clone, Debug)]
@@ -97,11 +98,11 @@ struct Noted {
 
 impl Noted {
     fn into_log(self, log: &mut AccessLog<'_>) {
-        log.src_cluster = self.origin;
-        log.route = self.route;
-        log.dst_service = self.dst_service;
-        log.dst_workload = self.dst_workload;
-        log.dst_cluster = self.dst_cluster;
+        log.src_cluster = self.origin.into();
+        log.route = self.route.into();
+        log.dst_service = self.dst_service.into();
+        log.dst_workload = self.dst_workload.into();
+        log.dst_cluster = self.dst_cluster.into();
         log.phases.decision = self.decision;
         log.phases.connect = self.connect;
     }
@@ -111,12 +112,12 @@ impl Noted {
 fn gateway_log<'a>(req: &ConnectRequest) -> AccessLog<'a> {
     AccessLog {
         direction: "gateway",
-        src_addr: req.peer_addr.to_string(),
+        src_addr: req.peer_addr.into(),
         src_workload: "",
-        src_identity: req.peer.to_string(),
-        dst_addr: req.target.to_string(),
+        src_identity: (&*req.peer).into(),
+        dst_addr: req.target.to_string().into(),
         path: "forwarded to its network, inner tunnel untouched".into(),
-        trace_id: req.trace_text(),
+        trace_id: req.trace_id.map_or(Text::Empty, Text::trace),
         ..AccessLog::default()
     }
 }
@@ -241,7 +242,7 @@ impl Handler for Gateway {
             .map(|e| *e)
             .or_else(|| ConnError::from_outcome(outcome));
         let mut log = gateway_log(req);
-        log.dst_hbone_addr = admitted.to.to_string();
+        log.dst_hbone_addr = admitted.to.into();
         log.bytes_sent = outcome.sent;
         log.bytes_recv = outcome.received;
         admitted.noted.into_log(&mut log);

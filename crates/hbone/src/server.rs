@@ -51,15 +51,6 @@ pub struct ConnectRequest {
     pub trace_id: Option<u128>,
 }
 
-impl ConnectRequest {
-    /// [`ConnectRequest::trace_id`] as 32 hex digits; empty if the CONNECT carried none.
-    pub fn trace_text(&self) -> String {
-        self.trace_id
-            .map(|t| format!("{t:032x}"))
-            .unwrap_or_default()
-    }
-}
-
 /// Decides about and serves CONNECT requests. Supplied by the node proxy, waypoint or gateway.
 ///
 /// For each CONNECT the server calls [`Handler::admit`] before any byte reaches the target; if

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use ferry_runtime::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag};
 use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter, SecurityPolicy, UNKNOWN};
+use ferry_runtime::text::Text;
 
 use crate::state::{Node, Open, Pod};
 
@@ -303,16 +304,16 @@ impl Inbound {
     ) -> AccessLog<'a> {
         AccessLog {
             direction: "inbound",
-            src_addr: req.peer_addr.to_string(),
+            src_addr: req.peer_addr.into(),
             src_workload,
-            src_identity: req.peer.to_string(),
+            src_identity: (&*req.peer).into(),
             dst_addr: SocketAddr::new(self.pod.ip_like(req.peer_addr.ip()), ports::HBONE_PORT)
-                .to_string(),
-            dst_hbone_addr: req.target.to_string(),
-            dst_workload: self.pod.uid.to_string(),
-            dst_identity: self.pod.identity.to_string(),
+                .into(),
+            dst_hbone_addr: req.target.to_string().into(),
+            dst_workload: (&self.pod.uid).into(),
+            dst_identity: (&self.pod.identity).into(),
             src_cluster: match &*req.peer_cluster {
-                PeerCluster::Proven(c) => c.to_string(),
+                PeerCluster::Proven(c) => c.into(),
                 PeerCluster::Unproven => "(unproven)".into(),
             },
             dst_cluster: self
@@ -320,10 +321,10 @@ impl Inbound {
                 .store
                 .load()
                 .workload(&self.pod.uid)
-                .map(|w| w.cluster.to_string())
+                .map(|w| Text::from(&w.cluster))
                 .unwrap_or_default(),
-            path: path.into_owned(),
-            trace_id: req.trace_text(),
+            path: path.into(),
+            trace_id: req.trace_id.map_or(Text::Empty, Text::trace),
             ..AccessLog::default()
         }
     }
@@ -573,6 +574,9 @@ pub(crate) async fn serve_hbone(node: Arc<Node>, pod: Arc<Pod>, listener: TcpLis
     ferry_runtime::serve::serve_hbone(listener, hbone, handler).await;
 }
 
+/// How a plain TCP connection from outside the mesh came, in its access log.
+const PLAIN_PATH: &str = "plain tcp";
+
 /// Serves one plain TCP connection captured on the pod's inbound port (sources outside the
 /// mesh).
 pub(crate) async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: SocketAddr) {
@@ -582,11 +586,11 @@ pub(crate) async fn plain(node: Arc<Node>, pod: Arc<Pod>, tcp: TcpStream, peer: 
     let _open = Open::new(&node);
     let mut log = AccessLog {
         direction: "inbound",
-        src_addr: peer.to_string(),
+        src_addr: peer.into(),
         src_identity: "(none: plain TCP)".into(),
-        dst_workload: pod.uid.to_string(),
-        dst_identity: pod.identity.to_string(),
-        path: "plain tcp".into(),
+        dst_workload: (&pod.uid).into(),
+        dst_identity: (&pod.identity).into(),
+        path: PLAIN_PATH.into(),
         ..AccessLog::default()
     };
     match plain_relay(&node, &pod, tcp, peer, &mut log).await {
@@ -636,7 +640,7 @@ async fn plain_checked(
     log: &mut AccessLog<'_>,
 ) -> Result<(u64, u64), ConnError> {
     let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
-    log.dst_addr = orig.to_string();
+    log.dst_addr = orig.into();
     // Taken before the snapshot: a change after this one re-checks the connection.
     let changes = ferry_runtime::recheck::from_now(&node.changes);
     let (plan, l) = {
@@ -672,15 +676,15 @@ async fn plain_checked(
     match plan {
         // A destination served by a waypoint: plain TCP from outside the mesh goes through it.
         InboundPlan::ViaWaypoint(wp) => {
-            log.path = format!("plain tcp via waypoint {}", wp.waypoint);
+            log.path = format!("{PLAIN_PATH} via waypoint {}", wp.waypoint).into();
             // Dialled: the waypoint; asked of it: the original destination.
-            log.dst_addr = wp.hbone.to_string();
-            log.dst_hbone_addr = orig.to_string();
+            log.dst_addr = wp.hbone.into();
+            log.dst_hbone_addr = orig.into();
             via_waypoint(node, pod, tcp, peer, orig, wp, l).await
         }
         InboundPlan::Deliver(to) => {
             let client = app_source::for_plain(peer.ip(), to.ip());
-            log.path = with_app_source(std::mem::take(&mut log.path).into(), &client).into_owned();
+            log.path = with_app_source(PLAIN_PATH.into(), &client).into();
             to_pod(node, pod, tcp, peer, to, client.ip(), l, changes).await
         }
         InboundPlan::Refuse(e) => Err(e.into()),

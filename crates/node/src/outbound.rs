@@ -24,6 +24,7 @@ use ferry_hbone::socket::reset_tcp;
 use ferry_runtime::conn::ConnError;
 use ferry_runtime::sockets::original_dst;
 use ferry_runtime::telemetry::{AccessLog, Labels, Reporter, SecurityPolicy};
+use ferry_runtime::text::Text;
 use ferry_tls::config::{Credentials, TrustBundle};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -43,11 +44,12 @@ pub(crate) async fn handle(node: Arc<Node>, pod: Arc<Pod>, mut tcp: TcpStream, p
     ferry_runtime::sockets::tune_app_socket(&tcp, node.idle_bound);
     let n = node.connections.fetch_add(1, Ordering::Relaxed);
     let _open = Open::new(&node);
+    // Held as found for the connection's life, written out only at its end.
     let mut log = AccessLog {
         direction: "outbound",
-        src_addr: peer.to_string(),
+        src_addr: peer.into(),
         src_workload: &pod.name,
-        src_identity: pod.identity.to_string(),
+        src_identity: (&pod.identity).into(),
         ..AccessLog::default()
     };
     if let Err(e) = proxy(&node, &pod, &mut tcp, peer, n, started, &mut log).await {
@@ -79,14 +81,18 @@ struct Ctx {
 /// What the access log says about where a connection goes, with ztunnel's meanings:
 /// `dst_addr` is the address dialled (a tunnel's HBONE port, a waypoint's, a gateway's, or a
 /// plain destination), `dst_hbone_addr` the target a tunnel asks for (its CONNECT authority).
+/// Held as addresses and names shared with the snapshot, not copies: a connection keeps them
+/// for as long as it lives.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct LogFields {
-    dst_workload: String,
-    dst_service: String,
-    dst_addr: String,
-    dst_hbone_addr: String,
-    dst_identity: String,
-    path: String,
+    dst_workload: Text,
+    dst_service: Text,
+    dst_addr: Text,
+    dst_hbone_addr: Text,
+    dst_identity: Text,
+    /// The cluster of the workload it lands on.
+    dst_cluster: Text,
+    path: Text,
 }
 
 /// A connection the routing decision refused: why, and the labels it is counted under.
@@ -139,7 +145,7 @@ async fn set_up(
     log: &mut AccessLog<'_>,
 ) -> Result<(Arc<Labels>, Box<dyn Io>), ConnError> {
     let orig = original_dst(tcp).map_err(ConnError::no_original_dst)?;
-    log.dst_addr = orig.to_string();
+    log.dst_addr = orig.into();
     ferry_core::ports::refuse_recursion(pod.ip_like(orig.ip()), orig)?;
     // The landings a connect failed to, before any byte was sent: a retry sets them aside.
     let mut failed: Vec<WorkloadUid> = Vec::new();
@@ -156,7 +162,7 @@ async fn set_up(
                 failed: &failed,
                 ejected: &health.ejected,
             };
-            log.src_cluster = src.cluster.to_string();
+            log.src_cluster = (&src.cluster).into();
             // The decision is traced, within a fixed budget, only for the connection's record.
             let mut compact = ferry_runtime::records::global().keeps().then(Compact::new);
             let planned = plan(
@@ -170,7 +176,7 @@ async fn set_up(
             );
             log.phases.decision = Some(started.elapsed());
             if let Some(c) = compact {
-                log.route = c.summary();
+                log.route = c.summary().into();
             }
             planned
         };
@@ -199,10 +205,7 @@ async fn set_up(
             log: fields,
             landing,
         } = ctx;
-        log.dst_cluster = match labels.destination_cluster.as_str() {
-            "unknown" => String::new(),
-            c => c.to_string(),
-        };
+        log.dst_cluster = fields.dst_cluster;
         log.dst_workload = fields.dst_workload;
         log.dst_service = fields.dst_service;
         log.dst_addr = fields.dst_addr;
@@ -212,15 +215,16 @@ async fn set_up(
             .traceparent
             .as_deref()
             .and_then(ferry_hbone::headers::trace_id_of)
-            .unwrap_or_default()
-            .to_string();
+            .and_then(|t| u128::from_str_radix(t, 16).ok())
+            .map_or(Text::Empty, Text::trace);
         log.path = match failed.as_slice() {
             [] => fields.path,
             tried => format!(
                 "{} (after a failed connect to {})",
                 fields.path,
                 join(tried)
-            ),
+            )
+            .into(),
         };
         match open(node, pod, &transport, &headers, &labels.source_network).await {
             // Opened and closed are counted under one label set, shared with the other
@@ -340,7 +344,10 @@ fn plan(
     let mut log = LogFields::default();
     if let Some(l) = plan.landing.as_ref().and_then(|u| snap.workload(u)) {
         labels = labels.with_destination(l);
-        log.dst_workload = l.uid.to_string();
+        log.dst_workload = (&l.uid).into();
+        if !l.cluster.as_str().is_empty() {
+            log.dst_cluster = (&l.cluster).into();
+        }
     }
     if let Some(key) = &plan.service {
         labels = match snap.service(key) {
@@ -351,14 +358,14 @@ fn plan(
                 ..labels
             },
         };
-        log.dst_service = key.to_string();
+        log.dst_service = key.to_string().into();
     }
     labels.connection_security_policy = match &plan.transport {
         Transport::Hbone { .. } | Transport::GatewayHbone { .. } => SecurityPolicy::MutualTls,
         Transport::Tcp { .. } | Transport::Passthrough { .. } => SecurityPolicy::None,
     };
     log.path = match (&plan.waypoint, &plan.transport) {
-        (Some(w), _) => format!("hbone via waypoint {w}"),
+        (Some(w), _) => format!("hbone via waypoint {w}").into(),
         (None, Transport::Hbone { .. }) => "hbone".into(),
         (None, Transport::GatewayHbone { .. }) => "double hbone via east-west gateway".into(),
         (None, Transport::Tcp { .. }) => "plain tcp (destination not in the mesh)".into(),
@@ -366,7 +373,7 @@ fn plan(
     };
     // Where it goes: the address dialled; for a tunnel, the target it asks for and the
     // identities it accepts.
-    log.dst_addr = plan.transport.dial().to_string();
+    log.dst_addr = plan.transport.dial().into();
     let hbone = match &plan.transport {
         Transport::Hbone {
             authority,
@@ -381,13 +388,16 @@ fn plan(
         Transport::Tcp { .. } | Transport::Passthrough { .. } => None,
     };
     if let Some((authority, identities)) = hbone {
-        log.dst_hbone_addr.clone_from(authority);
-        log.dst_identity = identities
+        log.dst_hbone_addr = Text::addr_or_owned(authority);
+        labels.destination_principal = identities
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        labels.destination_principal = log.dst_identity.clone();
+        log.dst_identity = match identities.as_slice() {
+            [one] => one.into(),
+            _ => labels.destination_principal.clone().into(),
+        };
     }
     let canonical = ferry_core::telemetry::canonical(src);
     let baggage = Baggage {

@@ -14,6 +14,8 @@
 //! - [`netns`]: sockets inside a pod's network namespace, and a tunnel dialer there.
 //! - [`sockets`]: app-side socket hygiene and copy bounds.
 //! - [`telemetry`]: access log and Istio-named TCP metrics.
+//! - [`text`]: a log field held as found (address, shared name) and written out only when the
+//!   line is.
 
 #![forbid(unsafe_code)]
 
@@ -30,6 +32,7 @@ pub mod records;
 pub mod serve;
 pub mod sockets;
 pub mod telemetry;
+pub mod text;
 
 /// Waits for SIGTERM or SIGINT.
 pub async fn shutdown_signal() {

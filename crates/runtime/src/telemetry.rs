@@ -18,6 +18,7 @@ use ferry_core::model::{Service, Workload};
 
 use crate::conn::{ConnError, ConnErrorKind, Denial, ResponseFlag, side_name};
 use crate::records::{self, Record};
+use crate::text::Text;
 
 /// A new metric, registered in `registry` as `name` with `help`.
 pub fn registered<M: Metric + Clone + Default>(
@@ -459,28 +460,30 @@ impl prometheus_client::encoding::EncodeMetric for Denials {
     }
 }
 
-/// One access-log line per connection, at its end.
+/// One access-log line per connection, at its end. Its text fields are [`Text`]: held as they
+/// were found (addresses, names shared with the snapshot) for as long as the connection lives,
+/// and written out only when the line is.
 #[derive(Debug, Default)]
 pub struct AccessLog<'a> {
     pub direction: &'a str,
-    pub src_addr: String,
+    pub src_addr: Text,
     pub src_workload: &'a str,
-    pub src_identity: String,
+    pub src_identity: Text,
     /// The source's cluster as this hop knows it (from the peer's certificate past the first
     /// hop).
-    pub src_cluster: String,
-    pub dst_addr: String,
-    pub dst_hbone_addr: String,
-    pub dst_service: String,
-    pub dst_workload: String,
-    pub dst_identity: String,
+    pub src_cluster: Text,
+    pub dst_addr: Text,
+    pub dst_hbone_addr: Text,
+    pub dst_service: Text,
+    pub dst_workload: Text,
+    pub dst_identity: Text,
     /// The cluster of the workload it landed on.
-    pub dst_cluster: String,
+    pub dst_cluster: Text,
     /// The path taken and why (e.g. "hbone", "waypoint default/wp", "passthrough").
-    pub path: String,
+    pub path: Text,
     /// The routing decision in short ([`ferry_core::route::Compact::summary`]), when records
     /// are kept and this hop routed.
-    pub route: String,
+    pub route: Text,
     /// When each phase was reached, from the connection's start.
     pub phases: Phases,
     pub bytes_sent: u64,
@@ -494,7 +497,7 @@ pub struct AccessLog<'a> {
     /// The policy and rule that denied it, if a policy did (`-` when no ALLOW matched).
     pub denied_by: Option<(String, String)>,
     /// The W3C trace id every hop of the connection records (the source starts it).
-    pub trace_id: String,
+    pub trace_id: Text,
 }
 
 /// When a connection reached each phase, measured from its start; `None` when it did not.
@@ -550,27 +553,27 @@ impl AccessLog<'_> {
         if !records.keeps() {
             return;
         }
-        // The line is written: its strings move into the record, none is copied.
+        // The line is written: its fields are written out into the record.
         let (policy, rule) = self.denied_by.unwrap_or_default();
         records.push(Record {
             at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             id,
-            trace_id: self.trace_id,
+            trace_id: self.trace_id.to_string(),
             direction: self.direction.to_string(),
-            src_addr: self.src_addr,
+            src_addr: self.src_addr.to_string(),
             src_workload: self.src_workload.to_string(),
-            src_identity: self.src_identity,
-            src_cluster: self.src_cluster,
-            dst_addr: self.dst_addr,
-            dst_hbone_addr: self.dst_hbone_addr,
-            dst_service: self.dst_service,
-            dst_workload: self.dst_workload,
-            dst_identity: self.dst_identity,
-            dst_cluster: self.dst_cluster,
-            path: self.path,
-            route: self.route,
+            src_identity: self.src_identity.to_string(),
+            src_cluster: self.src_cluster.to_string(),
+            dst_addr: self.dst_addr.to_string(),
+            dst_hbone_addr: self.dst_hbone_addr.to_string(),
+            dst_service: self.dst_service.to_string(),
+            dst_workload: self.dst_workload.to_string(),
+            dst_identity: self.dst_identity.to_string(),
+            dst_cluster: self.dst_cluster.to_string(),
+            path: self.path.to_string(),
+            route: self.route.to_string(),
             decision_us: micros(self.phases.decision),
             connect_us: micros(self.phases.connect),
             tls_us: micros(self.phases.tls),

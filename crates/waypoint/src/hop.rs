@@ -28,6 +28,7 @@ use ferry_hbone::{Error as HboneError, Side};
 use ferry_runtime::bootstrap::ControlPlane;
 use ferry_runtime::conn::{ConnError, ConnErrorKind};
 use ferry_runtime::telemetry::AccessLog;
+use ferry_runtime::text::Text;
 use ferry_tls::config::{Credentials, TrustBundle};
 use parking_lot::Mutex;
 
@@ -117,10 +118,10 @@ impl Noted {
 
     /// Fills the record's decision fields of `log`.
     fn into_log(self, log: &mut AccessLog<'_>) {
-        log.route = self.route;
-        log.dst_workload = self.dst_workload;
-        log.dst_service = self.dst_service;
-        log.dst_cluster = self.dst_cluster;
+        log.route = self.route.into();
+        log.dst_workload = self.dst_workload.into();
+        log.dst_service = self.dst_service.into();
+        log.dst_cluster = self.dst_cluster.into();
         log.phases.decision = Some(self.decision);
         log.phases.connect = self.connect;
     }
@@ -144,13 +145,13 @@ const REFUSED: &str = "waypoint refused the connection";
 fn waypoint_log<'a>(req: &ConnectRequest, origin: &ClusterId) -> AccessLog<'a> {
     AccessLog {
         direction: "waypoint",
-        src_addr: req.peer_addr.to_string(),
+        src_addr: req.peer_addr.into(),
         src_workload: "",
-        src_identity: req.peer.to_string(),
-        src_cluster: origin.to_string(),
-        dst_addr: req.target.to_string(),
+        src_identity: (&*req.peer).into(),
+        src_cluster: origin.into(),
+        dst_addr: req.target.to_string().into(),
         path: "hbone via this waypoint".into(),
-        trace_id: req.trace_text(),
+        trace_id: req.trace_id.map_or(Text::Empty, Text::trace),
         ..AccessLog::default()
     }
 }

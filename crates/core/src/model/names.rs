@@ -23,6 +23,11 @@ macro_rules! name_type {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// The shared string itself: another reference to it, not a copy.
+            pub fn shared(&self) -> Arc<str> {
+                self.0.clone()
+            }
         }
 
         impl fmt::Display for $name {

@@ -77,13 +77,16 @@ fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(ctx.log.path, "hbone");
+    assert_eq!(ctx.log.path.to_string(), "hbone");
     // ztunnel's meanings: the address dialled, then the target inside the tunnel.
-    assert_eq!(ctx.log.dst_addr, "198.18.2.20:15008");
-    assert_eq!(ctx.log.dst_hbone_addr, "198.18.2.20:8080");
-    assert_eq!(ctx.log.dst_workload, "east//v1/Pod/default/echo");
+    assert_eq!(ctx.log.dst_addr.to_string(), "198.18.2.20:15008");
+    assert_eq!(ctx.log.dst_hbone_addr.to_string(), "198.18.2.20:8080");
     assert_eq!(
-        ctx.log.dst_identity,
+        ctx.log.dst_workload.to_string(),
+        "east//v1/Pod/default/echo"
+    );
+    assert_eq!(
+        ctx.log.dst_identity.to_string(),
         "spiffe://cluster.local/ns/default/sa/echo"
     );
     assert_eq!(ctx.labels.reporter, Reporter::Source);
@@ -93,7 +96,10 @@ fn a_service_in_the_mesh_is_one_tunnel_labelled_and_logged_once() {
         ctx.labels.destination_service,
         "echo.default.svc.cluster.local"
     );
-    assert_eq!(ctx.labels.destination_principal, ctx.log.dst_identity);
+    assert_eq!(
+        ctx.labels.destination_principal,
+        ctx.log.dst_identity.to_string()
+    );
     assert_eq!(ctx.labels.response_flags, "-");
     // Istio's standard set: both workloads' namespaces and canonical services (sleep has no
     // labels: its name; echo's `app`), the service's name and namespace, mutual TLS.
@@ -155,12 +161,12 @@ fn through_a_waypoint_the_log_dials_the_waypoint_and_asks_it_for_the_service() {
     m.service_mut("echo").waypoint = Some(ferry_core::testing::waypoint_ref("wp"));
     let ctx = plan_from_sleep(&m.build(), "198.18.100.1:80").expect("planned");
     assert!(
-        ctx.log.path.starts_with("hbone via waypoint"),
+        ctx.log.path.to_string().starts_with("hbone via waypoint"),
         "{}",
         ctx.log.path
     );
-    assert_eq!(ctx.log.dst_addr, "198.18.2.50:15008");
-    assert_eq!(ctx.log.dst_hbone_addr, "198.18.100.1:80");
+    assert_eq!(ctx.log.dst_addr.to_string(), "198.18.2.50:15008");
+    assert_eq!(ctx.log.dst_hbone_addr.to_string(), "198.18.100.1:80");
 }
 
 #[test]
@@ -171,9 +177,9 @@ fn an_address_out_of_the_mesh_passes_through_with_unknown_labels() {
         "{:?}",
         ctx.transport
     );
-    assert_eq!(ctx.log.path, "passthrough");
-    assert_eq!(ctx.log.dst_addr, "198.18.3.90:8080");
-    assert_eq!(ctx.log.dst_hbone_addr, "");
+    assert_eq!(ctx.log.path.to_string(), "passthrough");
+    assert_eq!(ctx.log.dst_addr.to_string(), "198.18.3.90:8080");
+    assert_eq!(ctx.log.dst_hbone_addr.to_string(), "");
     assert_eq!(ctx.labels.destination_workload, "unknown");
     assert_eq!(ctx.labels.destination_principal, "unknown");
     assert_eq!(ctx.labels.destination_canonical_service, "unknown");
@@ -261,4 +267,83 @@ fn a_retry_is_one_only_when_another_endpoint_is_planned() {
         next_attempt(plan_from_sleep(&one, "198.18.100.1:80"), None),
         Attempt::First(_)
     ));
+}
+
+/// A connection keeps its log fields for as long as it lives (issue 21: they were a dozen
+/// separately allocated strings per idle connection): the addresses are held as addresses, the
+/// workload, cluster and identity as the snapshot's own shared strings, the path as a fixed
+/// word. Only the service's `namespace/hostname` is text of its own.
+#[test]
+fn a_planned_connection_holds_its_log_fields_without_copies_of_the_snapshots_names() {
+    let snap = mesh().build();
+    let ctx = plan_from_sleep(&snap, "198.18.100.1:80").expect("planned");
+    let echo = snap.workloads().find(|w| w.name == "echo").unwrap();
+    let shares = |field: &Text, with: Arc<str>| match field {
+        Text::Shared(s) => Arc::ptr_eq(s, &with),
+        _ => false,
+    };
+    assert!(
+        shares(&ctx.log.dst_workload, echo.uid.shared()),
+        "{:?}",
+        ctx.log.dst_workload
+    );
+    assert!(
+        shares(&ctx.log.dst_cluster, echo.cluster.shared()),
+        "{:?}",
+        ctx.log.dst_cluster
+    );
+    let Transport::Hbone { identities, .. } = &ctx.transport else {
+        panic!("{:?}", ctx.transport);
+    };
+    assert!(
+        shares(&ctx.log.dst_identity, identities[0].shared()),
+        "{:?}",
+        ctx.log.dst_identity
+    );
+    assert!(matches!(ctx.log.dst_addr, Text::Addr(_)));
+    assert!(matches!(ctx.log.dst_hbone_addr, Text::Addr(_)));
+    assert!(matches!(ctx.log.path, Text::Static("hbone")));
+    let LogFields {
+        dst_workload,
+        dst_service,
+        dst_addr,
+        dst_hbone_addr,
+        dst_identity,
+        dst_cluster,
+        path,
+    } = &ctx.log;
+    let owned: usize = [
+        dst_workload,
+        dst_addr,
+        dst_hbone_addr,
+        dst_identity,
+        dst_cluster,
+        path,
+    ]
+    .iter()
+    .map(|t| t.owned_bytes())
+    .sum();
+    assert_eq!(owned, 0, "{:?}", ctx.log);
+    assert_eq!(
+        dst_service.to_string(),
+        "default/echo.default.svc.cluster.local"
+    );
+}
+
+fn size_of_output<F, A, B, C, D, Fut>(_: F) -> usize
+where
+    F: FnOnce(A, B, C, D) -> Fut,
+{
+    std::mem::size_of::<Fut>()
+}
+
+/// A held connection's task keeps this future (its log fields inline) for the connection's
+/// whole life: 1,456 bytes in a debug build with the fields as [`Text`] (issue 21).
+#[test]
+fn a_held_connection_keeps_a_small_task() {
+    let size = size_of_output(handle);
+    assert!(
+        size <= 1536,
+        "the outbound connection's future is {size} bytes"
+    );
 }
