@@ -65,9 +65,17 @@ impl PoolKey {
     }
 }
 
+/// The streams a pooled connection carries at once by default: as many as a server of ours
+/// admits ([`crate::settings::Settings::max_concurrent_streams`]).
+pub const MAX_STREAMS: usize = 1000;
+
 /// Pool limits.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
+    /// Streams one connection carries at once (capped by what its peer allows). Each
+    /// connection costs about 48 KB at each end (TLS and HTTP/2 state and buffers), whatever
+    /// its streams carry: at 100 it was 0.47 KiB per idle proxied connection per end (issue 21,
+    /// measured with `ferry lab bench-memory`); a busy stream is bounded by its own window.
     pub max_streams: usize,
     /// The first idle connection of a key is kept this long (a warm connection for the next
     /// burst).
@@ -83,7 +91,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            max_streams: 100,
+            max_streams: MAX_STREAMS,
             idle_timeout: Duration::from_secs(300),
             surplus_idle_timeout: Duration::from_secs(10),
             settings: Settings::default(),

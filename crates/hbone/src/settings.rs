@@ -14,7 +14,8 @@ pub struct Settings {
     pub connection_window: u32,
     /// Largest HTTP/2 frame we accept.
     pub max_frame_size: u32,
-    /// Concurrent streams a server lets one client open.
+    /// Concurrent streams a server lets one client open: as many as our pool puts on one
+    /// connection ([`crate::pool::MAX_STREAMS`]), so that idle tunnels share few connections.
     pub max_concurrent_streams: u32,
     /// How long a TCP connect plus TLS and HTTP/2 handshakes may take.
     pub connect_timeout: Duration,
@@ -34,7 +35,7 @@ impl Default for Settings {
             stream_window: 4 << 20,
             connection_window: 16 << 20,
             max_frame_size: 1 << 20,
-            max_concurrent_streams: 200,
+            max_concurrent_streams: crate::pool::MAX_STREAMS as u32,
             connect_timeout: Duration::from_secs(5),
             keepalive: Duration::from_secs(180),
             ping_interval: Duration::from_secs(10),
