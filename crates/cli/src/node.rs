@@ -21,9 +21,6 @@ pub(crate) struct NodeArgs {
     cluster: String,
     #[command(flatten)]
     control: ControlArgs,
-    /// The enrollment API's Unix socket.
-    #[arg(long, default_value = "/run/ferry/node.sock")]
-    api: PathBuf,
     /// Admin endpoint: /ready, /config_dump, /certs, /metrics.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin: SocketAddr,
@@ -56,13 +53,16 @@ pub(crate) struct NodeArgs {
     /// Outlier detection: at most this percent of a service's endpoints is ejected at once.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     outlier_max_ejected_percent: u8,
-    /// Where the enrolled pods are kept, so a restarted node proxy serves them again without
-    /// the CNI agent enrolling them anew. Default: beside the API socket (`<api>.pods`).
-    #[arg(long)]
-    state_file: Option<PathBuf>,
+    /// Where the served pods are kept (0600): a node proxy restarted while its node agent is
+    /// away serves them again until the agent replays (its replay decides). Each pod is kept
+    /// by the path its namespace is mounted at under /var/run/netns, with the namespace's inode:
+    /// one created again under that name is not taken for it.
+    #[arg(long, default_value = "/run/ferry/node.pods")]
+    state_file: PathBuf,
     /// The node agent's ZDS socket (Istio's `istio.workload.zds`): connect to it and serve the
     /// pods it hands over with their network namespaces (Istio's `INPOD_UDS`; Istio's CNI agent
-    /// listens on `/var/run/ztunnel/ztunnel.sock`). Without it, no agent is asked.
+    /// listens on `/var/run/ztunnel/ztunnel.sock`). It is how pods are enrolled; without it,
+    /// only the pods of the state file are served.
     #[arg(long, env = "INPOD_UDS")]
     zds_socket: Option<PathBuf>,
     /// The upstream resolver of DNS-captured pods (`dns_capture`): their queries for names
@@ -192,7 +192,6 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
             name: args.name.clone(),
             cluster: args.cluster.clone(),
             control,
-            api_socket: args.api.clone(),
             admin: args.admin,
             stats: args.stats,
             readiness: args.readiness,
@@ -204,11 +203,7 @@ pub(crate) fn run(args: &NodeArgs) -> ExitCode {
                 max_ejection: Duration::from_secs(args.outlier_max_ejection_seconds),
                 max_ejected_percent: args.outlier_max_ejected_percent,
             },
-            state_file: Some(args.state_file.clone().unwrap_or_else(|| {
-                let mut p = args.api.clone().into_os_string();
-                p.push(".pods");
-                PathBuf::from(p)
-            })),
+            state_file: Some(args.state_file.clone()),
             zds_socket: args.zds_socket.clone(),
             dns_upstream: args.dns_upstream,
         }))

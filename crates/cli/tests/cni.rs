@@ -186,8 +186,6 @@ impl World {
             "node-1",
             "--cluster",
             "c1",
-            "--api",
-            &self.path("node.sock"),
             "--admin",
             "127.0.0.1:15000",
             "--state-file",
@@ -838,7 +836,6 @@ fn a_second_node_proxy_takes_the_pods_over_while_the_first_drains_and_connection
     let mut second = node_args.clone();
     for (flag, value) in [
         ("--admin", "127.0.0.1:15100".to_string()),
-        ("--api", w.path("node2.sock")),
         ("--state-file", w.path("node2.pods")),
     ] {
         let i = second.iter().position(|a| a == flag).unwrap() + 1;

@@ -138,16 +138,16 @@ fn a_node_configured_by_istios_environment_reaches_the_control_plane_with_a_k8s_
     std::fs::write(&token_file, &token).unwrap();
     let readiness = free_port();
     // Istio's variables for everything they cover; flags only for what has none (the token
-    // path is fixed in Istio, the admin and readiness ports too, the enrollment socket is
-    // Ferry's own).
+    // path is fixed in Istio, the admin and readiness ports too, the state file is Ferry's
+    // own).
     let node = ferry()
         .arg("node")
         .arg("--token-file")
         .arg(&token_file)
         .args(["--admin", "127.0.0.1:0", "--readiness"])
         .arg(readiness.to_string())
-        .arg("--api")
-        .arg(dir.0.join("node.sock"))
+        .arg("--state-file")
+        .arg(dir.0.join("node.pods"))
         // xDS is verified as istiod: the control plane's certificate carries that name too.
         .args(["--xds-server-name", "istiod.istio-system.svc"])
         .env("XDS_ADDRESS", &addr)

@@ -14,8 +14,8 @@ pub(crate) const ECHO_PORT: u16 = 8080;
 /// The sink port: reads everything, answers EOF with the byte count (8 bytes, little endian).
 pub(crate) const SINK_PORT: u16 = 7777;
 /// The benchmark's direct baseline ports: an echo server and a sink like those above, on ports
-/// the lab enrolls every pod with left out of inbound capture (`uncaptured=` on the node's
-/// enrollment API), so a marked connection to them crosses no proxy at either end.
+/// the lab enrolls every pod with left out of inbound capture (ZDS's `ferry_uncaptured_ports`),
+/// so a marked connection to them crosses no proxy at either end.
 pub(crate) const DIRECT_ECHO_PORT: u16 = 18080;
 pub(crate) const DIRECT_SINK_PORT: u16 = 17778;
 /// The HTTP server of [`HTTP_PORT`] again, on a port left out of capture like those above.

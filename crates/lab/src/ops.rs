@@ -41,14 +41,12 @@ pub(crate) fn stop_node(state_dir: &Path, node: &str, kill: bool) -> anyhow::Res
 pub(crate) fn start_node(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::up(state_dir)?;
     let n = state.node(node)?;
-    let (netns, api, admin, log, args) = (
+    let (netns, admin, log, args) = (
         n.netns.clone(),
-        n.api.clone(),
         n.admin.clone(),
         n.log.clone(),
         n.args.clone(),
     );
-    let _ = std::fs::remove_file(&api);
     let pid = spawn_append(
         &mut state,
         &netns,
@@ -71,9 +69,10 @@ pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     let mut state = State::up(state_dir)?;
     let n = state.node(node)?;
     let (old, netns, log, mut args) = (n.pid, n.netns.clone(), n.log.clone(), n.args.clone());
-    let api = state_dir.join(format!("{node}.{}.sock", state.pids.len()));
-    if let Some(i) = args.iter().position(|a| a == "--api") {
-        args[i + 1] = api.display().to_string();
+    // Its own state file: the old process still writes its own until it exits.
+    let pods = state_dir.join(format!("{node}.{}.pods", state.pids.len()));
+    if let Some(i) = args.iter().position(|a| a == "--state-file") {
+        args[i + 1] = pods.display().to_string();
     }
     // The old process still holds its admin port: the new one takes the next.
     let i = args
@@ -100,7 +99,6 @@ pub(crate) fn handover(state_dir: &Path, node: &str) -> anyhow::Result<()> {
     )?;
     if let Some(n) = state.nodes.get_mut(node) {
         n.pid = pid;
-        n.api = api;
         n.args = args;
         n.admin = admin;
     }

@@ -32,7 +32,6 @@ pub(crate) struct NodeProc {
     pub(crate) args: Vec<String>,
     pub(crate) netns: String,
     pub(crate) mgmt_ip: String,
-    pub(crate) api: PathBuf,
     /// Its node agent's socket, where the lab enrolls the node's pods ([`crate::agent`]).
     #[serde(default)]
     pub(crate) agent: PathBuf,

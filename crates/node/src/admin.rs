@@ -143,8 +143,12 @@ fn readiness(node: &Node, ready: bool) -> Response {
     }
     // Pods it cannot serve are named, but never hold the others back.
     let mut body = String::from("ready\n");
-    for (uid, (netns, why)) in node.unserved.lock().iter() {
-        body.push_str(&format!("not served: {uid} ({}): {why}\n", netns.display()));
+    for (uid, u) in node.unserved.lock().iter() {
+        body.push_str(&format!(
+            "not served: {uid} ({}): {}\n",
+            u.netns.path.display(),
+            u.reason
+        ));
     }
     Response::ok("text/plain", body)
 }
@@ -159,7 +163,7 @@ fn config_dump(node: &Node) -> serde_json::Value {
         "services": snap.services().count(),
         "policies": snap.policies().count(),
         "pods": pods,
-        "unserved_pods": node.unserved.lock().iter().map(|(uid, (netns, why))| json!({"uid": uid.to_string(), "netns": netns.display().to_string(), "reason": why})).collect::<Vec<_>>(),
+        "unserved_pods": node.unserved.lock().iter().map(|(uid, u)| json!({"uid": uid.to_string(), "netns": u.netns.path.display().to_string(), "reason": u.reason})).collect::<Vec<_>>(),
         "active_connections": node.active(),
         // Every open connection now re-checks itself on a policy change (no registry is kept):
         // the count of open connections.

@@ -23,7 +23,6 @@ pub struct Config {
     pub cluster: String,
     /// The control plane, and this node's credential for it.
     pub control: ControlPlane,
-    pub api_socket: PathBuf,
     pub admin: SocketAddr,
     /// Istio's metrics port (`/stats/prometheus`, 15020), when set.
     pub stats: Option<SocketAddr>,
@@ -33,7 +32,8 @@ pub struct Config {
     pub drain: Duration,
     /// See [`Node::idle_bound`].
     pub idle_bound: Duration,
-    /// See [`Node::state_file`].
+    /// Where the served pods are kept, the fallback when the node agent is not there to
+    /// replay them ([`crate::enrollment`]).
     pub state_file: Option<PathBuf>,
     /// The node agent's ZDS socket ([`crate::zds`]), when pods are enrolled by one.
     pub zds_socket: Option<PathBuf>,
@@ -93,7 +93,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         active: AtomicU64::new(0),
         peak_active: AtomicU64::new(0),
         halved: tokio::sync::Notify::new(),
-        pod_served: tokio::sync::Notify::new(),
     });
     let ready = mesh.ready();
     let admin = tokio::net::TcpListener::bind(config.admin)
@@ -120,35 +119,26 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ready.clone(),
         registry,
     ));
-    let api_node = node.clone();
-    let api_path = config.api_socket.clone();
-    tokio::spawn(async move {
-        if let Err(e) = crate::api::serve(api_node, api_path.clone()).await {
-            tracing::error!(path = %api_path.display(), error = %e, "the enrollment API stopped");
-        }
-    });
     {
-        // Serve again the pods enrolled before a restart, once the mesh is known.
+        // Once the mesh is known (the agent's adds and the state file's pods are looked up in
+        // it): the agent's pods, or without one the state file's (the agent's client falls
+        // back to it while the agent is not there).
         let (node, mut ready) = (node.clone(), ready.clone());
+        let socket = config.zds_socket.clone();
         tokio::spawn(async move {
             let _ = ready.wait_for(|r| *r).await;
-            crate::enrollment::restore(&node).await;
-        });
-    }
-    if let Some(socket) = config.zds_socket.clone() {
-        // Once the mesh is known: the agent's adds are looked up in it.
-        let (node, mut ready) = (node.clone(), ready.clone());
-        tokio::spawn(async move {
-            let _ = ready.wait_for(|r| *r).await;
-            crate::zds::run(node, socket).await;
+            match socket {
+                Some(socket) => crate::zds::run(node, socket).await,
+                None => crate::enrollment::restore(&node).await,
+            }
         });
     }
     tokio::spawn(prefetch(node.clone(), ready));
-    tokio::spawn(crate::namespaces::keep_served(node.clone()));
+    tokio::spawn(crate::enrollment::keep_retrying(node.clone()));
     tokio::spawn(crate::memory::give_back(node.clone()));
     tracing::info!(
         node = %config.name,
-        api = %config.api_socket.display(),
+        zds = ?config.zds_socket,
         admin = %admin_addr,
         "node proxy serving (admin: /ready /config_dump /certs /metrics)"
     );
@@ -158,7 +148,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Then the pooled HBONE connections close with close_notify.
     node.pool.shutdown(Duration::from_secs(2)).await;
     tracing::info!(left = node.active(), "node proxy stopped");
-    let _ = std::fs::remove_file(&config.api_socket);
     Ok(())
 }
 

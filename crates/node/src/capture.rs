@@ -23,11 +23,11 @@
 //!
 //! Rules live in their own chains so removal is exact and leaves the pod's own rules alone.
 //!
-//! A pod may be enrolled with inbound ports left out of capture ([`Uncaptured`], `add <uid>
-//! <netns> uncaptured=<port>,...` on the node's enrollment API): `ferry lab bench` uses one for
-//! its direct baseline. Only the enroller sets it (the root-only node API, the same privilege
-//! that could leave the pod out of the mesh altogether); nothing a pod carries (labels,
-//! annotations, packet marks) can. The rules of such a pod are those with the exemption, and
+//! A pod may be enrolled with inbound ports left out of capture ([`Uncaptured`], ZDS's
+//! `ferry_uncaptured_ports`): `ferry lab bench` uses one for its direct baseline. Only the
+//! enroller sets it (on the node agent's root-only socket, the same privilege that could leave
+//! the pod out of the mesh altogether); nothing a pod carries (labels, annotations, packet
+//! marks) can. The rules of such a pod are those with the exemption, and
 //! drift is judged against them.
 //!
 //! Enrolling a pod (also on a node proxy's start, for every pod it restores) compares the pod's
@@ -83,7 +83,7 @@ impl Uncaptured {
         Self { ports }
     }
 
-    /// `uncaptured=<port>,<port>...` (as the enrollment API and state file write it). A proxy
+    /// `uncaptured=<port>,<port>...` (as the state file writes it). A proxy
     /// port or port 0 is refused: leaving those out of capture would break the pod's serving.
     pub(crate) fn parse(word: &str) -> Option<Self> {
         let ports = word

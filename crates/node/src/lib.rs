@@ -6,11 +6,12 @@
 //! with `ferry_hbone`, and authorizes at the destination with `ferry_core::authz`.
 //!
 //! # Layout
-//! - `app`: configuration and the composition root (xDS, certificates, pool, API, admin, drain).
+//! - `app`: configuration and the composition root (xDS, certificates, pool, ZDS, admin, drain).
 //! - `state`: the node's state (`Node`, `Pod`, the open-connection count); `pods`: pod
-//!   enrollment; `api`: the node-local enrollment API;
-//!   `enrollment`: enrolled pods kept across restarts; [`zds`]: the node agent's protocol
-//!   (Istio's `istio.workload.zds`), pods handed over with their namespace as a descriptor.
+//!   enrollment; [`zds`]: the node agent's protocol (Istio's `istio.workload.zds`), the one way
+//!   pods are enrolled, each handed over with its namespace as a descriptor; `enrollment`: the
+//!   served pods kept on disk, the fallback when the agent is not there to replay them;
+//!   `recorded`: a pod's namespace as kept there (path and inode), opened only if still the same.
 //! - `capture`: the iptables rules in each pod's namespace; `transparent`: the rules there that
 //!   let the proxy connect to the app from the original client's address; both for each IP
 //!   family (`family`: `iptables` and `ip -4`, `ip6tables` and `ip -6`).
@@ -25,7 +26,6 @@
 //! in `ferry_runtime`.
 
 mod admin;
-mod api;
 mod app;
 mod capture;
 mod dns;
@@ -33,10 +33,10 @@ mod enrollment;
 mod family;
 mod inbound;
 mod memory;
-mod namespaces;
 mod outbound;
 mod outlier;
 mod pods;
+mod recorded;
 mod state;
 mod transparent;
 pub mod zds;

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,34 +24,8 @@ const RULES_SETTLE: Duration = Duration::from_secs(1);
 /// How often a pod's capture rules are compared even without a ruleset event.
 const RULES_SAFETY_CHECK: Duration = Duration::from_secs(30);
 
-/// Where the network namespace of a pod being enrolled is.
-#[derive(Debug)]
-pub(crate) enum PodNetns {
-    /// A path to open (`/var/run/netns/NAME`, `/proc/PID/ns/net`): the enrollment API.
-    Path(PathBuf),
-    /// A descriptor of it, which the pod then holds for as long as it is served: the node
-    /// agent's (ZDS). Such a pod is the agent's: its replays decide whether it stays.
-    Fd(OwnedFd),
-}
-
-// === impl PodNetns ===
-
-impl PodNetns {
-    /// Names it in errors and logs.
-    fn label(&self) -> String {
-        match self {
-            Self::Path(p) => p.display().to_string(),
-            Self::Fd(_) => "(the node agent's descriptor)".into(),
-        }
-    }
-
-    fn open(self) -> std::io::Result<Netns> {
-        match self {
-            Self::Path(p) => Netns::open(&p),
-            Self::Fd(fd) => Netns::from_fd(fd),
-        }
-    }
-}
+/// How a pod's namespace is named in errors and logs: a descriptor has no path.
+const NETNS_LABEL: &str = "(the pod's namespace descriptor)";
 
 /// Why a pod could not be enrolled.
 #[derive(Debug, thiserror::Error)]
@@ -81,18 +54,18 @@ pub(crate) enum EnrollError {
 }
 
 impl Node {
-    /// Enrolls pod `uid` whose network namespace is `netns`: waits (up to `wait`) for it to
-    /// appear in the mesh, gets its certificate, opens its listeners inside its namespace and
-    /// installs the capture rules. A pod already served is served once: it is returned as it is
-    /// (and a descriptor passed in is closed).
+    /// Enrolls pod `uid` whose network namespace `netns` refers to (held for as long as the pod
+    /// is served): waits (up to `wait`) for it to appear in the mesh, gets its certificate,
+    /// opens its listeners inside its namespace and installs the capture rules. A pod already
+    /// served is served once: it is returned as it is (and `netns` is closed).
     pub(crate) async fn enroll(
         self: &Arc<Self>,
         uid: &str,
-        netns: PodNetns,
+        netns: OwnedFd,
         wait: Duration,
     ) -> Result<Arc<Pod>, EnrollError> {
         let uid = WorkloadUid::new(uid);
-        // One enrollment of a pod at a time (the API and a restore may race).
+        // One enrollment of a pod at a time (an add and a release may race).
         let lock = self
             .enrolling
             .lock()
@@ -143,13 +116,12 @@ impl Node {
             .fetch(&identity)
             .await
             .map_err(|e| EnrollError::Certificate(identity.clone(), e.to_string()))?;
-        let label = netns.label();
-        let ns = netns.open().map_err(|source| EnrollError::Netns {
-            path: label.clone(),
+        let ns = Netns::from_fd(netns).map_err(|source| EnrollError::Netns {
+            path: NETNS_LABEL.into(),
             source,
         })?;
         let io = |source| EnrollError::Netns {
-            path: label.clone(),
+            path: NETNS_LABEL.into(),
             source,
         };
         let v6 = ipv6_of(&ns).await;
@@ -216,7 +188,6 @@ impl Node {
             self.by_ip.lock().insert(*a, pod.clone());
         }
         self.pods.lock().insert(uid.clone(), pod.clone());
-        self.pod_served.notify_one();
         {
             let mut t = pod.tasks.lock();
             for [outbound, inbound, hbone] in listeners {
@@ -274,7 +245,7 @@ impl Node {
 
     /// Removes pod `uid`: closes its listeners and deletes its capture rules.
     pub(crate) async fn remove(&self, uid: &str) -> bool {
-        // Not while the pod is being enrolled (a restore or retry racing a `del`).
+        // Not while the pod is being enrolled (a restore or retry racing a release).
         let lock = self.enrolling.lock().get(&WorkloadUid::new(uid)).cloned();
         let _one = match &lock {
             Some(l) => Some(l.lock().await),
@@ -293,28 +264,6 @@ impl Node {
             }
             None => false,
         }
-    }
-
-    /// Serves pod `uid` in the namespace now at its path, which replaced the one it was
-    /// enrolled in: the old listeners go, the new namespace gets listeners and rules. The rules
-    /// are never removed on the way (the new namespace may already have them).
-    pub(crate) async fn reenroll(
-        self: &Arc<Self>,
-        uid: &WorkloadUid,
-    ) -> Result<Arc<Pod>, EnrollError> {
-        let old = self.pods.lock().remove(uid);
-        let Some(old) = old else {
-            return Err(EnrollError::UnknownWorkload(uid.to_string()));
-        };
-        for a in &old.ips {
-            self.by_ip.lock().remove(a);
-        }
-        for t in old.tasks.lock().drain(..) {
-            t.abort();
-        }
-        let path = old.netns.path().to_path_buf();
-        self.enroll(uid.as_str(), PodNetns::Path(path), Duration::ZERO)
-            .await
     }
 
     /// Keeps `pod`'s capture rules in place for as long as it is served: whenever its
@@ -357,11 +306,9 @@ impl Node {
     /// Rewrites `pod`'s capture rules if they differ from Ferry's, and its original-source
     /// rules ([`Node::repair_transparent`]).
     async fn repair_rules(&self, pod: &Pod) {
+        // The held descriptor's `/proc/self/fd` path: it names the pod's namespace for as long
+        // as the pod is served.
         let path = pod.netns.path();
-        if !path.exists() || pod.netns.replaced() {
-            // Reported and handled by the reconcile loop.
-            return;
-        }
         for family in pod.transparent_families() {
             self.repair_transparent(pod, family).await;
         }

@@ -55,11 +55,6 @@ pub(crate) struct Pod {
 // === impl Pod ===
 
 impl Pod {
-    /// Whether the node agent enrolled it (over ZDS, with its namespace as a descriptor).
-    pub(crate) fn is_agents(&self) -> bool {
-        self.netns.is_held()
-    }
-
     /// The address to connect to `to` in the pod from, for a connection whose client the
     /// decision found to be `client` ([`ferry_core::app_source`]): `client` if it is of `to`'s
     /// family and the pod's rules of that family are in place, else none (the pod's own
@@ -126,16 +121,17 @@ pub(crate) struct Node {
     pub(crate) state_file: Option<PathBuf>,
     /// One lock per pod being enrolled.
     pub(crate) enrolling: Mutex<HashMap<WorkloadUid, Arc<tokio::sync::Mutex<()>>>>,
-    /// Inbound ports each pod was enrolled to leave out of capture (the API's `add ...
-    /// uncaptured=`, ZDS's `ferry_uncaptured_ports`); pods enrolled without are absent. Kept
-    /// across restarts with the API's pods (the agent sends its pods' ports in each replay).
+    /// Inbound ports each pod was enrolled to leave out of capture (ZDS's
+    /// `ferry_uncaptured_ports`); pods enrolled without are absent. Kept in the state file (the
+    /// agent sends its pods' ports in each replay).
     pub(crate) uncaptured: Mutex<HashMap<WorkloadUid, crate::capture::Uncaptured>>,
     /// With a node agent (`--zds-socket`): whether its first replay ended (`snapshot_sent`).
     /// Readiness waits for it, so a node proxy is not ready before it serves the pods already
     /// on its node. `None` without an agent.
     pub(crate) agent_replayed: Option<std::sync::atomic::AtomicBool>,
-    /// Enrolled pods this process cannot serve, with their namespace and why.
-    pub(crate) unserved: Mutex<std::collections::BTreeMap<WorkloadUid, (PathBuf, String)>>,
+    /// Pods of the state file this process cannot serve, with their namespace and why
+    /// ([`crate::enrollment`]).
+    pub(crate) unserved: Mutex<std::collections::BTreeMap<WorkloadUid, crate::recorded::Unserved>>,
     /// Capture rules found missing and put back (`ferry_capture_repairs_total`).
     pub(crate) capture_repairs: prometheus_client::metrics::counter::Counter,
     /// Outbound connects tried again on another endpoint (`ferry_connect_retries_total`).
@@ -158,9 +154,6 @@ pub(crate) struct Node {
     /// Notified when the open connections fall to half of `peak_active`: memory is given
     /// back then ([`crate::memory`]).
     pub(crate) halved: tokio::sync::Notify,
-    /// Notified when a pod is served: its namespace's directory is watched from then on
-    /// ([`crate::namespaces`]).
-    pub(crate) pod_served: tokio::sync::Notify,
 }
 
 /// Whether `open` connections, down from `peak`, are a drop worth giving memory back after
@@ -299,15 +292,14 @@ impl Node {
         self.pods.lock().values().cloned().collect()
     }
 
-    /// The namespace paths of enrolled pods (for the API's `list`).
     /// The inbound ports pod `uid` was enrolled to leave out of capture (none by default).
     pub(crate) fn uncaptured(&self, uid: &WorkloadUid) -> crate::capture::Uncaptured {
         self.uncaptured.lock().get(uid).cloned().unwrap_or_default()
     }
 
     /// Records the inbound ports pod `uid` leaves out of capture, before it is enrolled (by the
-    /// API or the node agent). A pod served now keeps the ports it was enrolled with: asking it
-    /// for others is refused (it is released first).
+    /// node agent, or from the state file). A pod served now keeps the ports it was enrolled
+    /// with: asking it for others is refused (it is released first).
     pub(crate) fn set_uncaptured(
         &self,
         uid: &WorkloadUid,
@@ -330,17 +322,6 @@ impl Node {
             all.insert(uid.clone(), ports);
         }
         Ok(())
-    }
-
-    pub(crate) fn enrolled(&self) -> Vec<(String, PathBuf)> {
-        let mut v: Vec<_> = self
-            .pods
-            .lock()
-            .values()
-            .map(|p| (p.uid.to_string(), p.netns.path().to_path_buf()))
-            .collect();
-        v.sort();
-        v
     }
 }
 

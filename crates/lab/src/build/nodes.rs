@@ -28,9 +28,9 @@ pub(super) fn start(
     }
     for n in state.nodes.values() {
         wait_for(
-            &format!("the node agent and node proxy in {}", n.netns),
+            &format!("the node agent in {}", n.netns),
             Duration::from_secs(20),
-            || n.agent.exists() && n.api.exists(),
+            || n.agent.exists(),
         )?;
     }
     Ok(())
@@ -56,7 +56,6 @@ fn start_one(
         &format!("node {}", n.name),
         &token_file,
     )?;
-    let api = state_dir.join(format!("{}.sock", n.name));
     let log = state_dir.join(format!("{}.log", n.name));
     // The agent first: the node proxy connects to it once synced with the control plane. It
     // starts with no pods: a pod list left in the directory (by a lab whose lab.json is gone)
@@ -78,8 +77,6 @@ fn start_one(
         n.name.as_str(),
         "--cluster",
         n.cluster.as_str(),
-        "--api",
-        &api.display().to_string(),
         "--admin",
         &admin,
         "--state-file",
@@ -106,7 +103,6 @@ fn start_one(
             args,
             netns: ns,
             mgmt_ip,
-            api,
             agent: crate::agent::plugin_socket(state_dir, n.name.as_str()),
             admin,
             log,

@@ -17,7 +17,7 @@ use tokio_seqpacket::ancillary::OwnedAncillaryMessage;
 use super::frames::{self, FrameError, MAX_FRAME};
 use super::session::{Action, Aliases, Session, SessionError};
 use crate::capture::Uncaptured;
-use crate::pods::{EnrollError, PodNetns};
+use crate::pods::EnrollError;
 use crate::state::{Node, UncapturedConflict};
 
 /// The first wait before connecting again, doubled after each failure up to [`BACKOFF_MAX`].
@@ -93,10 +93,14 @@ impl Backoff {
     }
 }
 
-/// Serves the node agent's requests from `socket` until the node drains.
+/// Serves the node agent's requests from `socket` until the node drains. Until the agent's
+/// first replay, the first time it cannot be reached (or a connection ends before its replay
+/// did), the pods of the state file are served again ([`crate::enrollment`]): the fallback for
+/// a node proxy restarted while its agent is away. The agent's replay, when it comes, decides.
 pub(crate) async fn run(node: Arc<Node>, socket: PathBuf) {
     let mut backoff = Backoff(BACKOFF_MIN);
     let mut aliases = Aliases::default();
+    let mut fell_back = false;
     loop {
         let connected = tokio::select! {
             () = node.drain.draining() => return,
@@ -124,11 +128,23 @@ pub(crate) async fn run(node: Arc<Node>, socket: PathBuf) {
                 wait
             }
         };
+        if !fell_back && !replayed(&node) {
+            fell_back = true;
+            tracing::info!(zds.socket = %socket.display(), "no replay from the node agent: serving the pods of the state file until it replays");
+            crate::enrollment::restore(&node).await;
+        }
         tokio::select! {
             () = node.drain.draining() => return,
             () = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// Whether the agent's first replay ended (`snapshot_sent`).
+fn replayed(node: &Node) -> bool {
+    node.agent_replayed
+        .as_ref()
+        .is_some_and(|r| r.load(std::sync::atomic::Ordering::Acquire))
 }
 
 /// One connection: the hello, then one ack per request.
@@ -263,13 +279,12 @@ fn resolve(node: &Node, uid: &str, info: Option<&WorkloadInfo>) -> WorkloadUid {
     }
 }
 
-/// The pods the node agent enrolled, served now.
+/// The pods the node serves or was asked to serve (every one is the agent's: it is the one
+/// enroller; those of the state file were its pods before a restart).
 fn agent_pods(node: &Node) -> Vec<WorkloadUid> {
-    node.pods()
-        .iter()
-        .filter(|p| p.is_agents())
-        .map(|p| p.uid.clone())
-        .collect()
+    let mut pods: Vec<WorkloadUid> = node.pods().iter().map(|p| p.uid.clone()).collect();
+    pods.extend(node.unserved.lock().keys().cloned());
+    pods
 }
 
 /// Serves pod `uid` in the namespace `fd` refers to, with `uncaptured` left out of its inbound
@@ -294,8 +309,7 @@ async fn serve_pod(
         node.remove(uid.as_str()).await;
     }
     node.set_uncaptured(uid, uncaptured)?;
-    node.enroll(uid.as_str(), PodNetns::Fd(file.into()), ADD_WAIT)
-        .await?;
+    node.enroll(uid.as_str(), file.into(), ADD_WAIT).await?;
     node.unserved.lock().remove(uid);
     crate::enrollment::save(node);
     Ok(())

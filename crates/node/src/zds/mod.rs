@@ -19,8 +19,8 @@
 //! A malformed packet, an add without a descriptor, a request of an unknown kind (a later
 //! protocol version) or one out of place gets an error ack and changes nothing. When the agent
 //! goes away the node proxy keeps serving its pods and connects again with a capped backoff; the
-//! agent then replays. Pods enrolled through the enrollment API are not the agent's: a replay
-//! does not release them, and only they go to the state file.
+//! agent then replays, and the replay decides for every pod the node serves (or could not serve
+//! from its state file: [`crate::enrollment`], the fallback while the agent is away).
 //!
 //! - [`frames`]: decoding and encoding packets (pure; fuzzed);
 //! - `session`: one connection's replay state (pure);

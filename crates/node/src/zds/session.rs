@@ -8,8 +8,8 @@
 //!     live: add, del; a keep or a second SnapshotSent is an error and changes nothing
 //! ```
 //!
-//! Only the agent's pods are reconciled: pods enrolled through the enrollment API are not the
-//! agent's to release.
+//! Every pod the node serves is the agent's (it is the one way pods are enrolled), those served
+//! again from the state file included.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -67,6 +67,8 @@ struct Fixture {
 struct PodNs {
     name: String,
     uid: WorkloadUid,
+    /// Its address: 198.18.77.`i`.
+    i: usize,
     file: File,
 }
 
@@ -91,24 +93,30 @@ fn ip(args: &[&str]) {
 impl PodNs {
     fn new(test: &str, i: usize, uid: WorkloadUid) -> Self {
         let name = format!("fz-{}-{test}-{i}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        ip(&["netns", "add", &name]);
-        let ns = Self {
-            file: File::open(format!("/var/run/netns/{name}")).expect("the namespace"),
-            name,
-            uid,
-        };
-        ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
+        let file = Self::create(&name, i);
+        Self { name, uid, i, file }
+    }
+
+    /// (Re)creates namespace `name` set up as a pod at 198.18.77.`i`, and opens it.
+    fn create(name: &str, i: usize) -> File {
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+        ip(&["netns", "add", name]);
+        ip(&["-n", name, "link", "set", "lo", "up"]);
         ip(&[
             "-n",
-            &ns.name,
+            name,
             "addr",
             "add",
             &format!("198.18.77.{i}/15"),
             "dev",
             "lo",
         ]);
-        ns
+        File::open(format!("/var/run/netns/{name}")).expect("the namespace")
+    }
+
+    /// Deletes the namespace and creates another under the same name (as a new sandbox).
+    fn recreate(&mut self) {
+        self.file = Self::create(&self.name, self.i);
     }
 
     /// Whether a connection from inside the pod to an address it does not serve is taken by a
@@ -141,6 +149,59 @@ impl Drop for PodNs {
     }
 }
 
+/// A node proxy `east-1` on `store`'s mesh keeping its pods in `state_file`, with its drain's
+/// trigger and its snapshot-change sender (held for as long as it runs).
+fn node(
+    store: Arc<Store>,
+    state_file: PathBuf,
+) -> (
+    Arc<Node>,
+    ferry_runtime::drain::DrainTrigger,
+    tokio::sync::watch::Sender<u64>,
+) {
+    let ca = TestCa::new("zds-test");
+    let bundle = ca.bundle();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (trigger, drain) = ferry_runtime::drain::new();
+    let (changes_tx, changes) = tokio::sync::watch::channel(0u64);
+    let by_ip = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let node = Arc::new(Node {
+        name: NodeName::new("east-1"),
+        store,
+        certs: CertManager::new(Arc::new(Signer(ca)), ManagerConfig::default()),
+        bundle: Mutex::new(bundle),
+        pool: Pool::new(PoolConfig {
+            dialer: Arc::new(PodDialer(by_ip.clone())),
+            ..PoolConfig::default()
+        }),
+        metrics: ferry_runtime::telemetry::Metrics::new(&mut registry),
+        changes,
+        drain,
+        hbone_conns: Arc::default(),
+        state_file: Some(state_file),
+        agent_replayed: Some(std::sync::atomic::AtomicBool::new(false)),
+        enrolling: Mutex::default(),
+        unserved: Mutex::default(),
+        uncaptured: Mutex::default(),
+        capture_repairs: crate::admin::capture_repairs(&mut registry),
+        connect_retries: crate::admin::connect_retries(&mut registry),
+        health: crate::outlier::PassiveHealth::new(Default::default(), &mut registry),
+        dns: crate::dns::Settings {
+            upstream: None,
+            metrics: crate::dns::Metrics::default(),
+        },
+        acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
+        idle_bound: Duration::from_secs(60),
+        pods: Mutex::default(),
+        by_ip,
+        connections: AtomicU64::new(0),
+        active: AtomicU64::new(0),
+        peak_active: AtomicU64::new(0),
+        halved: tokio::sync::Notify::new(),
+    });
+    (node, trigger, changes_tx)
+}
+
 // === impl Fixture ===
 
 impl Fixture {
@@ -159,53 +220,37 @@ impl Fixture {
             .enumerate()
             .map(|(i, uid)| PodNs::new(test, i + 1, uid))
             .collect();
-        let ca = TestCa::new("zds-test");
-        let bundle = ca.bundle();
-        let mut registry = prometheus_client::registry::Registry::default();
-        let (trigger, drain) = ferry_runtime::drain::new();
-        let (changes_tx, changes) = tokio::sync::watch::channel(0u64);
-        let by_ip = Arc::new(Mutex::new(std::collections::HashMap::new()));
-        let node = Arc::new(Node {
-            name: NodeName::new("east-1"),
-            store: Arc::new(Store::new(snap)),
-            certs: CertManager::new(Arc::new(Signer(ca)), ManagerConfig::default()),
-            bundle: Mutex::new(bundle),
-            pool: Pool::new(PoolConfig {
-                dialer: Arc::new(PodDialer(by_ip.clone())),
-                ..PoolConfig::default()
-            }),
-            metrics: ferry_runtime::telemetry::Metrics::new(&mut registry),
-            changes,
-            drain,
-            hbone_conns: Arc::default(),
-            state_file: None,
-            agent_replayed: Some(std::sync::atomic::AtomicBool::new(false)),
-            enrolling: Mutex::default(),
-            unserved: Mutex::default(),
-            uncaptured: Mutex::default(),
-            capture_repairs: crate::admin::capture_repairs(&mut registry),
-            connect_retries: crate::admin::connect_retries(&mut registry),
-            health: crate::outlier::PassiveHealth::new(Default::default(), &mut registry),
-            dns: crate::dns::Settings {
-                upstream: None,
-                metrics: crate::dns::Metrics::default(),
-            },
-            acceptor: Arc::new(ferry_runtime::accept::Acceptor::new(&mut registry)),
-            idle_bound: Duration::from_secs(60),
-            pods: Mutex::default(),
-            by_ip,
-            connections: AtomicU64::new(0),
-            active: AtomicU64::new(0),
-            peak_active: AtomicU64::new(0),
-            halved: tokio::sync::Notify::new(),
-            pod_served: tokio::sync::Notify::new(),
-        });
+        let state_file = socket_path(test).with_file_name("pods");
+        let (node, drain, changes) = node(Arc::new(Store::new(snap)), state_file);
         Self {
             node,
             pods,
-            _drain: trigger,
-            _changes: changes_tx,
+            _drain: drain,
+            _changes: changes,
         }
+    }
+
+    /// Ends this node proxy as a crash does (its listeners close, its capture rules stay) and
+    /// starts another on the same mesh and state file, as a restarted process would.
+    async fn crash_and_restart(&mut self) {
+        let pods: Vec<Arc<crate::state::Pod>> =
+            self.node.pods.lock().drain().map(|(_, p)| p).collect();
+        for p in &pods {
+            let tasks: Vec<_> = p.tasks.lock().drain(..).collect();
+            for t in tasks {
+                t.abort();
+                // Its listener is closed once the task is dropped.
+                let _ = t.await;
+            }
+        }
+        self.node.by_ip.lock().clear();
+        let (node, drain, changes) = node(
+            self.node.store.clone(),
+            self.node.state_file.clone().expect("a state file"),
+        );
+        self.node = node;
+        self._drain = drain;
+        self._changes = changes;
     }
 
     fn served(&self) -> BTreeSet<WorkloadUid> {
@@ -537,6 +582,117 @@ async fn an_add_with_uncaptured_ports_leaves_exactly_those_out_of_the_pods_inbou
     let again = inbound_chain(&f.pods[0]);
     assert!(again.contains("--dport 18081 -j RETURN"), "{again}");
     assert!(!again.contains("--dport 18080"), "{again}");
+    client.abort();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// The pod lines of `f`'s state file, each with the namespace's path and identity (nsfs device
+/// and inode) as `stat` gives them for that pod's namespace.
+fn state_lines(f: &Fixture) -> Vec<String> {
+    let path = f.node.state_file.as_ref().unwrap();
+    let mut lines: Vec<String> = std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+fn state_line(pod: &PodNs) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = pod.file.metadata().unwrap();
+    format!(
+        "{} /var/run/netns/{} ns={}:{}",
+        pod.uid,
+        pod.name,
+        m.dev(),
+        m.ino()
+    )
+}
+
+/// Waits (up to [`DEADLINE`]) until `done` holds of the node.
+async fn until(f: &Fixture, what: &str, done: impl Fn(&Node) -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !done(&f.node) {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_node_proxy_restarted_while_its_agent_is_away_serves_the_state_files_pods_until_the_agent_replays()
+ {
+    if !is_root() {
+        eprintln!("skipping: needs root for network namespaces and iptables");
+        return;
+    }
+    let mut f = Fixture::new("restart");
+    let path = socket_path("restart");
+    let mut listener = listen(&path);
+    let client = tokio::spawn(super::run(f.node.clone(), path.clone()));
+    let agent = accept(&mut listener).await;
+    for i in 0..3 {
+        assert_eq!(agent.add(&f.pods[i]).await, "", "add {}", f.pods[i].uid);
+    }
+    assert_eq!(agent.snapshot_sent().await, "");
+    assert_eq!(f.captured().await, [0, 1, 2]);
+    // Each pod handed over as a descriptor is recorded by the path it is mounted at, with its
+    // namespace's identity; the file is private.
+    let mut expected: Vec<String> = f.pods[..3].iter().map(state_line).collect();
+    expected.sort();
+    assert_eq!(state_lines(&f), expected);
+    let mode = std::fs::metadata(f.node.state_file.as_ref().unwrap())
+        .unwrap()
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+
+    // The agent goes away (its socket refuses), pod 2's namespace is created again under the
+    // same name (another sandbox now), and the node proxy crashes: nothing takes the pods'
+    // connections any more.
+    drop(agent);
+    drop(listener);
+    f.pods[2].recreate();
+    client.abort();
+    f.crash_and_restart().await;
+    assert!(
+        f.captured().await.is_empty(),
+        "the crashed proxy still serves"
+    );
+
+    // Restarted with no agent to replay: it serves pods 0 and 1 from the state file, and not
+    // pod 2 in the namespace that only has its old name.
+    let client = tokio::spawn(super::run(f.node.clone(), path.clone()));
+    until(&f, "the state file's pods served again", |n| {
+        n.pods.lock().len() == 2 && n.unserved.lock().len() == 1
+    })
+    .await;
+    assert_eq!(f.served(), f.uids(&[0, 1]));
+    assert_eq!(f.captured().await, [0, 1]);
+    let why = f.node.unserved.lock()[&f.pods[2].uid].reason.clone();
+    assert!(why.contains("is not the one recorded"), "{why}");
+    assert!(
+        !f.node
+            .agent_replayed
+            .as_ref()
+            .unwrap()
+            .load(std::sync::atomic::Ordering::Acquire),
+        "not ready until the agent replays"
+    );
+
+    // The agent comes back; its replay names pod 0 only: that replay decides, pod 1 is released
+    // (and pod 2 forgotten).
+    let mut listener = listen(&path);
+    let agent = accept(&mut listener).await;
+    assert_eq!(agent.add(&f.pods[0]).await, "");
+    assert_eq!(agent.snapshot_sent().await, "");
+    assert_eq!(f.served(), f.uids(&[0]));
+    assert!(f.node.unserved.lock().is_empty());
+    assert_eq!(f.captured().await, [0]);
+    assert_eq!(state_lines(&f), [state_line(&f.pods[0])]);
     client.abort();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
