@@ -238,7 +238,24 @@ impl ApiServer {
     /// Serves the objects of the YAML `List`s in `texts` on a loopback port.
     pub async fn start(texts: &[&str]) -> Arc<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let items = texts
+            .iter()
+            .flat_map(|text| {
+                let list: Value = serde_yaml_ng::from_str(text).unwrap();
+                list["items"].as_array().cloned().unwrap_or_default()
+            })
+            .collect();
+        Self::serve(listener, items).unwrap()
+    }
+
+    /// Serves `items` (objects, each with its `apiVersion`, `kind` and `metadata`) on
+    /// `listener`, as `ferry lab api-server` serves a lab's recorded objects; fails only when
+    /// the listener has no local address.
+    pub fn serve(
+        listener: tokio::net::TcpListener,
+        items: Vec<Value>,
+    ) -> std::io::Result<Arc<Self>> {
+        let addr = listener.local_addr()?;
         let (changes, _) = broadcast::channel(4096);
         let (generation, _) = watch::channel(0);
         let server = Arc::new(Self {
@@ -248,11 +265,8 @@ impl ApiServer {
             generation,
             tasks: Mutex::new(None),
         });
-        for text in texts {
-            let list: Value = serde_yaml_ng::from_str(text).unwrap();
-            for item in list["items"].as_array().cloned().unwrap_or_default() {
-                server.apply(item);
-            }
+        for item in items {
+            server.apply(item);
         }
         let mut tasks = JoinSet::new();
         let s = server.clone();
@@ -275,7 +289,7 @@ impl ApiServer {
             }
         });
         *server.tasks.lock() = Some(tasks);
-        server
+        Ok(server)
     }
 
     /// A kube client for this server.

@@ -22,6 +22,16 @@ pub enum LabCommand {
         /// `--hop-arg=--drain-seconds=5`.
         #[arg(long = "hop-arg", allow_hyphen_values = true)]
         hop_args: Vec<String>,
+        /// The control plane reads Kubernetes instead of the topology file: the recorded
+        /// objects of each cluster of the topology in DIR/<cluster>.yaml (`kubectl get -o
+        /// yaml` lists; their Pods must be the topology's workloads: same node, service
+        /// account and address), served by an API server per cluster in the control plane's
+        /// namespace. The first cluster by name is the local one, the others join by remote
+        /// secret. `kill`, `terminate` and `rollout` edit the topology file, which it then
+        /// does not read. Example: `ferry lab up examples/mcs.yaml --kubernetes
+        /// examples/kubernetes/mcs`.
+        #[arg(long, value_name = "DIR")]
+        kubernetes: Option<PathBuf>,
         #[command(flatten)]
         lab: LabArgs,
     },
@@ -383,6 +393,13 @@ pub enum LabCommand {
         #[command(flatten)]
         lab: LabArgs,
     },
+    /// (inside the lab) recorded Kubernetes objects served over the API's list/watch
+    /// protocol, one API server per --serve ADDR=FILE (for `up --kubernetes`).
+    #[command(hide = true)]
+    ApiServer {
+        #[arg(long = "serve", value_name = "ADDR=FILE", required = true)]
+        serve: Vec<String>,
+    },
     /// (inside the lab) the echo app a pod runs.
     #[command(hide = true)]
     Echo {
@@ -449,8 +466,9 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             topology,
             node_args,
             hop_args,
+            kubernetes,
             lab,
-        } => done(session::up(lab, topology, node_args, hop_args)),
+        } => done(session::up(lab, topology, node_args, hop_args, kubernetes)),
         LabCommand::Down { lab } => done(session::down(&lab.state_dir)),
         LabCommand::Status { lab } => done(session::status(&lab.state_dir)),
         LabCommand::Exec { pod, lab, command } => session::exec(&lab.state_dir, &pod, &command),
@@ -660,6 +678,7 @@ fn run_inner(cmd: LabCommand) -> anyhow::Result<ExitCode> {
             done(apps::half_close(to, n, Duration::from_secs(max_seconds)))
         }
         LabCommand::Echo { name, ports } => done(apps::echo(&name, &ports)),
+        LabCommand::ApiServer { serve } => done(crate::api_server::run(&serve)),
         LabCommand::Handover { node, lab } => {
             ops::handover(&lab.state_dir, &node)?;
             println!("ferry lab: node {node} handed over to a new node proxy");

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 mod agent;
+mod api_server;
 mod apps;
 mod bench;
 mod build;

@@ -28,6 +28,7 @@ pub(crate) fn up(
     topology: Option<PathBuf>,
     node_args: Vec<String>,
     hop_args: Vec<String>,
+    kubernetes: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let opts = Options {
         id: lab.id,
@@ -35,6 +36,7 @@ pub(crate) fn up(
         topology,
         node_args,
         hop_args,
+        kubernetes,
         ferry: std::env::current_exe()?,
     };
     let state = build::up(&opts)?;

@@ -104,7 +104,7 @@ impl Lab {
         id: &str,
         node_args: &[&str],
     ) -> Option<Self> {
-        Self::up_with_all(topology, id, node_args, &[])
+        Self::up_with_all(topology, id, node_args, &[], &[])
     }
 
     /// A lab whose waypoints and gateways get `hop_args` (`ferry lab up --hop-arg`).
@@ -113,7 +113,17 @@ impl Lab {
         id: &str,
         hop_args: &[&str],
     ) -> Option<Self> {
-        Self::up_with_all(topology, id, &[], hop_args)
+        Self::up_with_all(topology, id, &[], hop_args, &[])
+    }
+
+    /// A lab brought up with `up_args`, further arguments of `ferry lab up` (such as
+    /// `--kubernetes DIR`).
+    pub(crate) fn up_with_up_args(
+        topology: Option<&str>,
+        id: &str,
+        up_args: &[&str],
+    ) -> Option<Self> {
+        Self::up_with_all(topology, id, &[], &[], up_args)
     }
 
     fn up_with_all(
@@ -121,6 +131,7 @@ impl Lab {
         id: &str,
         node_args: &[&str],
         hop_args: &[&str],
+        up_args: &[&str],
     ) -> Option<Self> {
         if !nix_is_root() {
             eprintln!("skipping the lab test: it needs root to create network namespaces");
@@ -155,6 +166,7 @@ impl Lab {
         for a in hop_args {
             cmd.arg(format!("--hop-arg={a}"));
         }
+        cmd.args(up_args);
         let out = cmd
             .arg("--state-dir")
             .arg(&lab.dir)

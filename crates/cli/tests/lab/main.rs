@@ -16,6 +16,7 @@ mod grpc;
 mod harness;
 mod idle;
 mod kill;
+mod kubernetes;
 mod l4;
 mod lifecycle;
 mod mtls;

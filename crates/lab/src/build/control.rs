@@ -1,7 +1,6 @@
 //! The control plane: its trust bundle, `ferry control serve` in its namespace, and the join
 //! tokens of the node proxies and gateways.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -39,13 +38,14 @@ impl Control {
     }
 }
 
-/// Writes the trust bundle, starts the control plane in `ctl` and waits until it serves.
+/// Writes the trust bundle, starts the control plane in `ctl` with the arguments that name its
+/// source (`--topology FILE`, or the Kubernetes clusters) and waits until it serves.
 pub(super) fn start(
     lab: &Lab<'_>,
     state: &mut State,
     ctl: &str,
     trust_domain: &str,
-    topo_path: &Path,
+    source: &[String],
 ) -> anyhow::Result<Control> {
     let control_dir = format!("{}/control", lab.dir);
     let status = Command::new(&lab.exe)
@@ -66,24 +66,18 @@ pub(super) fn start(
     std::fs::write(&bundle, &status.stdout)?;
     let control_log = lab.opts.state_dir.join("control.log");
     let listen = format!("{CONTROL_IP}:15012");
-    spawn(
-        state,
-        ctl,
-        &[
-            &lab.exe,
-            "control",
-            "serve",
-            "--topology",
-            &topo_path.display().to_string(),
-            "--state-dir",
-            &control_dir,
-            "--listen",
-            &listen,
-            "--metrics-listen",
-            &format!("{CONTROL_IP}:15014"),
-        ],
-        &control_log,
-    )?;
+    let metrics_listen = format!("{CONTROL_IP}:15014");
+    let mut args = vec![lab.exe.as_str(), "control", "serve"];
+    args.extend(source.iter().map(String::as_str));
+    args.extend([
+        "--state-dir",
+        &control_dir,
+        "--listen",
+        &listen,
+        "--metrics-listen",
+        &metrics_listen,
+    ]);
+    spawn(state, ctl, &args, &control_log)?;
     state.control_log = control_log.clone();
     state.control_addr = listen.clone();
     wait_for_log(

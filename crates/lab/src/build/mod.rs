@@ -1,12 +1,14 @@
 //! `up` and `down`: namespaces, links, addresses, processes.
 //!
 //! `up` builds in this order, each step in its own module: the management network and one
-//! bridge per mesh network ([`net`]), the pods ([`pods`]), the control plane ([`control`]), the
+//! bridge per mesh network ([`net`]), the pods ([`pods`]), the control plane ([`control`]; with
+//! `--kubernetes`, first the API servers of the recorded objects it reads: [`kubernetes`]), the
 //! node proxies ([`nodes`]), the east-west gateways ([`gateways`]), the apps, the waypoints
 //! ([`waypoints`]) and last the enrollment of every captured pod.
 
 mod control;
 mod gateways;
+mod kubernetes;
 mod net;
 mod nodes;
 mod pods;
@@ -41,6 +43,9 @@ pub(crate) struct Options {
     pub(crate) node_args: Vec<String>,
     /// Extra arguments for every waypoint instance and east-west gateway.
     pub(crate) hop_args: Vec<String>,
+    /// The control plane reads Kubernetes: each cluster's recorded objects in
+    /// `<dir>/<cluster>.yaml` (see [`kubernetes`]), not the topology file.
+    pub(crate) kubernetes: Option<PathBuf>,
 }
 
 /// What every build step shares: the options, and the strings argument lists are made of.
@@ -150,7 +155,15 @@ fn build(opts: &Options, state: &mut State) -> anyhow::Result<()> {
     let (mgmt, ctl) = net::management(state, id)?;
     let networks = net::networks(state, id, snap)?;
     let workloads = pods::create(state, id, snap, &networks)?;
-    let control = control::start(&lab, state, &ctl, &topo.trust_domain, &topo_path)?;
+    let source = match &opts.kubernetes {
+        Some(dir) => {
+            let mut args = kubernetes::start(&lab, state, &ctl, snap, dir)?;
+            args.extend(["--trust-domain".into(), topo.trust_domain.to_string()]);
+            args
+        }
+        None => vec!["--topology".into(), topo_path.display().to_string()],
+    };
+    let control = control::start(&lab, state, &ctl, &topo.trust_domain, &source)?;
     nodes::start(&lab, state, snap, &mgmt, &control)?;
     gateways::start(&lab, state, snap, &mgmt, &networks, &control)?;
     pods::start_apps(&lab, state, snap)?;
