@@ -25,51 +25,12 @@ fn live() -> isize {
 
 const CLUSTERS: usize = 3;
 
-/// The objects of cluster `c` of a mesh of `pods` pods and `services` services in all: one
-/// node per 100 pods, 10 namespaces, services selecting 10 pods each, one policy per service.
-fn objects(c: usize, pods: usize, services: usize) -> Vec<Value> {
-    let cluster = format!("c{c}");
-    let mut out = vec![json!({"apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": "istio-system", "labels": {"topology.istio.io/network": "flat"}}})];
-    for ns in 0..10 {
-        out.push(json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": format!("ns{ns}"), "labels": {"istio.io/dataplane-mode": "ambient"}}}));
-    }
-    let pods = pods / CLUSTERS;
-    let services = services / CLUSTERS;
-    for n in 0..pods.div_ceil(100) {
-        out.push(json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": format!("{cluster}-node-{n}"), "labels": {"topology.kubernetes.io/region": "r", "topology.kubernetes.io/zone": format!("z{}", n % 3)}}}));
-    }
-    for p in 0..pods {
-        let ip = format!("10.{}.{}.{}", 64 + c, p / 250, p % 250 + 1);
-        out.push(json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("pod-{p}"), "namespace": format!("ns{}", p % 10), "labels": {"app": format!("app-{}", (p / 10) % services.max(1))}, "annotations": {"ambient.istio.io/redirection": "enabled"}},
-            "spec": {"nodeName": format!("{cluster}-node-{}", p / 100), "serviceAccountName": "sa", "containers": [{"name": "app", "image": "x"}]},
-            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}));
-    }
-    for s in 0..services {
-        let ip = format!("10.{}.{}.{}", 96 + c, s / 250, s % 250 + 1);
-        for ns in 0..10 {
-            if s % 10 != ns {
-                continue;
-            }
-            out.push(json!({"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": format!("svc-{s}"), "namespace": format!("ns{ns}"), "labels": {"istio.io/global": "true"}},
-                "spec": {"clusterIP": ip, "ports": [{"port": 80, "targetPort": 8080}], "selector": {"app": format!("app-{s}")}}}));
-            out.push(json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
-                "metadata": {"name": format!("allow-{s}"), "namespace": format!("ns{ns}")},
-                "spec": {"selector": {"matchLabels": {"app": format!("app-{s}")}}, "action": "ALLOW",
-                         "rules": [{"from": [{"source": {"namespaces": [format!("ns{ns}")]}}], "to": [{"operation": {"ports": ["8080"]}}]}]}}));
-        }
-    }
-    out
-}
-
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
     let (pods, services) = if quick { (1_000, 100) } else { (10_000, 1_000) };
-    let values: Vec<Vec<Value>> = (0..CLUSTERS).map(|c| objects(c, pods, services)).collect();
+    let values: Vec<Vec<Value>> = (0..CLUSTERS)
+        .map(|c| ferry_k8s::fixtures::generated(c, CLUSTERS, pods, services))
+        .collect();
     let count: usize = values.iter().map(Vec::len).sum();
 
     // Decoding (what the watch layer does on every translation) and translating.
