@@ -48,7 +48,7 @@ pub fn waypoint_identities(snap: &Snapshot, dst: &Workload) -> Vec<Identity> {
         .filter_map(|wp| match &wp.destination {
             GatewayDestination::Service(k) => Some(k.clone()),
             GatewayDestination::Address(a) => match snap.owner(a) {
-                Some(AddressOwner::Service(k)) => Some(k.clone()),
+                Some(AddressOwner::Service(k)) => Some((**k).clone()),
                 _ => None,
             },
         })

@@ -280,7 +280,7 @@ pub fn fronted_by(
         Destination::Host { hostname, .. } => {
             crate::route::resolve_host(snap, &me.namespace, hostname)
                 .ok()
-                .map(AddressOwner::Service)
+                .map(|k| AddressOwner::Service(Box::new(k)))
         }
     };
     let not_ours = || NotFronted::NotThisWaypoint { target: name() };
@@ -298,7 +298,7 @@ pub fn fronted_by(
             if !set.admits(me, origin) || !svc.scope.admits(&me.cluster, origin) {
                 return Err(out_of_scope());
             }
-            Ok(Fronted::Service(key))
+            Ok(Fronted::Service(*key))
         }
         Some(AddressOwner::Workload(uid)) => {
             let w = snap

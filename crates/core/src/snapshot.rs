@@ -35,7 +35,9 @@ use crate::model::{
 #[serde(rename_all = "snake_case")]
 pub enum AddressOwner {
     Workload(WorkloadUid),
-    Service(ServiceKey),
+    /// Boxed: the address index holds one owner per workload address, and a key (two strings)
+    /// inline would make every entry 24 bytes larger.
+    Service(Box<ServiceKey>),
     Gateway(String),
 }
 

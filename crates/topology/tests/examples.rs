@@ -111,7 +111,7 @@ fn two_clusters_places_workloads_and_gateways() {
     assert_eq!(west.target_port(&key("echo"), 80), Some(8080));
     assert_eq!(
         snap.owner(&NetworkAddress::new("net-west".into(), ip("198.19.10.1"))),
-        Some(&AddressOwner::Service(key("echo")))
+        Some(&AddressOwner::Service(Box::new(key("echo"))))
     );
 }
 
@@ -195,7 +195,7 @@ fn two_clusters_nests_catalog_vip() {
     // The nested address is catalog's own VIP.
     assert_eq!(
         snap.owner(&vip),
-        Some(&AddressOwner::Service(key("catalog")))
+        Some(&AddressOwner::Service(Box::new(key("catalog"))))
     );
     assert_eq!(
         snap.service(&key("catalog"))
@@ -505,7 +505,7 @@ fn dual_stack_workloads_and_vips_have_an_address_of_each_family() {
     for (addr, owner) in [
         ("2001:2::2:20", AddressOwner::Workload(echo.uid.clone())),
         ("198.18.2.20", AddressOwner::Workload(echo.uid.clone())),
-        ("2001:2::10:1", AddressOwner::Service(key("echo"))),
+        ("2001:2::10:1", AddressOwner::Service(Box::new(key("echo")))),
     ] {
         assert_eq!(
             snap.owner(&NetworkAddress::new(net.clone(), ip(addr))),

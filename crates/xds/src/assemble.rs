@@ -156,7 +156,7 @@ fn culprit(held: &Held, e: &SnapshotError) -> Option<String> {
     let by_owner = |o: &AddressOwner| {
         by_object(&match o {
             AddressOwner::Workload(u) => ObjectRef::Workload(u.clone()),
-            AddressOwner::Service(k) => ObjectRef::Service(k.clone()),
+            AddressOwner::Service(k) => ObjectRef::Service((**k).clone()),
             AddressOwner::Gateway(n) => ObjectRef::Gateway(n.clone()),
         })
     };

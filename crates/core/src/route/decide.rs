@@ -153,7 +153,7 @@ pub(crate) fn route_traced<T: Trace + ?Sized>(
 fn classify(snap: &Snapshot, network: &NetworkId, addr: SocketAddr) -> Class {
     match snap.owner_on(network, addr.ip()) {
         Some(AddressOwner::Service(key)) => Class::Service {
-            service: key.clone(),
+            service: (**key).clone(),
             port: addr.port(),
         },
         Some(AddressOwner::Workload(uid)) => Class::Workload {

@@ -146,6 +146,7 @@ impl<'a, T: Trace + ?Sized> Cx<'a, '_, T> {
         };
         match self.snap.owner(&a.address) {
             Some(AddressOwner::Service(inner)) => {
+                let inner: &ServiceKey = inner;
                 if chain.contains(&inner) {
                     return Err(RouteError::NestingCycle {
                         chain: chain_text(chain, inner),

@@ -85,7 +85,7 @@ impl Snapshot {
     ) -> Result<(), SnapshotError> {
         let key = s.key();
         for vip in &s.vips {
-            self.claim(vip.clone(), AddressOwner::Service(key.clone()))?;
+            self.claim(vip.clone(), AddressOwner::Service(Box::new(key.clone())))?;
         }
         if self.services.contains_key(&key) {
             return Err(SnapshotError::Duplicate {
@@ -277,7 +277,7 @@ impl Snapshot {
     /// workloads still name the service (a dangling reference the caller reports).
     pub(super) fn remove_service(&mut self, key: &ServiceKey) -> Option<Arc<Service>> {
         let s = self.services.remove(key)?;
-        let owner = AddressOwner::Service(key.clone());
+        let owner = AddressOwner::Service(Box::new(key.clone()));
         for vip in &s.vips {
             self.unclaim(vip, &owner);
         }

@@ -318,7 +318,7 @@ fn upstream_sans(snap: &Snapshot, s: &Service) -> Vec<String> {
                 Endpoint::Address(a) => match snap.owner(&a.address) {
                     Some(AddressOwner::Workload(u)) => u,
                     Some(AddressOwner::Service(k)) => {
-                        todo.push(k.clone());
+                        todo.push((**k).clone());
                         continue;
                     }
                     _ => continue,
