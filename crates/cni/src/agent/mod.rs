@@ -79,8 +79,8 @@ struct Agent {
     /// The cluster, with Kubernetes.
     kube: Option<Arc<kube::Watch>>,
     /// Pods asked into the mesh whose network namespaces were not found (warned of once while
-    /// they stay so).
-    unknown: Mutex<BTreeSet<String>>,
+    /// they stay so), and when to look for them again.
+    missing: Mutex<reconcile::Missing>,
 }
 
 #[derive(Debug, Default)]
@@ -119,7 +119,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         state: Mutex::new(State { pods, node: None }),
         next_link: AtomicU64::new(1),
         kube,
-        unknown: Mutex::default(),
+        missing: Mutex::default(),
     });
     agent.save();
     tracing::info!(plugin = %agent.config.plugin_socket.display(), zds = %agent.config.zds_socket.display(), node = agent.kube.as_ref().map(|w| w.node.as_str()), "node agent serving");

@@ -8,7 +8,7 @@
 //! Whatever failed (a pod's namespace not found, no node proxy took a pod, the API server
 //! refused a patch) is tried again on the next change, or after a backoff.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +26,44 @@ use crate::spec::PodRef;
 /// The first and the longest wait before trying a failed step again.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MOST: Duration = Duration::from_secs(30);
+
+/// The pods looked for among the node's network namespaces and not found, with their IPs then,
+/// and when to look again: not on every change the watch sees (most are about other pods), but
+/// at once for a pod newly wanted or whose IPs changed, else after a wait that doubles while the
+/// same pods stay missing (from [`RETRY_FIRST`] up to [`RETRY_MOST`]).
+#[derive(Debug, Default)]
+pub(super) struct Missing {
+    pods: BTreeMap<String, Vec<IpAddr>>,
+    next: Option<tokio::time::Instant>,
+    wait: Duration,
+}
+
+impl Missing {
+    /// Whether to scan for `wanted` at `now`.
+    fn due(&self, wanted: &[Wanted], now: tokio::time::Instant) -> bool {
+        wanted.iter().any(|w| self.pods.get(&w.key) != Some(&w.ips))
+            || self.next.is_none_or(|next| now >= next)
+    }
+
+    /// After a scan at `now` that left `missing` not found.
+    fn scanned(&mut self, missing: BTreeMap<String, Vec<IpAddr>>, now: tokio::time::Instant) {
+        if missing.is_empty() {
+            *self = Self::default();
+            return;
+        }
+        self.wait = if missing == self.pods {
+            (self.wait * 2).clamp(RETRY_FIRST, RETRY_MOST)
+        } else {
+            RETRY_FIRST
+        };
+        self.next = Some(now + self.wait);
+        self.pods = missing;
+    }
+
+    fn warned(&self, key: &str) -> bool {
+        self.pods.contains_key(key)
+    }
+}
 
 /// Reconciles after every change until the task is dropped.
 pub(super) async fn follow(agent: Arc<Agent>, watch: Arc<Watch>) {
@@ -126,10 +164,15 @@ impl Agent {
             })
             .collect();
         if wanted.is_empty() {
-            self.unknown.lock().clear();
+            *self.missing.lock() = Missing::default();
             return false;
         }
         let started = tokio::time::Instant::now();
+        let looked_for: Vec<Wanted> = wanted.iter().map(|(_, w)| w.clone()).collect();
+        if !self.missing.lock().due(&looked_for, started) {
+            // The same pods, still missing: looked for again when the wait is over.
+            return true;
+        }
         let seen = match discover::scan(&self.config.proc_dir).await {
             Ok(s) => s,
             Err(e) => {
@@ -143,19 +186,16 @@ impl Agent {
             scan_ms = started.elapsed().as_millis() as u64,
             "looked for pods that started before the agent among the node's network namespaces"
         );
-        let found = discover::matches(
-            &seen,
-            &wanted.iter().map(|(_, w)| w.clone()).collect::<Vec<_>>(),
-        );
+        let found = discover::matches(&seen, &looked_for);
         let mut retry = false;
-        let mut missing = BTreeSet::new();
+        let mut missing = BTreeMap::new();
         for (pod, w) in wanted {
             let Some(Found::At { path, inode }) = found.get(&w.key) else {
                 let why = found.get(&w.key).map(ToString::to_string);
-                if !self.unknown.lock().contains(&w.key) {
+                if !self.missing.lock().warned(&w.key) {
                     tracing::warn!(pod = %w.key, k8s.namespace = %pod.namespace, k8s.name = %pod.name, ips = ?w.ips, reason = why.as_deref().unwrap_or_default(), "asked into the mesh, but the pod's network namespace was not found; looking again");
                 }
-                missing.insert(w.key);
+                missing.insert(w.key, w.ips);
                 continue;
             };
             tracing::info!(pod = %w.key, k8s.namespace = %pod.namespace, k8s.name = %pod.name, netns = %path.display(), inode, "a pod that started before the agent: its network namespace found by its IP");
@@ -177,7 +217,7 @@ impl Agent {
         }
         retry |= !missing.is_empty();
         // Each warned of once while it stays so.
-        *self.unknown.lock() = missing;
+        self.missing.lock().scanned(missing, started);
         retry
     }
 
@@ -246,5 +286,58 @@ impl Agent {
         self.save();
         tracing::warn!(pod = %key, error = %e, "the node proxy did not take the pod; trying again");
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(key: &str, ip: &str) -> Wanted {
+        Wanted {
+            key: key.into(),
+            ips: vec![ip.parse().unwrap()],
+        }
+    }
+
+    fn left(ws: &[&Wanted]) -> BTreeMap<String, Vec<IpAddr>> {
+        ws.iter().map(|w| (w.key.clone(), w.ips.clone())).collect()
+    }
+
+    #[test]
+    fn a_pod_that_stays_missing_is_looked_for_after_a_doubling_wait_not_on_every_change() {
+        let t0 = tokio::time::Instant::now();
+        let a = wanted("a", "198.18.0.1");
+        let mut m = Missing::default();
+        assert!(m.due(std::slice::from_ref(&a), t0), "never looked for: now");
+        m.scanned(left(&[&a]), t0);
+        assert!(m.warned("a"));
+        // Changes that leave it as it was: not before the wait is over.
+        assert!(!m.due(std::slice::from_ref(&a), t0));
+        assert!(!m.due(std::slice::from_ref(&a), t0 + RETRY_FIRST / 2));
+        assert!(m.due(std::slice::from_ref(&a), t0 + RETRY_FIRST));
+        // Still missing: each wait twice the one before, up to the longest.
+        let mut now = t0 + RETRY_FIRST;
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            m.scanned(left(&[&a]), now);
+            let next = m.next.unwrap();
+            waits.push(next - now);
+            assert!(!m.due(std::slice::from_ref(&a), next - Duration::from_millis(1)));
+            now = next;
+        }
+        assert_eq!(waits[0], RETRY_FIRST * 2);
+        assert_eq!(waits[1], RETRY_FIRST * 4);
+        assert_eq!(*waits.last().unwrap(), RETRY_MOST);
+        // A pod newly wanted, or its IPs changed: looked for at once.
+        let b = wanted("b", "198.18.0.2");
+        assert!(m.due(&[a.clone(), b.clone()], now));
+        let a_moved = wanted("a", "198.18.0.3");
+        assert!(m.due(std::slice::from_ref(&a_moved), now));
+        // Another set missing starts from the shortest wait; none missing forgets.
+        m.scanned(left(&[&a, &b]), now);
+        assert_eq!(m.next.unwrap() - now, RETRY_FIRST);
+        m.scanned(BTreeMap::new(), now);
+        assert!(!m.warned("a") && m.due(std::slice::from_ref(&a), now));
     }
 }
