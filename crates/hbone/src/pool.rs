@@ -65,9 +65,7 @@ impl PoolKey {
     }
 }
 
-/// The streams a pooled connection carries at once by default: as many as a server of ours
-/// admits ([`crate::settings::Settings::max_concurrent_streams`]).
-pub const MAX_STREAMS: usize = 1000;
+pub use crate::settings::MAX_STREAMS;
 
 /// Pool limits.
 #[derive(Clone, Debug)]

@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+/// The streams a pooled connection carries at once by default, and a server of ours admits
+/// ([`Settings::max_concurrent_streams`]), so that idle tunnels share few connections.
+pub const MAX_STREAMS: usize = 1000;
+
 /// Tunnel parameters shared by client and server.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -15,7 +19,7 @@ pub struct Settings {
     /// Largest HTTP/2 frame we accept.
     pub max_frame_size: u32,
     /// Concurrent streams a server lets one client open: as many as our pool puts on one
-    /// connection ([`crate::pool::MAX_STREAMS`]), so that idle tunnels share few connections.
+    /// connection ([`MAX_STREAMS`]), so that idle tunnels share few connections.
     pub max_concurrent_streams: u32,
     /// How long a TCP connect plus TLS and HTTP/2 handshakes may take.
     pub connect_timeout: Duration,
@@ -35,7 +39,7 @@ impl Default for Settings {
             stream_window: 4 << 20,
             connection_window: 16 << 20,
             max_frame_size: 1 << 20,
-            max_concurrent_streams: crate::pool::MAX_STREAMS as u32,
+            max_concurrent_streams: MAX_STREAMS as u32,
             connect_timeout: Duration::from_secs(5),
             keepalive: Duration::from_secs(180),
             ping_interval: Duration::from_secs(10),
