@@ -92,11 +92,17 @@ impl State {
         serde_json::from_str(&std::fs::read_to_string(Self::file(dir)).ok()?).ok()
     }
 
+    /// Writes the state aside and renames it over the old, so that a `ferry lab` command
+    /// reading it meanwhile (a `lab exec` during a handover) sees the old state or the new,
+    /// never an empty file.
     pub(crate) fn save(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
+        let file = Self::file(&self.dir);
+        let aside = file.with_extension(format!("json.{}", std::process::id()));
         std::fs::write(
-            Self::file(&self.dir),
+            &aside,
             serde_json::to_string_pretty(self).map_err(std::io::Error::other)?,
-        )
+        )?;
+        std::fs::rename(&aside, &file)
     }
 }
