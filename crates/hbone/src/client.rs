@@ -17,7 +17,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::error::Error;
 use crate::headers::ConnectHeaders;
-use crate::settings::{Settings, ping_until_dead, tune_socket};
+use crate::settings::{Settings, ping_until_dead, tune_socket, widen_tls_buffer};
 use crate::stream::H2Stream;
 
 /// One HTTP/2 connection to an HBONE server.
@@ -150,7 +150,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (send, driver) = within(deadline, settings, async {
-        let tls = TlsConnector::from(config)
+        let mut tls = TlsConnector::from(config)
             .connect(server_name(addr), io)
             .await
             .map_err(|source| match IdentityMismatch::find(&source) {
@@ -160,6 +160,7 @@ where
                 },
                 None => Error::Handshake { addr, source },
             })?;
+        widen_tls_buffer(&mut **tls.get_mut().1);
         let alpn = tls.get_ref().1.alpn_protocol();
         if alpn != Some(ALPN_H2) {
             let found = alpn.map(|a| String::from_utf8_lossy(a).into_owned());

@@ -18,7 +18,7 @@ use crate::copy;
 use crate::error::Error;
 use crate::error::Side;
 use crate::headers::{self, Refusal, Target};
-use crate::settings::{Settings, ping_until_dead, tune_socket};
+use crate::settings::{Settings, ping_until_dead, tune_socket, widen_tls_buffer};
 use crate::stream::H2Stream;
 use crate::upstream::Forward;
 
@@ -227,7 +227,7 @@ impl Server {
     ) -> Result<(), Error> {
         tune_socket(&tcp, &self.settings);
         let timeout = self.settings.connect_timeout;
-        let tls = tokio::time::timeout(timeout, self.acceptor.accept(tcp))
+        let mut tls = tokio::time::timeout(timeout, self.acceptor.accept(tcp))
             .await
             .map_err(|_| Error::Timeout {
                 doing: "accepting a TLS handshake",
@@ -251,6 +251,7 @@ impl Server {
         };
         // HBONE is HTTP/2 only: a client that offered no ALPN (rustls lets that through) is
         // refused here, as one offering only others is refused in the handshake.
+        widen_tls_buffer(&mut **tls.get_mut().1);
         let alpn = tls.get_ref().1.alpn_protocol();
         if alpn != Some(ferry_tls::config::ALPN_H2) {
             return Err(Error::Alpn {
