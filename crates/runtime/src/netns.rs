@@ -2,8 +2,13 @@
 //!
 //! A socket belongs to the namespace of the thread that created it. Each enrolled pod gets one
 //! long-lived thread that has entered the pod's namespace; the node proxy asks it for listeners
-//! and outgoing sockets, then drives them from its own runtime. Every socket the proxy opens in
-//! a pod carries [`MARK`], which the pod's capture rules let through untouched.
+//! (and anything else that must run there), then drives them from its own runtime. Outgoing
+//! sockets, one per connection, are created on the calling thread instead, which enters the
+//! pod's namespace for the `socket()` call alone ([`here`]): no hop to the namespace's thread
+//! and back. Every socket the proxy opens in a pod carries [`MARK`], which the pod's capture
+//! rules let through untouched.
+
+mod here;
 
 use std::fs::File;
 use std::io;
@@ -28,6 +33,8 @@ pub struct Netns {
     /// for as long as this value lives, so that [`Netns::path`] (its `/proc/<pid>/fd/<n>` link)
     /// names this namespace and no other descriptor that might reuse the number.
     held: Option<File>,
+    /// The namespace, for creating sockets in it on the calling thread ([`here`]).
+    ns: File,
     jobs: std::sync::mpsc::Sender<Job>,
 }
 
@@ -73,6 +80,7 @@ impl Netns {
     /// Starts the namespace's thread in the namespace `file` refers to.
     fn enter(file: File, path: PathBuf, held: Option<File>) -> io::Result<Self> {
         let id = Self::id_of(&file)?;
+        let ns = file.try_clone()?;
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -95,6 +103,7 @@ impl Netns {
             path,
             id,
             held,
+            ns,
             jobs,
         })
     }
@@ -148,23 +157,24 @@ impl Netns {
         TcpListener::from_std(l)
     }
 
+    /// A non-blocking TCP socket of `dst`'s family in this namespace, created on the calling
+    /// thread (which is back in its own namespace when this returns).
+    pub fn tcp_socket(&self, dst: SocketAddr) -> io::Result<Socket> {
+        here::in_namespace(&self.ns, || {
+            Socket::new(Domain::for_address(dst), Type::STREAM.nonblocking(), None)
+        })
+    }
+
     /// A marked connection from inside the namespace, optionally bound to `src`.
     pub async fn connect(&self, src: Option<IpAddr>, dst: SocketAddr) -> io::Result<TcpStream> {
-        let s = self
-            .run(move || -> io::Result<std::net::TcpStream> {
-                let s = Socket::new(Domain::for_address(dst), Type::STREAM, None)?;
-                s.set_mark(MARK)?;
-                s.set_nonblocking(true)?;
-                s.set_tcp_nodelay(true)?;
-                if let Some(ip) = src {
-                    s.bind(&SocketAddr::new(ip, 0).into())?;
-                }
-                Ok(s.into())
-            })
-            .await??;
-        let stream = TcpSocket::from_std_stream(s).connect(dst).await?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
+        let s = self.tcp_socket(dst)?;
+        s.set_mark(MARK)?;
+        s.set_tcp_nodelay(true)?;
+        if let Some(ip) = src {
+            s.bind(&SocketAddr::new(ip, 0).into())?;
+        }
+        // TCP_NODELAY, set before, holds on the connected socket.
+        TcpSocket::from_std_stream(s.into()).connect(dst).await
     }
 
     /// A marked connection from inside the namespace whose source address is `src.ip()`,
@@ -175,33 +185,26 @@ impl Netns {
     /// four addresses would be taken for. The pod's namespace must route the replies back to
     /// the socket (the node's original-source rules), or the connect times out.
     pub async fn connect_from(&self, src: SocketAddr, dst: SocketAddr) -> io::Result<TcpStream> {
-        let s = self
-            .run(move || -> io::Result<std::net::TcpStream> {
-                let open = || -> io::Result<Socket> {
-                    let s = Socket::new(Domain::for_address(dst), Type::STREAM, None)?;
-                    s.set_mark(MARK)?;
-                    match dst {
-                        SocketAddr::V4(_) => s.set_ip_transparent_v4(true)?,
-                        SocketAddr::V6(_) => s.set_ip_transparent_v6(true)?,
-                    }
-                    s.set_nonblocking(true)?;
-                    s.set_tcp_nodelay(true)?;
-                    s.bind(&SocketAddr::new(src.ip(), 0).into())?;
-                    Ok(s)
-                };
-                let port = |s: &Socket| s.local_addr().ok().and_then(|a| a.as_socket());
-                let first = open()?;
-                let s = match port(&first) {
-                    // The first keeps its port until the second is bound: another one.
-                    Some(a) if src.port() != 0 && a.port() == src.port() => open()?,
-                    _ => first,
-                };
-                Ok(s.into())
-            })
-            .await??;
-        let stream = TcpSocket::from_std_stream(s).connect(dst).await?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
+        let open = || -> io::Result<Socket> {
+            let s = self.tcp_socket(dst)?;
+            s.set_mark(MARK)?;
+            match dst {
+                SocketAddr::V4(_) => s.set_ip_transparent_v4(true)?,
+                SocketAddr::V6(_) => s.set_ip_transparent_v6(true)?,
+            }
+            s.set_tcp_nodelay(true)?;
+            s.bind(&SocketAddr::new(src.ip(), 0).into())?;
+            Ok(s)
+        };
+        let port = |s: &Socket| s.local_addr().ok().and_then(|a| a.as_socket());
+        let first = open()?;
+        let s = match port(&first) {
+            // The first keeps its port until the second is bound: another one.
+            Some(a) if src.port() != 0 && a.port() == src.port() => open()?,
+            _ => first,
+        };
+        // TCP_NODELAY, set before, holds on the connected socket.
+        TcpSocket::from_std_stream(s.into()).connect(dst).await
     }
 }
 

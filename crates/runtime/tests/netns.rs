@@ -1,10 +1,17 @@
 //! A namespace handed over as a descriptor (`Netns::from_fd`): entered, named by a path that
-//! other processes can open for as long as it is held. Needs root (entering a namespace needs
-//! CAP_SYS_ADMIN); skipped otherwise.
+//! other processes can open for as long as it is held. Sockets opened in a namespace on the
+//! calling thread (`Netns::tcp_socket`, `connect`, `connect_from`): in the namespace, with the
+//! thread back in its own. Needs root (entering a namespace needs CAP_SYS_ADMIN); skipped
+//! otherwise.
 
 use std::fs::File;
 
 use ferry_runtime::netns::Netns;
+use support::namespace::{INSIDE, fresh_namespace};
+
+mod support {
+    pub(crate) mod namespace;
+}
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -40,4 +47,79 @@ async fn a_namespace_from_a_descriptor_is_entered_and_named_by_its_held_descript
     // The descriptor was closed with it: the path no longer names that namespace.
     let after = File::open(&path).ok().and_then(|f| Netns::id_of(&f).ok());
     assert_ne!(after, Some(want), "the held descriptor outlived its Netns");
+}
+
+fn own_namespace() -> (u64, u64) {
+    Netns::id_of(&File::open("/proc/thread-self/ns/net").unwrap()).unwrap()
+}
+
+fn bind_inside(s: &socket2::Socket) -> std::io::Result<()> {
+    s.bind(&std::net::SocketAddr::from((INSIDE, 0)).into())
+}
+
+#[test]
+fn a_socket_is_created_in_the_namespace_and_the_calling_thread_stays_in_its_own() {
+    if !is_root() {
+        eprintln!("skipping: entering a network namespace needs root");
+        return;
+    }
+    let ns = fresh_namespace();
+    let to = std::net::SocketAddr::from((INSIDE, 80));
+    // The address is the namespace's alone: a socket of this thread's namespace cannot bind it.
+    let here = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    assert!(
+        bind_inside(&here).is_err(),
+        "{INSIDE} is also this namespace's"
+    );
+    let home = own_namespace();
+    for _ in 0..3 {
+        let s = ns.tcp_socket(to).unwrap();
+        assert!(s.nonblocking().unwrap());
+        bind_inside(&s).expect("the socket is not in the namespace");
+        assert_eq!(
+            own_namespace(),
+            home,
+            "the thread was left in the namespace"
+        );
+        // Sockets this thread creates itself are still in its own namespace.
+        let after =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        assert!(
+            bind_inside(&after).is_err(),
+            "the thread opens sockets in the namespace"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_from_the_namespace_reaches_its_listener_from_the_address_asked() {
+    if !is_root() {
+        eprintln!("skipping: entering a network namespace needs root");
+        return;
+    }
+    let ns = fresh_namespace();
+    let listener = ns
+        .listen(std::net::SocketAddr::from((INSIDE, 0)))
+        .await
+        .unwrap();
+    let to = listener.local_addr().unwrap();
+    let home = own_namespace();
+    let plain = ns.connect(Some(INSIDE.into()), to).await.unwrap();
+    let (_, peer) = listener.accept().await.unwrap();
+    assert_eq!(peer, plain.local_addr().unwrap());
+    // IP_TRANSPARENT, from a client's address and never its port.
+    let client = std::net::SocketAddr::from((INSIDE, peer.port()));
+    let from = ns.connect_from(client, to).await.unwrap();
+    let (_, peer) = listener.accept().await.unwrap();
+    assert_eq!(peer, from.local_addr().unwrap());
+    assert_eq!(peer.ip(), client.ip());
+    assert!(
+        plain.nodelay().unwrap() && from.nodelay().unwrap(),
+        "Nagle is on"
+    );
+    assert_eq!(
+        own_namespace(),
+        home,
+        "the thread was left in the namespace"
+    );
 }
