@@ -129,13 +129,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = ready.wait_for(|r| *r).await;
             match socket {
                 Some(socket) => crate::zds::run(node, socket).await,
-                None => crate::enrollment::restore(&node).await,
+                None => {
+                    crate::enrollment::restore(&node).await;
+                    crate::memory::started();
+                }
             }
         });
     }
     tokio::spawn(prefetch(node.clone(), ready));
     tokio::spawn(crate::enrollment::keep_retrying(node.clone()));
     tokio::spawn(crate::memory::give_back(node.clone()));
+    tokio::spawn(crate::memory::release_when_idle());
     tracing::info!(
         node = %config.name,
         zds = ?config.zds_socket,

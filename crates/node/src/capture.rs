@@ -37,8 +37,11 @@
 //! one jump per hook, first) whenever the namespace's ruleset changes, and rewrites it on any
 //! difference. The change is an event: iptables-nft (and nft) rule changes are nf_tables
 //! transactions, which the kernel multicasts to the namespace's NFNLGRP_NFTABLES netlink group
-//! ([`RuleChanges`]). A long safety comparison covers what sends none (legacy iptables, a lost
-//! event).
+//! ([`RuleChanges`]); a lost event is an overrun the socket reports, a change too. Where no
+//! events are heard (legacy iptables, a socket lost) a safety comparison runs every 30 s; it
+//! first asks the namespace's nf_tables ruleset generation ([`crate::generation`], one netlink
+//! request) and reads the rules only if that moved since the last comparison that left them
+//! Ferry's ([`crate::pods`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

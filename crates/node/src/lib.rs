@@ -31,6 +31,7 @@ mod capture;
 mod dns;
 mod enrollment;
 mod family;
+mod generation;
 mod inbound;
 mod memory;
 mod outbound;

@@ -24,6 +24,9 @@ use ferry_hbone::pool::PoolConfig;
 
 use crate::state::{Node, halved};
 
+mod code;
+mod idle;
+
 /// Below this peak of HBONE connections, a drop is not worth a walk over the heap.
 const HBONE_FLOOR: u64 = 4;
 
@@ -123,7 +126,43 @@ pub(crate) fn trim() -> bool {
     flush_thread_cache();
     let jemalloc = purge_jemalloc();
     let glibc = trim_glibc();
+    // The code the spike ran leaves the resident set too; what runs next maps its own back.
+    code::release();
     jemalloc || glibc
+}
+
+/// Start-up is over (the node agent's first replay served, or the state file's pods): the
+/// binary's pages that only it ran leave the resident set ([`code`]).
+pub(crate) fn started() {
+    let released = code::release();
+    tracing::debug!(released, "the code pages start-up ran were released");
+}
+
+/// Runs forever: trims once the process has turned quiet after it mapped pages back in (the
+/// rest of start-up, a load that ended without a spike, anything an idle proxy does not run
+/// again), then again only after more came back ([`idle`]). One `getrusage` per [`idle::CHECK`].
+pub(crate) async fn release_when_idle() {
+    let Some(start) = idle::Usage::now() else {
+        return;
+    };
+    let mut idle = idle::Idle::new(start);
+    let mut tick = tokio::time::interval(idle::CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(now) = idle::Usage::now() else {
+            return;
+        };
+        if idle.check(now) {
+            let released = trim();
+            tracing::debug!(
+                released,
+                faults = now.faults,
+                "the node proxy turned quiet: gave memory back"
+            );
+            idle.released(idle::Usage::now().unwrap_or(now));
+        }
+    }
 }
 
 /// How many trims there were: a thread whose cache was last flushed at a smaller count
@@ -229,8 +268,9 @@ mod tests {
             })
             .build()
             .expect("a runtime");
-        // Both workers have started and parked.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Both workers have started and parked. The second wakes only when tokio hands it a
+        // search for work, which on a loaded machine took over 10 s once: a generous deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while parked.lock().len() < 2 {
             assert!(
                 std::time::Instant::now() < deadline,

@@ -325,14 +325,18 @@ pub(crate) async fn remove(netns: &Path, family: Family) {
 /// Changes to the namespace's routing rules and routes of both families (rtnetlink's
 /// RTNLGRP_IPV4_RULE, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_RULE and RTNLGRP_IPV6_ROUTE): the other
 /// half of what [`check`] compares (the chains' changes are nf_tables events,
-/// [`RuleChanges::open`]).
+/// [`RuleChanges::open`]). And its links' (RTNLGRP_LINK): a link set down drops its IPv4
+/// routes (table 133's `local ... dev lo` with lo's) without a route event.
 pub(crate) async fn route_changes(netns: &Netns) -> std::io::Result<RuleChanges> {
-    use nix::libc::{RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV4_RULE, RTNLGRP_IPV6_ROUTE, RTNLGRP_IPV6_RULE};
+    use nix::libc::{
+        RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV4_RULE, RTNLGRP_IPV6_ROUTE, RTNLGRP_IPV6_RULE, RTNLGRP_LINK,
+    };
     let groups = [
         RTNLGRP_IPV4_ROUTE,
         RTNLGRP_IPV4_RULE,
         RTNLGRP_IPV6_ROUTE,
         RTNLGRP_IPV6_RULE,
+        RTNLGRP_LINK,
     ]
     .iter()
     .fold(0u32, |g, n| g | (1 << (n - 1)));

@@ -254,6 +254,8 @@ async fn handle(
             if let Some(replayed) = &node.agent_replayed {
                 replayed.store(true, std::sync::atomic::Ordering::Release);
             }
+            // What start-up ran (enrolling the replayed pods included) is done.
+            crate::memory::started();
         }
     }
     Ok(())
