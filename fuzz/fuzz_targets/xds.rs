@@ -34,7 +34,7 @@ fuzz_target!(
                         if let Decoded::Workload(w) = &d {
                             assert_eq!(w.uid.as_str(), name);
                         }
-                        held.addresses.insert(name, d);
+                        held.addresses.insert(name.into(), d);
                     }
                 }
                 Kind::Authorization => {

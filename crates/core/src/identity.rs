@@ -57,27 +57,33 @@ impl Identity {
             namespace.as_ref(),
             service_account.as_ref(),
         );
-        let mut uri = String::with_capacity(
-            SCHEME.len() + td.len() + NS.len() + ns.len() + SA.len() + sa.len(),
-        );
-        for part in [SCHEME, td, NS, ns, SA, sa] {
-            uri.push_str(part);
-        }
-        for (part, value) in [
-            ("trust domain", td),
-            ("namespace", ns),
-            ("service account", sa),
-        ] {
-            if !valid_segment(value) {
-                return Err(InvalidIdentity::Part { value: uri, part });
-            }
-        }
+        Self::check(td, ns, sa)?;
         let td_end = SCHEME.len() + td.len();
         Ok(Self {
-            uri: uri.into(),
+            uri: uri(td, ns, sa).into(),
             td_end,
             ns_end: td_end + NS.len() + ns.len(),
         })
+    }
+
+    /// Whether [`Identity::new`] accepts these parts, with its error, without building the
+    /// identity: a node checks every workload it is sent, and keeps none of these.
+    pub fn check(
+        trust_domain: &str,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<(), InvalidIdentity> {
+        for (part, value) in [
+            ("trust domain", trust_domain),
+            ("namespace", namespace),
+            ("service account", service_account),
+        ] {
+            if !valid_segment(value) {
+                let value = uri(trust_domain, namespace, service_account);
+                return Err(InvalidIdentity::Part { value, part });
+            }
+        }
+        Ok(())
     }
 
     pub fn trust_domain(&self) -> &str {
@@ -148,6 +154,16 @@ impl fmt::Debug for Identity {
             .field("service_account", &self.service_account())
             .finish()
     }
+}
+
+/// The URI of an identity of these parts.
+fn uri(td: &str, ns: &str, sa: &str) -> String {
+    let mut uri =
+        String::with_capacity(SCHEME.len() + td.len() + NS.len() + ns.len() + SA.len() + sa.len());
+    for part in [SCHEME, td, NS, ns, SA, sa] {
+        uri.push_str(part);
+    }
+    uri
 }
 
 /// A segment is non-empty and made of characters allowed in a SPIFFE path or trust domain.
@@ -237,5 +253,23 @@ mod tests {
         ] {
             assert!(bad.parse::<Identity>().is_err(), "{bad} must be rejected");
         }
+    }
+
+    #[test]
+    fn a_check_answers_as_building_does() {
+        for (td, ns, sa) in [
+            ("cluster.local", "default", "sleep"),
+            ("", "default", "sleep"),
+            ("cluster.local", "de fault", "sleep"),
+            ("cluster.local", "default", ""),
+            ("cluster.local", "default", "a/b"),
+        ] {
+            assert_eq!(
+                Identity::check(td, ns, sa),
+                Identity::new(td, ns, sa).map(|_| ()),
+                "{td} {ns} {sa}"
+            );
+        }
+        assert!(Identity::check("cluster.local", "default", "").is_err());
     }
 }

@@ -16,9 +16,15 @@ use foldhash::fast::{FoldHasher, SeedableRandomState};
 /// A persistent hash map hashed with [`Keyed`].
 pub(crate) type Map<K, V> = imbl::GenericHashMap<K, V, Keyed, imbl::shared_ptr::DefaultSharedPtr>;
 
+/// A std hash map hashed with [`Keyed`] (the node's xDS client holds its names so).
+pub type HashMap<K, V> = std::collections::HashMap<K, V, Keyed>;
+
+/// A std hash set hashed with [`Keyed`].
+pub type HashSet<T> = std::collections::HashSet<T, Keyed>;
+
 /// foldhash with a secret per process (the shared seed) and one per map.
 #[derive(Clone, Debug)]
-pub(crate) struct Keyed(SeedableRandomState);
+pub struct Keyed(SeedableRandomState);
 
 /// 64 bits derived from std's per-process secret SipHash keys, which it reads from the OS once
 /// per thread (and steps for each new `RandomState`).

@@ -36,7 +36,7 @@ pub mod dns;
 pub mod hop;
 pub mod identity;
 pub mod inbound;
-mod keyed_hash;
+pub mod keyed_hash;
 pub mod lb;
 pub mod model;
 pub mod outlier;

@@ -9,6 +9,7 @@
 //! the invariants only where they could break; the result equals a full build of the same
 //! objects (`tests/incremental.rs`).
 
+mod bulk;
 mod delta;
 mod index;
 
@@ -169,7 +170,7 @@ pub struct Snapshot {
 }
 
 /// Collects objects and builds a [`Snapshot`] from them.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct SnapshotBuilder {
     version: u64,
     clusters: Vec<Cluster>,
@@ -240,7 +241,19 @@ impl SnapshotBuilder {
     /// Checks every invariant and indexes the result. Reports the first broken invariant, in
     /// this order: clusters, nodes, services, gateways, policies, workloads (each kind in the
     /// order given), then the references of services and of workloads (in the order given).
+    ///
+    /// Built in bulk (`snapshot/bulk.rs`); a set that breaks an invariant is built again
+    /// [one by one](Self::build_one_by_one) to name the first.
     pub fn build(self) -> Result<Snapshot, SnapshotError> {
+        match self.bulk(bulk::APART_MIN) {
+            Some(snap) => Ok(snap),
+            None => self.build_one_by_one(),
+        }
+    }
+
+    /// [`Self::build`] adding one object at a time, as [`Snapshot::apply`] adds those a delta
+    /// brings: the same snapshot or error, slower for a large set (public to test that).
+    pub fn build_one_by_one(self) -> Result<Snapshot, SnapshotError> {
         let mut snap = Snapshot {
             version: self.version,
             ..Snapshot::default()

@@ -5,6 +5,7 @@
 //! as a control plane would do.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::identity::Identity;
 use crate::model::{
@@ -88,7 +89,7 @@ impl MeshBuilder {
             network,
             cluster: n.cluster.clone(),
             node: Some(n.name.clone()),
-            locality: n.locality,
+            locality: Arc::new(n.locality),
             tunnel: TunnelProtocol::Hbone,
             health: Health::Healthy,
             capacity: 1,
@@ -206,6 +207,11 @@ impl MeshBuilder {
     }
 
     pub fn try_build(&self) -> Result<Snapshot, SnapshotError> {
+        self.builder().build()
+    }
+
+    /// A snapshot builder holding this mesh (each workload given its network's gateway).
+    pub fn builder(&self) -> SnapshotBuilder {
         let mut b = SnapshotBuilder::new(1);
         for c in &self.clusters {
             b.cluster(c.clone());
@@ -234,7 +240,7 @@ impl MeshBuilder {
             }
             b.workload(w);
         }
-        b.build()
+        b
     }
 }
 

@@ -1,8 +1,8 @@
 //! Incremental snapshots: random sequences of deltas (workloads, services, policies, gateways,
 //! nodes and clusters added, changed and removed, valid or not) applied one after another with
-//! `Snapshot::apply`, each against a full build of the same objects made from scratch. The two
-//! must be equal (every entry and index), decide every sampled route alike, and reject an
-//! invalid delta with the same error.
+//! `Snapshot::apply`, each against a full build of the same objects made from scratch (in bulk,
+//! and one object after another). They must be equal (every entry and index), decide every
+//! sampled route alike, and reject an invalid delta with the same error.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -373,7 +373,11 @@ fn full_build(before: &Objects, d: &SnapshotDelta) -> (Objects, Result<Snapshot,
         |w: &Arc<Workload>| w.uid.clone(),
         workload_shared
     );
-    (after, b.build())
+    // The bulk build and the one that adds object after object agree too.
+    let one_by_one = b.clone().build_one_by_one();
+    let full = b.build();
+    assert_eq!(full, one_by_one, "bulk and one-by-one builds differ");
+    (after, full)
 }
 
 /// Every routing decision from every workload to every address and hostname, with one seed.

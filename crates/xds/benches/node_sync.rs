@@ -2,10 +2,14 @@
 //! resource set as the two responses it sends (bytes, as they come off the stream), decoded and
 //! applied by [`XdsClient::apply`] into the node's store, as a session does.
 //!
-//! Reported per mesh: the time to decode and apply both responses, the heap the node keeps
-//! after (its snapshot and the client's held resources), the peak heap while applying, and
-//! what one workload and one service keep: the services alone are synced first, and a
-//! workload costs `(heap - services' heap) / workloads`.
+//! Reported per mesh: the time to decode and apply both responses (the median of five runs,
+//! and each run; `FERRY_NODE_SYNC_RUNS` sets how many), split into the responses' protobuf
+//! decoding and [`XdsClient::apply`]; what the apply spends converting the resources to the
+//! model and assembling the snapshot with its indexes (each timed alone, medians of as many
+//! runs); the heap the node keeps after (its snapshot and the client's held resources), the
+//! peak heap while applying, and what one workload and one service keep: the services alone
+//! are synced first, and a workload costs
+//! `(heap - services' heap) / workloads`.
 //!
 //! The mesh is `ferry_control::testing::generated_topology`'s: two clusters on two networks,
 //! 100 nodes (1,000 for a million workloads), workload `i` labelled `app: svc(i % services)`
@@ -31,7 +35,9 @@ use ferry_core::model::{
 use ferry_core::snapshot::SnapshotBuilder;
 use ferry_core::store::Store;
 use ferry_core::testing::MeshBuilder;
+use ferry_xds::assemble::{Held, assemble};
 use ferry_xds::client::{ClientConfig, XdsClient};
+use ferry_xds::convert::{self, Decoded, Interner};
 use ferry_xds::resources::ResourceSet;
 use prost::Message;
 use tikv_jemallocator::Jemalloc;
@@ -132,7 +138,11 @@ fn resource_set(workloads: usize, services: usize) -> ResourceSet {
     for p in m.policies.drain(..) {
         b.policy(p);
     }
-    let node_localities: Vec<Locality> = m.nodes.iter().map(|n| n.locality.clone()).collect();
+    let node_localities: Vec<Arc<Locality>> = m
+        .nodes
+        .iter()
+        .map(|n| Arc::new(n.locality.clone()))
+        .collect();
     for i in 0..workloads {
         let n = i % nodes;
         let j = i / 2;
@@ -183,6 +193,8 @@ fn response(set: &ResourceSet, type_url: &str, nonce: &str) -> Vec<u8> {
 
 struct Synced {
     took: Duration,
+    /// Of `took`, the responses' protobuf decoding.
+    wire: Duration,
     kept: isize,
     peak: isize,
 }
@@ -207,8 +219,11 @@ fn sync(addresses: &[u8], policies: &[u8], workloads: usize) -> Synced {
         store.clone(),
     );
     let start = Instant::now();
+    let mut wire = Duration::ZERO;
     for bytes in [addresses, policies] {
+        let decoding = Instant::now();
         let r = DeltaDiscoveryResponse::decode(bytes).expect("a response");
+        wire += decoding.elapsed();
         let ack = client.apply(&r);
         assert!(ack.error_detail.is_none(), "NACK: {:?}", ack.error_detail);
     }
@@ -216,11 +231,58 @@ fn sync(addresses: &[u8], policies: &[u8], workloads: usize) -> Synced {
     assert_eq!(store.load().workloads().count(), workloads);
     let synced = Synced {
         took,
+        wire,
         kept: live() - before,
         peak: PEAK.load(Ordering::Relaxed) - before,
     };
     drop((client, store));
     synced
+}
+
+/// What the apply spends on two of its parts, each timed alone: converting the resources to
+/// the model (through one interner, as a client does), and assembling the snapshot with its
+/// indexes from them.
+struct Parts {
+    convert: Duration,
+    assemble: Duration,
+}
+
+fn parts(addresses: &[u8], policies: &[u8]) -> Parts {
+    let [a, p] =
+        [addresses, policies].map(|b| DeltaDiscoveryResponse::decode(b).expect("a response"));
+    let start = Instant::now();
+    let mut intern = Interner::default();
+    let mut held = Held::default();
+    for r in &a.resources {
+        let body = r
+            .resource
+            .as_ref()
+            .map(|x| x.value.as_slice())
+            .unwrap_or_default();
+        let d: Decoded = convert::decode_address_with(&mut intern, &r.name, body).expect("valid");
+        held.addresses.insert(r.name.as_str().into(), d);
+    }
+    for r in &p.resources {
+        let body = r
+            .resource
+            .as_ref()
+            .map(|x| x.value.as_slice())
+            .unwrap_or_default();
+        let policy = convert::decode_authorization(&r.name, body).expect("valid");
+        held.policies.insert(r.name.clone(), Arc::new(policy));
+    }
+    let convert = start.elapsed();
+    let start = Instant::now();
+    let (snap, rejected) = assemble(&held, 1);
+    let assemble = start.elapsed();
+    assert!(snap.is_some() && rejected.is_empty(), "{rejected:?}");
+    drop((snap, held, intern));
+    Parts { convert, assemble }
+}
+
+fn median(mut d: Vec<Duration>) -> f64 {
+    d.sort();
+    d[d.len() / 2].as_secs_f64() * 1e3
 }
 
 fn main() {
@@ -253,22 +315,34 @@ fn run(workloads: usize, services: usize) {
         made.elapsed().as_secs_f64(),
         mib((addresses.len() + policies.len()) as isize)
     );
-    // Three runs: the best time and its memory (which is the same in every run).
-    let runs: Vec<Synced> = (0..3)
+    // The median time (and each run's), and the memory (the same in every run).
+    let n = std::env::var("FERRY_NODE_SYNC_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5usize)
+        .max(1);
+    let runs: Vec<Synced> = (0..n)
         .map(|_| sync(&addresses, &policies, workloads))
         .collect();
     let times: Vec<f64> = runs.iter().map(|r| r.took.as_secs_f64() * 1e3).collect();
-    let best = runs.iter().min_by_key(|r| r.took).expect("three runs");
+    let best = runs.iter().min_by_key(|r| r.took).expect("a run");
+    let wire = median(runs.iter().map(|r| r.wire).collect());
+    let took = median(runs.iter().map(|r| r.took).collect());
+    let alone: Vec<Parts> = (0..n).map(|_| parts(&addresses, &policies)).collect();
     let per_workload = (best.kept - services_only.kept) / workloads.max(1) as isize;
     println!(
-        "{workloads} workloads, {services} services: initial sync decoded and applied in {:.0} ms (runs: {}); \
+        "{workloads} workloads, {services} services: initial sync decoded and applied in {took:.0} ms \
+         (median; runs: {}): protobuf {wire:.0} ms, apply {:.0} ms; timed alone, converting {:.0} ms, \
+         assembling the snapshot {:.0} ms; \
          node heap kept {:.1} MiB, peak {:.1} MiB; {} bytes per workload, {} bytes per service",
-        best.took.as_secs_f64() * 1e3,
         times
             .iter()
             .map(|t| format!("{t:.0}"))
             .collect::<Vec<_>>()
             .join(", "),
+        median(runs.iter().map(|r| r.took - r.wire).collect()),
+        median(alone.iter().map(|p| p.convert).collect()),
+        median(alone.iter().map(|p| p.assemble).collect()),
         mib(best.kept),
         mib(best.peak),
         per_workload,

@@ -5,8 +5,10 @@
 //! skipped, as Istio's data plane does. A resource that breaks a snapshot invariant (a duplicate
 //! address, a waypoint that resolves to nothing) is set aside and reported, and the rest applies.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use ferry_core::keyed_hash::HashSet;
 
 use ferry_core::model::{
     Cluster, ClusterId, Gateway, NetworkId, Node, NodeName, Policy, Service, Workload,
@@ -19,7 +21,9 @@ use crate::index::Index;
 /// The decoded resources a client holds, by resource name.
 #[derive(Clone, Debug, Default)]
 pub struct Held {
-    pub addresses: BTreeMap<String, Decoded>,
+    /// A workload's name is its uid, held here as the workload's own copy of it (the client
+    /// keys its version by the same): one copy of each name.
+    pub addresses: BTreeMap<Arc<str>, Decoded>,
     pub policies: BTreeMap<String, Arc<Policy>>,
     /// What applying the next push incrementally needs ([`crate::incremental`]).
     pub(crate) index: Index,
@@ -28,7 +32,7 @@ pub struct Held {
 /// Builds a snapshot from `held`, leaving out (and returning) resources that break it. `None`
 /// when no snapshot can be built at all: the caller keeps serving the one it has.
 pub fn assemble(held: &Held, version: u64) -> (Option<Snapshot>, Vec<InvalidResource>) {
-    let mut excluded: HashSet<String> = HashSet::new();
+    let mut excluded: HashSet<String> = HashSet::default();
     let mut rejected = Vec::new();
     loop {
         match try_build(held, version, &excluded) {
@@ -63,7 +67,7 @@ fn try_build(
     version: u64,
     excluded: &HashSet<String>,
 ) -> Result<Snapshot, SnapshotError> {
-    let live = |name: &String| !excluded.contains(name);
+    let live = |name: &str| !excluded.contains(name);
     let mut clusters: BTreeMap<ClusterId, NetworkId> = BTreeMap::new();
     let mut nodes: BTreeMap<NodeName, Node> = BTreeMap::new();
     let mut services: Vec<&Arc<Service>> = Vec::new();
@@ -73,16 +77,20 @@ fn try_build(
         let _ = name;
         match d {
             Decoded::Workload(w) => {
-                clusters
-                    .entry(w.cluster.clone())
-                    .or_insert_with(|| w.network.clone());
-                if let Some(n) = &w.node {
-                    nodes.entry(n.clone()).or_insert_with(|| Node {
-                        name: n.clone(),
-                        cluster: w.cluster.clone(),
-                        locality: w.locality.clone(),
-                        address: None,
-                    });
+                // Looked up before a name is copied: most workloads find theirs there.
+                if !clusters.contains_key(&w.cluster) {
+                    clusters.insert(w.cluster.clone(), w.network.clone());
+                }
+                if let Some(n) = w.node.as_ref().filter(|n| !nodes.contains_key(*n)) {
+                    nodes.insert(
+                        n.clone(),
+                        Node {
+                            name: n.clone(),
+                            cluster: w.cluster.clone(),
+                            locality: (*w.locality).clone(),
+                            address: None,
+                        },
+                    );
                 }
                 workloads.push(w);
             }
@@ -147,7 +155,7 @@ fn culprit(held: &Held, e: &SnapshotError) -> Option<String> {
             ObjectRef::Policy(k) => Some(k.to_string()),
             // The last one by name: the first keeps its place.
             ObjectRef::Gateway(name) => held.addresses.iter().rev().find_map(|(n, d)| match d {
-                Decoded::Gateway(g) if &g.name == name => Some(n.clone()),
+                Decoded::Gateway(g) if &g.name == name => Some(n.to_string()),
                 _ => None,
             }),
             ObjectRef::Cluster(_) | ObjectRef::Node(_) => None,

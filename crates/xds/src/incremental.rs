@@ -10,8 +10,10 @@
 //! rejects), [`delta`] says so and the caller assembles in full, which also sets aside the
 //! resources to blame.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+
+use ferry_core::keyed_hash::{HashMap as KeyedMap, HashSet};
 
 use ferry_core::model::{
     Cluster, ClusterId, NetworkId, Node, NodeName, PolicyKey, ServiceKey, Workload,
@@ -83,7 +85,7 @@ impl Index {
     }
 }
 
-fn forget<K: std::hash::Hash + Eq>(map: &mut HashMap<K, BTreeSet<String>>, key: &K, name: &str) {
+fn forget<K: std::hash::Hash + Eq>(map: &mut KeyedMap<K, BTreeSet<String>>, key: &K, name: &str) {
     if let Some(names) = map.get_mut(key) {
         names.remove(name);
         if names.is_empty() {
@@ -144,7 +146,7 @@ pub(crate) fn delta(
     }
     let mut d = SnapshotDelta::new(version);
     // Services and policies that come and go, and the resources themselves.
-    let (mut services_out, mut services_in) = (HashSet::new(), HashSet::new());
+    let (mut services_out, mut services_in) = (HashSet::default(), HashSet::default());
     let mut members: HashMap<ClusterId, Vec<NetworkId>> = HashMap::new();
     let mut nodes: BTreeSet<NodeName> = BTreeSet::new();
     for (name, old) in &changed.addresses {
@@ -163,7 +165,7 @@ pub(crate) fn delta(
             Some(Decoded::Gateway(_)) => return None,
             None => {}
         }
-        match held.addresses.get(name) {
+        match held.addresses.get(name.as_str()) {
             Some(Decoded::Service(s)) => {
                 services_in.insert(s.key());
                 d.services.push(s.clone());
@@ -184,7 +186,7 @@ pub(crate) fn delta(
             None => {}
         }
     }
-    let (mut policies_out, mut policies_in) = (HashSet::new(), HashSet::new());
+    let (mut policies_out, mut policies_in) = (HashSet::default(), HashSet::default());
     for (name, old) in &changed.policies {
         if let Some(p) = old {
             policies_out.insert(p.key());
@@ -224,7 +226,9 @@ pub(crate) fn delta(
         if current.policy(k).is_some() && !has_policy(k) {
             if current.is_policy_named(k) {
                 again.extend(held.addresses.iter().filter_map(|(n, r)| match r {
-                    Decoded::Workload(w) if w.authorization_policies.contains(k) => Some(n.clone()),
+                    Decoded::Workload(w) if w.authorization_policies.contains(k) => {
+                        Some(n.to_string())
+                    }
                     _ => None,
                 }));
             }
@@ -244,7 +248,7 @@ pub(crate) fn delta(
         .filter(|n| !changed.addresses.contains_key(*n))
         .chain(changed.addresses.keys());
     for name in rederive {
-        if let Some(Decoded::Workload(w)) = held.addresses.get(name) {
+        if let Some(Decoded::Workload(w)) = held.addresses.get(name.as_str()) {
             held.index.forget_dangling(name, w);
             held.index.note_dangling(name, w, &has_service, &has_policy);
             d.workloads.push(live(w, &has_service, &has_policy));
@@ -287,14 +291,14 @@ pub(crate) fn delta(
             .map(|u| u.as_str())
             .find(|u| !changed.addresses.contains_key(*u));
         let came = changed.addresses.keys().filter(|n| {
-            matches!(held.addresses.get(*n), Some(Decoded::Workload(w)) if w.node.as_ref() == Some(&node))
+            matches!(held.addresses.get(n.as_str()), Some(Decoded::Workload(w)) if w.node.as_ref() == Some(&node))
         });
         let first = kept.into_iter().chain(came.map(String::as_str)).min();
         let derived = first.and_then(|n| match held.addresses.get(n) {
             Some(Decoded::Workload(w)) => Some(Node {
                 name: node.clone(),
                 cluster: w.cluster.clone(),
-                locality: w.locality.clone(),
+                locality: (*w.locality).clone(),
                 address: None,
             }),
             _ => None,
@@ -309,7 +313,7 @@ pub(crate) fn delta(
     Some(d)
 }
 
-fn count_down(counts: &mut HashMap<ClusterId, usize>, key: &ClusterId) {
+fn count_down(counts: &mut KeyedMap<ClusterId, usize>, key: &ClusterId) {
     if let Some(n) = counts.get_mut(key) {
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -327,6 +331,30 @@ pub struct Update {
     pub set_aside: Vec<InvalidResource>,
     /// Made as a delta on the snapshot served, not assembled in full.
     pub incremental: bool,
+}
+
+/// Held resources from which a full assembly also makes the index on another thread.
+const INDEX_APART_MIN: usize = 8_192;
+
+/// A full assembly of `held`, and, for a large one (a node's first sync), the index of
+/// `held` as it would be if the assembly set nothing aside, made on another thread meanwhile:
+/// both only read the held resources.
+fn assemble_and_index(
+    held: &Held,
+    version: u64,
+) -> ((Option<Snapshot>, Vec<InvalidResource>), Option<Index>) {
+    if held.addresses.len() < INDEX_APART_MIN {
+        return (assemble(held, version), None);
+    }
+    std::thread::scope(|s| {
+        let index = s.spawn(|| Index::of(held, Some(version)));
+        let assembled = assemble(held, version);
+        // Neither panics; if one did, the panic goes on as if on one thread.
+        let index = index
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (assembled, Some(index))
+    })
 }
 
 /// Applies a push to `current`: `held` already holds its resources and `changed` names what it
@@ -350,15 +378,91 @@ pub fn update(held: &mut Held, current: &Snapshot, changed: &Changed, version: u
             }
         }
     }
-    let (snapshot, set_aside) = assemble(held, version);
+    let ((snapshot, set_aside), index) = assemble_and_index(held, version);
     for bad in &set_aside {
-        held.addresses.remove(&bad.name);
+        held.addresses.remove(bad.name.as_str());
         held.policies.remove(&bad.name);
     }
-    held.index = Index::of(held, snapshot.as_ref().map(Snapshot::version));
+    held.index = match index {
+        Some(index) if set_aside.is_empty() && snapshot.is_some() => index,
+        _ => Index::of(held, snapshot.as_ref().map(Snapshot::version)),
+    };
     Update {
         snapshot,
         set_aside,
         incremental: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferry_core::testing::MeshBuilder;
+
+    use super::*;
+
+    /// `INDEX_APART_MIN` pods backing `svc` (held) or `gone` (not held), every tenth on the
+    /// other cluster; the `dup` first pods have their address taken by another pod.
+    fn held(dup: usize) -> Held {
+        let mut m = MeshBuilder::new();
+        m.cluster("east", "net-east").cluster("west", "net-west");
+        m.node("n0", "east", "r/z/s").node("n1", "west", "r/z/s");
+        m.service("svc", &[("net-east", "198.19.0.1")], 80, 8080);
+        m.service("gone", &[("net-east", "198.19.0.2")], 80, 8080);
+        for i in 0..INDEX_APART_MIN {
+            let node = if i % 10 == 0 { "n1" } else { "n0" };
+            let a = if i < dup { INDEX_APART_MIN + i } else { i };
+            m.pod(
+                &format!("pod{i}"),
+                node,
+                &format!("198.18.{}.{}", a / 250, a % 250),
+            );
+            m.backs(&format!("pod{i}"), if i % 3 == 0 { "gone" } else { "svc" });
+        }
+        for i in 0..dup {
+            let a = INDEX_APART_MIN + i;
+            let node = if i % 10 == 0 { "n1" } else { "n0" };
+            m.pod(
+                &format!("twin{i}"),
+                node,
+                &format!("198.18.{}.{}", a / 250, a % 250),
+            );
+        }
+        let mut held = Held::default();
+        let gone = m.services.pop().expect("gone");
+        let svc = m.services.pop().expect("svc");
+        assert_eq!(gone.name, "gone");
+        held.addresses.insert(
+            svc.key().to_string().into(),
+            Decoded::Service(Arc::new(svc)),
+        );
+        for w in m.workloads {
+            held.addresses
+                .insert(w.uid.shared(), Decoded::Workload(Arc::new(w)));
+        }
+        held
+    }
+
+    #[test]
+    fn a_large_assembly_keeps_the_index_made_beside_it_only_if_nothing_was_set_aside() {
+        for dup in [0, 2] {
+            let mut h = held(dup);
+            let before = h.addresses.len();
+            let u = update(&mut h, &Snapshot::default(), &Changed::default(), 7);
+            let snap = u.snapshot.expect("a snapshot");
+            assert_eq!(u.set_aside.len(), dup, "{:?}", u.set_aside);
+            assert_eq!(h.addresses.len(), before - dup);
+            // The index of exactly what is held now.
+            assert_eq!(h.index, Index::of(&h, Some(snap.version())));
+            assert_eq!(h.index.synced, Some(7));
+            let members: usize = h.index.cluster_members.values().sum();
+            assert_eq!(members, snap.workloads().count());
+            let gone = ServiceKey::new("default", ferry_core::testing::hostname("gone"));
+            let dangling = h
+                .index
+                .dangling_services
+                .get(&gone)
+                .map_or(0, BTreeSet::len);
+            assert_eq!(dangling, INDEX_APART_MIN.div_ceil(3));
+        }
     }
 }

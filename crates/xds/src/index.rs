@@ -2,12 +2,13 @@
 //! ([`crate::assemble::Held`]): the data alone, so that the held resources can carry it while
 //! its upkeep stays in `incremental`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
+use ferry_core::keyed_hash::HashMap;
 use ferry_core::model::{ClusterId, PolicyKey, ServiceKey};
 
 /// What the incremental path keeps beside the held resources.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Index {
     /// The version of the snapshot assembled from exactly the held resources; `None` when
     /// there is none (the next push assembles in full).

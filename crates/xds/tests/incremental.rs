@@ -103,7 +103,7 @@ fn resource(g: &mut Gen, m: &mut MeshBuilder) -> Resource {
                 let k = if g.chance(95) { k - k % 3 + c } else { k };
                 format!("node{k}").as_str().into()
             });
-            w.locality.zone = format!("z{}", g.below(2));
+            Arc::make_mut(&mut w.locality).zone = format!("z{}", g.below(2));
             w.addresses = vec![ip(&format!("198.18.0.{}", 1 + g.below(24)))];
             w.capacity = g.below(4) as u32;
             w.services = (0..SERVICES + 1)
@@ -131,7 +131,7 @@ fn push(held: &mut Held, upserts: &[Resource], removed: &[(bool, String)]) -> Ch
     let mut changed = Changed::default();
     for (address, name) in removed {
         if *address {
-            let was = held.addresses.remove(name);
+            let was = held.addresses.remove(name.as_str());
             changed.addresses.entry(name.clone()).or_insert(was);
         } else {
             let was = held.policies.remove(name);
@@ -141,7 +141,7 @@ fn push(held: &mut Held, upserts: &[Resource], removed: &[(bool, String)]) -> Ch
     for r in upserts {
         match r {
             Resource::Address(name, d) => {
-                let was = held.addresses.insert(name.clone(), d.clone());
+                let was = held.addresses.insert(name.as_str().into(), d.clone());
                 changed.addresses.entry(name.clone()).or_insert(was);
             }
             Resource::Policy(name, p) => {
@@ -155,7 +155,7 @@ fn push(held: &mut Held, upserts: &[Resource], removed: &[(bool, String)]) -> Ch
 
 fn names(held: &Held) -> (BTreeSet<String>, BTreeSet<String>) {
     (
-        held.addresses.keys().cloned().collect(),
+        held.addresses.keys().map(|n| n.to_string()).collect(),
         held.policies.keys().cloned().collect(),
     )
 }
@@ -195,7 +195,7 @@ fn run(seed: u64, steps: usize) -> Result<(usize, usize), TestCaseError> {
         fast += usize::from(incremental);
         let (full, full_aside) = assemble(&reference, version);
         for bad in &full_aside {
-            reference.addresses.remove(&bad.name);
+            reference.addresses.remove(bad.name.as_str());
             reference.policies.remove(&bad.name);
         }
         let aside: BTreeSet<String> = aside.into_iter().map(|b| b.name).collect();

@@ -179,7 +179,7 @@ fn every_example_survives_the_wire_unchanged() {
         let mut held = ferry_xds::assemble::Held::default();
         for (n, v) in &set.by_type[ferry_api::ADDRESS_TYPE] {
             held.addresses
-                .insert(n.clone(), decode_address(n, &v.body).unwrap());
+                .insert(n.as_str().into(), decode_address(n, &v.body).unwrap());
         }
         for (n, v) in &set.by_type[ferry_api::AUTHORIZATION_TYPE] {
             held.policies.insert(

@@ -25,6 +25,11 @@ impl<K, V> SharedMap<K, V> {
         Arc::make_mut(&mut self.0)
     }
 
+    /// The shared allocation itself (another holder's copy to compare or share).
+    pub fn as_arc(&self) -> &Arc<BTreeMap<K, V>> {
+        &self.0
+    }
+
     /// Do both hold the same copy?
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

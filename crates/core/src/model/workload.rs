@@ -1,6 +1,7 @@
 //! Workloads: pods (and address-only entries) with the identity Ferry impersonates for them.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -52,7 +53,8 @@ pub struct Workload {
     pub cluster: ClusterId,
     /// The node whose proxy serves this workload; `None` for workloads outside any node proxy.
     pub node: Option<NodeName>,
-    pub locality: Locality,
+    /// Shared: the workloads on one node hold its locality once.
+    pub locality: Arc<Locality>,
     pub tunnel: TunnelProtocol,
     pub health: Health,
     /// Relative weight in load balancing. Istio's default is 1; 0 takes no new traffic.

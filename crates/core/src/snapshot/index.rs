@@ -4,12 +4,12 @@
 //! [`Snapshot::check_workload_refs`]), and buckets are put in order once at the end
 //! ([`Snapshot::sort`]).
 
-use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::Arc;
 
 use super::{AddressOwner, Endpoint, ObjectRef, Snapshot, SnapshotError, endpoint_order};
-use crate::keyed_hash::Map;
+use crate::identity::Identity;
+use crate::keyed_hash::{HashSet, Map};
 use crate::model::{
     Cluster, ClusterId, Gateway, GatewayDestination, GatewayRef, NetworkAddress, NetworkId, Node,
     NodeName, Policy, PolicyKey, PolicyScope, Service, ServiceKey, Workload, WorkloadUid,
@@ -18,15 +18,15 @@ use crate::model::{
 /// Index buckets changed since they were last put in order.
 #[derive(Debug, Default)]
 pub(super) struct Touched {
-    endpoints: HashSet<ServiceKey>,
-    by_node: HashSet<NodeName>,
+    pub(super) endpoints: HashSet<ServiceKey>,
+    pub(super) by_node: HashSet<NodeName>,
     by_hostname: HashSet<String>,
     namespaces: HashSet<String>,
     mesh: bool,
     gateways: bool,
 }
 
-fn mark<K: Hash + Eq + Clone>(set: &mut HashSet<K>, key: &K) {
+pub(super) fn mark<K: Hash + Eq + Clone>(set: &mut HashSet<K>, key: &K) {
     if !set.contains(key) {
         set.insert(key.clone());
     }
@@ -46,7 +46,7 @@ fn count_down<K: Hash + Eq + Clone>(counts: &mut Map<K, usize>, key: &K) {
 }
 
 /// The destinations a workload's or service's gateway references name.
-fn destinations<'a>(
+pub(super) fn destinations<'a>(
     refs: impl IntoIterator<Item = &'a Option<GatewayRef>>,
 ) -> impl Iterator<Item = &'a GatewayDestination> {
     refs.into_iter().flatten().map(|r| &r.destination)
@@ -173,9 +173,11 @@ impl Snapshot {
         if self.workloads.contains_key(&w.uid) {
             return Err(SnapshotError::Duplicate { object });
         }
-        w.identity().map_err(|source| SnapshotError::Identity {
-            object: object.clone(),
-            source,
+        Identity::check(&w.trust_domain, &w.namespace, &w.service_account).map_err(|source| {
+            SnapshotError::Identity {
+                object: object.clone(),
+                source,
+            }
         })?;
         self.check_cluster_network(&object, &w.cluster, &w.network)?;
         if let Some(node) = &w.node {
@@ -365,15 +367,18 @@ impl Snapshot {
         address: NetworkAddress,
         owner: AddressOwner,
     ) -> Result<(), SnapshotError> {
-        if let Some(first) = self.by_address.get(&address) {
-            return Err(SnapshotError::DuplicateAddress {
-                address,
-                first: first.clone(),
+        // One lookup: a node claims an address for every workload it is sent.
+        match self.by_address.entry(address) {
+            imbl::hashmap::Entry::Occupied(first) => Err(SnapshotError::DuplicateAddress {
+                first: first.get().clone(),
+                address: first.key().clone(),
                 second: owner,
-            });
+            }),
+            imbl::hashmap::Entry::Vacant(v) => {
+                v.insert(owner);
+                Ok(())
+            }
         }
-        self.by_address.insert(address, owner);
-        Ok(())
     }
 
     /// Gives `address` up if `owner` holds it.

@@ -84,6 +84,51 @@ pub fn decode_address_with(
     .map_err(bad)
 }
 
+/// `d`, decoded through another interner (a push decoded on several threads), holding
+/// `intern`'s copies of the names and maps it shares instead: as if `intern` had decoded it.
+/// Only a resource nothing else holds yet is changed; any other is returned as it is.
+pub(crate) fn share(intern: &mut Interner, d: &mut Decoded) {
+    let network = |intern: &mut Interner, a: &mut NetworkAddress| {
+        a.network = intern.adopt_network(&a.network);
+    };
+    let gateway = |intern: &mut Interner, g: &mut Option<GatewayRef>| {
+        if let Some(GatewayRef {
+            destination: GatewayDestination::Address(a),
+            ..
+        }) = g
+        {
+            network(intern, a);
+        }
+    };
+    match d {
+        Decoded::Workload(w) => {
+            let Some(w) = Arc::get_mut(w) else { return };
+            w.network = intern.adopt_network(&w.network);
+            w.cluster = intern.adopt_cluster(&w.cluster);
+            if let Some(n) = &mut w.node {
+                *n = intern.adopt_node(n);
+            }
+            gateway(intern, &mut w.waypoint);
+            gateway(intern, &mut w.network_gateway);
+            w.locality = intern.adopt_locality(&w.locality);
+            w.services = intern.adopt_services(w.services.as_arc()).into();
+            w.labels = intern.adopt_labels(w.labels.as_arc()).into();
+        }
+        Decoded::Service(s) => {
+            let Some(s) = Arc::get_mut(s) else { return };
+            for a in &mut s.vips {
+                network(intern, a);
+            }
+            for e in &mut s.address_endpoints {
+                network(intern, &mut e.address);
+            }
+            gateway(intern, &mut s.waypoint);
+        }
+        // Decoded without the interner.
+        Decoded::Gateway(_) => {}
+    }
+}
+
 /// Decodes one `istio.security.Authorization` resource named `name`.
 pub fn decode_authorization(name: &str, bytes: &[u8]) -> Result<Policy, InvalidResource> {
     let bad = |reason: String| InvalidResource {
@@ -195,7 +240,7 @@ fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
     } else {
         std::mem::take(&mut w.service_account)
     };
-    Identity::new(&trust_domain, &w.namespace, &service_account).map_err(|e| e.to_string())?;
+    Identity::check(&trust_domain, &w.namespace, &service_account).map_err(|e| e.to_string())?;
     let labels = std::mem::take(&mut w.ferry_labels);
     let tunnel = match wl::TunnelProtocol::try_from(w.tunnel_protocol) {
         Ok(wl::TunnelProtocol::Hbone) => TunnelProtocol::Hbone,
@@ -260,7 +305,7 @@ fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
         network: intern.network(&w.network),
         cluster,
         node: (!w.node.is_empty()).then(|| intern.node(&w.node)),
-        locality,
+        locality: intern.locality(locality),
         tunnel,
         health,
         capacity: w.capacity.unwrap_or(1),

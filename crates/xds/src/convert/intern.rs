@@ -1,17 +1,18 @@
 //! What many resources repeat, held once by a decoder: the names of networks, clusters and
-//! nodes, and a workload's service map and labels (the replicas of one deployment carry the
-//! same). A node of a 100,000-workload mesh then holds a few hundred of each instead of one
+//! nodes, a workload's locality (the workloads of one node carry the same), and its service map
+//! and labels (the replicas of one deployment carry the same). A node of a 100,000-workload mesh then holds a few hundred of each instead of one
 //! per workload.
 //!
 //! The map pools drop what nothing else holds whenever they have doubled since they were last
 //! trimmed, and a name pool that fills starts again with twice the room, so names and maps
 //! that leave the mesh do not stay behind for long.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use ferry_core::model::{ClusterId, NetworkId, NodeName, PortMapping, ServiceKey};
+use ferry_core::keyed_hash::{HashMap, HashSet};
+use ferry_core::model::{ClusterId, Locality, NetworkId, NodeName, PortMapping, ServiceKey};
 
 /// A workload's services with their port maps, as the model holds them.
 pub type ServiceMap = BTreeMap<ServiceKey, Vec<PortMapping>>;
@@ -22,6 +23,7 @@ pub struct Interner {
     networks: Pool<NetworkId>,
     clusters: Pool<ClusterId>,
     nodes: Pool<NodeName>,
+    localities: Maps<Locality>,
     services: Maps<ServiceMap>,
     labels: Maps<BTreeMap<String, String>>,
 }
@@ -39,12 +41,45 @@ impl Interner {
         self.nodes.get(s, |s| NodeName::new(s))
     }
 
+    pub fn locality(&mut self, l: Locality) -> Arc<Locality> {
+        self.localities.get(l)
+    }
+
     pub fn services(&mut self, m: ServiceMap) -> Arc<ServiceMap> {
         self.services.get(m)
     }
 
     pub fn labels(&mut self, m: BTreeMap<String, String>) -> Arc<BTreeMap<String, String>> {
         self.labels.get(m)
+    }
+
+    /// This interner's copy of a network name handed out by another (a push decoded on
+    /// several threads, each with its own interner): the one it holds, else `n` itself.
+    pub(crate) fn adopt_network(&mut self, n: &NetworkId) -> NetworkId {
+        self.networks.get(n.as_str(), |_| n.clone())
+    }
+
+    pub(crate) fn adopt_cluster(&mut self, c: &ClusterId) -> ClusterId {
+        self.clusters.get(c.as_str(), |_| c.clone())
+    }
+
+    pub(crate) fn adopt_node(&mut self, n: &NodeName) -> NodeName {
+        self.nodes.get(n.as_str(), |_| n.clone())
+    }
+
+    pub(crate) fn adopt_locality(&mut self, l: &Arc<Locality>) -> Arc<Locality> {
+        self.localities.adopt(l)
+    }
+
+    pub(crate) fn adopt_services(&mut self, m: &Arc<ServiceMap>) -> Arc<ServiceMap> {
+        self.services.adopt(m)
+    }
+
+    pub(crate) fn adopt_labels(
+        &mut self,
+        m: &Arc<BTreeMap<String, String>>,
+    ) -> Arc<BTreeMap<String, String>> {
+        self.labels.adopt(m)
     }
 }
 
@@ -61,7 +96,7 @@ struct Pool<T> {
 impl<T> Default for Pool<T> {
     fn default() -> Self {
         Self {
-            by_text: HashMap::new(),
+            by_text: HashMap::default(),
             trim_at: 64,
         }
     }
@@ -93,7 +128,7 @@ struct Maps<M> {
 impl<M> Default for Maps<M> {
     fn default() -> Self {
         Self {
-            set: HashSet::new(),
+            set: HashSet::default(),
             trim_at: 1024,
         }
     }
@@ -104,11 +139,22 @@ impl<M: Hash + Eq> Maps<M> {
         if let Some(shared) = self.set.get(&m) {
             return shared.clone();
         }
+        self.insert(Arc::new(m))
+    }
+
+    /// The copy held of a map shared elsewhere, else that map itself.
+    fn adopt(&mut self, m: &Arc<M>) -> Arc<M> {
+        if let Some(shared) = self.set.get(&**m) {
+            return shared.clone();
+        }
+        self.insert(m.clone())
+    }
+
+    fn insert(&mut self, shared: Arc<M>) -> Arc<M> {
         if self.set.len() >= self.trim_at {
             self.set.retain(|m| Arc::strong_count(m) > 1);
             self.trim_at = (self.set.len() * 2).max(1024);
         }
-        let shared = Arc::new(m);
         self.set.insert(shared.clone());
         shared
     }

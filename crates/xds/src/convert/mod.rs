@@ -9,13 +9,14 @@ mod intern;
 mod project;
 mod to_wire;
 
+pub(crate) use from_wire::share;
 pub use from_wire::{
     Decoded, InvalidResource, decode_address, decode_address_with, decode_authorization,
 };
 pub use intern::{Interner, ServiceMap};
 pub(crate) use to_wire::{
-    address_resources, authorization_resources, gateway_address, gateway_name,
-    policy_reads_workloads, policy_resource, service_address, workload_address,
+    gateway_address, gateway_name, policy_reads_workloads, policy_resource, service_address,
+    workload_address,
 };
 
 /// The xDS resource name of a service: `namespace/hostname`.

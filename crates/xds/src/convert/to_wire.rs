@@ -16,22 +16,6 @@ use ferry_core::telemetry::canonical;
 
 use super::fields::{ip_bytes, l4_match, string_match};
 
-/// Every `istio.workload.Address` resource of the snapshot: (name, message). Later entries of
-/// the same name win (services over gateways over workloads), as a map built from it keeps them.
-pub(crate) fn address_resources(snap: &Snapshot) -> Vec<(String, wl::Address)> {
-    let mut out = Vec::new();
-    for w in snap.workloads() {
-        out.push(workload_address(w));
-    }
-    for g in snap.gateways() {
-        out.push(gateway_address(g));
-    }
-    for s in snap.services() {
-        out.push(service_address(snap, s));
-    }
-    out
-}
-
 /// A workload's address resource: it depends on the workload alone.
 pub(crate) fn workload_address(w: &Workload) -> (String, wl::Address) {
     (
@@ -86,11 +70,6 @@ pub(crate) fn service_address(snap: &Snapshot, s: &Service) -> (String, wl::Addr
             r#type: Some(wl::address::Type::Service(service(snap, s))),
         },
     )
-}
-
-/// Every `istio.security.Authorization` resource: (name, message).
-pub(crate) fn authorization_resources(snap: &Snapshot) -> Vec<(String, sec::Authorization)> {
-    snap.policies().map(|p| policy_resource(snap, p)).collect()
 }
 
 /// A policy's resource: it depends on the policy alone unless

@@ -1,0 +1,288 @@
+//! Phase 1 of applying a response, without the state's lock: every resource decoded.
+//!
+//! Each resource decodes on its own, so a large push (a node's first sync: a million
+//! workloads) is cut into chunks that threads on every core take in turn, each thread decoding
+//! through an interner of its own (this one through the client's); the chunks other threads
+//! decoded are then given the client's interner's copies of the names and
+//! maps they share ([`convert::share`]), so the result holds what one thread decoding through
+//! the client's interner would have: the same resources, in the same order, sharing as much.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ferry_api::discovery::{DeltaDiscoveryResponse, Resource};
+use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ferry_core::model::Policy;
+
+use crate::convert::{self, Decoded, Interner, InvalidResource};
+
+/// A run smaller than this is not worth a thread.
+const MIN_PER_THREAD: usize = 4_096;
+
+/// A response's resources, decoded, in the response's order.
+#[derive(Debug, Default)]
+pub(super) struct DecodedPush {
+    /// Name (a workload's own uid), version, resource.
+    pub addresses: Vec<(Arc<str>, String, Decoded)>,
+    pub policies: Vec<(String, String, Policy)>,
+    pub rejected: Vec<InvalidResource>,
+}
+
+/// Decodes `r`'s resources on as many threads as its size and the cores allow.
+pub(super) fn decode(intern: &mut Interner, r: &DeltaDiscoveryResponse) -> DecodedPush {
+    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    decode_on(intern, r, threads_for(r.resources.len(), cores))
+}
+
+/// How many threads decode `resources`: one per core, each with at least [`MIN_PER_THREAD`].
+fn threads_for(resources: usize, cores: usize) -> usize {
+    (resources / MIN_PER_THREAD).clamp(1, cores.max(1))
+}
+
+/// Decodes `r`'s resources on `threads` threads (this one included), [`CHUNK`] at a time.
+fn decode_on(intern: &mut Interner, r: &DeltaDiscoveryResponse, threads: usize) -> DecodedPush {
+    decode_in_chunks(intern, r, threads, CHUNK)
+}
+
+/// Resources a thread takes at a time: each takes the next chunk when done with one, so a
+/// thread the machine gives less time to decodes less, and none waits long for another.
+const CHUNK: usize = 1_024;
+
+fn decode_in_chunks(
+    intern: &mut Interner,
+    r: &DeltaDiscoveryResponse,
+    threads: usize,
+    chunk: usize,
+) -> DecodedPush {
+    if threads <= 1 {
+        let mut out = DecodedPush::default();
+        decode_run(intern, r, &r.resources, &mut out);
+        return out;
+    }
+    let chunks: Vec<&[Resource]> = r.resources.chunks(chunk.max(1)).collect();
+    let next = AtomicUsize::new(0);
+    // Chunks by index, each with whether the client's interner decoded it.
+    let work = |intern: &mut Interner, own: bool| {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(run) = chunks.get(i) else { break };
+            let mut out = DecodedPush::default();
+            decode_run(intern, r, run, &mut out);
+            done.push((i, own, out));
+        }
+        done
+    };
+    let mut done = std::thread::scope(|s| {
+        let others: Vec<_> = (1..threads)
+            .map(|_| s.spawn(|| work(&mut Interner::default(), false)))
+            .collect();
+        let mut done = work(intern, true);
+        for t in others {
+            // Decoding does not panic; if it did, the panic goes on as if on one thread.
+            done.extend(t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+        done
+    });
+    done.sort_by_key(|(i, _, _)| *i);
+    let mut out = DecodedPush::default();
+    for (_, own, mut run) in done {
+        if !own {
+            for (_, _, d) in &mut run.addresses {
+                convert::share(intern, d);
+            }
+        }
+        out.addresses.append(&mut run.addresses);
+        out.policies.append(&mut run.policies);
+        out.rejected.append(&mut run.rejected);
+    }
+    out
+}
+
+/// Decodes `run`, resources of the response `r`, into `out`.
+fn decode_run(
+    intern: &mut Interner,
+    r: &DeltaDiscoveryResponse,
+    run: &[Resource],
+    out: &mut DecodedPush,
+) {
+    for res in run {
+        let body = res
+            .resource
+            .as_ref()
+            .map(|a| a.value.as_slice())
+            .unwrap_or_default();
+        if res
+            .resource
+            .as_ref()
+            .is_some_and(|a| a.type_url != r.type_url)
+        {
+            out.rejected.push(InvalidResource {
+                name: res.name.clone(),
+                reason: "resource type differs from the response's".into(),
+            });
+            continue;
+        }
+        match r.type_url.as_str() {
+            ADDRESS_TYPE => match convert::decode_address_with(intern, &res.name, body) {
+                Ok(d) => {
+                    // One copy of the name: a workload's own uid (equal to it).
+                    let name = match &d {
+                        Decoded::Workload(w) => w.uid.shared(),
+                        _ => Arc::from(res.name.as_str()),
+                    };
+                    out.addresses.push((name, res.version.clone(), d));
+                }
+                Err(e) => out.rejected.push(e),
+            },
+            AUTHORIZATION_TYPE => match convert::decode_authorization(&res.name, body) {
+                Ok(p) => out
+                    .policies
+                    .push((res.name.clone(), res.version.clone(), p)),
+                Err(e) => out.rejected.push(e),
+            },
+            other => out.rejected.push(InvalidResource {
+                name: res.name.clone(),
+                reason: format!("unknown type {other}"),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ferry_core::testing::MeshBuilder;
+
+    use super::*;
+    use crate::resources::ResourceSet;
+
+    /// 300 pods on two networks backing five services (pod `i` labelled `app: svc(i % 5)`),
+    /// with two resources that do not decode, as one address response.
+    fn response() -> DeltaDiscoveryResponse {
+        let mut m = MeshBuilder::new();
+        m.cluster("east", "net-east").cluster("west", "net-west");
+        m.node("n0", "east", "r/z/s").node("n1", "west", "r/z/s");
+        for s in 0..5 {
+            let net = if s % 2 == 0 { "net-east" } else { "net-west" };
+            m.service(
+                &format!("svc{s}"),
+                &[(net, &format!("198.19.0.{s}"))],
+                80,
+                8080,
+            );
+        }
+        for i in 0..300 {
+            let name = format!("pod{i}");
+            let w = m.pod(
+                &name,
+                &format!("n{}", i % 2),
+                &format!("198.18.{}.{}", i / 250, i % 250),
+            );
+            w.labels = BTreeMap::from([("app".to_string(), format!("svc{}", i % 5))]).into();
+            m.backs(&name, &format!("svc{}", i % 5));
+        }
+        let set = ResourceSet::encode(&m.build());
+        let mut resources: Vec<Resource> = set
+            .of_type(ADDRESS_TYPE)
+            .into_iter()
+            .flat_map(|t| t.iter())
+            .map(|(name, v)| Resource {
+                name: name.clone(),
+                version: v.version.clone(),
+                resource: Some(prost_types::Any {
+                    type_url: ADDRESS_TYPE.into(),
+                    value: (*v.body).clone(),
+                }),
+                aliases: vec![],
+            })
+            .collect();
+        resources[100].resource.as_mut().expect("a body").value = vec![0xff, 0xff];
+        resources[250].resource.as_mut().expect("a body").type_url = AUTHORIZATION_TYPE.into();
+        DeltaDiscoveryResponse {
+            type_url: ADDRESS_TYPE.into(),
+            resources,
+            ..Default::default()
+        }
+    }
+
+    fn workloads(p: &DecodedPush) -> Vec<&Arc<ferry_core::model::Workload>> {
+        p.addresses
+            .iter()
+            .filter_map(|(_, _, d)| match d {
+                Decoded::Workload(w) => Some(w),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_push_decoded_on_many_threads_is_what_one_thread_decodes_sharing_as_much() {
+        let r = response();
+        let one = decode_on(&mut Interner::default(), &r, 1);
+        let mut intern = Interner::default();
+        let three = decode_in_chunks(&mut intern, &r, 3, 16);
+        // The same resources, names, versions and rejections, in the same order.
+        assert_eq!(three.addresses.len(), 303);
+        assert_eq!(one.addresses.len(), three.addresses.len());
+        for ((n1, v1, d1), (n3, v3, d3)) in one.addresses.iter().zip(&three.addresses) {
+            assert_eq!((n1, v1), (n3, v3));
+            match (d1, d3) {
+                (Decoded::Workload(a), Decoded::Workload(b)) => assert_eq!(a, b),
+                (Decoded::Service(a), Decoded::Service(b)) => assert_eq!(a, b),
+                _ => panic!("{n1}: decoded as different kinds"),
+            }
+        }
+        assert_eq!(one.rejected, three.rejected);
+        assert_eq!(three.rejected.len(), 2, "{:?}", three.rejected);
+        assert!(three.rejected[0].name < three.rejected[1].name);
+        // Every run's workloads hold one copy of each name and map, the client's interner's:
+        // a later push decoded through it shares them too.
+        let ws = workloads(&three);
+        let last = r.resources.last().expect("resources");
+        let again = match convert::decode_address_with(
+            &mut intern,
+            &last.name,
+            &last.resource.as_ref().expect("a body").value,
+        ) {
+            Ok(Decoded::Workload(w)) => w,
+            other => panic!("not a workload: {other:?}"),
+        };
+        for w in ws.iter().copied().chain([&again]) {
+            let first = ws
+                .iter()
+                .find(|o| o.labels == w.labels)
+                .expect("itself at least");
+            assert!(w.labels.ptr_eq(&first.labels), "{}: labels copied", w.uid);
+            assert!(
+                w.services.ptr_eq(&first.services),
+                "{}: services copied",
+                w.uid
+            );
+            let on_network = ws.iter().find(|o| o.network == w.network).expect("itself");
+            assert!(std::ptr::eq(
+                w.network.as_str(),
+                on_network.network.as_str()
+            ));
+            assert!(std::ptr::eq(
+                w.cluster.as_str(),
+                on_network.cluster.as_str()
+            ));
+            let on_node = ws.iter().find(|o| o.node == w.node).expect("itself");
+            let node =
+                |w: &ferry_core::model::Workload| w.node.as_ref().map(|n| n.as_str().as_ptr());
+            assert_eq!(node(w), node(on_node));
+        }
+    }
+
+    #[test]
+    fn only_a_large_push_is_decoded_on_more_threads_than_one() {
+        assert_eq!(threads_for(0, 8), 1);
+        assert_eq!(threads_for(MIN_PER_THREAD * 2 - 1, 8), 1);
+        assert_eq!(threads_for(MIN_PER_THREAD * 2, 8), 2);
+        assert_eq!(threads_for(1_000_000, 2), 2);
+        assert_eq!(threads_for(1_000_000, 0), 1);
+    }
+}
