@@ -8,8 +8,10 @@
 //!
 //! Run: `cargo bench -p ferry-control --bench fanout` (release). Knobs (environment):
 //! `FERRY_FANOUT_SIZES` (workloads, default `10000,100000`), `FERRY_FANOUT_CLIENTS` (simulated
-//! nodes, default 100), `FERRY_FANOUT_EDITS` (default 20). Loopback only; bounded in time (every
-//! wait has a deadline) and count.
+//! nodes, default 100), `FERRY_FANOUT_EDITS` (default 20). `FERRY_FANOUT_SIZES=100000
+//! FERRY_FANOUT_CLIENTS=0` measures the file edit to the real node client alone (issue 22's
+//! target at 100,000 workloads); the default, every one of 100 nodes at 10,000 (the other).
+//! Loopback only; bounded in time (every wait has a deadline) and count.
 //!
 //! Output, per size: the server's start; the initial sync of all clients; per edit, the time
 //! until applied at every client (the slowest client) and at each client, p50/p99; the server's

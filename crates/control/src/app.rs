@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ferry_core::store::Store;
+use ferry_xds::resources::ResourceSet;
 use tokio::net::TcpListener;
 
 use crate::admission::PeerLimited;
@@ -141,11 +142,13 @@ pub async fn serve_live(
 ) -> anyhow::Result<()> {
     let (topology, source) = match &config.source {
         Source::File(path) => {
-            // Watch first, so an edit made while the first state loads is not missed.
-            let watch = TopologyWatch::new(path.clone(), config.watch)?;
-            let (topology, kept) =
+            // Watch first, so an edit made while the first state loads is not missed; the
+            // content the load reads counts as seen (read once, and digested only when its text
+            // is not kept: `First`).
+            let watch = TopologyWatch::unread(path.clone(), config.watch)?;
+            let (topology, first) =
                 crate::source::load_kept(path, config.watch.limits, config.watch.budget).await?;
-            (topology, Running::File(watch.with_kept(kept)))
+            (topology, Running::File(watch.with_kept(first)))
         }
         Source::Kubernetes(k) => {
             let (first, started) = crate::kube_source::start(k).await?;
@@ -171,8 +174,13 @@ pub async fn serve_live(
         default: config.max_lifetime,
         max: config.max_lifetime,
     };
-    let resources = Arc::new(crate::flatten::resource_set(&store.load()));
-    let (res_tx, res_rx) = tokio::sync::watch::channel(resources);
+    // The first set is encoded on a thread of its own while the listener comes up; xDS streams
+    // wait for it (`with_first_set`), so a node only ever gets the complete first set.
+    let first_snapshot = store.load();
+    let encoding =
+        tokio::task::spawn_blocking(move || crate::flatten::resource_set(&first_snapshot));
+    let (res_tx, res_rx) = tokio::sync::watch::channel(Arc::new(ResourceSet::default()));
+    let (first_tx, first_rx) = tokio::sync::watch::channel(false);
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -185,13 +193,29 @@ pub async fn serve_live(
     };
     let kube_metrics = crate::metrics::KubeMetrics::default();
     let is_kubernetes = matches!(source, Running::Kubernetes(_));
-    let watcher = match source {
-        Running::File(watch) => tokio::spawn(watch.run(store.clone(), res_tx, reload_tx)),
-        Running::Kubernetes(k) => {
-            tokio::spawn(k.run(store.clone(), res_tx, reload_tx, kube_metrics.clone()))
-        }
+    let watcher = {
+        let store = store.clone();
+        let kube_metrics = kube_metrics.clone();
+        tokio::spawn(async move {
+            match encoding.await {
+                Ok(set) => {
+                    res_tx.send_replace(Arc::new(set));
+                    let _ = first_tx.send(true);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "encoding the first resource set failed; serving no xDS");
+                    return;
+                }
+            }
+            // Sources start from the first set: an edit is encoded from it.
+            match source {
+                Running::File(watch) => watch.run(store, res_tx, reload_tx).await,
+                Running::Kubernetes(k) => k.run(store, res_tx, reload_tx, kube_metrics).await,
+            }
+        })
     };
     let xds = XdsServer::new(res_rx, (!config.plaintext).then(|| tokens.clone()))
+        .with_first_set(first_rx)
         .with_k8s(k8s.clone())
         .with_push_interval(config.limits.push_interval);
     let metrics = xds.metrics();

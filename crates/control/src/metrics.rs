@@ -3,22 +3,33 @@
 //! Answers every HTTP/1.1 request on its port, whatever the path, with the counters in the
 //! OpenMetrics text format (prometheus-client) and closes the connection. Bind it to loopback or
 //! a management network.
+//!
+//! A client that closes its side once it has sent the request (`ferry lab connect` does) still
+//! gets the answer; a client that sends no complete request head in [`HEADER_READ_TIMEOUT`] is
+//! dropped; a failed accept (out of file descriptors) waits [`ACCEPT_BACKOFF`] before the next.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_k8s::watch::WatchStatus;
 use http_body_util::Full;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+/// How long a client may take to send a request's head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The pause after a failed accept, so that running out of descriptors does not spin a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
 /// The exposition's content type.
 const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -198,7 +209,8 @@ pub async fn serve_with(
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
-                tracing::debug!(error = %e, "metrics accept failed");
+                tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
@@ -216,6 +228,9 @@ pub async fn serve_with(
                 }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .half_close(true)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await
@@ -242,4 +257,46 @@ fn respond(registry: &Registry) -> Response<Full<Bytes>> {
         HeaderValue::from_static(CONTENT_TYPE_OPENMETRICS),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    /// The lab's `ferry lab connect` sends the request and closes its side at once: the answer
+    /// still comes, every time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = watch::channel(WatchStatus::default());
+        let server = tokio::spawn(serve_with(
+            listener,
+            Arc::new(Metrics::default().registry()),
+            Some(rx),
+        ));
+        let answers = tokio::task::spawn_blocking(move || {
+            (0..50)
+                .map(|_| {
+                    let mut s = std::net::TcpStream::connect(addr).unwrap();
+                    s.write_all(b"GET /debug/kubernetes HTTP/1.1\r\nhost: x\r\n\r\n")
+                        .unwrap();
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                    let mut out = String::new();
+                    s.read_to_string(&mut out).unwrap();
+                    out
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+        for answer in answers {
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+            assert!(answer.contains("\"clusters\""), "{answer:?}");
+        }
+        server.abort();
+        drop(tx);
+    }
 }

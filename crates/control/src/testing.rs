@@ -97,12 +97,69 @@ pub fn local_config(topology: &std::path::Path, state_dir: &std::path::Path) -> 
 #[derive(Debug)]
 pub struct Counting;
 
-static LIVE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+/// [`Counting`] forwarding to `A`: `CountingWith(tikv_jemallocator::Jemalloc)` times and counts
+/// what the `ferry` binary (jemalloc, `crates/cli/src/main.rs`) does. Both count into the one
+/// counter [`Counting::live`] reads. Counting is an atomic add on a counter every thread shares
+/// (a contended cache line: about a tenth of a busy multi-threaded start-up's CPU);
+/// [`Counting::pause`] stops it where only time is measured.
+#[derive(Debug)]
+pub struct CountingWith<A>(pub A);
+
+/// A value alone on its cache line (and the adjacent one the prefetcher pairs with it).
+#[repr(align(128))]
+struct Line<T>(T);
+
+static LIVE: Line<std::sync::atomic::AtomicIsize> = Line(std::sync::atomic::AtomicIsize::new(0));
+/// Read on every call, written only by [`Counting::pause`] and [`Counting::resume`].
+static ON: Line<std::sync::atomic::AtomicBool> = Line(std::sync::atomic::AtomicBool::new(true));
 
 impl Counting {
-    /// Bytes allocated through [`Counting`] and not yet freed.
+    /// Bytes allocated while counting and not yet freed (a free while counting of what was
+    /// allocated while paused counts too: compare two readings between which nothing
+    /// allocated while paused was freed).
     pub fn live() -> isize {
-        LIVE.load(std::sync::atomic::Ordering::Relaxed)
+        LIVE.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops counting: allocations cost what the allocator's alone do.
+    pub fn pause() {
+        ON.0.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts again.
+    pub fn resume() {
+        ON.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn add(by: isize) {
+        if ON.0.load(std::sync::atomic::Ordering::Relaxed) {
+            LIVE.0.fetch_add(by, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+// SAFETY: forwards every call to `A` unchanged; only counts.
+#[allow(unsafe_code)]
+unsafe impl<A: std::alloc::GlobalAlloc> std::alloc::GlobalAlloc for CountingWith<A> {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        Counting::add(l.size() as isize);
+        // SAFETY: same contract as the caller's.
+        unsafe { self.0.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        Counting::add(l.size() as isize);
+        // SAFETY: same contract as the caller's.
+        unsafe { self.0.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        Counting::add(-(l.size() as isize));
+        // SAFETY: same contract as the caller's.
+        unsafe { self.0.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        Counting::add(new as isize - l.size() as isize);
+        // SAFETY: same contract as the caller's.
+        unsafe { self.0.realloc(p, l, new) }
     }
 }
 
@@ -110,21 +167,74 @@ impl Counting {
 #[allow(unsafe_code)]
 unsafe impl std::alloc::GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
-        unsafe { std::alloc::System.alloc(l) }
+        unsafe { CountingWith(std::alloc::System).alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: same contract as the caller's.
+        unsafe { CountingWith(std::alloc::System).alloc_zeroed(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        LIVE.fetch_sub(l.size() as isize, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
-        unsafe { std::alloc::System.dealloc(p, l) }
+        unsafe { CountingWith(std::alloc::System).dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new as isize - l.size() as isize,
-            std::sync::atomic::Ordering::Relaxed,
-        );
         // SAFETY: same contract as the caller's.
-        unsafe { std::alloc::System.realloc(p, l, new) }
+        unsafe { CountingWith(std::alloc::System).realloc(p, l, new) }
+    }
+}
+
+/// CPU time (user + system) this process has used so far, all its threads, ended ones too
+/// (Linux's `/proc/self/stat`, in ticks of 10 ms); zero where that cannot be read.
+pub fn cpu_time() -> std::time::Duration {
+    /// Linux reports CPU times in these (USER_HZ).
+    const TICKS_PER_S: u64 = 100;
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces): utime and
+    // stime are the 12th and 13th.
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    std::time::Duration::from_millis(ticks * 1000 / TICKS_PER_S)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc as _, Layout};
+
+    /// What [`CountingWith`] hands out is its allocator's (jemalloc's size classes answer for
+    /// the pointer), counted while live and not while paused.
+    #[test]
+    #[allow(unsafe_code)]
+    fn counted_memory_is_the_inner_allocators() {
+        let counting = super::CountingWith(tikv_jemallocator::Jemalloc);
+        let layout = Layout::from_size_align(100, 8).expect("a layout");
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let p = unsafe { counting.alloc(layout) };
+        assert!(!p.is_null());
+        // SAFETY: `p` is live and came from jemalloc; only jemalloc knows its size class.
+        let usable = unsafe { tikv_jemallocator::usable_size(p) };
+        assert_eq!(usable, 112, "jemalloc's size class for 100 bytes");
+        // SAFETY: allocated above with `layout`.
+        unsafe { counting.dealloc(p, layout) };
+    }
+
+    #[test]
+    fn cpu_time_grows_with_work() {
+        let before = super::cpu_time();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut x = 0u64;
+        while super::cpu_time() < before + std::time::Duration::from_millis(30)
+            && std::time::Instant::now() < deadline
+        {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        }
+        assert!(super::cpu_time() >= before + std::time::Duration::from_millis(30));
     }
 }

@@ -22,6 +22,7 @@
 //! buffer the size of its largest push.
 
 mod framing;
+mod on_demand;
 mod route;
 
 use std::collections::{HashMap, VecDeque};
@@ -37,7 +38,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::{Request, Status, Streaming};
 
-use self::framing::Outgoing;
+use self::framing::{Outgoing, TooLarge};
+use self::on_demand::{Lookups, OnDemand};
 pub use self::route::{AdsService, DELTA_PATH};
 
 use crate::ca::auth::{Authenticate, Authenticated, Caller};
@@ -56,9 +58,14 @@ pub struct XdsServer {
     k8s: Option<Arc<K8sTokens>>,
     metrics: Arc<Metrics>,
     diffs: Arc<Diffs>,
+    /// The address index on-demand streams resolve names with.
+    lookups: Arc<Lookups>,
     connected: Arc<Connected>,
     /// The least time between two pushes of changes on one stream.
     push_interval: Duration,
+    /// Says `true` once `resources` holds the first complete set (see
+    /// [`XdsServer::with_first_set`]).
+    first: Option<watch::Receiver<bool>>,
 }
 
 /// The default of [`XdsServer::with_push_interval`].
@@ -80,9 +87,21 @@ impl XdsServer {
             k8s: None,
             metrics: Arc::new(Metrics::default()),
             diffs: Arc::default(),
+            lookups: Arc::default(),
             connected: Arc::default(),
             push_interval: DEFAULT_PUSH_INTERVAL,
+            first: None,
         }
+    }
+
+    /// Streams wait until `first` says `true`, which it does once the resources hold the first
+    /// complete set: the control plane listens while that set is still being encoded, and a
+    /// node is never sent the placeholder before it. A stream whose `first` ends before it says
+    /// so ends.
+    #[must_use]
+    pub fn with_first_set(mut self, first: watch::Receiver<bool>) -> Self {
+        self.first = Some(first);
+        self
     }
 
     /// Pushes a change to a stream no sooner than `interval` after its last push of one: the
@@ -171,6 +190,7 @@ impl XdsServer {
             tx,
             resources: self.resources.clone(),
             diffs: self.diffs.clone(),
+            lookups: self.lookups.clone(),
             _open: OpenStream::new(&self.metrics),
             metrics: self.metrics.clone(),
             node,
@@ -178,6 +198,7 @@ impl XdsServer {
             connected: self.connected.clone(),
             registration: None,
             push_interval: self.push_interval,
+            first: self.first.clone(),
         };
         tokio::spawn(stream.run());
         Ok(rx)
@@ -190,6 +211,7 @@ struct Stream_ {
     tx: mpsc::Sender<Bytes>,
     resources: watch::Receiver<Arc<ResourceSet>>,
     diffs: Arc<Diffs>,
+    lookups: Arc<Lookups>,
     metrics: Arc<Metrics>,
     node: String,
     /// Where the stream comes from.
@@ -198,6 +220,8 @@ struct Stream_ {
     /// Lists this stream's program in `connected` from its first request with a node.
     registration: Option<Registration>,
     push_interval: Duration,
+    /// Until it says `true`, the resources are not yet the first set (nothing is read or sent).
+    first: Option<watch::Receiver<bool>>,
     /// Counts this stream in `ferry_xds_streams_open` while it lives.
     _open: OpenStream,
 }
@@ -208,6 +232,8 @@ enum Held {
     Initial(HashMap<String, String>),
     /// Exactly this set's resources of the type: the set last pushed (shared, not copied).
     Set(Arc<ResourceSet>),
+    /// Only what it named (an on-demand subscription, see [`on_demand`]).
+    Named(OnDemand),
 }
 
 /// The differences between consecutive resource sets, per type, computed by the first stream
@@ -294,6 +320,14 @@ impl Stream_ {
     /// it holds to the latest set in one difference per type. At most one change is pushed per
     /// [`XdsServer::with_push_interval`]; the changes within it go out as one.
     async fn run(mut self) {
+        if let Some(mut first) = self.first.take() {
+            if first.wait_for(|made| *made).await.is_err() {
+                tracing::warn!(node = %self.node, "xDS stream ended: the first resource set was never made");
+                return;
+            }
+            // The first set is what the stream starts from, not a change to push.
+            self.resources.borrow_and_update();
+        }
         let mut types: HashMap<String, Held> = HashMap::new();
         let mut nonce = 0u64;
         // Types subscribed and not yet answered, in order.
@@ -336,7 +370,13 @@ impl Stream_ {
                     if queue.is_empty() {
                         if let Some(type_url) = first.pop_front() {
                             let current = self.resources.borrow().clone();
-                            queue.extend(self.push(&mut types, &type_url, &current, &mut nonce, true));
+                            match self.push(&mut types, &type_url, &current, &mut nonce, true) {
+                                Ok(out) => queue.extend(out),
+                                Err(e) => {
+                                    self.too_large(&e);
+                                    break;
+                                }
+                            }
                         } else {
                             // One set for every type of this change: no type may miss it.
                             let current = self.resources.borrow_and_update().clone();
@@ -346,8 +386,16 @@ impl Stream_ {
                             // Policies before addresses: a workload never references a policy
                             // the node does not have yet (no window without its ALLOW policy).
                             urls.sort_by_key(|t| t.as_str() != AUTHORIZATION_TYPE);
+                            let mut refused = None;
                             for t in urls {
-                                queue.extend(self.push(&mut types, &t, &current, &mut nonce, false));
+                                match self.push(&mut types, &t, &current, &mut nonce, false) {
+                                    Ok(out) => queue.extend(out),
+                                    Err(e) => refused = Some(e),
+                                }
+                            }
+                            if let Some(e) = refused {
+                                self.too_large(&e);
+                                break;
                             }
                         }
                     }
@@ -393,16 +441,45 @@ impl Stream_ {
                 }
             }
         }
-        if types.contains_key(&req.type_url) {
-            return None;
+        match types.get_mut(&req.type_url) {
+            // A later request of an on-demand subscription: answered when it names something new.
+            Some(Held::Named(names)) => names
+                .request(
+                    req.resource_names_subscribe,
+                    &req.resource_names_unsubscribe,
+                )
+                .then_some(req.type_url),
+            // A wildcard subscription already gets everything.
+            Some(_) => None,
+            None => {
+                let initial = req.initial_resource_versions.into_iter().collect();
+                let held = if on_demand::is_wildcard(
+                    &req.resource_names_subscribe,
+                    &req.resource_names_unsubscribe,
+                ) {
+                    Held::Initial(initial)
+                } else {
+                    tracing::debug!(node = %self.node, type_url = %req.type_url, names = req.resource_names_subscribe.len(), "on-demand subscription");
+                    Held::Named(OnDemand::new(
+                        initial,
+                        req.resource_names_subscribe,
+                        &req.resource_names_unsubscribe,
+                    ))
+                };
+                types.insert(req.type_url.clone(), held);
+                Some(req.type_url)
+            }
         }
-        let held = Held::Initial(req.initial_resource_versions.into_iter().collect());
-        types.insert(req.type_url.clone(), held);
-        Some(req.type_url)
     }
 
-    /// What the client lacks of `type_url` (always a response on the first push; none when
-    /// nothing changed). The client is taken to hold `current`'s resources from then on.
+    /// Ends a stream whose next response cannot be framed (see [`TooLarge`]).
+    fn too_large(&self, e: &TooLarge) {
+        tracing::error!(node = %self.node, type_url = %e.type_url, bytes = e.len, max = e.max, "xDS response over gRPC's message limit: closing the stream");
+    }
+
+    /// What the client lacks of `type_url` (always a response on the first push and to a
+    /// request naming something new; none when nothing changed). The client is taken to hold
+    /// `current`'s resources (of what it subscribed to) from then on.
     fn push(
         &self,
         types: &mut HashMap<String, Held>,
@@ -410,9 +487,21 @@ impl Stream_ {
         current: &Arc<ResourceSet>,
         nonce: &mut u64,
         first: bool,
-    ) -> Option<Outgoing> {
-        let held = types.get_mut(type_url)?;
+    ) -> Result<Option<Outgoing>, TooLarge> {
+        let Some(held) = types.get_mut(type_url) else {
+            return Ok(None);
+        };
         let d = match held {
+            Held::Named(names) => {
+                let lookup = (type_url == ADDRESS_TYPE).then(|| self.lookups.of(current));
+                let empty = Default::default();
+                let d = names.push(
+                    current.of_type(type_url).unwrap_or(&empty),
+                    lookup.as_deref(),
+                    &self.node,
+                );
+                return self.respond(type_url, Arc::new(d), nonce, first);
+            }
             Held::Set(prev) if Arc::ptr_eq(prev, current) => Arc::default(),
             Held::Set(prev) => self.diffs.between(prev, current, type_url),
             Held::Initial(known) if known.is_empty() => {
@@ -425,14 +514,25 @@ impl Stream_ {
         };
         // Whatever is sent below, the client then holds exactly `current`'s resources.
         *held = Held::Set(current.clone());
-        if d.is_empty() && !first {
-            return None;
+        self.respond(type_url, d, nonce, first)
+    }
+
+    /// The response carrying `d`: none when it is empty, unless one is owed.
+    fn respond(
+        &self,
+        type_url: &str,
+        d: Arc<Diff>,
+        nonce: &mut u64,
+        owed: bool,
+    ) -> Result<Option<Outgoing>, TooLarge> {
+        if d.is_empty() && !owed {
+            return Ok(None);
         }
         *nonce += 1;
         self.metrics.pushes.inc();
         self.metrics.resources_sent.inc_by(d.upserts.len() as u64);
         tracing::debug!(node = %self.node, type_url, upserts = d.upserts.len(), removed = d.removed.len(), "xDS push");
-        Some(Outgoing::new(type_url, nonce.to_string(), d))
+        Outgoing::new(type_url, nonce.to_string(), d).map(Some)
     }
 }
 

@@ -32,7 +32,7 @@ fn over_the_wire(snap: &ferry_core::snapshot::Snapshot) -> ferry_core::snapshot:
     let mut held = Held::default();
     for (n, v) in &set.by_type[ferry_api::ADDRESS_TYPE] {
         held.addresses
-            .insert(n.clone(), decode_address(n, &v.body).unwrap());
+            .insert(n.as_str().into(), decode_address(n, &v.body).unwrap());
     }
     assemble(&held, 1).0.expect("a snapshot")
 }
@@ -138,7 +138,7 @@ fn every_example_is_served_unchanged() {
         let mut held = Held::default();
         for (n, v) in &set.by_type[ferry_api::ADDRESS_TYPE] {
             held.addresses
-                .insert(n.clone(), decode_address(n, &v.body).unwrap());
+                .insert(n.as_str().into(), decode_address(n, &v.body).unwrap());
         }
         for (n, v) in &set.by_type[ferry_api::AUTHORIZATION_TYPE] {
             held.policies.insert(

@@ -128,6 +128,63 @@ async fn edits_in_place_and_by_rename_are_seen_without_polling() {
     );
 }
 
+/// A write that has ended (the file renamed over, or closed by its writer) is read at once: with
+/// a debounce of an hour, both edits are applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_write_is_read_without_waiting_for_quiet() {
+    let dir = Dir::new("ended");
+    let path = dir.0.join("topology.yaml");
+    std::fs::write(&path, example()).unwrap();
+    let config = WatchConfig {
+        debounce: Duration::from_secs(3600),
+        ..WatchConfig::default()
+    };
+    let mut w = start(&path, config);
+    replace(
+        &path,
+        &example().replace("address: 198.18.2.20", "address: 198.18.2.21"),
+    );
+    until("the rename", &mut w.reloads, |r| r.applied == 1).await;
+    assert!(has_address(&w.store, "echo-east-2", "198.18.2.21"));
+    // In place: opened, truncated, written, closed.
+    std::fs::write(
+        &path,
+        example().replace("address: 198.18.2.20", "address: 198.18.2.22"),
+    )
+    .unwrap();
+    until("the write closed", &mut w.reloads, |r| {
+        r.applied == 2 || r.rejected > 0
+    })
+    .await;
+    assert_eq!(w.reloads.borrow().rejected, 0, "read only once written");
+    assert!(has_address(&w.store, "echo-east-2", "198.18.2.22"));
+    // Truncated and written in place but still open: no write has ended and the directory is
+    // not quiet for the hour, so the half-made file is not read; closing it ends the write.
+    let mut open = std::fs::File::create(&path).unwrap();
+    let text = example().replace("address: 198.18.2.20", "address: 198.18.2.23");
+    let (head, tail) = text.split_at(text.len() / 2);
+    std::io::Write::write_all(&mut open, head.as_bytes()).unwrap();
+    let read = tokio::time::timeout(
+        Duration::from_secs(1),
+        w.reloads.wait_for(|r| r.applied != 2 || r.rejected != 0),
+    )
+    .await
+    .is_ok();
+    assert!(
+        !read,
+        "a write still open was read: {:?}",
+        *w.reloads.borrow()
+    );
+    std::io::Write::write_all(&mut open, tail.as_bytes()).unwrap();
+    drop(open);
+    until("the open write closed", &mut w.reloads, |r| {
+        r.applied == 3 || r.rejected > 0
+    })
+    .await;
+    assert_eq!(w.reloads.borrow().rejected, 0, "read only once closed");
+    assert!(has_address(&w.store, "echo-east-2", "198.18.2.23"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_mib_of_nesting_is_refused_with_its_location_and_the_good_file_restored_is_seen() {
     let dir = Dir::new("nesting");

@@ -63,6 +63,15 @@ pub fn parse_kept(
     text: String,
     limits: &Limits,
 ) -> Result<(Topology, Option<Kept>), TopologyError> {
+    parse_keeping(source_name, text, limits).map(|(topology, kept)| (topology, kept.ok()))
+}
+
+/// [`parse_kept`], with `text` back when it is not kept (for whoever still needs it).
+pub fn parse_keeping(
+    source_name: &str,
+    text: String,
+    limits: &Limits,
+) -> Result<(Topology, Result<Kept, String>), TopologyError> {
     let mut file = crate::parse_file(source_name, &text, limits)?;
     let (snapshot, trust_domain) = convert::convert(&file).map_err(|problems| TopologyError {
         file: source_name.to_string(),
@@ -85,16 +94,20 @@ impl Kept {
         rest: File,
         count: usize,
         topology: &Topology,
-    ) -> Option<Self> {
-        let (items, indent, starts) = layout(&text)?;
+    ) -> Result<Self, String> {
+        let Some((items, indent, starts)) = layout(&text) else {
+            return Err(text);
+        };
         // One entry per `- ` line and no anchors or aliases (an entry could use another's),
         // else the layout is not what the parser saw.
         if starts.len() != count || !plain(&text[items.clone()]) {
-            return None;
+            return Err(text);
         }
-        let (base, _) = convert::convert(&rest).ok()?;
+        let Ok((base, _)) = convert::convert(&rest) else {
+            return Err(text);
+        };
         let instances = base.workloads().map(|w| w.uid.clone()).collect();
-        Some(Self {
+        Ok(Self {
             source_name: source_name.to_string(),
             text,
             items,
@@ -136,15 +149,9 @@ impl Kept {
     ) -> Option<(Topology, WorkloadEdit, usize, Vec<usize>)> {
         let old = self.text.as_bytes();
         let new = text.as_bytes();
-        let prefix = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+        let prefix = common_prefix(old, new);
         let most = old.len().min(new.len()) - prefix;
-        let suffix = old
-            .iter()
-            .rev()
-            .zip(new.iter().rev())
-            .take(most)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let suffix = common_suffix(&old[prefix..], &new[prefix..]).min(most);
         let old_end = old.len() - suffix;
         let shift = |x: usize| x + new.len() - old.len();
         if prefix < self.items.start || old_end > self.items.end {
@@ -312,7 +319,7 @@ fn continues(line: &str, indent: usize) -> bool {
 
 /// Where the entries of a text's `workloads:` block sequence are, their indentation and where
 /// each starts (the first at the line after `workloads:`, with any comments before its `- `).
-fn layout(text: &str) -> Option<(Range<usize>, usize, Vec<usize>)> {
+pub(crate) fn layout(text: &str) -> Option<(Range<usize>, usize, Vec<usize>)> {
     let mut offset = 0;
     let mut lines = text.split_inclusive('\n');
     let start = loop {
@@ -378,7 +385,80 @@ fn entry_starts(text: &str, indent: usize, leading: bool) -> Option<Vec<usize>> 
     }
 }
 
+/// Bytes compared at once by [`common_prefix`] and [`common_suffix`] (a slice comparison is a
+/// `memcmp`; byte by byte, a file of 10 MB took milliseconds).
+const BLOCK: usize = 4096;
+
+/// How many bytes `a` and `b` start with in common.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + a[at..n]
+        .iter()
+        .zip(&b[at..n])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// How many bytes `a` and `b` end with in common.
+fn common_suffix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
+    let mut at = n;
+    while at >= BLOCK && a[at - BLOCK..at] == b[at - BLOCK..at] {
+        at -= BLOCK;
+    }
+    n - at
+        + a[..at]
+            .iter()
+            .rev()
+            .zip(b[..at].iter().rev())
+            .take_while(|(x, y)| x == y)
+            .count()
+}
+
 /// No YAML anchor or alias (`&`, `*`) in `text`.
 fn plain(text: &str) -> bool {
     !text.bytes().any(|b| b == b'&' || b == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A text longer than a block or two and the same with a stretch replaced (maybe by one
+    /// of another length, maybe by nothing).
+    fn pair() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+        (
+            0..3 * BLOCK,
+            0..3 * BLOCK,
+            0..3 * BLOCK,
+            proptest::collection::vec(0u8..3, 0..20),
+        )
+            .prop_map(|(len, i, j, with)| {
+                let a: Vec<u8> = (0..len).map(|k| (k % 7) as u8).collect();
+                let (i, j) = (i.min(len), j.min(len));
+                let (i, j) = (i.min(j), i.max(j));
+                let mut b = a[..i].to_vec();
+                b.extend(&with);
+                b.extend(&a[j..]);
+                (a, b)
+            })
+    }
+
+    proptest! {
+        /// Compared a block at a time, the common start and end are those compared byte by byte.
+        #[test]
+        fn common_ends_are_those_found_byte_by_byte((a, b) in pair()) {
+            let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            let suffix = a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count();
+            prop_assert_eq!(common_prefix(&a, &b), prefix);
+            prop_assert_eq!(common_suffix(&a, &b), suffix);
+        }
+    }
 }

@@ -78,6 +78,7 @@ mod convert;
 mod error;
 pub mod kept;
 mod limits;
+mod runs;
 pub mod schema;
 
 use std::io::Read as _;
@@ -134,8 +135,30 @@ fn parse_file(
         problems,
     };
     limits::check(text, limits).map_err(|p| fail(vec![p]))?;
+    // A large file's workloads on every core, when nothing fails (`runs`).
+    if let Some(file) = runs::parse(text) {
+        return Ok(file);
+    }
+    // Parsed without tracking where the parser is (the path costs on every value); a text that
+    // does not parse is parsed again with it, to name where it failed.
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    if let Ok(file) = <schema::File as serde::Deserialize>::deserialize(de) {
+        return Ok(file);
+    }
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| fail(vec![error::from_yaml(&e)]))
+}
+
+/// [`parse_within`]'s first step alone: the limits checked, then the YAML parsed into the schema
+/// (a large file's workloads on every core), nothing converted. For the start-up measurements
+/// (`crates/control/examples/reload.rs`).
+#[doc(hidden)]
+pub fn parse_schema(
+    source_name: &str,
+    text: &str,
+    limits: &Limits,
+) -> Result<schema::File, TopologyError> {
+    parse_file(source_name, text, limits)
 }
 
 /// Checks and converts an already-built [`schema::File`] by the same rules as a parsed one;
@@ -186,7 +209,14 @@ pub fn read_file_within(path: &Path, limits: &Limits) -> Result<String, Topology
     let cap = u64::try_from(limits.max_bytes)
         .unwrap_or(u64::MAX)
         .saturating_add(1);
-    let mut bytes = Vec::new();
+    // Sized once from the file's length (a large file read into a growing buffer was copied
+    // and page-faulted at each doubling).
+    let size = file
+        .metadata()
+        .map_or(0, |m| m.len().min(cap))
+        .try_into()
+        .unwrap_or(0);
+    let mut bytes = Vec::with_capacity(size);
     file.take(cap).read_to_end(&mut bytes).map_err(unreadable)?;
     if bytes.len() > limits.max_bytes {
         return Err(fail(format!(
@@ -196,4 +226,19 @@ pub fn read_file_within(path: &Path, limits: &Limits) -> Result<String, Topology
     }
     String::from_utf8(bytes)
         .map_err(|e| unreadable(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A file is read into one allocation of its size, not a buffer grown by doubling.
+    #[test]
+    fn a_file_is_read_into_a_buffer_of_its_size() {
+        let path = std::env::temp_dir().join(format!("ferry-read-{}.yaml", std::process::id()));
+        let text = "# x\n".repeat(100_003);
+        std::fs::write(&path, &text).expect("written");
+        let read = super::read_file_within(&path, &super::Limits::default()).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(read, text);
+        assert_eq!(read.capacity(), text.len());
+    }
 }

@@ -74,6 +74,10 @@ pub struct Received {
     pub type_url: String,
     pub upserts: usize,
     pub removed: usize,
+    /// The names of the resources it carried, in its order.
+    pub names: Vec<String>,
+    /// Its `removed_resources`.
+    pub removed_names: Vec<String>,
     /// Whether a watched resource was in it.
     pub watched: bool,
 }
@@ -84,6 +88,42 @@ impl Sim {
     /// Connects over TLS and subscribes to both types (wildcard, nothing held); `watch` names
     /// the workload resources whose capacity [`Sim::watched`] keeps.
     pub async fn connect(config: &SimConfig, watch: &[&str]) -> Result<Self, SimError> {
+        Self::connect_subscribed(config, watch, None).await
+    }
+
+    /// Connects as [`Sim::connect`], but subscribes to addresses on demand: only `names` (as
+    /// ztunnel's on-demand mode does: `*` subscribed and unsubscribed in the same request, so
+    /// that no name means nothing rather than everything). Policies are still a wildcard.
+    pub async fn connect_on_demand(
+        config: &SimConfig,
+        watch: &[&str],
+        names: &[&str],
+    ) -> Result<Self, SimError> {
+        Self::connect_subscribed(config, watch, Some(names)).await
+    }
+
+    /// Subscribes to and unsubscribes from address names later in the stream.
+    pub async fn subscribe(
+        &self,
+        subscribe: &[&str],
+        unsubscribe: &[&str],
+    ) -> Result<(), SimError> {
+        self.requests
+            .send(DeltaDiscoveryRequest {
+                type_url: ADDRESS_TYPE.to_string(),
+                resource_names_subscribe: subscribe.iter().map(|n| n.to_string()).collect(),
+                resource_names_unsubscribe: unsubscribe.iter().map(|n| n.to_string()).collect(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|_| SimError::Closed)
+    }
+
+    async fn connect_subscribed(
+        config: &SimConfig,
+        watch: &[&str],
+        on_demand: Option<&[&str]>,
+    ) -> Result<Self, SimError> {
         let fail = |message: String| SimError::Connect {
             addr: config.addr,
             message,
@@ -104,6 +144,14 @@ impl Sim {
             AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(200 << 20);
         let (tx, rx) = mpsc::channel(16);
         for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+            let (subscribe, unsubscribe) = match on_demand {
+                Some(names) if type_url == ADDRESS_TYPE => {
+                    let mut subscribe = vec!["*".to_string()];
+                    subscribe.extend(names.iter().map(|n| n.to_string()));
+                    (subscribe, vec!["*".to_string()])
+                }
+                _ => (vec!["*".to_string()], vec![]),
+            };
             tx.try_send(DeltaDiscoveryRequest {
                 node: Some(Node {
                     id: format!("ferry~{}", config.node),
@@ -111,7 +159,8 @@ impl Sim {
                     metadata: None,
                 }),
                 type_url: type_url.to_string(),
-                resource_names_subscribe: vec!["*".to_string()],
+                resource_names_subscribe: subscribe,
+                resource_names_unsubscribe: unsubscribe,
                 ..Default::default()
             })
             .map_err(|_| SimError::Closed)?;
@@ -183,6 +232,8 @@ impl Sim {
             type_url: r.type_url,
             upserts: r.resources.len(),
             removed: r.removed_resources.len(),
+            names: r.resources.into_iter().map(|r| r.name).collect(),
+            removed_names: r.removed_resources,
             watched,
         }))
     }

@@ -44,8 +44,19 @@ const RESOURCE_NAME: u32 = 3;
 const ANY_TYPE_URL: u32 = 1;
 const ANY_VALUE: u32 = 2;
 
+/// A response that gRPC cannot frame: its message is longer than the 32-bit length of gRPC's
+/// message header allows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a {type_url} response of {len} bytes is over gRPC's limit of {max} bytes a message")]
+pub(super) struct TooLarge {
+    pub(super) type_url: String,
+    pub(super) len: usize,
+    pub(super) max: u32,
+}
+
 impl Outgoing {
-    pub(super) fn new(type_url: &str, nonce: String, diff: Arc<Diff>) -> Self {
+    /// The response carrying `diff`, or [`TooLarge`] when its message cannot be framed.
+    pub(super) fn new(type_url: &str, nonce: String, diff: Arc<Diff>) -> Result<Self, TooLarge> {
         let mut out = Self {
             type_url: type_url.to_string(),
             nonce,
@@ -55,8 +66,12 @@ impl Outgoing {
             next: None,
         };
         out.len = (0..out.items()).map(|i| out.item_len(i)).sum();
+        header(out.len).map_err(|e| TooLarge {
+            type_url: type_url.to_string(),
+            ..e
+        })?;
         out.left = out.len;
-        out
+        Ok(out)
     }
 
     /// The next chunk of the framed message: whole fields, no more than `at_most` bytes unless
@@ -70,9 +85,10 @@ impl Outgoing {
         };
         let mut chunk = Vec::with_capacity(at_most.min(HEADER + self.left));
         if self.next.is_none() {
-            chunk.push(0);
-            // A message over 4 GiB cannot be framed; the server's limit is far below it.
-            chunk.extend_from_slice(&u32::try_from(self.len).unwrap_or(u32::MAX).to_be_bytes());
+            // `new` refused a length the header cannot hold.
+            if let Ok(h) = header(self.len) {
+                chunk.extend_from_slice(&h);
+            }
         }
         while i < items {
             let len = self.item_len(i);
@@ -150,6 +166,20 @@ impl Outgoing {
     }
 }
 
+/// gRPC's header for an uncompressed message of `len` bytes: no compression flag, then the
+/// length as a big-endian `u32`, which a message over 4 GiB does not fit.
+fn header(len: usize) -> Result<[u8; HEADER], TooLarge> {
+    let too_large = || TooLarge {
+        type_url: String::new(),
+        len,
+        max: u32::MAX,
+    };
+    let len = u32::try_from(len).map_err(|_| too_large())?;
+    let mut h = [0; HEADER];
+    h[1..].copy_from_slice(&len.to_be_bytes());
+    Ok(h)
+}
+
 /// A length-delimited field of `len` bytes.
 fn delimited_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
@@ -219,6 +249,22 @@ mod tests {
             .prop_map(|(upserts, removed)| Diff { upserts, removed })
     }
 
+    /// A message over 4 GiB has no gRPC header: it is refused with its length, never framed
+    /// with a wrong one (a header of `u32::MAX` would make the node read garbage as the next
+    /// message).
+    #[test]
+    fn a_message_over_4_gib_is_refused() {
+        assert_eq!(header(0), Ok([0, 0, 0, 0, 0]));
+        assert_eq!(header(u32::MAX as usize), Ok([0, 0xff, 0xff, 0xff, 0xff]));
+        let over = u32::MAX as usize + 1;
+        let e = header(over).expect_err("over 4 GiB");
+        assert_eq!(e.len, over);
+        assert!(
+            e.to_string().contains(&format!("{over} bytes")),
+            "the error names the length: {e}"
+        );
+    }
+
     proptest! {
         /// The chunks put together are prost's framed encoding of the same response, and no
         /// chunk is over the bound unless it is one field that alone is.
@@ -230,7 +276,7 @@ mod tests {
             at_most in 1usize..800,
         ) {
             let expected = prost_framed(&type_url, &nonce, &d);
-            let mut out = Outgoing::new(&type_url, nonce, Arc::new(d));
+            let mut out = Outgoing::new(&type_url, nonce, Arc::new(d)).expect("small");
             let mut all = Vec::new();
             let mut chunks = 0;
             while let Some(chunk) = out.next_chunk(at_most) {

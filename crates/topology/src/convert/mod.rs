@@ -7,6 +7,7 @@
 //! known.
 //! The result goes through [`SnapshotBuilder`] last, which re-checks the model's invariants.
 
+mod chunks;
 mod peer_auth;
 mod places;
 mod policies;
@@ -14,14 +15,20 @@ mod routes;
 mod services;
 mod workloads;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+#[cfg(test)]
+pub(crate) use chunks::PER_THREAD;
+pub(crate) use chunks::threads;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ferry_core::identity::Identity;
+use ferry_core::keyed_hash::HashMap;
 use ferry_core::model::{
-    Cluster, ClusterId, Gateway, GatewayRef, Locality, NetworkAddress, NetworkId, Node, Policy,
-    Service, ServiceKey, WaypointFor, Workload,
+    Cluster, ClusterId, Gateway, GatewayRef, Locality, NetworkAddress, NetworkId, Node, NodeName,
+    Policy, Service, ServiceKey, WaypointFor, Workload,
 };
 use ferry_core::snapshot::{Snapshot, SnapshotBuilder, SnapshotError};
 
@@ -36,7 +43,23 @@ const DEFAULT_NAMESPACE: &str = "default";
 const MAX_LISTED: usize = 8;
 
 /// Converts a parsed file into a snapshot and its trust domain, or every problem found.
+///
+/// A large file's workloads are converted on every core first ([`chunks`]); when that finds
+/// any problem, the file is converted again on one thread, so every problem is reported as
+/// that finds it, in its order.
 pub(crate) fn convert(file: &File) -> Result<(Snapshot, String), Vec<Problem>> {
+    let threads = threads(file.workloads.len());
+    if threads > 1
+        && let Ok(done) = convert_on(file, threads)
+    {
+        return Ok(done);
+    }
+    convert_on(file, 1)
+}
+
+/// [`convert`] with the workloads on `threads` threads (with more than one, the problems are
+/// not all there is to report: see [`convert`]).
+fn convert_on(file: &File, threads: usize) -> Result<(Snapshot, String), Vec<Problem>> {
     let mut cx = Cx::new(file.trust_domain.as_deref());
     cx.clusters(&file.clusters);
     cx.nodes(&file.nodes);
@@ -44,7 +67,13 @@ pub(crate) fn convert(file: &File) -> Result<(Snapshot, String), Vec<Problem>> {
     cx.waypoints(&file.waypoints);
     cx.services(&file.services);
     cx.routes(&file.services);
-    cx.workloads(&file.workloads);
+    if threads > 1 {
+        if !cx.problems.is_empty() || !cx.workloads_on(&file.workloads, threads) {
+            return Err(cx.problems);
+        }
+    } else {
+        cx.workloads(&file.workloads, 0);
+    }
     cx.policies(&file.policies);
     cx.peer_authentications(&file.peer_authentication, file.root_namespace.as_ref());
     if !cx.problems.is_empty() {
@@ -115,14 +144,19 @@ struct Out {
 }
 
 /// A node, as workloads placed on it need it.
+#[derive(Clone)]
 struct NodeInfo {
+    /// The node's name, one copy its workloads share.
+    name: NodeName,
     cluster: ClusterId,
     /// `None` when the node's cluster is unknown (already reported).
     network: Option<NetworkId>,
-    locality: Locality,
+    /// One copy its workloads share.
+    locality: Arc<Locality>,
 }
 
 /// A waypoint, as services and workloads that use it need it.
+#[derive(Clone)]
 struct WaypointInfo {
     key: ServiceKey,
     serves: WaypointFor,
@@ -130,6 +164,7 @@ struct WaypointInfo {
 }
 
 /// A service's selector and port map, to attach the workloads it selects.
+#[derive(Clone)]
 struct Selector {
     key: ServiceKey,
     namespace: String,
@@ -181,8 +216,8 @@ impl Cx {
             waypoints: BTreeMap::new(),
             selectors: Vec::new(),
             service_ports: BTreeMap::new(),
-            addresses: HashMap::new(),
-            origins: HashMap::new(),
+            addresses: HashMap::default(),
+            origins: HashMap::default(),
             out: Out::default(),
         };
         match Identity::new(&cx.trust_domain, DEFAULT_NAMESPACE, "default") {
@@ -204,7 +239,8 @@ impl Cx {
 
     /// Records that `object` was declared at `path`, or reports that it already was.
     /// `what` names the kind of name that must be unique, `found` is that name.
-    fn declare(&mut self, object: String, path: &str, what: &str, found: &str) -> bool {
+    /// `what` is written out only for a problem.
+    fn declare(&mut self, object: String, path: &str, what: impl Display, found: &str) -> bool {
         if let Some(first) = self.origins.get(&object) {
             let msg = format!(
                 "expected a unique {what}, found {found:?} again (first declared at {first})"
@@ -250,13 +286,13 @@ impl Cx {
         }
     }
 
-    /// Parses an IP address.
-    fn ip(&mut self, path: &str, text: &str) -> Option<IpAddr> {
+    /// Parses an IP address (`path` is written out only for a problem).
+    fn ip(&mut self, path: impl Display, text: &str) -> Option<IpAddr> {
         match text.trim().parse() {
             Ok(ip) => Some(ip),
             Err(_) => {
                 self.problem(
-                    path,
+                    path.to_string(),
                     format!("expected an IP address such as 198.18.0.1, found {text:?}"),
                 );
                 None
@@ -264,14 +300,15 @@ impl Cx {
         }
     }
 
-    /// Claims `ip` on `network` for the object at `owner`; reports a second claim.
-    fn claim(&mut self, path: &str, owner: &str, network: &NetworkId, ip: IpAddr) {
+    /// Claims `ip` on `network` for the object at `owner`; reports a second claim (at `path`,
+    /// written out only then).
+    fn claim(&mut self, path: impl Display, owner: &str, network: &NetworkId, ip: IpAddr) {
         let addr = NetworkAddress::new(network.clone(), ip);
         if let Some(first) = self.addresses.get(&addr) {
             let msg = format!(
                 "expected an address not used elsewhere on network {network}, found {ip}, already used by {first}"
             );
-            self.problem(path, msg);
+            self.problem(path.to_string(), msg);
         } else {
             self.addresses.insert(addr, owner.to_string());
         }

@@ -1,5 +1,7 @@
 //! Clusters, nodes and east-west gateways: where everything else runs.
 
+use std::sync::Arc;
+
 use ferry_core::identity::Identity;
 use ferry_core::model::{
     Cluster, ClusterId, Gateway, GatewayDestination, GatewayRef, HBONE_PORT, Locality,
@@ -71,9 +73,10 @@ impl Cx {
             self.nodes.insert(
                 n.name.clone(),
                 NodeInfo {
+                    name: NodeName::new(&n.name),
                     cluster,
                     network,
-                    locality,
+                    locality: Arc::new(locality),
                 },
             );
         }

@@ -1,8 +1,9 @@
 //! Authorization policies, from Istio's Kubernetes shape to the model's rules, clauses and
 //! matches.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
+use ferry_core::keyed_hash::HashMap;
 use ferry_core::model::{
     Action, Cidr, Clause, ClusterId, Match, Policy, PolicyKey, PolicyScope, Rule, StringMatch,
 };
@@ -14,9 +15,9 @@ impl Cx {
     pub(super) fn policies(&mut self, specs: &[PolicySpec]) {
         // Workloads by namespace and by label, so a policy looks only at the workloads its
         // selector (or namespace) can name, not at every workload of the mesh.
-        let mut by_namespace: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut by_label: HashMap<(String, String, String), Vec<usize>> = HashMap::new();
-        let mut by_any_label: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        let mut by_namespace: HashMap<String, Vec<usize>> = HashMap::default();
+        let mut by_label: HashMap<(String, String, String), Vec<usize>> = HashMap::default();
+        let mut by_any_label: HashMap<(String, String), Vec<usize>> = HashMap::default();
         for (i, w) in self.out.workloads.iter().enumerate() {
             by_namespace.entry(w.namespace.clone()).or_default().push(i);
             for (k, v) in w.labels.iter() {

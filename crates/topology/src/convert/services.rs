@@ -471,7 +471,7 @@ impl Cx {
                 }
                 (Some(_), None) => None,
             };
-            let ip = self.ip(&format!("{ep_path}.address"), &e.address);
+            let ip = self.ip(format!("{ep_path}.address"), &e.address);
             let mut ports = Vec::new();
             for (&service_port, &target_port) in &e.ports {
                 let port_path = format!("{ep_path}.ports.{service_port}");

@@ -1,23 +1,34 @@
 //! Workloads and waypoint instances: placement, addresses, identity, and the services they back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
+use ferry_core::keyed_hash::HashMap;
 use ferry_core::model::{
     ClusterId, HBONE_PORT, Health, Locality, NetworkId, NodeName, PortMapping, ServiceKey,
-    TunnelProtocol, Workload, WorkloadUid,
+    SharedMap, TunnelProtocol, Workload, WorkloadUid,
 };
 
 use super::services::{User, default_hostname};
-use super::{Cx, item, namespace, one_of, selects};
-use crate::schema::{InstanceSpec, ProtocolSpec, WorkloadSpec};
+use super::{Cx, DEFAULT_NAMESPACE, item, one_of, selects};
+use crate::schema::{InstanceSpec, Labels, ProtocolSpec, WorkloadSpec};
+
+/// What the services a workload selects depend on, when it names no ports or services of
+/// its own.
+#[derive(PartialEq, Eq, Hash)]
+struct SelectedBy<'a> {
+    namespace: &'a str,
+    labels: &'a Labels,
+    cluster: Option<ClusterId>,
+}
 
 /// Where a workload runs.
 struct Placement {
     cluster: ClusterId,
     network: NetworkId,
     node: Option<NodeName>,
-    locality: Locality,
+    locality: Arc<Locality>,
 }
 
 /// The parts of a workload that differ between pods and waypoint instances.
@@ -29,14 +40,17 @@ struct Pod<'a> {
     service_account: &'a str,
     placement: Placement,
     addresses: Vec<IpAddr>,
+    services: SharedMap<ServiceKey, Vec<PortMapping>>,
+    labels: SharedMap<String, String>,
 }
 
 impl Cx {
-    pub(super) fn workloads(&mut self, specs: &[WorkloadSpec]) {
+    /// Converts `specs`, the workloads of the file from index `first` on.
+    pub(super) fn workloads(&mut self, specs: &[WorkloadSpec], first: usize) {
         // Selectors by (namespace, first label): a workload looks at the selectors one of its
         // own labels starts, not at every selector of the mesh.
         let selectors = std::mem::take(&mut self.selectors);
-        let mut index: HashMap<(&str, &str, &str), Vec<usize>> = HashMap::new();
+        let mut index: HashMap<(&str, &str, &str), Vec<usize>> = HashMap::default();
         for (j, s) in selectors.iter().enumerate() {
             if let Some((k, v)) = s.labels.iter().next() {
                 index
@@ -45,52 +59,87 @@ impl Cx {
                     .push(j);
             }
         }
-        for (i, w) in specs.iter().enumerate() {
+        self.out.workloads.reserve(specs.len());
+        // One copy of each distinct label map, and of each distinct map of the services a
+        // workload's labels select (replicas carry the same labels and back the same services).
+        let mut label_maps: HashMap<&Labels, SharedMap<String, String>> = HashMap::default();
+        let mut selected: HashMap<SelectedBy<'_>, SharedMap<ServiceKey, Vec<PortMapping>>> =
+            HashMap::default();
+        for (i, w) in (first..).zip(specs) {
             let path = item("workloads", i, &w.name);
             self.check_name(&path, "name", &w.name);
-            let ns = namespace(w.namespace.as_ref());
+            let ns = w.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
             let service_account = w.service_account.as_deref().unwrap_or("default");
-            self.check_identity(&path, &ns, Some(service_account));
+            self.check_identity(&path, ns, Some(service_account));
             let placement = self.placement(&path, w.node.as_deref(), w.cluster.as_deref());
 
             let addresses = self.addresses(&path, &w.address, &w.addresses, placement.as_ref());
             let waypoint = w.waypoint.as_ref().and_then(|r| {
-                self.waypoint_ref(&format!("{path}.waypoint"), &ns, r, User::Workload)
+                self.waypoint_ref(&format!("{path}.waypoint"), ns, r, User::Workload)
             });
-            let mut candidates: Vec<usize> = w
-                .labels
-                .iter()
-                .filter_map(|(k, v)| index.get(&(ns.as_str(), k.as_str(), v.as_str())))
-                .flatten()
-                .copied()
-                .collect();
-            candidates.sort_unstable();
-            let mut services: BTreeMap<ServiceKey, Vec<PortMapping>> = candidates
-                .iter()
-                .map(|&j| &selectors[j])
-                .filter(|s| selects(&s.labels, &w.labels))
-                .filter(|s| match (&s.clusters, &placement) {
-                    (None, _) => true,
-                    (Some(set), Some(p)) => set.contains(&p.cluster),
-                    (Some(_), None) => false,
-                })
-                .map(|s| {
-                    let mut ports = s.ports.clone();
-                    ports.extend(named_ports(&s.named, &w.ports));
-                    (s.key.clone(), ports)
-                })
-                .collect();
-            services.extend(self.backs(&path, &ns, w));
+            let select = || -> BTreeMap<ServiceKey, Vec<PortMapping>> {
+                let mut candidates: Vec<usize> = w
+                    .labels
+                    .iter()
+                    .filter_map(|(k, v)| index.get(&(ns, k.as_str(), v.as_str())))
+                    .flatten()
+                    .copied()
+                    .collect();
+                candidates.sort_unstable();
+                candidates
+                    .iter()
+                    .map(|&j| &selectors[j])
+                    .filter(|s| selects(&s.labels, &w.labels))
+                    .filter(|s| match (&s.clusters, &placement) {
+                        (None, _) => true,
+                        (Some(set), Some(p)) => set.contains(&p.cluster),
+                        (Some(_), None) => false,
+                    })
+                    .map(|s| {
+                        let mut ports = s.ports.clone();
+                        ports.extend(named_ports(&s.named, &w.ports));
+                        (s.key.clone(), ports)
+                    })
+                    .collect()
+            };
+            // Without named ports or services of its own, what a workload backs depends on
+            // its namespace, labels and cluster alone.
+            let services: SharedMap<ServiceKey, Vec<PortMapping>> =
+                if w.ports.is_empty() && w.services.is_empty() {
+                    let by = SelectedBy {
+                        namespace: ns,
+                        labels: &w.labels,
+                        cluster: placement.as_ref().map(|p| p.cluster.clone()),
+                    };
+                    match selected.get(&by) {
+                        Some(shared) => shared.clone(),
+                        None => {
+                            let shared = SharedMap::from(select());
+                            selected.insert(by, shared.clone());
+                            shared
+                        }
+                    }
+                } else {
+                    let mut services = select();
+                    services.extend(self.backs(&path, ns, w));
+                    services.into()
+                };
 
             let Some(placement) = placement else { continue };
+            let labels = label_maps
+                .entry(&w.labels)
+                .or_insert_with(|| w.labels.clone().into())
+                .clone();
             let pod = Pod {
                 path: &path,
                 name: &w.name,
-                namespace: &ns,
+                namespace: ns,
                 uid: w.uid.as_deref(),
                 service_account,
                 placement,
                 addresses,
+                services,
+                labels,
             };
             let Some(mut workload) = self.workload(pod) else {
                 continue;
@@ -102,8 +151,6 @@ impl Cx {
             workload.health = health(w.healthy, w.terminating);
             workload.capacity = w.capacity;
             workload.waypoint = waypoint;
-            workload.services = services.into();
-            workload.labels = w.labels.clone().into();
             workload.dns_capture = w.dns_capture;
             self.out.workloads.push(workload);
         }
@@ -186,6 +233,10 @@ impl Cx {
             self.problem(path, "expected `address` or `addresses`, found neither");
         }
         let Some(placement) = placement else { return };
+        let hbone = PortMapping {
+            service_port: HBONE_PORT,
+            target_port: HBONE_PORT,
+        };
         let pod = Pod {
             path,
             name: &inst.name,
@@ -194,20 +245,14 @@ impl Cx {
             service_account,
             placement,
             addresses,
+            services: BTreeMap::from([(waypoint.clone(), vec![hbone])]).into(),
+            labels: SharedMap::default(),
         };
         let Some(mut workload) = self.workload(pod) else {
             return;
         };
         workload.health = health(inst.healthy, inst.terminating);
         workload.capacity = inst.capacity;
-        let hbone = PortMapping {
-            service_port: HBONE_PORT,
-            target_port: HBONE_PORT,
-        };
-        workload
-            .services
-            .make_mut()
-            .insert(waypoint.clone(), vec![hbone]);
         self.out.workloads.push(workload);
     }
 
@@ -220,27 +265,23 @@ impl Cx {
         addresses: &Option<Vec<String>>,
         placement: Option<&Placement>,
     ) -> Vec<IpAddr> {
-        let texts: Vec<(String, &String)> = match (address, addresses) {
+        let texts: Vec<(Option<usize>, &String)> = match (address, addresses) {
             (Some(_), Some(_)) => {
                 self.problem(path, "expected either `address` or `addresses`, found both");
                 Vec::new()
             }
-            (Some(a), None) => vec![(format!("{path}.address"), a)],
-            (None, Some(list)) => list
-                .iter()
-                .enumerate()
-                .map(|(j, a)| (format!("{path}.addresses[{j}]"), a))
-                .collect(),
+            (Some(a), None) => vec![(None, a)],
+            (None, Some(list)) => list.iter().enumerate().map(|(j, a)| (Some(j), a)).collect(),
             (None, None) => Vec::new(),
         };
         let mut out = Vec::new();
-        for (address_path, text) in texts {
-            let Some(ip) = self.ip(&address_path, text) else {
+        for (index, text) in texts {
+            let at = AddressPath { path, index };
+            let Some(ip) = self.ip(at, text) else {
                 continue;
             };
             if let Some(p) = placement {
-                let network = p.network.clone();
-                self.claim(&address_path, path, &network, ip);
+                self.claim(at, path, &p.network, ip);
             }
             out.push(ip);
         }
@@ -257,6 +298,8 @@ impl Cx {
             service_account,
             placement,
             addresses,
+            services,
+            labels,
         } = pod;
         let Placement {
             cluster,
@@ -268,7 +311,7 @@ impl Cx {
         if !self.declare(
             format!("pod {cluster}/{pod_name}"),
             path,
-            &format!("namespace/name in cluster {cluster}"),
+            format_args!("namespace/name in cluster {cluster}"),
             &pod_name,
         ) {
             return None;
@@ -303,9 +346,9 @@ impl Cx {
             capacity: 1,
             waypoint: None,
             network_gateway,
-            services: Default::default(),
+            services,
             authorization_policies: Vec::new(),
-            labels: Default::default(),
+            labels,
             // Derived from the labels when read (`ferry_core::telemetry::canonical`).
             canonical_name: String::new(),
             canonical_revision: String::new(),
@@ -333,7 +376,7 @@ impl Cx {
                 cluster: ClusterId::new(cluster),
                 network,
                 node: None,
-                locality: Locality::default(),
+                locality: Arc::default(),
             });
         };
         let Some(info) = self.nodes.get(node) else {
@@ -355,9 +398,25 @@ impl Cx {
         Some(Placement {
             cluster: info.cluster.clone(),
             network: info.network.clone()?,
-            node: Some(NodeName::new(node)),
+            node: Some(info.name.clone()),
             locality: info.locality.clone(),
         })
+    }
+}
+
+/// Where an address of the item at `path` is: its `address`, or its `addresses[index]`.
+#[derive(Clone, Copy)]
+struct AddressPath<'a> {
+    path: &'a str,
+    index: Option<usize>,
+}
+
+impl std::fmt::Display for AddressPath<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.index {
+            None => write!(f, "{}.address", self.path),
+            Some(j) => write!(f, "{}.addresses[{j}]", self.path),
+        }
     }
 }
 
@@ -383,4 +442,38 @@ fn named_ports<'a>(
             target_port,
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Replicas (equal labels, no ports or services of their own) hold one copy of their labels
+    /// and of the services those select; a workload with named ports gets its own services.
+    #[test]
+    fn replicas_share_one_copy_of_their_labels_and_services() {
+        let text = "clusters: [{name: east, network: net-east}]\nnodes: [{name: n1, cluster: east}]\nservices:\n  - {name: a, vips: [{network: net-east, address: 10.200.0.1}], ports: [{port: 80, target_port: 8080}, {port: 81, target_port_name: http}], selector: {app: a}}\nworkloads:\n  - {name: p1, node: n1, address: 10.0.0.1, labels: {app: a}}\n  - {name: p2, node: n1, address: 10.0.0.2, labels: {app: a}}\n  - {name: p3, node: n1, address: 10.0.0.3, labels: {app: b}}\n  - {name: p4, node: n1, address: 10.0.0.4, labels: {app: a}, ports: {http: 9090}}\n";
+        let topology = crate::parse("replicas.yaml", text).expect("the mesh converts");
+        let snap = &topology.snapshot;
+        let pod = |name: &str| {
+            snap.workloads()
+                .find(|w| w.name == name)
+                .expect("the pod")
+                .clone()
+        };
+        let (p1, p2, p3, p4) = (pod("p1"), pod("p2"), pod("p3"), pod("p4"));
+        assert!(p1.labels.ptr_eq(&p2.labels) && p1.labels.ptr_eq(&p4.labels));
+        assert!(!p1.labels.ptr_eq(&p3.labels));
+        assert_eq!(p3.labels.get("app").map(String::as_str), Some("b"));
+        assert!(p1.services.ptr_eq(&p2.services));
+        let ports = |w: &ferry_core::model::Workload| -> Vec<(u16, u16)> {
+            w.services
+                .values()
+                .flatten()
+                .map(|m| (m.service_port, m.target_port))
+                .collect()
+        };
+        assert_eq!(ports(&p1), [(80, 8080)]);
+        assert!(p3.services.is_empty());
+        assert!(!p4.services.ptr_eq(&p1.services));
+        assert_eq!(ports(&p4), [(80, 8080), (81, 9090)]);
+    }
 }
