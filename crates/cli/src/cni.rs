@@ -77,7 +77,7 @@ pub(crate) fn run(cmd: CniCommand) -> ExitCode {
     match cmd {
         CniCommand::Plugin => run_plugin(),
         CniCommand::Agent(args) => {
-            crate::init_logging();
+            let _logs = crate::logging::init();
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -35,6 +35,9 @@ pub(crate) struct NodeArgs {
     /// Seconds in-flight connections may finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     drain_seconds: u64,
+    /// Runtime worker threads that carry the connections (ztunnel's default is 2 too).
+    #[arg(long, default_value_t = WORKERS, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: u16,
     /// Seconds after which a half-closed connection that moves no bytes is ended, and within
     /// which an app peer that vanished is noticed (TCP keepalive, user timeout).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -156,15 +159,23 @@ fn with_scheme(address: &str, plaintext: bool) -> String {
     }
 }
 
-/// Runs `main` on a two-thread runtime whose workers run `on_park` as they go idle; an error
+/// Runtime worker threads of each program, unless told otherwise.
+const WORKERS: u16 = 2;
+
+/// Runs `main` on a runtime of `workers` threads that run `on_park` as they go idle; an error
 /// is printed as `ferry <what>: ...`, exit 2.
-fn run_process<F>(what: &str, on_park: fn(), main: impl FnOnce() -> anyhow::Result<F>) -> ExitCode
+fn run_process<F>(
+    what: &str,
+    workers: u16,
+    on_park: fn(),
+    main: impl FnOnce() -> anyhow::Result<F>,
+) -> ExitCode
 where
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
     let result = main().and_then(|fut| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(usize::from(workers))
             .on_thread_park(on_park)
             .enable_all()
             .build()?
@@ -185,29 +196,34 @@ fn idle_as_is() {}
 pub(crate) fn run(args: &NodeArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
     // After a load spike the node gives freed memory back, the workers' caches included.
-    run_process("node", ferry_node::on_worker_park, || {
-        let mut control = args.control.read(args.plaintext)?;
-        control.admin = Some(args.admin);
-        Ok(ferry_node::run(ferry_node::Config {
-            name: args.name.clone(),
-            cluster: args.cluster.clone(),
-            control,
-            admin: args.admin,
-            stats: args.stats,
-            readiness: args.readiness,
-            drain: Duration::from_secs(args.drain_seconds),
-            idle_bound: Duration::from_secs(args.idle_bound_seconds),
-            outlier: ferry_core::outlier::OutlierConfig {
-                consecutive_failures: args.outlier_consecutive_failures,
-                base_ejection: Duration::from_secs(args.outlier_base_ejection_seconds),
-                max_ejection: Duration::from_secs(args.outlier_max_ejection_seconds),
-                max_ejected_percent: args.outlier_max_ejected_percent,
-            },
-            state_file: Some(args.state_file.clone()),
-            zds_socket: args.zds_socket.clone(),
-            dns_upstream: args.dns_upstream,
-        }))
-    })
+    run_process(
+        "node",
+        args.worker_threads,
+        ferry_node::on_worker_park,
+        || {
+            let mut control = args.control.read(args.plaintext)?;
+            control.admin = Some(args.admin);
+            Ok(ferry_node::run(ferry_node::Config {
+                name: args.name.clone(),
+                cluster: args.cluster.clone(),
+                control,
+                admin: args.admin,
+                stats: args.stats,
+                readiness: args.readiness,
+                drain: Duration::from_secs(args.drain_seconds),
+                idle_bound: Duration::from_secs(args.idle_bound_seconds),
+                outlier: ferry_core::outlier::OutlierConfig {
+                    consecutive_failures: args.outlier_consecutive_failures,
+                    base_ejection: Duration::from_secs(args.outlier_base_ejection_seconds),
+                    max_ejection: Duration::from_secs(args.outlier_max_ejection_seconds),
+                    max_ejected_percent: args.outlier_max_ejected_percent,
+                },
+                state_file: Some(args.state_file.clone()),
+                zds_socket: args.zds_socket.clone(),
+                dns_upstream: args.dns_upstream,
+            }))
+        },
+    )
 }
 
 /// The connection records a process keeps (`/records`, `ferry observe`).
@@ -248,7 +264,7 @@ pub(crate) struct WaypointArgs {
 
 pub(crate) fn run_waypoint(args: &WaypointArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
-    run_process("waypoint", idle_as_is, || {
+    run_process("waypoint", WORKERS, idle_as_is, || {
         let mut control = args.control.read(PLAINTEXT_NEVER)?;
         control.admin = args.admin;
         Ok(ferry_waypoint::run(ferry_waypoint::Config {
@@ -286,7 +302,7 @@ pub(crate) struct GatewayArgs {
 
 pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
     ferry_runtime::records::configure(args.records.records);
-    run_process("gateway", idle_as_is, || {
+    run_process("gateway", WORKERS, idle_as_is, || {
         let mut control = args.control.read(PLAINTEXT_NEVER)?;
         control.admin = args.admin;
         Ok(ferry_gateway::run(ferry_gateway::Config {
@@ -297,4 +313,40 @@ pub(crate) fn run_gateway(args: &GatewayArgs) -> ExitCode {
             admin: args.admin,
         }))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::{Cli, Command};
+
+    fn node(extra: &[&str]) -> Result<u16, clap::Error> {
+        let args = [
+            "ferry",
+            "node",
+            "--name",
+            "n",
+            "--cluster",
+            "c",
+            "--control",
+            "cp:15012",
+        ];
+        let cli = Cli::try_parse_from(args.iter().chain(extra))?;
+        match cli.command {
+            Command::Node(a) => Ok(a.worker_threads),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    /// The node proxy's runtime has two workers unless told, at least one.
+    #[test]
+    fn the_node_runs_two_workers_unless_told() {
+        assert_eq!(node(&[]).unwrap(), 2);
+        assert_eq!(node(&["--worker-threads", "1"]).unwrap(), 1);
+        assert!(
+            node(&["--worker-threads", "0"]).is_err(),
+            "no worker at all"
+        );
+    }
 }

@@ -6,7 +6,7 @@
 //! before the next one with that id comes up. Every Ferry process in a test lab logs JSON lines,
 //! and log assertions match their fields ([`Has`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -133,6 +133,7 @@ impl Lab {
         hop_args: &[&str],
         up_args: &[&str],
     ) -> Option<Self> {
+        claim_id(id);
         if !nix_is_root() {
             eprintln!("skipping the lab test: it needs root to create network namespaces");
             return None;
@@ -345,7 +346,16 @@ impl Lab {
             ])
             .output()
             .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        if out.status.success() {
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        } else {
+            // What went wrong stands in for the answer, so an assertion on it shows the cause.
+            format!(
+                "(no answer: ferry lab connect {}: {})",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        }
     }
 
     /// Runs `ferry lab craft` in `exec_in`'s namespace: a credential for `identity` fetched
@@ -701,6 +711,17 @@ fn nix_is_root() -> bool {
         && Path::new("/usr/sbin/ip").exists()
             | Path::new("/sbin/ip").exists()
             | Path::new("/usr/bin/ip").exists()
+}
+
+/// Takes `id` for one lab of this run. Two labs with one id share a state directory and
+/// namespace names, and the second one's `up` tears down the first (as a lab left by a killed
+/// run): a test whose lab vanished mid-way fails, far from the cause. So a second claim panics.
+fn claim_id(id: &str) {
+    static TAKEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    assert!(
+        TAKEN.lock().insert(id.to_string()),
+        "lab id {id} is used by two labs of this run: give one of them its own"
+    );
 }
 
 /// Polls `f` until it holds, for at most `max`; returns whether it did.

@@ -4,9 +4,10 @@
 //! namespace, the local cluster by kubeconfig, the other by remote secret.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::harness::Has::{Field, Text};
-use crate::harness::Lab;
+use crate::harness::{Lab, eventually};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
@@ -30,21 +31,26 @@ fn a_remote_only_mcs_service_is_reached_at_its_clusterset_ip_through_the_gateway
     let objects = examples().join("kubernetes/mcs");
     let Some(lab) = Lab::up_with_up_args(
         Some("mcs.yaml"),
-        "fK",
+        "fQ",
         &["--kubernetes", objects.to_str().unwrap()],
     ) else {
         return;
     };
     // The control plane reads both clusters from their API servers (east by kubeconfig, west
     // by remote secret) and serves what it translated.
-    let debug = lab.admin_get("east-1", "198.19.254.1:15014", "/debug/kubernetes");
-    let status: serde_json::Value = debug
-        .find('{')
-        .and_then(|at| serde_json::from_str(&debug[at..]).ok())
-        .unwrap_or_else(|| panic!("no JSON status in {debug}"));
-    for cluster in ["east", "west"] {
-        assert_eq!(status["clusters"][cluster]["synced"], true, "{status}");
-    }
+    let mut debug = String::new();
+    let mut status = serde_json::Value::Null;
+    let synced = eventually(Duration::from_secs(10), || {
+        debug = lab.admin_get("east-1", "198.19.254.1:15014", "/debug/kubernetes");
+        status = debug
+            .find('{')
+            .and_then(|at| serde_json::from_str(&debug[at..]).ok())
+            .unwrap_or(serde_json::Value::Null);
+        ["east", "west"]
+            .iter()
+            .all(|c| status["clusters"][c]["synced"] == true)
+    });
+    assert!(synced, "both clusters synced, in {debug}");
     assert_eq!(status["notes"], serde_json::json!([]), "{status}");
     let r = lab
         .send("sleep-east", "198.18.10.9:80", "clusterset")

@@ -78,6 +78,7 @@ pub(crate) fn measure(
     };
     let mut holder = hold(state, from, to_ip, n)?;
     m.held_rss_kib = read(&pids, rss_kib);
+    m.held_anon_kib = read(&pids, anon_kib);
     drop(holder.stdin.take());
     let _ = holder.wait();
     let closed = Instant::now();

@@ -111,6 +111,14 @@ pub(crate) struct Memory {
     pub(crate) held_rss_kib: BTreeMap<String, u64>,
     /// (held − idle) summed over both node proxies, per held connection.
     pub(crate) kib_per_idle_conn_both_ends: f64,
+    /// The anonymous part of `held_rss_kib` (`RssAnon`).
+    #[serde(default)]
+    pub(crate) held_anon_kib: BTreeMap<String, u64>,
+    /// (held − idle) of the anonymous memory alone, summed over both node proxies, per held
+    /// connection: what each connection costs, whatever of the binary's pages the idle
+    /// proxies had given back (the RSS difference counts those too).
+    #[serde(default)]
+    pub(crate) anon_kib_per_idle_conn_both_ends: f64,
     pub(crate) after_close_quiet: bool,
     pub(crate) after_close_wait_s: f64,
     pub(crate) after_close_rss_kib: BTreeMap<String, u64>,
@@ -207,6 +215,12 @@ pub(crate) fn memory_figures(m: &mut Memory) {
     );
     m.kib_per_idle_conn_both_ends = if m.held_conns > 0 {
         (held - idle).max(0.0) / m.held_conns as f64
+    } else {
+        0.0
+    };
+    let (idle_anon, held_anon) = (sum(&m.idle_anon_kib), sum(&m.held_anon_kib));
+    m.anon_kib_per_idle_conn_both_ends = if m.held_conns > 0 && held_anon > 0.0 {
+        (held_anon - idle_anon).max(0.0) / m.held_conns as f64
     } else {
         0.0
     };
@@ -395,10 +409,12 @@ pub(crate) fn memory_text(o: &mut String, m: &Memory) {
     );
     let _ = writeln!(
         o,
-        "  {} idle proxied connections held: {}: {:.2} KiB per idle connection, both ends",
+        "  {} idle proxied connections held: {}: {:.2} KiB per idle connection, both ends; anonymous {}: {:.2} KiB per idle connection",
         m.held_conns,
         list(&m.held_rss_kib),
-        m.kib_per_idle_conn_both_ends
+        m.kib_per_idle_conn_both_ends,
+        list(&m.held_anon_kib),
+        m.anon_kib_per_idle_conn_both_ends
     );
     let _ = writeln!(
         o,

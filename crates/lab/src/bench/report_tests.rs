@@ -106,6 +106,20 @@ fn memory_per_idle_connection_counts_both_ends_against_idle() {
     };
     memory_figures(&mut m);
     assert_eq!(m.kib_per_idle_conn_both_ends, 10.0);
+    assert_eq!(
+        m.anon_kib_per_idle_conn_both_ends, 0.0,
+        "no anonymous reading"
+    );
+    m.idle_anon_kib = kib(3000, 3500);
+    m.held_anon_kib = kib(7000, 7500);
+    memory_figures(&mut m);
+    assert_eq!(m.anon_kib_per_idle_conn_both_ends, 8.0);
+    assert!(
+        memory_text_of(&m)
+            .contains("anonymous a 7000 KiB, b 7500 KiB: 8.00 KiB per idle connection"),
+        "{}",
+        memory_text_of(&m)
+    );
     assert_eq!(m.after_close_vs_idle_x, 1.1);
     assert_eq!(m.settled_vs_idle_x, 0.0, "no settled reading, no ratio");
     assert!(!memory_text_of(&m).contains("s after they closed"));
@@ -169,6 +183,7 @@ fn the_json_names_every_figure_with_its_unit_and_the_text_what_each_arm_crosses(
         "/arms/direct/proxy_connections_opened",
         "/ferry_vs_direct/rr_64b_added_p50_us",
         "/memory/kib_per_idle_conn_both_ends",
+        "/memory/anon_kib_per_idle_conn_both_ends",
         "/memory/idle_rss_kib",
     ] {
         assert!(json.pointer(path).is_some(), "{path} in {json}");
