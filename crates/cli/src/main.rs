@@ -198,7 +198,12 @@ mod tests {
         let mode = unsafe { std::ffi::CStr::from_ptr(mode) };
         assert_eq!(mode.to_str(), Ok("percpu"), "{:?}", super::MALLOC_CONF);
         let arenas: u32 = option(c"opt.narenas", 0);
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        // jemalloc counts the CPUs the process may run on, not a cgroup's quota (which
+        // `available_parallelism` applies): the CPUs the machine has bound it.
+        let cpus = std::fs::read_to_string("/proc/cpuinfo")
+            .map(|c| c.lines().filter(|l| l.starts_with("processor")).count())
+            .unwrap_or(0)
+            .max(std::thread::available_parallelism().map_or(1, usize::from));
         assert!(
             usize::try_from(arenas).is_ok_and(|a| a <= cpus.max(1) * 2),
             "{arenas} arenas for {cpus} CPUs (the default is four per CPU)"

@@ -281,6 +281,9 @@ mod tests {
             (0..50)
                 .map(|_| {
                     let mut s = std::net::TcpStream::connect(addr).unwrap();
+                    // A server that never answers fails the test instead of hanging it.
+                    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                        .unwrap();
                     s.write_all(b"GET /debug/kubernetes HTTP/1.1\r\nhost: x\r\n\r\n")
                         .unwrap();
                     s.shutdown(std::net::Shutdown::Write).unwrap();

@@ -127,6 +127,10 @@ fn below_its_minimum_the_near_zone_spills_half_and_takes_it_back_when_restored()
             .collect::<Vec<_>>()
             .join("\n")
     );
+    // The last access line is written as its connection closes, about when `lab send` exits.
+    eventually(Duration::from_secs(10), || {
+        tunnels("198.18.2.50:15008") >= 30
+    });
     let (to_a, to_b) = (tunnels("198.18.1.50:15008"), tunnels("198.18.2.50:15008"));
     assert!(
         to_b >= 30 && to_a == 0,

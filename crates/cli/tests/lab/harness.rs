@@ -134,6 +134,18 @@ impl Lab {
         up_args: &[&str],
     ) -> Option<Self> {
         claim_id(id);
+        Self::up_claimed(topology, id, node_args, hop_args, up_args)
+    }
+
+    /// `up_with_all` for an id already claimed: a shared lab tries again with its own id after
+    /// a failed `up` (the id is still its alone).
+    fn up_claimed(
+        topology: Option<&str>,
+        id: &str,
+        node_args: &[&str],
+        hop_args: &[&str],
+        up_args: &[&str],
+    ) -> Option<Self> {
         if !nix_is_root() {
             eprintln!("skipping the lab test: it needs root to create network namespaces");
             return None;
@@ -644,6 +656,7 @@ pub(crate) struct Shared {
     id: &'static str,
     node_args: &'static [&'static str],
     lab: OnceLock<Option<Lab>>,
+    claimed: std::sync::Once,
     serial: Mutex<()>,
 }
 
@@ -660,6 +673,7 @@ impl Shared {
             id,
             node_args,
             lab: OnceLock::new(),
+            claimed: std::sync::Once::new(),
             serial: Mutex::new(()),
         }
     }
@@ -669,7 +683,9 @@ impl Shared {
     pub(crate) fn get(&'static self) -> Option<&'static Lab> {
         self.lab
             .get_or_init(|| {
-                let mut lab = Lab::up_with_args(self.topology, self.id, self.node_args)?;
+                // Claimed once: a retry after a failed `up` is the same lab, not a second one.
+                self.claimed.call_once(|| claim_id(self.id));
+                let mut lab = Lab::up_claimed(self.topology, self.id, self.node_args, &[], &[])?;
                 let watchdog = Command::new("flock")
                     .arg(lab.lock())
                     .args([

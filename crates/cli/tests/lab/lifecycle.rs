@@ -130,11 +130,15 @@ fn removed_or_altered_capture_rules_are_rewritten_by_the_node_proxy() {
         .is_some()
     );
     assert!(rewritten(), "the edited FERRY_OUT chain was not rewritten");
-    let repairs = lab
-        .log_lines("alpha-1")
-        .into_iter()
-        .filter(|l| l.has(&Text("capture rules were missing or altered; rewritten")))
-        .count();
+    // The log line reaches the log through the writer thread, after the repair.
+    let repairs = || {
+        lab.log_lines("alpha-1")
+            .into_iter()
+            .filter(|l| l.has(&Text("capture rules were missing or altered; rewritten")))
+            .count()
+    };
+    eventually(Duration::from_secs(10), || repairs() >= 3);
+    let repairs = repairs();
     assert!(repairs >= 3, "{repairs} repairs logged");
     // And the pod's traffic is captured again.
     let r = lab

@@ -246,11 +246,15 @@ fn removed_original_source_rules_are_put_back_by_the_node_proxy() {
     let flush = ["ip", "-4", "route", "flush", "table", "133"];
     assert!(in_pod(lab, pod, &flush).0, "the table was flushed");
     assert!(all_back(), "the local route was not put back");
-    let repairs = lab
-        .log_lines("alpha-1")
-        .into_iter()
-        .filter(|l| l.has(&Text("original-source rules were missing or altered")))
-        .count();
+    // The log line reaches the log through the writer thread, after the repair.
+    let repairs = || {
+        lab.log_lines("alpha-1")
+            .into_iter()
+            .filter(|l| l.has(&Text("original-source rules were missing or altered")))
+            .count()
+    };
+    crate::harness::eventually(Duration::from_secs(10), || repairs() >= 3);
+    let repairs = repairs();
     assert!(repairs >= 3, "{repairs} repairs logged");
     let r = lab
         .send("sleep", "198.18.1.20:8080", "again")

@@ -163,6 +163,8 @@ mod tests {
         std::hint::black_box(&v);
         let b = Usage::now().expect("getrusage");
         drop(v);
-        assert!(b.faults >= a.faults + 1_000, "{a:?} then {b:?}");
+        // At least 16: with transparent huge pages on `always`, 64 MiB is about 32 faults (2 MiB
+        // each), else 16,384.
+        assert!(b.faults >= a.faults + 16, "{a:?} then {b:?}");
     }
 }

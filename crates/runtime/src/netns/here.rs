@@ -49,6 +49,9 @@ struct Return<'a>(&'a File);
 impl Drop for Return<'_> {
     fn drop(&mut self) {
         if let Err(e) = setns(self.0, CloneFlags::CLONE_NEWNET) {
+            // Also straight to stderr: the log's writer thread dies with the process, maybe
+            // before it wrote this line.
+            eprintln!("ferry: cannot return a thread to its own network namespace ({e}); aborting");
             tracing::error!(
                 error = %e,
                 "cannot return a thread to its own network namespace after opening a socket in a \
