@@ -21,17 +21,19 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::identity::Identity;
 use ferry_hbone::client::{Connection, DirectDialer};
-use ferry_hbone::headers::{ConnectHeaders, Refusal};
+use ferry_hbone::headers::ConnectHeaders;
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey, Tunnel};
-use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::server::Server;
 use ferry_hbone::settings::Settings;
 use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
 use stats_alloc::StatsAlloc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod support;
+use support::{AllowAll, CLIENT, SERVER, id};
 
 /// Counts heap bytes, for the idle tunnels' memory, over the allocator the `ferry` binary runs
 /// on (jemalloc).
@@ -45,22 +47,7 @@ fn live() -> isize {
     s.bytes_allocated as isize - s.bytes_deallocated as isize
 }
 
-const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
-const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
 const HOLD_TARGET: &str = "FERRY_BENCH_HOLD_TARGET";
-
-struct AllowAll;
-impl Handler for AllowAll {
-    type Admit = ();
-
-    fn admit(&self, _: &ConnectRequest) -> Result<(), Refusal> {
-        Ok(())
-    }
-}
-
-fn id(s: &str) -> Identity {
-    s.parse().unwrap()
-}
 
 fn main() {
     if std::env::var_os(HOLD_TARGET).is_some() {

@@ -38,11 +38,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::identity::Identity;
 use ferry_hbone::client::{Connection, DirectDialer};
-use ferry_hbone::headers::{ConnectHeaders, Refusal};
+use ferry_hbone::headers::ConnectHeaders;
 use ferry_hbone::pool::{Pool, PoolConfig, PoolKey};
-use ferry_hbone::server::{ConnectRequest, Handler, Server};
+use ferry_hbone::server::Server;
 use ferry_hbone::settings::Settings;
 use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
@@ -52,24 +51,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 
+mod support;
+use support::{AllowAll, CLIENT, SERVER, id};
+
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
-const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
-
-struct AllowAll;
-impl Handler for AllowAll {
-    type Admit = ();
-
-    fn admit(&self, _: &ConnectRequest) -> Result<(), Refusal> {
-        Ok(())
-    }
-}
-
-fn id(s: &str) -> Identity {
-    s.parse().expect("a SPIFFE identity")
-}
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
