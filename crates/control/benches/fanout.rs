@@ -3,20 +3,24 @@
 //! client over its own TLS connection (`ferry_control::testing::sim`: decodes every resource,
 //! keeps names and versions, ACKs), plus one real node-proxy client (`ferry_xds::XdsClient`,
 //! snapshot applied). The topology file is edited as a user edits it (written aside, renamed
-//! over; one workload's capacity changes) and the time from the rename to the edit applied at
-//! EVERY client is measured, with the server's CPU and both sides' memory.
+//! over; one workload's capacity changes) and the time from the start of that write to the edit
+//! applied at EVERY client is measured, with the server's CPU and both sides' memory.
 //!
 //! Run: `cargo bench -p ferry-control --bench fanout` (release). Knobs (environment):
 //! `FERRY_FANOUT_SIZES` (workloads, default `10000,100000`), `FERRY_FANOUT_CLIENTS` (simulated
-//! nodes, default 100), `FERRY_FANOUT_EDITS` (default 20). `FERRY_FANOUT_SIZES=100000
+//! nodes, default 100), `FERRY_FANOUT_EDITS` (default 20), `FERRY_FANOUT_EACH=1` (each edit's
+//! times on stderr). `FERRY_FANOUT_SIZES=100000
 //! FERRY_FANOUT_CLIENTS=0` measures the file edit to the real node client alone (issue 22's
 //! target at 100,000 workloads); the default, every one of 100 nodes at 10,000 (the other).
 //! Loopback only; bounded in time (every wait has a deadline) and count.
 //!
 //! Output, per size: the server's start; the initial sync of all clients; per edit, the time
-//! until applied at every client (the slowest client) and at each client, p50/p99; the server's
+//! until applied at every client (the slowest client) and at each client, p50/p99, and how much
+//! of it was the writer's (writing the file aside, renaming it over: a rename over a file on
+//! ext4 starts the new file's writeback) and from the rename's start; the server's
 //! CPU per edit (all of it: parse, flatten, encode, fan-out) and its fan-out threads' CPU per
-//! edit per client; the heap and RSS of the server and of the node side.
+//! edit per client; the heap and RSS of the server and of the node side. The allocator is
+//! jemalloc, as the `ferry` binary's, behind a counter.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -25,15 +29,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_control::app::Listening;
-use ferry_control::testing::Counting;
 use ferry_control::testing::sim::{Sim, SimConfig};
+use ferry_control::testing::{Counting, CountingWith};
 use ferry_core::model::WorkloadUid;
 use ferry_core::store::Store;
 use ferry_xds::client::{ClientConfig, XdsClient};
 use parking_lot::Mutex;
+use tikv_jemallocator::Jemalloc;
 
+/// jemalloc, as the `ferry` binary's, behind the heap counter.
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingWith<Jemalloc> = CountingWith(Jemalloc);
 
 const SERVICES: usize = 1_000;
 const POD0: &str = "east//v1/Pod/default/pod0";
@@ -63,8 +69,9 @@ fn main() {
     let edits: u32 = env("FERRY_FANOUT_EDITS", "20")
         .parse()
         .expect("FERRY_FANOUT_EDITS: a count");
+    let each = env("FERRY_FANOUT_EACH", "0") == "1";
     for workloads in sizes {
-        run(workloads, clients, edits);
+        run(workloads, clients, edits, each);
     }
 }
 
@@ -149,14 +156,17 @@ fn percentile(sorted: &[f64], p: usize) -> f64 {
     sorted[((sorted.len() - 1) * p).div_ceil(100)]
 }
 
-/// Replaces the file in one step (write aside, rename), as editors and config managers do.
-fn replace(path: &Path, text: &str) {
+/// Replaces the file in one step (write aside, rename), as editors and config managers do;
+/// gives when the rename began and when it returned (wall-clock ns): the file changes in it.
+fn replace(path: &Path, text: &str) -> (u128, u128) {
     let aside = path.with_extension("yaml.tmp");
     std::fs::write(&aside, text).expect("writing the edited topology aside");
+    let renaming = wall_ns();
     std::fs::rename(&aside, path).expect("renaming the edited topology over the file");
+    (renaming, wall_ns())
 }
 
-fn run(workloads: usize, clients: usize, edits: u32) {
+fn run(workloads: usize, clients: usize, edits: u32, print_each: bool) {
     let dir = TempDir(
         std::env::temp_dir().join(format!("ferry-fanout-{}-{workloads}", std::process::id())),
     );
@@ -246,6 +256,8 @@ fn run(workloads: usize, clients: usize, edits: u32) {
     // Edits: pod0's capacity becomes edit + 1 in the file.
     let mut every = Vec::new();
     let mut each = Vec::new();
+    // From the rename's start (the file changes in it), and the writer's two steps.
+    let (mut from_rename, mut writes, mut renames) = (Vec::new(), Vec::new(), Vec::new());
     let (mut server_ticks, mut fanout_ticks, mut node_ticks) = (0u64, 0u64, 0u64);
     for edit in 1..=edits {
         let text = generated(edit);
@@ -255,7 +267,7 @@ fn run(workloads: usize, clients: usize, edits: u32) {
             process_ticks(&pid),
         );
         let t0 = wall_ns();
-        replace(&topology, &text);
+        let (renaming, renamed) = replace(&topology, &text);
         let applied = line("applied");
         let (cpu1, ctl1, nodes1) = (
             process_ticks("self"),
@@ -272,14 +284,27 @@ fn run(workloads: usize, clients: usize, edits: u32) {
             .filter_map(|ns| ns.parse::<u128>().ok())
             .map(|ns| ns.saturating_sub(t0) as f64 / 1e6)
             .collect();
-        every.push(lat.iter().copied().fold(0.0, f64::max));
+        let slowest = lat.iter().copied().fold(0.0, f64::max);
+        every.push(slowest);
         each.extend(lat);
+        let ms = |ns: u128| ns as f64 / 1e6;
+        let (write, rename) = (ms(renaming.saturating_sub(t0)), ms(renamed - renaming));
+        if print_each {
+            eprintln!(
+                "edit {edit}: write aside {write:.1} ms, rename {rename:.1} ms, then {:.1} ms to every client",
+                slowest - write
+            );
+        }
+        from_rename.push(slowest - write);
+        writes.push(write);
+        renames.push(rename);
         server_ticks += cpu1 - cpu0;
         fanout_ticks += ctl1 - ctl0;
         node_ticks += nodes1 - nodes0;
     }
-    every.sort_by(f64::total_cmp);
-    each.sort_by(f64::total_cmp);
+    for v in [&mut every, &mut each, &mut from_rename, &mut writes, &mut renames] {
+        v.sort_by(f64::total_cmp);
+    }
     let n = f64::from(edits);
     let receivers = (clients + 1) as f64;
     println!(
@@ -287,6 +312,7 @@ fn run(workloads: usize, clients: usize, edits: u32) {
          \x20 server: ready in {:.0} ms; heap {:.1} MiB idle, {:.1} MiB with every client synced ({:.2} MiB per client); RSS {:.0} -> {:.0} MiB\n\
          \x20 initial sync of every client {:.0} ms; node side: real node client heap {:.1} MiB, per simulated node {:.2} MiB, process RSS {:.0} MiB\n\
          \x20 edit -> applied at EVERY client: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; at each client: p50 {:.1} ms, p99 {:.1} ms\n\
+         \x20 of which the writer: write aside p50 {:.1} ms, max {:.1} ms; rename p50 {:.1} ms, max {:.1} ms; from the rename's start to EVERY client: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms\n\
          \x20 server CPU per edit {:.1} ms (fan-out threads {:.1} ms = {:.3} ms per client); node side CPU per edit {:.1} ms",
         start.as_secs_f64() * 1e3,
         mib(server_heap_idle),
@@ -303,6 +329,13 @@ fn run(workloads: usize, clients: usize, edits: u32) {
         every.last().copied().unwrap_or(f64::NAN),
         percentile(&each, 50),
         percentile(&each, 99),
+        percentile(&writes, 50),
+        writes.last().copied().unwrap_or(f64::NAN),
+        percentile(&renames, 50),
+        renames.last().copied().unwrap_or(f64::NAN),
+        percentile(&from_rename, 50),
+        percentile(&from_rename, 99),
+        from_rename.last().copied().unwrap_or(f64::NAN),
         server_ticks as f64 / TICKS_PER_S * 1e3 / n,
         fanout_ticks as f64 / TICKS_PER_S * 1e3 / n,
         fanout_ticks as f64 / TICKS_PER_S * 1e3 / n / receivers,
