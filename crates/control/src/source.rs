@@ -138,6 +138,8 @@ impl TopologyWatch {
                     // Opened or read: the control plane's own reads (the first load's too, made
                     // once this watch is set) would have it read and compare the file again.
                     Ok(e) if only_read(&e.kind) => false,
+                    // A rename's third report: its `From` and `To` came just before.
+                    Ok(e) if repeats_a_rename(&e.kind) => false,
                     // The file itself, or Kubernetes' atomic writer swapping `..data`.
                     Ok(e) => e.paths.iter().any(|p| {
                         p.file_name().is_some_and(|n| {
@@ -378,58 +380,31 @@ async fn judge(
                 Some(p) => (p.kept, Some(p.served)),
                 None => (None, None),
             };
-            let judged = match ferry_topology::read_file_within(&thread_path, &config.limits) {
-                Err(e) => Judged::Changed(None, Box::new(Err(e))),
-                Ok(text) if served.is_none() => {
-                    let (judged, first) = first_load(&thread_path, text, &config.limits);
-                    kept = first;
-                    judged
+            let mut digest_tx = Some(digest_tx);
+            let digested = move |text: &str| {
+                let d = fingerprint(text);
+                if let Some(tx) = digest_tx.take() {
+                    let _ = tx.send(d.clone());
                 }
-                Ok(text) => {
-                    let mut digest_tx = Some(digest_tx);
-                    let mut digested = move |text: &str| {
-                        let d = fingerprint(text);
-                        if let Some(tx) = digest_tx.take() {
-                            let _ = tx.send(d.clone());
-                        }
-                        d
-                    };
-                    // Content last seen as the kept text is compared with it, undigested.
-                    let mut digest = matches!(last, Some(Seen::Digest(_))).then(|| digested(&text));
-                    let unchanged = match &last {
-                        Some(Seen::Digest(d)) => digest.as_ref() == Some(d),
-                        Some(Seen::Kept) => kept.as_ref().is_some_and(|k| k.text() == text),
-                        None => false,
-                    };
-                    if unchanged {
-                        Judged::Unchanged(digest.map_or(Seen::Kept, Seen::Digest))
-                    } else {
-                        let name = thread_path.display().to_string();
-                        let served = served.map(|s| {
-                            s.unwrap_or_else(|(snap, set)| Served::from_parts(&snap, set))
-                        });
-                        // Digested before a full parse (one abandoned over its budget, or a
-                        // text rejected, is not judged again for the same content); an edit of
-                        // workloads alone is seen as the text it leaves kept.
-                        let parsed = reload_noting(
-                            &name,
-                            text,
-                            &config.limits,
-                            &mut kept,
-                            served.as_ref(),
-                            |text| {
-                                if digest.is_none() {
-                                    digest = Some(digested(text));
-                                }
-                            },
-                        );
-                        let seen = match (&parsed, digest) {
-                            (Ok(r), None) if r.incremental => Some(Seen::Kept),
-                            (_, d) => d.map(Seen::Digest),
-                        };
-                        Judged::Changed(seen, Box::new(parsed))
+                d
+            };
+            let judged = match served {
+                Some(served) => edited(
+                    &thread_path,
+                    &config.limits,
+                    last,
+                    &mut kept,
+                    served,
+                    digested,
+                ),
+                None => match ferry_topology::read_file_within(&thread_path, &config.limits) {
+                    Err(e) => Judged::Changed(None, Box::new(Err(e))),
+                    Ok(text) => {
+                        let (judged, first) = first_load(&thread_path, text, &config.limits);
+                        kept = first;
+                        judged
                     }
-                }
+                },
             };
             let _ = tx.send((judged, kept));
         });
@@ -471,6 +446,64 @@ async fn judge(
             None,
         ),
     }
+}
+
+/// An edit's judgement, with `served` what is served before it. Content last seen as the kept
+/// text is read against it ([`Kept::read_file`]: compared as it is read, only where it differs
+/// kept), and an edit of workload entries alone is applied to it in place; else the file is
+/// read whole and compared with the digest of what was seen. An edit of workloads alone is
+/// seen as the text it leaves kept; a text parsed whole is digested before its parse (one
+/// abandoned over its budget, or rejected, is not judged again for the same content).
+fn edited(
+    path: &Path,
+    limits: &Limits,
+    last: Option<Seen>,
+    kept: &mut Option<Kept>,
+    served: Result<Served, (Arc<ferry_core::snapshot::Snapshot>, Arc<ResourceSet>)>,
+    mut digested: impl FnMut(&str) -> Vec<u8>,
+) -> Judged {
+    let name = path.display().to_string();
+    let served = served.unwrap_or_else(|(snap, set)| Served::from_parts(&snap, set));
+    if last == Some(Seen::Kept)
+        && let Some(k) = kept.as_mut()
+    {
+        let difference = match k.read_file(path, limits) {
+            Err(e) => return Judged::Changed(None, Box::new(Err(e))),
+            Ok(None) => return Judged::Unchanged(Seen::Kept),
+            Ok(Some(d)) => d,
+        };
+        if let Some(edit) = k.edit_by(&difference, limits) {
+            let reloaded = incrementally(edit, Some(&served));
+            return Judged::Changed(Some(Seen::Kept), Box::new(Ok(reloaded)));
+        }
+        let text = difference.text(k.text());
+        let digest = digested(&text);
+        let parsed = reload_whole(&name, text, limits, kept, Some(&served));
+        return Judged::Changed(Some(Seen::Digest(digest)), Box::new(parsed));
+    }
+    let text = match ferry_topology::read_file_within(path, limits) {
+        Err(e) => return Judged::Changed(None, Box::new(Err(e))),
+        Ok(text) => text,
+    };
+    let mut digest = matches!(last, Some(Seen::Digest(_))).then(|| digested(&text));
+    let unchanged = match &last {
+        Some(Seen::Digest(d)) => digest.as_ref() == Some(d),
+        Some(Seen::Kept) => kept.as_ref().is_some_and(|k| k.text() == text),
+        None => false,
+    };
+    if unchanged {
+        return Judged::Unchanged(digest.map_or(Seen::Kept, Seen::Digest));
+    }
+    let parsed = reload_noting(&name, text, limits, kept, Some(&served), |text| {
+        if digest.is_none() {
+            digest = Some(digested(text));
+        }
+    });
+    let seen = match (&parsed, digest) {
+        (Ok(r), None) if r.incremental => Some(Seen::Kept),
+        (_, d) => d.map(Seen::Digest),
+    };
+    Judged::Changed(seen, Box::new(parsed))
 }
 
 /// The first load's judgement of `text`, and the text kept for edits; the digest only when the
@@ -519,19 +552,37 @@ fn reload_noting(
 ) -> Result<Reloaded, TopologyError> {
     let text = match kept.as_mut() {
         Some(k) => match k.edit(text, limits) {
-            Ok((topology, edit)) => {
-                let served = served.map(|s| s.edited(&topology.snapshot, &edit.workloads));
-                return Ok(Reloaded {
-                    topology,
-                    served,
-                    incremental: true,
-                });
-            }
+            Ok(edit) => return Ok(incrementally(edit, served)),
             Err(text) => text,
         },
         None => text,
     };
     full(&text);
+    reload_whole(name, text, limits, kept, served)
+}
+
+/// An edit of workload entries alone ([`Kept::edit`]), served from `served`.
+fn incrementally(
+    (topology, edit): (Topology, ferry_topology::kept::WorkloadEdit),
+    served: Option<&Served>,
+) -> Reloaded {
+    let served = served.map(|s| s.edited(&topology.snapshot, &edit.workloads));
+    Reloaded {
+        topology,
+        served,
+        incremental: true,
+    }
+}
+
+/// `text` parsed whole: `kept` becomes its text (or stays, when it is rejected); served from
+/// `served`, encoding only what differs.
+fn reload_whole(
+    name: &str,
+    text: String,
+    limits: &Limits,
+    kept: &mut Option<Kept>,
+    served: Option<&Served>,
+) -> Result<Reloaded, TopologyError> {
     let (topology, new_kept) = parse_kept(name, text, limits)?;
     *kept = new_kept;
     let served = served.map(|s| s.next(&topology.snapshot));
@@ -549,15 +600,26 @@ fn ends_a_write(event: &notify::Event, name: Option<&OsStr>) -> bool {
     use notify::EventKind;
     use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
     let target = match event.kind {
-        EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both)) => {
-            event.paths.last()
-        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => event.paths.first(),
         EventKind::Access(AccessKind::Close(AccessMode::Write)) => event.paths.first(),
         _ => None,
     };
     target
         .and_then(|p| p.file_name())
         .is_some_and(|n| Some(n) == name || n == "..data")
+}
+
+/// A rename reported as one event with both its names (`RenameMode::Both`): notify's inotify
+/// backend sends it right after the rename's `From` and `To`, so it says nothing new. Taken as
+/// an edit it woke the watcher twice for one rename (the two events are sent back to back, but
+/// the first could be taken off the channel before the second came): the file read and
+/// compared again once the edit was applied.
+fn repeats_a_rename(kind: &notify::EventKind) -> bool {
+    use notify::event::{ModifyKind, RenameMode};
+    matches!(
+        kind,
+        notify::EventKind::Modify(ModifyKind::Name(RenameMode::Both))
+    )
 }
 
 /// An event of a file opened, read or closed unwritten: nothing it holds changed.
@@ -725,7 +787,8 @@ mod tests {
     }
 
     /// A rename onto the file or onto `..data`, or the file closed written, ends a write; other
-    /// events, and these on other files, do not.
+    /// events, and these on other files, do not. A rename's report with both names repeats its
+    /// `To` and is no event at all.
     #[test]
     fn a_rename_onto_the_file_or_a_close_after_writing_ends_a_write() {
         use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind};
@@ -742,14 +805,12 @@ mod tests {
         let closed = EventKind::Access(AccessKind::Close(AccessMode::Write));
         for e in [
             event(to, &["/d/topology.yaml"]),
-            event(both, &["/d/topology.yaml.tmp", "/d/topology.yaml"]),
-            event(both, &["/d/..data_tmp", "/d/..data"]),
+            event(to, &["/d/..data"]),
             event(closed, &["/d/topology.yaml"]),
         ] {
             assert!(ends_a_write(&e, name), "{e:?}");
         }
         for e in [
-            event(both, &["/d/topology.yaml", "/d/elsewhere.yaml"]),
             event(to, &["/d/other.yaml"]),
             event(closed, &["/d/topology.yaml.tmp"]),
             event(
@@ -764,6 +825,14 @@ mod tests {
             event(EventKind::Remove(RemoveKind::File), &["/d/topology.yaml"]),
         ] {
             assert!(!ends_a_write(&e, name), "{e:?}");
+        }
+        assert!(repeats_a_rename(&both));
+        for kind in [
+            to,
+            closed,
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+        ] {
+            assert!(!repeats_a_rename(&kind), "{kind:?}");
         }
     }
 

@@ -2,7 +2,8 @@
 //! converted for the entries it touches, not for the whole file ([`Kept::edit`]).
 //!
 //! The text of the last good file is kept with the start of each entry of its `workloads`
-//! block sequence. A new text is compared with it byte for byte from both ends: when everything
+//! block sequence. A new text is compared with it byte for byte from both ends (as the file is
+//! read, [`Kept::read_file`]: only the stretch that differs is kept of it): when everything
 //! that differs lies within the workloads' entries, only the entries covering the difference are
 //! parsed (old and new, each run as one YAML sequence) and converted, together with every other
 //! section of the file (which the workloads are checked against and converted with: clusters,
@@ -12,20 +13,24 @@
 //! placement, services, policies; what concerns several, unique uids and addresses, is checked
 //! by the delta's application and here).
 //!
-//! Anything else is left to a full parse ([`Kept::edit`] returns `None`): a change outside the
+//! The kept text is then changed where it differs ([`Kept::edit_by`]), not replaced.
+//!
+//! Anything else is left to a full parse ([`Kept::edit`] gives the text back): a change outside the
 //! workloads, YAML anchors or aliases in the workloads, entries that are not a block sequence of
 //! `- ` lines, an entry that does not parse or convert (the full parse locates the problem), a
 //! delta the snapshot rejects.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 use ferry_core::model::{Workload, WorkloadUid};
 use ferry_core::snapshot::{Snapshot, SnapshotDelta};
 
+pub use crate::reread::Difference;
 use crate::schema::{File, ServiceSpec, WorkloadSpec};
-use crate::{Limits, Topology, TopologyError, convert, limits};
+use crate::{Limits, Topology, TopologyError, convert, limits, reread};
 
 /// The last good topology, its text and where its workload entries are.
 #[derive(Debug)]
@@ -128,32 +133,69 @@ impl Kept {
         text: String,
         limits: &Limits,
     ) -> Result<(Topology, WorkloadEdit), String> {
-        match self.try_edit(&text, limits) {
-            Some((topology, edit, items_end, starts)) => {
-                self.items = self.items.start..items_end;
-                self.starts = starts;
-                self.text = text;
-                self.snapshot = topology.snapshot.clone();
-                Ok((topology, edit))
-            }
-            None => Err(text),
-        }
+        let difference = Difference::between(&self.text, &text);
+        self.edit_by(&difference, limits).ok_or(text)
     }
 
-    /// [`Kept::edit`]'s work: the topology, the edit, where the entries end and start.
+    /// [`Kept::edit`] of the text that differs from the kept one by `difference` (as
+    /// [`Kept::read_file`] gives it): the kept text is changed where it differs, not replaced.
+    /// `None` (and this unchanged) when the edit needs a full parse, of
+    /// [`Difference::text`].
+    pub fn edit_by(
+        &mut self,
+        difference: &Difference,
+        limits: &Limits,
+    ) -> Option<(Topology, WorkloadEdit)> {
+        let (topology, edit, entries) = self.try_edit(difference, limits)?;
+        let (prefix, kept_end, mid) = (
+            difference.prefix,
+            difference.kept_end,
+            difference.mid.as_str(),
+        );
+        let shift = |x: usize| x - kept_end + prefix + mid.len();
+        let (a, b, new) = entries;
+        let count = new.len();
+        self.starts.splice(a..b, new);
+        if mid.len() != kept_end - prefix {
+            for s in &mut self.starts[a + count..] {
+                *s = shift(*s);
+            }
+        }
+        self.items = self.items.start..shift(self.items.end);
+        // In place: a text that grows gets room for more (a new allocation of its size would
+        // be copied into and page-faulted at each edit).
+        let grows = mid.len().saturating_sub(kept_end - prefix);
+        if self.text.capacity() - self.text.len() < grows {
+            self.text.reserve_exact(grows + self.text.len() / 64);
+        }
+        self.text.replace_range(prefix..kept_end, mid);
+        self.snapshot = topology.snapshot.clone();
+        Some((topology, edit))
+    }
+
+    /// Reads the file at `path` against the kept text ([`reread::read_against`]): `None` when
+    /// it holds the kept text, else how it differs (for [`Kept::edit_by`]).
+    pub fn read_file(
+        &self,
+        path: &Path,
+        limits: &Limits,
+    ) -> Result<Option<Difference>, TopologyError> {
+        reread::read_against(path, limits, &self.text)
+    }
+
+    /// [`Kept::edit_by`]'s work: the topology, the edit, and the entries from `a` to `b`
+    /// (excluded) replaced by entries starting where given.
     #[allow(clippy::type_complexity)]
     fn try_edit(
         &mut self,
-        text: &str,
+        difference: &Difference,
         limits: &Limits,
-    ) -> Option<(Topology, WorkloadEdit, usize, Vec<usize>)> {
-        let old = self.text.as_bytes();
-        let new = text.as_bytes();
-        let prefix = common_prefix(old, new);
-        let most = old.len().min(new.len()) - prefix;
-        let suffix = common_suffix(&old[prefix..], &new[prefix..]).min(most);
-        let old_end = old.len() - suffix;
-        let shift = |x: usize| x + new.len() - old.len();
+    ) -> Option<(Topology, WorkloadEdit, (usize, usize, Vec<usize>))> {
+        let (prefix, old_end, mid) = (
+            difference.prefix,
+            difference.kept_end,
+            difference.mid.as_str(),
+        );
         if prefix < self.items.start || old_end > self.items.end {
             return None;
         }
@@ -175,28 +217,25 @@ impl Kept {
         }
         let lo = self.starts[a];
         let old_mid = &self.text[lo..old_hi];
-        let new_mid = text.get(lo..shift(old_hi))?;
-        let mid_starts = entry_starts(new_mid, self.indent, a == 0)?;
+        let new_mid = [&self.text[lo..prefix], mid, &self.text[old_end..old_hi]].concat();
+        let mid_starts = entry_starts(&new_mid, self.indent, a == 0)?;
         if entry_starts(old_mid, self.indent, a == 0)?.len() != b - a {
             return None;
         }
-        if !plain(new_mid) || limits::check(new_mid, limits).is_err() {
+        if !plain(&new_mid) || limits::check(&new_mid, limits).is_err() {
             return None;
         }
         let removed = entries(&mut self.rest, &self.instances, self.indent, old_mid)?;
-        let added = entries(&mut self.rest, &self.instances, self.indent, new_mid)?;
+        let added = entries(&mut self.rest, &self.instances, self.indent, &new_mid)?;
         if removed.len() != b - a {
             return None;
         }
-
-        let mut starts: Vec<usize> = self.starts[..a].to_vec();
-        starts.extend(mid_starts.iter().map(|s| lo + s));
-        starts.extend(self.starts[b..].iter().map(|&s| shift(s)));
-        if starts.is_empty() || mid_starts.len() != added.len() {
+        if a + mid_starts.len() + (self.starts.len() - b) == 0 || mid_starts.len() != added.len() {
             // No workloads left (the full parse says what that means), or entries that are
             // not what the parser saw.
             return None;
         }
+        let new_starts = mid_starts.iter().map(|s| lo + s).collect();
 
         let mut delta = SnapshotDelta::new(self.snapshot.version());
         let mut edit = WorkloadEdit::default();
@@ -222,7 +261,7 @@ impl Kept {
             snapshot,
             trust_domain: self.trust_domain.clone(),
         };
-        Some((topology, edit, shift(self.items.end), starts))
+        Some((topology, edit, (a, b, new_starts)))
     }
 
     /// The text kept.
@@ -385,80 +424,7 @@ fn entry_starts(text: &str, indent: usize, leading: bool) -> Option<Vec<usize>> 
     }
 }
 
-/// Bytes compared at once by [`common_prefix`] and [`common_suffix`] (a slice comparison is a
-/// `memcmp`; byte by byte, a file of 10 MB took milliseconds).
-const BLOCK: usize = 4096;
-
-/// How many bytes `a` and `b` start with in common.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    let n = a.len().min(b.len());
-    let mut at = 0;
-    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
-        at += BLOCK;
-    }
-    at + a[at..n]
-        .iter()
-        .zip(&b[at..n])
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
-/// How many bytes `a` and `b` end with in common.
-fn common_suffix(a: &[u8], b: &[u8]) -> usize {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[a.len() - n..], &b[b.len() - n..]);
-    let mut at = n;
-    while at >= BLOCK && a[at - BLOCK..at] == b[at - BLOCK..at] {
-        at -= BLOCK;
-    }
-    n - at
-        + a[..at]
-            .iter()
-            .rev()
-            .zip(b[..at].iter().rev())
-            .take_while(|(x, y)| x == y)
-            .count()
-}
-
 /// No YAML anchor or alias (`&`, `*`) in `text`.
 fn plain(text: &str) -> bool {
     !text.bytes().any(|b| b == b'&' || b == b'*')
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    /// A text longer than a block or two and the same with a stretch replaced (maybe by one
-    /// of another length, maybe by nothing).
-    fn pair() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
-        (
-            0..3 * BLOCK,
-            0..3 * BLOCK,
-            0..3 * BLOCK,
-            proptest::collection::vec(0u8..3, 0..20),
-        )
-            .prop_map(|(len, i, j, with)| {
-                let a: Vec<u8> = (0..len).map(|k| (k % 7) as u8).collect();
-                let (i, j) = (i.min(len), j.min(len));
-                let (i, j) = (i.min(j), i.max(j));
-                let mut b = a[..i].to_vec();
-                b.extend(&with);
-                b.extend(&a[j..]);
-                (a, b)
-            })
-    }
-
-    proptest! {
-        /// Compared a block at a time, the common start and end are those compared byte by byte.
-        #[test]
-        fn common_ends_are_those_found_byte_by_byte((a, b) in pair()) {
-            let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-            let suffix = a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count();
-            prop_assert_eq!(common_prefix(&a, &b), prefix);
-            prop_assert_eq!(common_suffix(&a, &b), suffix);
-        }
-    }
 }

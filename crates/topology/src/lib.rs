@@ -78,6 +78,7 @@ mod convert;
 mod error;
 pub mod kept;
 mod limits;
+pub mod reread;
 mod runs;
 pub mod schema;
 
