@@ -302,7 +302,13 @@ fn run(workloads: usize, clients: usize, edits: u32, print_each: bool) {
         fanout_ticks += ctl1 - ctl0;
         node_ticks += nodes1 - nodes0;
     }
-    for v in [&mut every, &mut each, &mut from_rename, &mut writes, &mut renames] {
+    for v in [
+        &mut every,
+        &mut each,
+        &mut from_rename,
+        &mut writes,
+        &mut renames,
+    ] {
         v.sort_by(f64::total_cmp);
     }
     let n = f64::from(edits);
