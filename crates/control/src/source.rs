@@ -392,7 +392,7 @@ async fn judge(
                 Some(served) => edited(
                     &thread_path,
                     &config.limits,
-                    last,
+                    last.as_ref(),
                     &mut kept,
                     served,
                     digested,
@@ -457,14 +457,14 @@ async fn judge(
 fn edited(
     path: &Path,
     limits: &Limits,
-    last: Option<Seen>,
+    last: Option<&Seen>,
     kept: &mut Option<Kept>,
     served: Result<Served, (Arc<ferry_core::snapshot::Snapshot>, Arc<ResourceSet>)>,
     mut digested: impl FnMut(&str) -> Vec<u8>,
 ) -> Judged {
     let name = path.display().to_string();
     let served = served.unwrap_or_else(|(snap, set)| Served::from_parts(&snap, set));
-    if last == Some(Seen::Kept)
+    if last == Some(&Seen::Kept)
         && let Some(k) = kept.as_mut()
     {
         let difference = match k.read_file(path, limits) {
@@ -486,7 +486,7 @@ fn edited(
         Ok(text) => text,
     };
     let mut digest = matches!(last, Some(Seen::Digest(_))).then(|| digested(&text));
-    let unchanged = match &last {
+    let unchanged = match last {
         Some(Seen::Digest(d)) => digest.as_ref() == Some(d),
         Some(Seen::Kept) => kept.as_ref().is_some_and(|k| k.text() == text),
         None => false,

@@ -138,10 +138,10 @@ enum Compared {
 
 /// Reads `r`, expected to hold `len` bytes, through `buf`, and compares it with `kept` as it
 /// comes. Byte `i` of the new text is compared with byte `i` of the kept one until they first
-/// differ (at `prefix`); from there on with the kept byte as far from the end (`i + kept.len()
-/// - len`), if that lies at or after `prefix`, and the new bytes up to the last that differs
-/// are all that is kept of it (those it skipped that turn out to be needed are the kept
-/// text's). The result is what comparing the whole texts gives: the longest common start, then
+/// differ (at `prefix`); from there on with the kept byte as far from the end (byte
+/// `i + kept.len() - len`), if that lies at or after `prefix`, and the new bytes up to the last
+/// that differs are all that is kept of it (those it skipped that turn out to be needed are the
+/// kept text's). The result is what comparing the whole texts gives: the longest common start, then
 /// the longest common end of what is left.
 fn compare(
     r: &mut impl Read,

@@ -108,7 +108,7 @@ proptest! {
         // Often the same but for a stretch.
         let new = format!("{}{new}", kept.chars().take(cut).collect::<String>());
         let d = Difference::between(&kept, &new);
-        prop_assert_eq!(d.text(&kept), new.clone());
+        prop_assert_eq!(d.text(&kept), new.as_str());
         prop_assert_eq!(d.len(&kept), new.len());
         prop_assert_eq!(d.is_empty(), kept == new);
     }
