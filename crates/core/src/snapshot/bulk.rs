@@ -10,14 +10,16 @@
 //! the first one broken. A valid set builds to the same snapshot either way
 //! (`bulk_tests.rs`, `tests/incremental.rs`).
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
-use super::index::{Touched, destinations, mark};
-use super::{AddressOwner, AddressRef, Endpoint, Snapshot, SnapshotBuilder};
+use super::index::{Touched, count_up, destinations, mark};
+use super::{AddressOwner, AddressRef, Endpoint, Snapshot, SnapshotBuilder, endpoint_order};
 use crate::identity::Identity;
 use crate::keyed_hash::{HashMap, Map};
-use crate::model::{ClusterId, NetworkAddress, NodeName, ServiceKey, Workload, WorkloadUid};
+use crate::model::{
+    ClusterId, NetworkAddress, NodeName, Service, ServiceKey, Workload, WorkloadUid,
+};
 
 /// Workloads from which a build claims their addresses on a second thread.
 pub(super) const APART_MIN: usize = 8_192;
@@ -37,16 +39,14 @@ impl SnapshotBuilder {
         for n in &self.nodes {
             snap.add_node(n.clone()).ok()?;
         }
-        for s in &self.services {
-            snap.add_service(s.clone(), &mut touched).ok()?;
-        }
+        snap.add_services(&self.services)?;
         for g in &self.gateways {
             snap.add_gateway(g.clone(), &mut touched).ok()?;
         }
         for p in &self.policies {
             snap.add_policy(p.clone(), &mut touched).ok()?;
         }
-        snap.add_workloads(&self.workloads, &mut touched, apart_min)?;
+        snap.add_workloads(&self.services, &self.workloads, &mut touched, apart_min)?;
         for s in &self.services {
             snap.check_service_refs(s).ok()?;
         }
@@ -63,10 +63,59 @@ impl SnapshotBuilder {
 }
 
 impl Snapshot {
-    /// Adds `workloads` as [`Snapshot::add_workload`] does one, all at once; `None` when one
-    /// breaks an invariant (this snapshot is then of no use).
+    /// Adds `services` as [`Snapshot::add_service`] does one, all at once, but for their
+    /// addresses (claimed with the workloads', [`claim_all`]); `None` when two share a key.
+    /// Each map is filled in the order of its trie, and each bucket is made in its order
+    /// (none is left to [`Snapshot::sort`]).
+    fn add_services(&mut self, services: &[Arc<Service>]) -> Option<()> {
+        let keys: Vec<ServiceKey> = services.iter().map(|s| s.key()).collect();
+        for s in services {
+            for d in destinations([&s.waypoint]) {
+                count_up(&mut self.gateway_refs, d);
+            }
+        }
+        for i in in_trie_order(self.services.hasher(), &keys) {
+            if self
+                .services
+                .insert(keys[i].clone(), services[i].clone())
+                .is_some()
+            {
+                return None;
+            }
+        }
+        for i in in_trie_order(self.endpoints.hasher(), &keys) {
+            let mut bucket: Vec<Endpoint> = services[i]
+                .address_endpoints
+                .iter()
+                .map(|a| Endpoint::Address(Box::new(a.clone())))
+                .collect();
+            sort_endpoints(&mut bucket);
+            self.endpoints.insert(keys[i].clone(), Arc::new(bucket));
+        }
+        let mut by_hostname: HashMap<&String, Vec<ServiceKey>> = HashMap::default();
+        for (s, key) in services.iter().zip(keys) {
+            by_hostname.entry(&s.hostname).or_default().push(key);
+        }
+        let hostnames: Vec<_> = by_hostname.into_iter().collect();
+        let order = in_trie_order(self.by_hostname.hasher(), hostnames.iter().map(|(h, _)| *h));
+        let mut hostnames: Vec<_> = hostnames.into_iter().map(Some).collect();
+        for i in order {
+            let Some((hostname, keys)) = hostnames[i].take() else {
+                continue;
+            };
+            let bucket = self.by_hostname.entry(hostname.clone()).or_default();
+            bucket.extend(keys);
+            bucket.sort();
+        }
+        Some(())
+    }
+
+    /// Adds `workloads` as [`Snapshot::add_workload`] does one, all at once, and claims the
+    /// addresses of `services` (added by [`Snapshot::add_services`]) with theirs; `None` when
+    /// one breaks an invariant (this snapshot is then of no use).
     fn add_workloads(
         &mut self,
+        services: &[Arc<Service>],
         workloads: &[Arc<Workload>],
         touched: &mut Touched,
         apart_min: usize,
@@ -74,7 +123,7 @@ impl Snapshot {
         let by_address = std::mem::take(&mut self.by_address);
         let (claimed, indexed) = if workloads.len() >= apart_min {
             std::thread::scope(|s| {
-                let claiming = s.spawn(|| claim_all(by_address, workloads));
+                let claiming = s.spawn(|| claim_all(by_address, services, workloads));
                 let indexed = self.index_workloads(workloads, touched);
                 // Claiming does not panic; if it did, the panic goes on as if on one thread.
                 let claimed = claiming
@@ -84,7 +133,7 @@ impl Snapshot {
             })
         } else {
             let indexed = self.index_workloads(workloads, touched);
-            (claim_all(by_address, workloads), indexed)
+            (claim_all(by_address, services, workloads), indexed)
         };
         self.by_address = claimed?;
         indexed
@@ -148,10 +197,11 @@ impl Snapshot {
                 return None;
             }
         }
+        // Each bucket put in order now: it is complete (no key copied to be sorted later).
         for (svc, added) in endpoints {
-            let bucket = self.endpoints.get_mut(svc)?;
-            Arc::make_mut(bucket).extend(added);
-            mark(&mut touched.endpoints, svc);
+            let bucket = Arc::make_mut(self.endpoints.get_mut(svc)?);
+            bucket.extend(added);
+            sort_endpoints(bucket);
         }
         for (node, (_, added)) in by_node {
             Arc::make_mut(self.by_node.entry(node.clone()).or_default()).extend(added);
@@ -161,35 +211,73 @@ impl Snapshot {
     }
 }
 
-/// `by_address` with every address of `workloads` claimed; `None` when one is taken.
+/// `by_address` with every address of `services` and `workloads` claimed; `None` when one is
+/// taken.
 fn claim_all(
     mut by_address: Map<NetworkAddress, AddressOwner>,
+    services: &[Arc<Service>],
     workloads: &[Arc<Workload>],
 ) -> Option<Map<NetworkAddress, AddressOwner>> {
     let hasher = by_address.hasher();
-    // (where in the trie, workload, address)
-    let mut claims: Vec<(u32, usize, usize)> = Vec::with_capacity(workloads.len());
+    // (where in the trie, service i or workload `services.len() + i`, address)
+    let mut claims: Vec<(u32, usize, usize)> = Vec::with_capacity(services.len() + workloads.len());
+    for (i, s) in services.iter().enumerate() {
+        for (j, vip) in s.vips.iter().enumerate() {
+            claims.push((trie_order(hasher.hash_one(vip)), i, j));
+        }
+    }
     for (i, w) in workloads.iter().enumerate() {
         for (j, ip) in w.addresses.iter().enumerate() {
             let at = AddressRef {
                 network: &w.network,
                 ip: *ip,
             };
-            claims.push((trie_order(hasher.hash_one(at)), i, j));
+            claims.push((trie_order(hasher.hash_one(at)), services.len() + i, j));
         }
     }
     claims.sort_unstable();
     for (_, i, j) in claims {
-        let w = &workloads[i];
-        let address = NetworkAddress::new(w.network.clone(), w.addresses[j]);
+        let (address, owner) = match i.checked_sub(services.len()) {
+            None => {
+                let s = &services[i];
+                let owner = AddressOwner::Service(Box::new(s.key()));
+                (s.vips[j].clone(), owner)
+            }
+            Some(i) => {
+                let w = &workloads[i];
+                let address = NetworkAddress::new(w.network.clone(), w.addresses[j]);
+                (address, AddressOwner::Workload(w.uid.clone()))
+            }
+        };
         match by_address.entry(address) {
             imbl::hashmap::Entry::Occupied(_) => return None,
             imbl::hashmap::Entry::Vacant(v) => {
-                v.insert(AddressOwner::Workload(w.uid.clone()));
+                v.insert(owner);
             }
         }
     }
     Some(by_address)
+}
+
+/// Puts a bucket of endpoints in [`endpoint_order`], as [`Snapshot::sort`] does (stable).
+fn sort_endpoints(bucket: &mut [Endpoint]) {
+    if !bucket.is_sorted_by(|a, b| endpoint_order(a, b).is_le()) {
+        bucket.sort_by(endpoint_order);
+    }
+}
+
+/// The indexes of `keys` in the order of the trie of a persistent map hashed by `hasher`.
+fn in_trie_order<K: Hash>(
+    hasher: &impl BuildHasher,
+    keys: impl IntoIterator<Item = K>,
+) -> Vec<usize> {
+    let mut order: Vec<(u32, usize)> = keys
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| (trie_order(hasher.hash_one(k)), i))
+        .collect();
+    order.sort_unstable();
+    order.into_iter().map(|(_, i)| i).collect()
 }
 
 /// A key's place in the order of a persistent map's trie, from its hash: the trie takes the

@@ -32,7 +32,7 @@ pub(super) fn mark<K: Hash + Eq + Clone>(set: &mut HashSet<K>, key: &K) {
     }
 }
 
-fn count_up<K: Hash + Eq + Clone>(counts: &mut Map<K, usize>, key: &K) {
+pub(super) fn count_up<K: Hash + Eq + Clone>(counts: &mut Map<K, usize>, key: &K) {
     *counts.entry(key.clone()).or_insert(0) += 1;
 }
 
