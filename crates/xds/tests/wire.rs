@@ -342,3 +342,110 @@ fn a_port_s_app_protocol_travels_in_istios_field_3_with_istios_values() {
         "port 81 carries an app_protocol: {body:?}"
     );
 }
+
+/// A workload `uid` with these labels entries, service map entries and locality occurrences
+/// (each already a field's bytes), as one `Address`.
+fn workload_with(uid: &str, fields: &[Vec<u8>]) -> Vec<u8> {
+    let mut w = Vec::new();
+    w.extend(ld(20, uid.as_bytes()));
+    w.extend(ld(1, uid.as_bytes()));
+    w.extend(ld(2, b"default"));
+    w.extend(ld(3, &[198, 18, 1, 10]));
+    w.extend(ld(4, b"net-east"));
+    w.extend(ld(18, b"east"));
+    for f in fields {
+        w.extend_from_slice(f);
+    }
+    ld(1, &w)
+}
+
+fn label(k: &str, v: &str) -> Vec<u8> {
+    ld(10001, &[ld(1, k.as_bytes()), ld(2, v.as_bytes())].concat())
+}
+
+fn backs(service: &str, port: u64) -> Vec<u8> {
+    let ports = ld(1, &[vi(1, port), vi(2, 8080)].concat());
+    ld(22, &[ld(1, service.as_bytes()), ld(2, &ports)].concat())
+}
+
+fn workload(
+    d: Result<Decoded, ferry_xds::convert::InvalidResource>,
+) -> std::sync::Arc<ferry_core::model::Workload> {
+    match d {
+        Ok(Decoded::Workload(w)) => w,
+        other => panic!("not a workload: {other:?}"),
+    }
+}
+
+/// The maps a workload repeats are found by their bytes (decoded once), and decode as
+/// `ferry_api` decodes them: a key sent twice keeps its last value, a message sent twice is
+/// merged, equal maps sent in another order share one copy, and bytes that do not decode
+/// are named with `ferry_api`'s error.
+#[test]
+fn a_workload_s_maps_decode_as_ferry_api_does_and_are_shared_by_their_bytes() {
+    use ferry_xds::convert::{Interner, decode_address_with};
+    let mut intern = Interner::default();
+    let svc = "default/echo.default.svc.cluster.local";
+    let fields = [
+        label("app", "old"),
+        label("version", "v1"),
+        label("app", "echo"),
+        backs(svc, 81),
+        backs(svc, 80),
+        ld(24, &ld(1, b"us-east")),
+        ld(24, &ld(2, b"us-east-1a")),
+    ];
+    let a = workload(decode_address_with(
+        &mut intern,
+        "a",
+        &workload_with("a", &fields),
+    ));
+    let labels: Vec<_> = a
+        .labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(labels, [("app", "echo"), ("version", "v1")]);
+    let key = ferry_core::model::ServiceKey::new("default", "echo.default.svc.cluster.local");
+    assert_eq!(a.target_port(&key, 80), Some(8080));
+    assert_eq!(a.target_port(&key, 81), None);
+    assert_eq!(
+        (a.locality.region.as_str(), a.locality.zone.as_str()),
+        ("us-east", "us-east-1a")
+    );
+    // The same bytes: the same copies. The same labels in another order: the same copy too.
+    let b = workload(decode_address_with(
+        &mut intern,
+        "b",
+        &workload_with("b", &fields),
+    ));
+    assert!(a.labels.ptr_eq(&b.labels) && a.services.ptr_eq(&b.services));
+    assert!(std::sync::Arc::ptr_eq(&a.locality, &b.locality));
+    let reordered = [label("version", "v1"), label("app", "echo"), backs(svc, 80)];
+    let c = workload(decode_address_with(
+        &mut intern,
+        "c",
+        &workload_with("c", &reordered),
+    ));
+    assert!(a.labels.ptr_eq(&c.labels) && a.services.ptr_eq(&c.services));
+    // Bytes that do not decode (a key that is not UTF-8), seen first or after good ones.
+    for bad in [
+        ld(10001, &ld(1, &[0xff, 0xfe])),
+        ld(22, &[0x0a, 0x05, b'x']),
+    ] {
+        let bytes = workload_with("d", &[bad]);
+        let expected = <ferry_api::workload::Address as prost::Message>::decode(bytes.as_slice())
+            .expect_err("ferry_api does not decode it");
+        for intern in [&mut Interner::default(), &mut intern] {
+            let e = decode_address_with(intern, "d", &bytes).expect_err("rejected");
+            assert_eq!(
+                e.reason,
+                format!("not an istio.workload.Address: {expected}")
+            );
+        }
+    }
+    // A service map that decodes but is wrong is named where the workload's checks reach it.
+    let bytes = workload_with("e", &[backs("no-slash", 80)]);
+    let e = decode_address_with(&mut intern, "e", &bytes).expect_err("rejected");
+    assert!(e.reason.contains("is not namespace/hostname"), "{e}");
+}

@@ -62,41 +62,56 @@ fn decode_in_chunks(
     }
     let chunks: Vec<&[Resource]> = r.resources.chunks(chunk.max(1)).collect();
     let next = AtomicUsize::new(0);
-    // Chunks by index, each with whether the client's interner decoded it.
-    let work = |intern: &mut Interner, own: bool| {
+    // Chunks by index, each with the thread that decoded it (0: this one, with the client's
+    // interner).
+    let work = |intern: &mut Interner, thread: usize| {
         let mut done = Vec::new();
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(run) = chunks.get(i) else { break };
             let mut out = DecodedPush::default();
             decode_run(intern, r, run, &mut out);
-            done.push((i, own, out));
+            done.push((i, thread, out));
         }
         done
     };
-    let mut done = std::thread::scope(|s| {
+    let (mut done, theirs) = std::thread::scope(|s| {
         let others: Vec<_> = (1..threads)
-            .map(|_| s.spawn(|| work(&mut Interner::default(), false)))
+            .map(|t| {
+                s.spawn(move || {
+                    let mut theirs = Interner::default();
+                    let done = work(&mut theirs, t);
+                    (theirs, done)
+                })
+            })
             .collect();
-        let mut done = work(intern, true);
+        let mut done = work(intern, 0);
+        let mut interners = vec![];
         for t in others {
             // Decoding does not panic; if it did, the panic goes on as if on one thread.
-            done.extend(t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            let (theirs, d) = t.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            done.extend(d);
+            interners.push(theirs);
         }
-        done
+        (done, interners)
     });
     done.sort_by_key(|(i, _, _)| *i);
+    // Each other thread's copies adopted by the client's interner once, then found by their
+    // address in the resources that thread decoded (one probe each, not a map hashed).
+    let adopted: Vec<_> = theirs.iter().map(|t| intern.adopt_all(t)).collect();
     let mut out = DecodedPush::default();
-    for (_, own, mut run) in done {
-        if !own {
+    for (_, thread, mut run) in done {
+        if let Some(from) = thread.checked_sub(1).and_then(|t| adopted.get(t)) {
             for (_, _, d) in &mut run.addresses {
-                convert::share(intern, d);
+                convert::share(intern, from, d);
             }
         }
         out.addresses.append(&mut run.addresses);
         out.policies.append(&mut run.policies);
         out.rejected.append(&mut run.rejected);
     }
+    drop(adopted);
+    drop(theirs);
     out
 }
 

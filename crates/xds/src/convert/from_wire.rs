@@ -17,7 +17,8 @@ use ferry_core::model::{
 };
 use ferry_core::telemetry::{canonical_name, canonical_revision};
 
-use super::intern::Interner;
+use super::intern::{Adopted, Interner, Labels, ServiceMap};
+use super::wire;
 use prost::Message;
 
 /// A resource the client will not apply. The text is the NACK detail for it.
@@ -54,10 +55,13 @@ pub fn decode_address_with(
         name: name.to_string(),
         reason,
     };
-    let msg = wl::Address::decode(bytes)
-        .map_err(|e| bad(format!("not an istio.workload.Address: {e}")))?;
+    let msg = wire::Address::decode(bytes).map_err(|e| bad(wire::not_an_address(bytes, e)))?;
     match msg.r#type {
-        Some(wl::address::Type::Workload(w)) => {
+        Some(wire::AddressType::Workload(mut w)) => {
+            // The fields left as bytes decode before anything is checked, as the whole
+            // message does at once.
+            let shared =
+                Shared::of(&mut w, intern).map_err(|e| bad(wire::not_an_address(bytes, e)))?;
             if w.uid != name {
                 return Err(bad(format!(
                     "expected uid {name:?} (the resource name), found {:?}",
@@ -67,10 +71,10 @@ pub fn decode_address_with(
             if w.ferry_eastwest_gateway {
                 gateway(&w).map(|g| Decoded::Gateway(Arc::new(g)))
             } else {
-                workload(w, intern).map(|w| Decoded::Workload(Arc::new(w)))
+                workload(w, shared, intern).map(|w| Decoded::Workload(Arc::new(w)))
             }
         }
-        Some(wl::address::Type::Service(s)) => {
+        Some(wire::AddressType::Service(s)) => {
             let expected = super::service_name(&s.namespace, &s.hostname);
             if expected != name {
                 return Err(bad(format!(
@@ -86,10 +90,11 @@ pub fn decode_address_with(
 
 /// `d`, decoded through another interner (a push decoded on several threads), holding
 /// `intern`'s copies of the names and maps it shares instead: as if `intern` had decoded it.
+/// `from` is that other interner's copies adopted by `intern` ([`Interner::adopt_all`]).
 /// Only a resource nothing else holds yet is changed; any other is returned as it is.
-pub(crate) fn share(intern: &mut Interner, d: &mut Decoded) {
+pub(crate) fn share(intern: &mut Interner, from: &Adopted, d: &mut Decoded) {
     let network = |intern: &mut Interner, a: &mut NetworkAddress| {
-        a.network = intern.adopt_network(&a.network);
+        a.network = intern.adopt_network(&a.network, from);
     };
     let gateway = |intern: &mut Interner, g: &mut Option<GatewayRef>| {
         if let Some(GatewayRef {
@@ -103,16 +108,16 @@ pub(crate) fn share(intern: &mut Interner, d: &mut Decoded) {
     match d {
         Decoded::Workload(w) => {
             let Some(w) = Arc::get_mut(w) else { return };
-            w.network = intern.adopt_network(&w.network);
-            w.cluster = intern.adopt_cluster(&w.cluster);
+            w.network = intern.adopt_network(&w.network, from);
+            w.cluster = intern.adopt_cluster(&w.cluster, from);
             if let Some(n) = &mut w.node {
-                *n = intern.adopt_node(n);
+                *n = intern.adopt_node(n, from);
             }
             gateway(intern, &mut w.waypoint);
             gateway(intern, &mut w.network_gateway);
-            w.locality = intern.adopt_locality(&w.locality);
-            w.services = intern.adopt_services(w.services.as_arc()).into();
-            w.labels = intern.adopt_labels(w.labels.as_arc()).into();
+            w.locality = intern.adopt_locality(&w.locality, from);
+            w.services = intern.adopt_services(w.services.as_arc(), from).into();
+            w.labels = intern.adopt_labels(w.labels.as_arc(), from).into();
         }
         Decoded::Service(s) => {
             let Some(s) = Arc::get_mut(s) else { return };
@@ -227,9 +232,47 @@ fn service_key(s: &str) -> R<ServiceKey> {
     Ok(ServiceKey::new(ns, nonempty(host, "service hostname")?))
 }
 
+/// A workload's fields that its message left as bytes, as the interner's copies: found by
+/// their bytes, decoded the first time. The service map is checked too, but what is wrong with
+/// it is reported where the workload's checks come to it.
+struct Shared {
+    services: R<Arc<ServiceMap>>,
+    labels: Arc<Labels>,
+    locality: Arc<Locality>,
+}
+
+impl Shared {
+    fn of(w: &mut wire::Workload, intern: &mut Interner) -> Result<Self, prost::DecodeError> {
+        let services = intern.services_wire(std::mem::take(&mut w.services), |entries| {
+            let sent = wire::services(entries)?;
+            let mut services = BTreeMap::new();
+            let converted = sent.iter().try_for_each(|(k, ports)| -> R<()> {
+                services.insert(service_key(k)?, port_mappings(&ports.ports)?);
+                Ok(())
+            });
+            Ok::<_, prost::DecodeError>(converted.map(|()| services))
+        })?;
+        let labels = intern.labels_wire(std::mem::take(&mut w.ferry_labels), wire::labels)?;
+        let locality = intern.locality_wire(std::mem::take(&mut w.locality), |sent| {
+            Ok::<_, prost::DecodeError>(wire::locality(sent)?.map_or_else(Locality::default, |l| {
+                Locality {
+                    region: l.region,
+                    zone: l.zone,
+                    subzone: l.subzone,
+                }
+            }))
+        })?;
+        Ok(Self {
+            services,
+            labels,
+            locality,
+        })
+    }
+}
+
 /// A workload, moved out of its message (its strings are not copied again) with the names and
-/// maps it repeats shared through `intern`.
-fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
+/// maps it repeats shared through `intern` (`shared`: those its message left as bytes).
+fn workload(mut w: wire::Workload, shared: Shared, intern: &mut Interner) -> R<Workload> {
     let trust_domain = if w.trust_domain.is_empty() {
         "cluster.local".to_string()
     } else {
@@ -241,7 +284,7 @@ fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
         std::mem::take(&mut w.service_account)
     };
     Identity::check(&trust_domain, &w.namespace, &service_account).map_err(|e| e.to_string())?;
-    let labels = std::mem::take(&mut w.ferry_labels);
+    let labels = shared.labels;
     let tunnel = match wl::TunnelProtocol::try_from(w.tunnel_protocol) {
         Ok(wl::TunnelProtocol::Hbone) => TunnelProtocol::Hbone,
         Ok(wl::TunnelProtocol::None) => TunnelProtocol::Tcp,
@@ -257,18 +300,7 @@ fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
         Ok(wl::WorkloadStatus::Unhealthy) => Health::Unhealthy,
         Err(_) => return Err(format!("unknown status {}", w.status)),
     };
-    let mut services = BTreeMap::new();
-    for (k, ports) in &w.services {
-        services.insert(service_key(k)?, port_mappings(&ports.ports)?);
-    }
-    let locality = w
-        .locality
-        .take()
-        .map_or_else(Locality::default, |l| Locality {
-            region: l.region,
-            zone: l.zone,
-            subzone: l.subzone,
-        });
+    let services = shared.services?;
     nonempty(&w.uid, "uid")?;
     nonempty(&w.name, "name")?;
     let addresses = w.addresses.iter().map(|a| ip(a)).collect::<R<_>>()?;
@@ -305,15 +337,15 @@ fn workload(mut w: wl::Workload, intern: &mut Interner) -> R<Workload> {
         network: intern.network(&w.network),
         cluster,
         node: (!w.node.is_empty()).then(|| intern.node(&w.node)),
-        locality: intern.locality(locality),
+        locality: shared.locality,
         tunnel,
         health,
         capacity: w.capacity.unwrap_or(1),
         waypoint,
         network_gateway,
-        services: intern.services(services).into(),
+        services: services.into(),
         authorization_policies,
-        labels: intern.labels(labels).into(),
+        labels: labels.into(),
         dns_capture: w.ferry_dns_capture,
     })
 }
@@ -329,7 +361,7 @@ fn given_unless(given: &str, derived: &str) -> String {
     }
 }
 
-fn gateway(w: &wl::Workload) -> R<Gateway> {
+fn gateway(w: &wire::Workload) -> R<Gateway> {
     let [addr] = w.addresses.as_slice() else {
         return Err(format!(
             "an east-west gateway has exactly one address, found {}",

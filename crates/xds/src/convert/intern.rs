@@ -8,6 +8,7 @@
 //! that leave the mesh do not stay behind for long.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ pub struct Interner {
     nodes: Pool<NodeName>,
     localities: Maps<Locality>,
     services: Maps<ServiceMap>,
-    labels: Maps<BTreeMap<String, String>>,
+    labels: Maps<Labels>,
 }
 
 impl Interner {
@@ -53,34 +54,145 @@ impl Interner {
         self.labels.get(m)
     }
 
+    /// The copy held of the service map whose entries were sent as `wire` (each entry's
+    /// bytes): found by those bytes when they were seen before, else `make` decodes and
+    /// converts them (an `Err` from it is returned, and nothing kept).
+    pub(crate) fn services_wire<E>(
+        &mut self,
+        wire: Vec<Vec<u8>>,
+        make: impl FnOnce(&[Vec<u8>]) -> Result<Result<ServiceMap, String>, E>,
+    ) -> Result<Result<Arc<ServiceMap>, String>, E> {
+        self.services.get_wire(wire, make)
+    }
+
+    /// [`Interner::services_wire`] for a workload's labels.
+    pub(crate) fn labels_wire<E>(
+        &mut self,
+        wire: Vec<Vec<u8>>,
+        make: impl FnOnce(&[Vec<u8>]) -> Result<Labels, E>,
+    ) -> Result<Arc<Labels>, E> {
+        let m = self.labels.get_wire(wire, |w| make(w).map(Ok))?;
+        Ok(m.unwrap_or_else(|never: Infallible| match never {}))
+    }
+
+    /// [`Interner::services_wire`] for a workload's locality.
+    pub(crate) fn locality_wire<E>(
+        &mut self,
+        wire: Vec<Vec<u8>>,
+        make: impl FnOnce(&[Vec<u8>]) -> Result<Locality, E>,
+    ) -> Result<Arc<Locality>, E> {
+        let m = self.localities.get_wire(wire, |w| make(w).map(Ok))?;
+        Ok(m.unwrap_or_else(|never: Infallible| match never {}))
+    }
+
     /// This interner's copy of a network name handed out by another (a push decoded on
     /// several threads, each with its own interner): the one it holds, else `n` itself.
-    pub(crate) fn adopt_network(&mut self, n: &NetworkId) -> NetworkId {
-        self.networks.get(n.as_str(), |_| n.clone())
+    /// Found by address in `from` (made by [`Interner::adopt_all`]) when it is there: one
+    /// probe of a small table instead of hashing and comparing the text.
+    pub(crate) fn adopt_network(&mut self, n: &NetworkId, from: &Adopted) -> NetworkId {
+        match from.networks.get(&text_at(n.as_str())) {
+            Some(mine) => mine.clone(),
+            None => self.networks.get(n.as_str(), |_| n.clone()),
+        }
     }
 
-    pub(crate) fn adopt_cluster(&mut self, c: &ClusterId) -> ClusterId {
-        self.clusters.get(c.as_str(), |_| c.clone())
+    pub(crate) fn adopt_cluster(&mut self, c: &ClusterId, from: &Adopted) -> ClusterId {
+        match from.clusters.get(&text_at(c.as_str())) {
+            Some(mine) => mine.clone(),
+            None => self.clusters.get(c.as_str(), |_| c.clone()),
+        }
     }
 
-    pub(crate) fn adopt_node(&mut self, n: &NodeName) -> NodeName {
-        self.nodes.get(n.as_str(), |_| n.clone())
+    pub(crate) fn adopt_node(&mut self, n: &NodeName, from: &Adopted) -> NodeName {
+        match from.nodes.get(&text_at(n.as_str())) {
+            Some(mine) => mine.clone(),
+            None => self.nodes.get(n.as_str(), |_| n.clone()),
+        }
     }
 
-    pub(crate) fn adopt_locality(&mut self, l: &Arc<Locality>) -> Arc<Locality> {
-        self.localities.adopt(l)
+    pub(crate) fn adopt_locality(&mut self, l: &Arc<Locality>, from: &Adopted) -> Arc<Locality> {
+        match from.localities.get(&map_at(l)) {
+            Some(mine) => mine.clone(),
+            None => self.localities.adopt(l),
+        }
     }
 
-    pub(crate) fn adopt_services(&mut self, m: &Arc<ServiceMap>) -> Arc<ServiceMap> {
-        self.services.adopt(m)
-    }
-
-    pub(crate) fn adopt_labels(
+    pub(crate) fn adopt_services(
         &mut self,
-        m: &Arc<BTreeMap<String, String>>,
-    ) -> Arc<BTreeMap<String, String>> {
-        self.labels.adopt(m)
+        m: &Arc<ServiceMap>,
+        from: &Adopted,
+    ) -> Arc<ServiceMap> {
+        match from.services.get(&map_at(m)) {
+            Some(mine) => mine.clone(),
+            None => self.services.adopt(m),
+        }
     }
+
+    pub(crate) fn adopt_labels(&mut self, m: &Arc<Labels>, from: &Adopted) -> Arc<Labels> {
+        match from.labels.get(&map_at(m)) {
+            Some(mine) => mine.clone(),
+            None => self.labels.adopt(m),
+        }
+    }
+
+    /// This interner's copy of every name and map `other` holds, by the address of `other`'s
+    /// copy: what the resources `other` decoded are then given ([`super::share`]), each with a
+    /// probe by address instead of hashing and comparing its maps. A name or map `other`
+    /// handed out but no longer holds (its pools were trimmed) is not in it: it is adopted by
+    /// its content, as before. `other` must outlive the use of the result (the addresses are
+    /// those of copies it keeps alive).
+    pub(crate) fn adopt_all(&mut self, other: &Self) -> Adopted {
+        Adopted {
+            networks: adopt_names(&mut self.networks, &other.networks, |n| n.as_str()),
+            clusters: adopt_names(&mut self.clusters, &other.clusters, |c| c.as_str()),
+            nodes: adopt_names(&mut self.nodes, &other.nodes, |n| n.as_str()),
+            localities: adopt_maps(&mut self.localities, &other.localities),
+            services: adopt_maps(&mut self.services, &other.services),
+            labels: adopt_maps(&mut self.labels, &other.labels),
+        }
+    }
+}
+
+/// A workload's labels, as the model holds them.
+pub type Labels = BTreeMap<String, String>;
+
+/// Another interner's copies, by their address, mapped to this one's ([`Interner::adopt_all`]).
+#[derive(Debug, Default)]
+pub(crate) struct Adopted {
+    networks: HashMap<usize, NetworkId>,
+    clusters: HashMap<usize, ClusterId>,
+    nodes: HashMap<usize, NodeName>,
+    localities: HashMap<usize, Arc<Locality>>,
+    services: HashMap<usize, Arc<ServiceMap>>,
+    labels: HashMap<usize, Arc<Labels>>,
+}
+
+fn text_at(s: &str) -> usize {
+    s.as_ptr() as usize
+}
+
+fn map_at<M>(m: &Arc<M>) -> usize {
+    Arc::as_ptr(m) as usize
+}
+
+fn adopt_names<T: Clone>(
+    mine: &mut Pool<T>,
+    theirs: &Pool<T>,
+    text: impl Fn(&T) -> &str,
+) -> HashMap<usize, T> {
+    theirs
+        .by_text
+        .values()
+        .map(|t| (text_at(text(t)), mine.get(text(t), |_| t.clone())))
+        .collect()
+}
+
+fn adopt_maps<M: Hash + Eq>(mine: &mut Maps<M>, theirs: &Maps<M>) -> HashMap<usize, Arc<M>> {
+    theirs
+        .set
+        .iter()
+        .map(|m| (map_at(m), mine.adopt(m)))
+        .collect()
 }
 
 /// Names by their text. The name types keep their string private (a pool cannot tell which
@@ -117,11 +229,14 @@ impl<T: Clone> Pool<T> {
     }
 }
 
-/// Maps by their content. One that outgrows twice its size at the last trim drops the maps
-/// it alone holds.
+/// Maps by their content, and by the bytes they were sent as. One that outgrows twice its
+/// size at the last trim drops the maps it alone holds (and forgets every map's bytes: a map
+/// held by them alone is held by nothing else).
 #[derive(Clone, Debug)]
 struct Maps<M> {
     set: HashSet<Arc<M>>,
+    /// The wire bytes a map was decoded from (its entries' or occurrences'), to its copy.
+    by_wire: HashMap<Vec<Vec<u8>>, Arc<M>>,
     trim_at: usize,
 }
 
@@ -129,6 +244,7 @@ impl<M> Default for Maps<M> {
     fn default() -> Self {
         Self {
             set: HashSet::default(),
+            by_wire: HashMap::default(),
             trim_at: 1024,
         }
     }
@@ -142,6 +258,29 @@ impl<M: Hash + Eq> Maps<M> {
         self.insert(Arc::new(m))
     }
 
+    /// The copy of the map sent as `wire`: by its bytes, else as `make` decodes them (by
+    /// content, then remembered by its bytes). The same bytes always decode to the same map;
+    /// equal maps sent as different bytes (entries in another order) still share one copy.
+    fn get_wire<I, E>(
+        &mut self,
+        wire: Vec<Vec<u8>>,
+        make: impl FnOnce(&[Vec<u8>]) -> Result<Result<M, I>, E>,
+    ) -> Result<Result<Arc<M>, I>, E> {
+        if let Some(shared) = self.by_wire.get(wire.as_slice()) {
+            return Ok(Ok(shared.clone()));
+        }
+        let m = match make(&wire)? {
+            Ok(m) => self.get(m),
+            Err(invalid) => return Ok(Err(invalid)),
+        };
+        if self.by_wire.len() >= self.trim_at {
+            // Only maps sent as many encodings get here before the set is trimmed.
+            self.by_wire.clear();
+        }
+        self.by_wire.insert(wire, m.clone());
+        Ok(Ok(m))
+    }
+
     /// The copy held of a map shared elsewhere, else that map itself.
     fn adopt(&mut self, m: &Arc<M>) -> Arc<M> {
         if let Some(shared) = self.set.get(&**m) {
@@ -152,6 +291,7 @@ impl<M: Hash + Eq> Maps<M> {
 
     fn insert(&mut self, shared: Arc<M>) -> Arc<M> {
         if self.set.len() >= self.trim_at {
+            self.by_wire.clear();
             self.set.retain(|m| Arc::strong_count(m) > 1);
             self.trim_at = (self.set.len() * 2).max(1024);
         }

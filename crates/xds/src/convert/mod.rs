@@ -8,12 +8,13 @@ mod from_wire;
 mod intern;
 mod project;
 mod to_wire;
+mod wire;
 
 pub(crate) use from_wire::share;
 pub use from_wire::{
     Decoded, InvalidResource, decode_address, decode_address_with, decode_authorization,
 };
-pub use intern::{Interner, ServiceMap};
+pub use intern::{Interner, Labels, ServiceMap};
 pub(crate) use to_wire::{
     gateway_address, gateway_name, policy_reads_workloads, policy_resource, service_address,
     workload_address,
