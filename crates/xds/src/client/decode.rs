@@ -4,8 +4,9 @@
 //! workloads) is cut into chunks that threads on every core take in turn, each thread decoding
 //! through an interner of its own (this one through the client's); the chunks other threads
 //! decoded are then given the client's interner's copies of the names and
-//! maps they share ([`convert::share`]), so the result holds what one thread decoding through
-//! the client's interner would have: the same resources, in the same order, sharing as much.
+//! maps they share ([`convert::share`], found by the address of the thread's own copy:
+//! [`Interner::adopt_all`]), so the result holds what one thread decoding through the client's
+//! interner would have: the same resources, in the same order, sharing as much.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -32,7 +33,10 @@ pub(super) struct DecodedPush {
 /// Decodes `r`'s resources on as many threads as its size and the cores allow.
 pub(super) fn decode(intern: &mut Interner, r: &DeltaDiscoveryResponse) -> DecodedPush {
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
-    decode_on(intern, r, threads_for(r.resources.len(), cores))
+    let decoded = decode_on(intern, r, threads_for(r.resources.len(), cores));
+    // The bytes maps were found by served this push; the node keeps the maps alone.
+    intern.forget_wire();
+    decoded
 }
 
 /// How many threads decode `resources`: one per core, each with at least [`MIN_PER_THREAD`].
