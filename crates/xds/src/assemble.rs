@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ferry_core::keyed_hash::HashSet;
+use ferry_core::keyed_hash::{HashMap, HashSet};
 
 use ferry_core::model::{
     Cluster, ClusterId, Gateway, NetworkId, Node, NodeName, Policy, Service, Workload,
@@ -69,7 +69,8 @@ fn try_build(
 ) -> Result<Snapshot, SnapshotError> {
     let live = |name: &str| !excluded.contains(name);
     let mut clusters: BTreeMap<ClusterId, NetworkId> = BTreeMap::new();
-    let mut nodes: BTreeMap<NodeName, Node> = BTreeMap::new();
+    // Searched once per workload: hashed, not a tree of names compared (added in name order).
+    let mut nodes: HashMap<NodeName, Node> = HashMap::default();
     let mut services: Vec<&Arc<Service>> = Vec::new();
     let mut workloads: Vec<&Arc<Workload>> = Vec::new();
     let mut gateways: Vec<&Arc<Gateway>> = Vec::new();
@@ -114,7 +115,9 @@ fn try_build(
     for (name, network) in clusters {
         b.cluster(Cluster { name, network });
     }
-    for n in nodes.into_values() {
+    let mut nodes: Vec<Node> = nodes.into_values().collect();
+    nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    for n in nodes {
         b.node(n);
     }
     for s in services {
