@@ -158,3 +158,60 @@ pub(super) fn not_an_address(bytes: &[u8], e: prost::DecodeError) -> String {
     let e = wl::Address::decode(bytes).err().unwrap_or(e);
     format!("not an istio.workload.Address: {e}")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ferry_api::workload as wl;
+    use prost::Message;
+
+    /// Every field of `ferry_api`'s Workload is one of ours: a workload with each field set
+    /// decodes here with nothing left over (prost skips a field it does not know, which would
+    /// shorten the encoding). Written without `..Default::default()`, so a field added to
+    /// `workload.proto` fails this test's build until it is added here and to [`super::Workload`].
+    #[test]
+    fn every_field_of_ferry_api_s_workload_is_read() {
+        let full = wl::Workload {
+            uid: "uid".into(),
+            name: "name".into(),
+            namespace: "ns".into(),
+            addresses: vec![vec![198, 18, 0, 1]],
+            hostname: "host".into(),
+            network: "net".into(),
+            tunnel_protocol: 1,
+            trust_domain: "td".into(),
+            service_account: "sa".into(),
+            waypoint: Some(wl::GatewayAddress::default()),
+            network_gateway: Some(wl::GatewayAddress::default()),
+            node: "node".into(),
+            canonical_name: "cn".into(),
+            canonical_revision: "cr".into(),
+            workload_type: 2,
+            workload_name: "wn".into(),
+            native_tunnel: true,
+            application_tunnel: Some(wl::ApplicationTunnel::default()),
+            services: BTreeMap::from([("ns/svc".to_string(), wl::PortList::default())]),
+            authorization_policies: vec!["p".into()],
+            status: 1,
+            cluster_id: "c".into(),
+            locality: Some(wl::Locality {
+                region: "r".into(),
+                ..Default::default()
+            }),
+            network_mode: 1,
+            extensions: vec![wl::Extension {
+                name: "e".into(),
+                ..Default::default()
+            }],
+            capacity: Some(3),
+            ferry_eastwest_gateway: true,
+            ferry_labels: BTreeMap::from([("k".to_string(), "v".to_string())]),
+            ferry_terminating: true,
+            ferry_dns_capture: true,
+        };
+        let bytes = full.encode_to_vec();
+        let read = super::Workload::decode(bytes.as_slice()).expect("decodes");
+        assert_eq!(read.encoded_len(), bytes.len(), "a field was skipped: {read:?}");
+    }
+}
