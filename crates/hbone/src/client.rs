@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use ferry_core::identity::Identity;
@@ -17,7 +17,8 @@ use tokio_rustls::TlsConnector;
 
 use crate::error::Error;
 use crate::headers::ConnectHeaders;
-use crate::settings::{Settings, ping_until_dead, tune_socket, widen_tls_buffer};
+use crate::keepalive::{Streams, When, ping_until_dead};
+use crate::settings::{Settings, tune_socket, widen_tls_buffer};
 use crate::stream::H2Stream;
 
 /// One HTTP/2 connection to an HBONE server.
@@ -27,8 +28,9 @@ pub struct Connection {
     send: h2::client::SendRequest<Bytes>,
     /// Set when the connection's driver task ends (error, GOAWAY, or close).
     pub(crate) closed: Arc<AtomicBool>,
-    /// Streams currently open (or reserved) on this connection.
-    pub(crate) active: AtomicUsize,
+    /// Streams currently open (or reserved) on this connection, as its pool counts them: a
+    /// pooled connection PINGs its peer only while there are some.
+    pub(crate) streams: Arc<Streams>,
     /// Its sender is dropped when the connection's driver task ends (the connection is gone).
     pub(crate) ended: tokio::sync::watch::Receiver<()>,
 }
@@ -37,7 +39,8 @@ impl Connection {
     /// Dials `addr` from `src` (unspecified: let the kernel choose) with `dialer` (for example
     /// [`DirectDialer`], or one inside a pod's network namespace), as `creds`, accepting a
     /// server that presents one of `accepted`. The dial and the [`handshake`] together take at
-    /// most `settings.connect_timeout`.
+    /// most `settings.connect_timeout`. The connection PINGs its peer every
+    /// `settings.ping_interval` for as long as it lives.
     pub async fn connect(
         dialer: &dyn Dialer,
         src: Option<IpAddr>,
@@ -46,6 +49,55 @@ impl Connection {
         bundle: &TrustBundle,
         accepted: Vec<Identity>,
         settings: &Settings,
+    ) -> Result<Self, Error> {
+        Self::dial(
+            dialer,
+            src,
+            addr,
+            creds,
+            bundle,
+            accepted,
+            settings,
+            Ping::Always,
+        )
+        .await
+    }
+
+    /// [`Connection::connect`] for a pool, which counts the streams it opens on it in
+    /// `streams`: the connection PINGs its peer only while some are open, and leaves an idle
+    /// one to the kernel's TCP keepalive ([`crate::keepalive`]).
+    pub(crate) async fn connect_pooled(
+        dialer: &dyn Dialer,
+        src: Option<IpAddr>,
+        addr: SocketAddr,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        accepted: Vec<Identity>,
+        settings: &Settings,
+    ) -> Result<Self, Error> {
+        Self::dial(
+            dialer,
+            src,
+            addr,
+            creds,
+            bundle,
+            accepted,
+            settings,
+            Ping::WhileStreams,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)] // `connect`'s, and how it PINGs
+    async fn dial(
+        dialer: &dyn Dialer,
+        src: Option<IpAddr>,
+        addr: SocketAddr,
+        creds: &Credentials,
+        bundle: &TrustBundle,
+        accepted: Vec<Identity>,
+        settings: &Settings,
+        ping: Ping,
     ) -> Result<Self, Error> {
         let config = client_config(creds, bundle, accepted)?;
         let deadline = Instant::now() + settings.connect_timeout;
@@ -57,7 +109,7 @@ impl Connection {
         })
         .await?;
         tune_socket(&tcp, settings);
-        establish(tcp, addr, config, settings, deadline).await
+        establish(tcp, addr, config, settings, deadline, ping).await
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -115,7 +167,8 @@ impl Connection {
 /// - HTTP/2 with the [`Settings`] windows and frame size, a 16 KiB header-list limit (Istio's
 ///   client value), a send buffer of one stream window, and no push;
 /// - a driver task that PINGs the peer every `ping_interval` and closes the connection when a
-///   PING is not answered within `ping_timeout`;
+///   PING is not answered within `ping_timeout` (a pooled connection: only while it carries
+///   streams, [`crate::keepalive`]);
 /// - all within `settings.connect_timeout`.
 ///
 /// `addr` names the peer in errors and logs (for double HBONE: the gateway).
@@ -132,7 +185,16 @@ where
 {
     let config = client_config(creds, bundle, accepted)?;
     let deadline = Instant::now() + settings.connect_timeout;
-    establish(io, addr, config, settings, deadline).await
+    establish(io, addr, config, settings, deadline, Ping::Always).await
+}
+
+/// When a client connection PINGs its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ping {
+    /// Every `ping_interval` for as long as it lives.
+    Always,
+    /// Only while its [`Connection::streams`] count some open.
+    WhileStreams,
 }
 
 /// The client's header-list limit (Istio's ztunnel: 16 KiB).
@@ -145,6 +207,7 @@ async fn establish<IO>(
     config: Arc<rustls::ClientConfig>,
     settings: &Settings,
     deadline: Instant,
+    ping: Ping,
 ) -> Result<Connection, Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -180,31 +243,45 @@ where
     .await?;
     let closed = Arc::new(AtomicBool::new(false));
     let (alive, ended) = tokio::sync::watch::channel(());
-    tokio::spawn(drive(driver, addr, settings.clone(), closed.clone(), alive));
+    let streams = Arc::new(Streams::default());
+    let counted = (ping == Ping::WhileStreams).then(|| streams.clone());
+    tokio::spawn(drive(
+        driver,
+        addr,
+        settings.clone(),
+        counted,
+        closed.clone(),
+        alive,
+    ));
     Ok(Connection {
         addr,
         send,
         closed,
-        active: AtomicUsize::new(0),
+        streams,
         ended,
     })
 }
 
-/// Runs a client connection, with PING keepalive, until it ends; then sets `closed` and drops
-/// `alive` (what [`crate::pool::Pool::shutdown`] waits on).
+/// Runs a client connection, with PING keepalive (only while `counted` has open streams, if
+/// given), until it ends; then sets `closed` and drops `alive` (what
+/// [`crate::pool::Pool::shutdown`] waits on).
 async fn drive<IO>(
     mut driver: h2::client::Connection<IO, Bytes>,
     addr: SocketAddr,
     settings: Settings,
+    counted: Option<Arc<Streams>>,
     closed: Arc<AtomicBool>,
     alive: tokio::sync::watch::Sender<()>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let pings = driver.ping_pong();
+    let when = counted.as_deref().map_or(When::Always, When::Busy);
     let keepalive = async {
         match pings {
-            Some(p) => ping_until_dead(p, settings.ping_interval, settings.ping_timeout).await,
+            Some(p) => {
+                ping_until_dead(p, when, settings.ping_interval, settings.ping_timeout).await
+            }
             None => std::future::pending().await,
         }
     };

@@ -13,8 +13,9 @@
 //! - [`server`]: accept, verify, check, forward; [`upstream`]: what a served tunnel forwards to.
 //! - [`stream`]: an HTTP/2 stream as `AsyncRead + AsyncWrite`; [`copy`]: bidirectional copy,
 //!   and [`copy::relay`], which resets the side that did not fail.
-//! - [`settings`]: HTTP/2 windows, limits, timeouts and keepalive; [`socket`]: socket helpers
-//!   (`reset_tcp`).
+//! - [`settings`]: HTTP/2 windows, limits, timeouts and keepalive; `keepalive`: PINGs while a
+//!   connection carries streams, the kernel's TCP keepalive while it is idle; [`socket`]:
+//!   socket helpers (`reset_tcp`).
 //! - [`error`]: [`Error`] with the [`Side`] that failed; it wraps `ferry_tls`'s TLS set-up
 //!   errors and identity mismatches.
 //!
@@ -26,6 +27,7 @@ pub mod double;
 pub mod error;
 pub mod first_byte;
 pub mod headers;
+pub(crate) mod keepalive;
 pub mod pool;
 pub mod server;
 pub mod settings;

@@ -11,6 +11,9 @@
 //!   once; when all are full, another connection opens.
 //! - **Broken connections are never handed out**: a connection whose driver ended (error or
 //!   GOAWAY) is skipped and evicted.
+//! - **Idle connections are quiet**: a connection PINGs its peer only while it carries streams;
+//!   an idle one is left to the kernel's TCP keepalive ([`crate::keepalive`]), so the warm
+//!   connection of a quiet proxy runs no code.
 //! - **Idle connections close**: a connection with no stream for `idle_timeout` is dropped
 //!   (its surplus siblings of the same key after `surplus_idle_timeout`). No sweep: each
 //!   connection has its own watcher, woken when a stream slot is released and asleep until its
@@ -302,12 +305,7 @@ impl Pool {
         let entry = list.iter().find(|e| {
             // The peer's own stream limit caps ours: beyond it, requests would queue.
             let limit = max.min(e.conn.peer_stream_limit());
-            e.conn
-                .active
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < limit).then_some(n + 1)
-                })
-                .is_ok()
+            e.conn.streams.try_add(limit)
         })?;
         *entry.idle_since.lock() = None;
         Some(entry.clone())
@@ -319,7 +317,7 @@ impl Pool {
         creds: &Credentials,
         bundle: &TrustBundle,
     ) -> Result<Arc<Entry>, Error> {
-        let conn = Connection::connect(
+        let conn = Connection::connect_pooled(
             &*self.inner.config.dialer,
             Some(key.src_ip),
             key.dst,
@@ -330,7 +328,7 @@ impl Pool {
         )
         .await?;
         self.inner.handshakes.fetch_add(1, Ordering::Relaxed);
-        conn.active.store(1, Ordering::Release);
+        conn.streams.add();
         let ended = conn.ended.clone();
         let entry = {
             let mut conns = self.inner.conns.lock();
@@ -379,7 +377,7 @@ impl Inner {
         let Some(pos) = list.iter().position(|e| Arc::ptr_eq(e, entry)) else {
             return Review::Gone;
         };
-        let idle = |e: &Entry| !e.conn.is_closed() && e.conn.active.load(Ordering::Acquire) == 0;
+        let idle = |e: &Entry| !e.conn.is_closed() && e.conn.streams.open() == 0;
         let review = if entry.conn.is_closed() {
             Review::Gone
         } else {
@@ -469,7 +467,7 @@ struct Reservation(Arc<Entry>);
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.0.conn.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.0.conn.streams.remove() {
             *self.0.idle_since.lock() = Some(Instant::now());
             self.0.idled.notify_waiters();
         }

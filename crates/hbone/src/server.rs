@@ -18,7 +18,8 @@ use crate::copy;
 use crate::error::Error;
 use crate::error::Side;
 use crate::headers::{self, Refusal, Target};
-use crate::settings::{Settings, ping_until_dead, tune_socket, widen_tls_buffer};
+use crate::keepalive::{Held, Streams, When, ping_until_dead};
+use crate::settings::{Settings, tune_socket, widen_tls_buffer};
 use crate::stream::H2Stream;
 use crate::upstream::Forward;
 
@@ -285,9 +286,12 @@ impl Server {
             half_closed_idle: self.settings.half_closed_idle,
             finish: self.finish.clone(),
         };
+        // PINGs only while streams are open: an idle connection is the kernel's to watch
+        // (TCP keepalive), and runs no code here ([`crate::keepalive`]).
+        let open = Arc::new(Streams::default());
         let keepalive = async {
             match pings {
-                Some(p) => ping_until_dead(p, interval, ping_timeout).await,
+                Some(p) => ping_until_dead(p, When::Busy(&open), interval, ping_timeout).await,
                 None => std::future::pending().await,
             }
         };
@@ -326,7 +330,8 @@ impl Server {
                     source,
                 })?;
                 let (handler, bounds) = (handler.clone(), bounds.clone());
-                streams.spawn(serve_stream(request, respond, peer.clone(), handler, bounds));
+                let held = Held::new(&open);
+                streams.spawn(serve_stream(request, respond, peer.clone(), handler, bounds, held));
             }
             Ok(())
         }
@@ -372,16 +377,20 @@ enum End {
 /// One CONNECT stream from `peer`. A plain function returning the future: an `async fn` would
 /// store its arguments twice for the tunnel's whole life. Opening the tunnel (admit, connect,
 /// the response) runs boxed and is freed once it is up; what is held while the tunnel lives is
-/// only what the copy and `finished` need.
+/// only what the copy and `finished` need. `held` counts the stream open on its connection
+/// until the future ends (taken here: a future wrapped around this one in an `async` block
+/// would store it twice, 1.8 KiB more per held tunnel, measured).
 fn serve_stream<H: Handler>(
     request: http::Request<h2::RecvStream>,
     respond: h2::server::SendResponse<Bytes>,
     peer: Peer,
     handler: Arc<H>,
     bounds: copy::Bounds,
+    held: Held,
 ) -> impl Future<Output = ()> + Send {
     let opening = Box::pin(open_stream(request, respond, peer, handler.clone()));
     async move {
+        let _held = held;
         let Some(opened) = opening.await else {
             return;
         };
@@ -561,9 +570,9 @@ mod tests {
         }
     }
 
-    fn size_of_output<F, A, B, C, D, E, Fut>(_: F) -> usize
+    fn size_of_output<F, A, B, C, D, E, G, Fut>(_: F) -> usize
     where
-        F: FnOnce(A, B, C, D, E) -> Fut,
+        F: FnOnce(A, B, C, D, E, G) -> Fut,
     {
         std::mem::size_of::<Fut>()
     }

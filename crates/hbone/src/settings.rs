@@ -23,9 +23,15 @@ pub struct Settings {
     pub max_concurrent_streams: u32,
     /// How long a TCP connect plus TLS and HTTP/2 handshakes may take.
     pub connect_timeout: Duration,
-    /// TCP keepalive idle time on every tunnel socket.
+    /// TCP keepalive on every tunnel socket: how long it may hear nothing before the kernel
+    /// probes its peer. A connection without streams sends no PING ([`crate::keepalive`]), so
+    /// this is how an idle one finds out that its peer vanished. Whole seconds, at least one.
     pub keepalive: Duration,
-    /// HTTP/2 PING interval on an HBONE connection (client and server).
+    /// Time between the kernel's keepalive probes (whole seconds, at least one).
+    pub keepalive_interval: Duration,
+    /// Unanswered keepalive probes after which the kernel closes the connection.
+    pub keepalive_retries: u32,
+    /// HTTP/2 PING interval on an HBONE connection with open streams (client and server).
     pub ping_interval: Duration,
     /// A connection whose PING is not answered within this time is closed.
     pub ping_timeout: Duration,
@@ -41,7 +47,11 @@ impl Default for Settings {
             max_frame_size: 1 << 20,
             max_concurrent_streams: MAX_STREAMS as u32,
             connect_timeout: Duration::from_secs(5),
-            keepalive: Duration::from_secs(180),
+            // A vanished peer is found within 30 s, idle (10 s + 2 x 10 s) as busy (a PING
+            // after 10 s, unanswered for 20 s).
+            keepalive: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_retries: 2,
             ping_interval: Duration::from_secs(10),
             ping_timeout: Duration::from_secs(20),
             half_closed_idle: Some(Duration::from_secs(300)),
@@ -67,28 +77,22 @@ pub(crate) fn tune_socket(tcp: &TcpStream, s: &Settings) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "TCP_NODELAY");
     }
+    // The kernel counts in whole seconds and refuses 0.
+    let secs = |d: Duration| d.max(Duration::from_secs(1));
     let ka = socket2::TcpKeepalive::new()
-        .with_time(s.keepalive)
-        .with_interval(s.keepalive);
-    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        .with_time(secs(s.keepalive))
+        .with_interval(secs(s.keepalive_interval))
+        .with_retries(s.keepalive_retries.max(1));
+    let sock = socket2::SockRef::from(tcp);
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "TCP keepalive");
     }
-}
-
-/// Sends a PING every `interval` and returns when one is not answered within `timeout` (or the
-/// connection is gone). The caller then closes the connection: its peer has vanished.
-pub(crate) async fn ping_until_dead(
-    mut pings: h2::PingPong,
-    interval: Duration,
-    timeout: Duration,
-) -> &'static str {
-    loop {
-        tokio::time::sleep(interval).await;
-        match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return "the connection failed while waiting for a PING answer",
-            Err(_) => return "no PING answer in time: the peer is gone",
-        }
+    // Keepalive probes only a connection with nothing unacknowledged: one whose peer vanished
+    // while a frame was in flight (an idle connection's last RST_STREAM, say) would retransmit
+    // for many minutes. The same bound, for sent data not acknowledged.
+    let user_timeout = secs(s.keepalive) + secs(s.keepalive_interval) * s.keepalive_retries.max(1);
+    if let Err(e) = sock.set_tcp_user_timeout(Some(user_timeout)) {
+        tracing::debug!(error = %e, "TCP_USER_TIMEOUT");
     }
 }
 

@@ -197,3 +197,64 @@ async fn pump(
         }
     }
 }
+
+/// A TCP relay that counts the TLS records crossing it, both ways: through an HBONE
+/// connection's TLS, what its peers send each other (data, PINGs and their answers) without
+/// reading it.
+pub async fn counting_relay(
+    to: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let records = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = records.clone();
+    tokio::spawn(async move {
+        loop {
+            let (a, _) = l.accept().await.unwrap();
+            let b = tokio::net::TcpStream::connect(to).await.unwrap();
+            let (ar, aw) = a.into_split();
+            let (br, bw) = b.into_split();
+            tokio::spawn(count_records(ar, bw, counted.clone()));
+            tokio::spawn(count_records(br, aw, counted.clone()));
+        }
+    });
+    (addr, records)
+}
+
+/// Forwards `r` to `w`, adding each TLS record that starts in it to `records`.
+async fn count_records(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    records: Arc<std::sync::atomic::AtomicU64>,
+) {
+    let mut buf = vec![0u8; 16 << 10];
+    // A record's 5-byte header as far as read, and how much of its body is still to come.
+    let (mut header, mut have, mut skip) = ([0u8; 5], 0usize, 0usize);
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut data = &buf[..n];
+        while !data.is_empty() {
+            if skip > 0 {
+                let k = skip.min(data.len());
+                skip -= k;
+                data = &data[k..];
+                continue;
+            }
+            let k = (header.len() - have).min(data.len());
+            header[have..have + k].copy_from_slice(&data[..k]);
+            have += k;
+            data = &data[k..];
+            if have == header.len() {
+                skip = usize::from(u16::from_be_bytes([header[3], header[4]]));
+                have = 0;
+                records.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
