@@ -212,6 +212,10 @@ mod tests {
         };
         let bytes = full.encode_to_vec();
         let read = super::Workload::decode(bytes.as_slice()).expect("decodes");
-        assert_eq!(read.encoded_len(), bytes.len(), "a field was skipped: {read:?}");
+        assert_eq!(
+            read.encoded_len(),
+            bytes.len(),
+            "a field was skipped: {read:?}"
+        );
     }
 }
