@@ -77,7 +77,22 @@ fn a_valid_set_builds_in_bulk_on_one_thread_or_two_to_what_one_by_one_builds() {
 #[test]
 fn a_set_that_breaks_an_invariant_is_built_one_by_one_to_name_the_first_broken() {
     type Break = fn(&mut MeshBuilder);
-    let breaks: [(&str, Break); 10] = [
+    let breaks: [(&str, Break); 13] = [
+        ("a service's VIP taken by another service", |m| {
+            m.services[1].vips = m.services[0].vips.clone();
+        }),
+        ("a service's VIP listed twice", |m| {
+            let vip = m.services[2].vips[0].clone();
+            m.services[2].vips.push(vip);
+        }),
+        ("a service's VIP that is a workload's address", |m| {
+            // pod0, on n0 in the east.
+            let ip = m.workloads[1].addresses[0];
+            m.services[0].vips = vec![crate::model::NetworkAddress {
+                network: "net-east".into(),
+                ip,
+            }];
+        }),
         ("an address taken twice", |m| {
             // pod0 and pod3, both on n0.
             m.workloads[4].addresses = m.workloads[1].addresses.clone();
