@@ -105,11 +105,15 @@ pub(crate) async fn ping_until_dead(
     interval: Duration,
     timeout: Duration,
 ) -> &'static str {
+    let mut answered = tokio::time::Instant::now();
     loop {
         if let When::Busy(streams) = when {
             streams.busy().await;
         }
-        tokio::time::sleep(interval).await;
+        // An interval after the last answer: at once for a connection that turns busy after
+        // a longer quiet spell, so a peer that hung while it was idle (its kernel answering
+        // the keepalive) fails the stream within `timeout`, not `interval + timeout`.
+        tokio::time::sleep_until(answered + interval).await;
         if let When::Busy(streams) = when
             && streams.open() == 0
         {
@@ -117,7 +121,7 @@ pub(crate) async fn ping_until_dead(
             continue;
         }
         match tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => answered = tokio::time::Instant::now(),
             Ok(Err(_)) => return "the connection failed while waiting for a PING answer",
             Err(_) => return "no PING answer in time: the peer is gone",
         }
