@@ -646,15 +646,22 @@ fn fingerprint(text: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// A directory of this test's own (`tag` and the process id) holding `text` as
+    /// `topology.yaml`: the directory and the file's path.
+    fn topology_file(tag: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ferry-source-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let path = dir.join("topology.yaml");
+        std::fs::write(&path, text).expect("written");
+        (dir, path)
+    }
+
     /// The first load's content counts as seen: an unchanged file is not reloaded, though it
     /// was read only once, by the load, and not digested (its text is kept); a changed one is.
     #[tokio::test]
     async fn the_first_loads_content_counts_as_seen() {
-        let dir = std::env::temp_dir().join(format!("ferry-source-first-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        let path = dir.join("topology.yaml");
         let text = crate::testing::generated_topology(10, 2, 0);
-        std::fs::write(&path, &text).expect("written");
+        let (dir, path) = topology_file("first", &text);
         let config = WatchConfig::default();
         let watch = TopologyWatch::unread(path.clone(), config).expect("watched");
         assert_eq!(watch.last, None, "nothing read yet");
@@ -735,10 +742,7 @@ mod tests {
     /// it comes again (not rejected twice).
     #[tokio::test]
     async fn only_what_is_parsed_whole_is_digested() {
-        let dir = std::env::temp_dir().join(format!("ferry-source-seen-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        let path = dir.join("topology.yaml");
-        std::fs::write(&path, crate::testing::generated_topology(10, 2, 0)).expect("written");
+        let (dir, path) = topology_file("seen", &crate::testing::generated_topology(10, 2, 0));
         let config = WatchConfig::default();
         let (topology, first) = load_kept(&path, config.limits, config.budget)
             .await
@@ -840,16 +844,13 @@ mod tests {
     /// its content counts as seen all the same.
     #[tokio::test]
     async fn a_first_text_not_kept_is_digested() {
-        let dir = std::env::temp_dir().join(format!("ferry-source-unkept-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        let path = dir.join("topology.yaml");
         let text = crate::testing::generated_topology(10, 2, 0).replacen(
             "- {name: pod0,",
             "- {name: &a pod0,",
             1,
         );
         assert!(text.contains("&a pod0"), "an anchor among the workloads");
-        std::fs::write(&path, &text).expect("written");
+        let (dir, path) = topology_file("unkept", &text);
         let config = WatchConfig::default();
         let (_, first) = load_kept(&path, config.limits, config.budget)
             .await
