@@ -160,21 +160,34 @@ impl ClientSide {
 pub async fn freezable_relay(
     to: std::net::SocketAddr,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (relay(to, frozen.clone(), pump).await, frozen)
+}
+
+/// A TCP relay on loopback to `to`: each connection's two directions run `forward`, with a
+/// clone of `state` each; the relay's address.
+async fn relay<S, F, Fut>(to: std::net::SocketAddr, state: S, forward: F) -> std::net::SocketAddr
+where
+    S: Clone + Send + 'static,
+    F: Fn(tokio::net::tcp::OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf, S) -> Fut
+        + Copy
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let frozen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let f = frozen.clone();
     tokio::spawn(async move {
         loop {
             let (a, _) = l.accept().await.unwrap();
             let b = tokio::net::TcpStream::connect(to).await.unwrap();
             let (ar, aw) = a.into_split();
             let (br, bw) = b.into_split();
-            tokio::spawn(pump(ar, bw, f.clone()));
-            tokio::spawn(pump(br, aw, f.clone()));
+            tokio::spawn(forward(ar, bw, state.clone()));
+            tokio::spawn(forward(br, aw, state.clone()));
         }
     });
-    (addr, frozen)
+    addr
 }
 
 async fn pump(
@@ -204,21 +217,8 @@ async fn pump(
 pub async fn counting_relay(
     to: std::net::SocketAddr,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
     let records = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let counted = records.clone();
-    tokio::spawn(async move {
-        loop {
-            let (a, _) = l.accept().await.unwrap();
-            let b = tokio::net::TcpStream::connect(to).await.unwrap();
-            let (ar, aw) = a.into_split();
-            let (br, bw) = b.into_split();
-            tokio::spawn(count_records(ar, bw, counted.clone()));
-            tokio::spawn(count_records(br, aw, counted.clone()));
-        }
-    });
-    (addr, records)
+    (relay(to, records.clone(), count_records).await, records)
 }
 
 /// Forwards `r` to `w`, adding each TLS record that starts in it to `records`.
