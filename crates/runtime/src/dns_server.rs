@@ -41,7 +41,8 @@ impl std::fmt::Debug for ZoneServer {
 
 impl ZoneServer {
     /// Serves `zones` (each the text of a zone file, with its `$ORIGIN` and SOA) on `addr`
-    /// (port 0: one the UDP socket is given, which the TCP listener then takes too).
+    /// (port 0: one the UDP socket is given, which the TCP listener then takes too; when
+    /// another process holds that port over TCP, another one is tried).
     pub async fn start(zones: &[&str], addr: SocketAddr) -> Result<Self, ZoneServerError> {
         let mut catalog = Catalog::new();
         for (index, text) in zones.iter().enumerate() {
@@ -58,10 +59,10 @@ impl ZoneServer {
             .map_err(zone)?;
             catalog.upsert(LowerName::new(&origin), vec![Arc::new(handler)]);
         }
-        let bind = |source| ZoneServerError::Bind { addr, source };
-        let udp = tokio::net::UdpSocket::bind(addr).await.map_err(bind)?;
-        let addr = udp.local_addr().map_err(bind)?;
-        let tcp = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+        let (udp, tcp) = bind_both(addr).await?;
+        let addr = udp
+            .local_addr()
+            .map_err(|source| ZoneServerError::Bind { addr, source })?;
         let mut server = Server::new(catalog);
         server.register_socket(udp);
         server.register_listener(tcp, Duration::from_secs(10), 64);
@@ -72,6 +73,58 @@ impl ZoneServer {
     pub async fn run(mut self) {
         if let Err(e) = self.server.block_until_done().await {
             tracing::error!(error = %e, "the DNS server stopped");
+        }
+    }
+}
+
+/// How many ephemeral ports are tried when the one UDP is given is taken over TCP.
+const EPHEMERAL_TRIES: usize = 16;
+
+/// A UDP socket and a TCP listener on one port: `addr`'s, or when that is 0 an ephemeral one
+/// free for both (the UDP socket picks it; a process may hold it over TCP, so a few are tried).
+async fn bind_both(
+    addr: SocketAddr,
+) -> Result<(tokio::net::UdpSocket, tokio::net::TcpListener), ZoneServerError> {
+    let bind = |source| ZoneServerError::Bind { addr, source };
+    let tries = if addr.port() == 0 { EPHEMERAL_TRIES } else { 1 };
+    let mut last = None;
+    for _ in 0..tries {
+        let udp = tokio::net::UdpSocket::bind(addr).await.map_err(bind)?;
+        let port = udp.local_addr().map_err(bind)?;
+        match tokio::net::TcpListener::bind(port).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(bind(e)),
+        }
+    }
+    Err(bind(last.unwrap_or_else(|| {
+        std::io::Error::from(std::io::ErrorKind::AddrInUse)
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn port_zero_gives_one_port_both_protocols_answer_on() {
+        let (udp, tcp) = bind_both("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        assert_eq!(udp.local_addr().unwrap(), tcp.local_addr().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_given_port_taken_over_tcp_is_an_error_naming_it() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = held.local_addr().unwrap();
+        match bind_both(addr).await {
+            Err(ZoneServerError::Bind {
+                addr: named,
+                source,
+            }) => {
+                assert_eq!(named, addr);
+                assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+            }
+            other => panic!("a taken port must fail to bind, got {other:?}"),
         }
     }
 }
