@@ -321,7 +321,12 @@ impl Node {
             if !generation::compare_in_full(event, routes.is_some(), checked, now) {
                 continue;
             }
-            checked = if self.repair_rules(&pod).await {
+            let found_by = if event {
+                FoundBy::Event
+            } else {
+                FoundBy::SafetyCheck
+            };
+            checked = if self.repair_rules(&pod, found_by).await {
                 now
             } else {
                 None
@@ -330,8 +335,9 @@ impl Node {
     }
 
     /// Rewrites `pod`'s capture rules if they differ from Ferry's, and its original-source
-    /// rules ([`Node::repair_transparent`]); `true` if they are all Ferry's now.
-    async fn repair_rules(&self, pod: &Pod) -> bool {
+    /// rules ([`Node::repair_transparent`]); `true` if they are all Ferry's now. `found_by`
+    /// (logged) says what led to the comparison.
+    async fn repair_rules(&self, pod: &Pod, found_by: FoundBy) -> bool {
         // The held descriptor's `/proc/self/fd` path: it names the pod's namespace for as long
         // as the pod is served.
         let path = pod.netns.path();
@@ -348,11 +354,11 @@ impl Node {
             self.capture_repairs.inc();
             match capture::install(path, family, &uncaptured, dns).await {
                 Ok(()) => {
-                    tracing::warn!(pod = %pod.uid, family = family.name(), capture.drift = %drift, "capture rules were missing or altered; rewritten")
+                    tracing::warn!(pod = %pod.uid, family = family.name(), capture.drift = %drift, capture.found_by = found_by.name(), "capture rules were missing or altered; rewritten")
                 }
                 Err(e) => {
                     in_place = false;
-                    tracing::error!(pod = %pod.uid, family = family.name(), capture.drift = %drift, error = %e, "capture rules are missing or altered and cannot be rewritten")
+                    tracing::error!(pod = %pod.uid, family = family.name(), capture.drift = %drift, capture.found_by = found_by.name(), error = %e, "capture rules are missing or altered and cannot be rewritten")
                 }
             }
         }
@@ -369,6 +375,24 @@ impl Node {
         }
         for &family in &pod.captured {
             capture::remove(pod.netns.path(), family).await;
+        }
+    }
+}
+
+/// What led to a comparison of a pod's rules with Ferry's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FoundBy {
+    /// A ruleset or routing change event from the pod's namespace.
+    Event,
+    /// The timer of [`RULES_SAFETY_CHECK`] (no events, or legacy iptables).
+    SafetyCheck,
+}
+
+impl FoundBy {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Event => "event",
+            Self::SafetyCheck => "safety_check",
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::harness::Has::Text;
+use crate::harness::Has::{Field, Text};
 use crate::harness::{CHANGING, Lab, SHORT_BOUNDS, eventually, ferry};
 
 /// Short connections keep coming from sleep to echo-alpha-2 while alpha-1 and alpha-2 hand over.
@@ -93,20 +93,12 @@ fn removed_or_altered_capture_rules_are_rewritten_by_the_node_proxy() {
         })
     };
     // The jump removed: put back.
-    let removed = std::time::Instant::now();
     assert!(
         lab.pod_nat("sleep", &["-D", "OUTPUT", "-p", "tcp", "-j", "FERRY_OUT"])
             .is_some(),
         "rules were in place"
     );
     assert!(rewritten(), "the jump was not put back");
-    // On the ruleset's change event (compared once it settled for 1 s), not at the safety
-    // check every 30 s.
-    assert!(
-        removed.elapsed() < Duration::from_secs(8),
-        "put back only after {:?}",
-        removed.elapsed()
-    );
     // The chain emptied (the jump left in place): rewritten.
     assert!(lab.pod_nat("sleep", &["-F", "FERRY_OUT"]).is_some());
     assert!(!lab.pod_chain_has("sleep", "FERRY_OUT", redirect));
@@ -140,6 +132,20 @@ fn removed_or_altered_capture_rules_are_rewritten_by_the_node_proxy() {
     eventually(Duration::from_secs(10), || repairs() >= 3);
     let repairs = repairs();
     assert!(repairs >= 3, "{repairs} repairs logged");
+    // Each found on the ruleset's change event (compared once it settled), none by the
+    // safety check every 30 s (the lab's iptables is iptables-nft, whose events are heard).
+    let by_check: Vec<_> = lab
+        .log_lines("alpha-1")
+        .into_iter()
+        .filter(|l| {
+            l.has(&Text("capture rules were missing or altered; rewritten"))
+                && !l.has(&Field("capture.found_by", "event"))
+        })
+        .collect();
+    assert!(
+        by_check.is_empty(),
+        "repairs not found by an event: {by_check:?}"
+    );
     // And the pod's traffic is captured again.
     let r = lab
         .send("sleep", "198.18.10.2:80", "after repair")
