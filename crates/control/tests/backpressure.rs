@@ -30,6 +30,10 @@ static GLOBAL: Counting = Counting;
 
 const POD0: &str = "east//v1/Pod/default/pod0";
 
+/// The heap counter is the process's: the memory test reads it with no other test allocating
+/// alongside, so the tests here run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Polls `cond` every 10 ms until it holds; panics naming `what` after 60 s.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(60);
@@ -185,6 +189,7 @@ async fn settled_heap() -> isize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_node_keeps_server_memory_bounded_and_then_gets_the_final_state() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let base = mesh(6_000);
     let names = workload_names(&base);
     let set_bytes = bytes(&base);
@@ -256,6 +261,7 @@ async fn a_stalled_node_keeps_server_memory_bounded_and_then_gets_the_final_stat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_edits_reaches_a_reading_node_as_fewer_pushes() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let base = mesh(200);
     let served = Served::start(base.clone(), Duration::from_secs(1)).await;
     let mut node = Sim::connect(&served.sim("reader", None), &[POD0])

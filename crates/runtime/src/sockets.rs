@@ -88,14 +88,20 @@ mod tests {
     /// (Binding a port already bound succeeds: `SO_REUSEPORT`, for handovers.)
     #[tokio::test]
     async fn listen_each_binds_one_listener_per_family_on_one_port() {
-        let v4 = listen_each(&["0.0.0.0:0".parse().unwrap()]).unwrap();
-        let port = v4[0].local_addr().unwrap().port();
-        drop(v4);
-        let addrs: Vec<SocketAddr> = [format!("0.0.0.0:{port}"), format!("[::]:{port}")]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect();
-        let each = listen_each(&addrs).expect("both families on one port");
+        // A port free over IPv4 a moment ago may be taken over IPv6, or again over IPv4, by
+        // the time both are bound: another one is tried then.
+        let (port, each) = (0..16)
+            .find_map(|_| {
+                let v4 = listen_each(&["0.0.0.0:0".parse().unwrap()]).unwrap();
+                let port = v4[0].local_addr().unwrap().port();
+                drop(v4);
+                let addrs: Vec<SocketAddr> = [format!("0.0.0.0:{port}"), format!("[::]:{port}")]
+                    .iter()
+                    .map(|a| a.parse().unwrap())
+                    .collect();
+                listen_each(&addrs).ok().map(|each| (port, each))
+            })
+            .expect("both families on one port");
         assert!(
             SockRef::from(&each[1]).only_v6().unwrap(),
             "[::] takes IPv6 alone"

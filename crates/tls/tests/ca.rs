@@ -376,50 +376,55 @@ async fn concurrent_first_requests_send_one_csr() {
 }
 
 /// Relays TCP to the CA; `cut` drops every relayed connection and stops listening.
+/// A TCP relay to `to` that can be cut (its connections ended, new ones closed at once) and
+/// restored. It keeps its port all along: released, the port could be given to another
+/// socket of a test running alongside, and not be there to bind again.
 struct Relay {
     addr: SocketAddr,
-    to: SocketAddr,
-    tasks: JoinSet<()>,
+    cut: tokio::sync::watch::Sender<bool>,
+    _accepting: JoinSet<()>,
 }
 
 impl Relay {
     async fn start(to: SocketAddr) -> Self {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let mut r = Self {
-            addr,
-            to,
-            tasks: JoinSet::new(),
-        };
-        r.listen(l);
-        r
-    }
-
-    fn listen(&mut self, l: TcpListener) {
-        let to = self.to;
-        self.tasks.spawn(async move {
+        let (cut, _) = tokio::sync::watch::channel(false);
+        let mut accepting = JoinSet::new();
+        let cuts = cut.clone();
+        accepting.spawn(async move {
             let mut conns = JoinSet::new();
-            loop {
-                let Ok((mut a, _)) = l.accept().await else {
-                    return;
-                };
+            while let Ok((mut a, _)) = l.accept().await {
+                let mut cut = cuts.subscribe();
+                if *cut.borrow_and_update() {
+                    continue;
+                }
                 conns.spawn(async move {
-                    if let Ok(mut b) = tokio::net::TcpStream::connect(to).await {
-                        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                    let relayed = async {
+                        if let Ok(mut b) = tokio::net::TcpStream::connect(to).await {
+                            let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+                        }
+                    };
+                    tokio::select! {
+                        () = relayed => {}
+                        _ = cut.wait_for(|cut| *cut) => {}
                     }
                 });
             }
         });
+        Self {
+            addr,
+            cut,
+            _accepting: accepting,
+        }
     }
 
     fn cut(&mut self) {
-        self.tasks.abort_all();
+        self.cut.send_replace(true);
     }
 
-    async fn restore(&mut self) {
-        while self.tasks.join_next().await.is_some() {}
-        let l = TcpListener::bind(self.addr).await.unwrap();
-        self.listen(l);
+    fn restore(&mut self) {
+        self.cut.send_replace(false);
     }
 }
 
@@ -473,7 +478,7 @@ async fn with_the_ca_down_valid_certificates_keep_working_and_rotation_resumes()
     )
     .await;
     // The CA returns: rotation resumes.
-    relay.restore().await;
+    relay.restore();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let c = manager.fetch(&id(A)).await.unwrap();

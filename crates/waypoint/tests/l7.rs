@@ -85,6 +85,14 @@ async fn request(
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A loopback port nothing listens on, and the socket that holds it (bound, not listening:
+/// a connection to it is refused) so that no socket of a test running alongside is given it.
+fn dead_port() -> (std::net::SocketAddr, tokio::net::TcpSocket) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (held.local_addr().unwrap(), held)
+}
+
 #[tokio::test]
 async fn each_request_is_decided_and_denied_ones_never_reach_the_upstream() {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -246,10 +254,7 @@ async fn tcp_echo(got: Arc<Mutex<usize>>) -> std::net::SocketAddr {
 #[tokio::test]
 async fn an_l4_upstream_that_cannot_be_reached_fails_the_connection_on_the_upstream_side() {
     // A port nothing listens on: the L4 connect fails.
-    let dead = {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        l.local_addr().unwrap()
-    };
+    let (dead, _held) = dead_port();
     let http = upstream(Arc::default()).await;
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -538,10 +543,9 @@ async fn routed() -> (
     let (seen_a, seen_b) = (Arc::default(), Arc::default());
     let a = upstream(Arc::clone(&seen_a)).await;
     let b = upstream(Arc::clone(&seen_b)).await;
-    let dead = {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        l.local_addr().unwrap()
-    };
+    let (dead, held) = dead_port();
+    // Held for the rest of the process: the routes below name the port for the whole test.
+    std::mem::forget(held);
     let hang_l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hang = hang_l.local_addr().unwrap();
     tokio::spawn(async move {

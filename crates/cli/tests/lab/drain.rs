@@ -9,14 +9,16 @@ use crate::harness::Has::{Field, Starts, Text};
 use crate::harness::{Lab, eventually};
 
 /// The deadline the lab's waypoints and gateways are given (`--drain-seconds`).
-const DRAIN: Duration = Duration::from_secs(3);
+/// Long enough that the checks of the first seconds (new connections refused, the process
+/// still running, each bounded by 2 s) all end before it, on a loaded machine too.
+const DRAIN: Duration = Duration::from_secs(6);
 /// How long past the deadline peers get to finish (the programs' `FINISH_GRACE`).
 const GRACE: Duration = Duration::from_secs(6);
 
 /// Its own lab (two-clusters.yaml): it stops a waypoint instance and a gateway.
 #[test]
 fn a_waypoint_and_a_gateway_drain_on_sigterm_within_their_deadline() {
-    let Some(lab) = Lab::up_with_hop_args(Some("two-clusters.yaml"), "fD", &["--drain-seconds=3"])
+    let Some(lab) = Lab::up_with_hop_args(Some("two-clusters.yaml"), "fD", &["--drain-seconds=6"])
     else {
         return;
     };
@@ -48,20 +50,9 @@ fn a_waypoint_and_a_gateway_drain_on_sigterm_within_their_deadline() {
     // From the start of the drain, a new connection is refused (the process still runs).
     for (what, name, to, pid, _) in &held {
         assert!(
-            eventually(Duration::from_secs(2), || {
-                let r = lab.send("sleep-east", to, "new");
-                eprintln!("DEBUG {what} {:?} {r:?}", term.elapsed());
-                for l in lab
-                    .log("east-1")
-                    .lines()
-                    .filter(|l| l.contains("198.18.10.5") || l.contains("gateway"))
-                    .rev()
-                    .take(4)
-                {
-                    eprintln!("DEBUG   {l}");
-                }
-                r.is_err()
-            }),
+            eventually(Duration::from_secs(2), || lab
+                .send("sleep-east", to, "new")
+                .is_err()),
             "{what} {name} still takes new connections while draining"
         );
         assert!(

@@ -254,11 +254,19 @@ async fn forwarded_answers_are_the_upstreams_byte_for_byte() {
 
 #[tokio::test]
 async fn an_upstream_that_does_not_answer_is_servfail() {
-    // A port nothing listens on (bound, then closed): refused at once.
-    let gone = {
-        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        s.local_addr().unwrap()
-    };
+    // A port nothing listens on: refused at once. Its sockets are held for the whole test, so
+    // that no socket of a test running alongside is given the port: a UDP socket connected
+    // elsewhere (a datagram from anyone else finds no socket) and a TCP socket bound, not
+    // listening.
+    let (gone, _held) = (0..16)
+        .find_map(|_| {
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            udp.connect("127.0.0.1:9").unwrap();
+            let gone = udp.local_addr().unwrap();
+            let tcp = tokio::net::TcpSocket::new_v4().unwrap();
+            tcp.bind(gone).ok().map(|()| (gone, (udp, tcp)))
+        })
+        .expect("a port free over UDP and TCP");
     let (udp, tcp) = proxy(gone).await;
     let q = stub_query(0x0201, "www.outside.test.", RecordType::A, false);
     let m = Message::from_vec(&over_udp(udp, &q).await).unwrap();
