@@ -257,13 +257,12 @@ impl ferry_hbone::server::Handler for Counting {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_to_a_workload_is_answered_once_its_destination_has_it_and_http_uses_that() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    const APP: &str = "127.0.0.3:8080";
     let ca = Arc::new(TestCa::new("root"));
     let f = waypoint_in(&ca, fronting("127.0.0.3")).await;
     // The app: one HTTP/1.1 answer per request.
-    let app = TcpListener::bind(APP)
-        .await
-        .expect("127.0.0.3:8080 is free");
+    let app = TcpListener::bind("127.0.0.3:0").await.unwrap();
+    let app_addr = app.local_addr().unwrap().to_string();
+    let app_addr = app_addr.as_str();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = app.accept().await {
             tokio::spawn(async move {
@@ -293,7 +292,7 @@ async fn a_tunnel_to_a_workload_is_answered_once_its_destination_has_it_and_http
         .await
         .expect("127.0.0.3:15008 is free");
     tokio::spawn(Arc::new(node).serve(hbone, Arc::new(Counting(connects.clone()))));
-    let mut tunnel = connect_to(&ca, f.addr, &f.identity, APP)
+    let mut tunnel = connect_to(&ca, f.addr, &f.identity, app_addr)
         .await
         .expect("answered 200");
     assert_eq!(
