@@ -119,6 +119,16 @@ pub(crate) struct Memory {
     /// proxies had given back (the RSS difference counts those too).
     #[serde(default)]
     pub(crate) anon_kib_per_idle_conn_both_ends: f64,
+    /// How many were held first, and the RSS then: the rest were added to those, so what
+    /// they added is what a connection costs once the code that serves connections is
+    /// resident (the idle proxies may have given its pages back, which `held − idle` counts).
+    #[serde(default)]
+    pub(crate) first_conns: usize,
+    #[serde(default)]
+    pub(crate) first_rss_kib: BTreeMap<String, u64>,
+    /// (held − first) summed over both node proxies, per connection added after the first.
+    #[serde(default)]
+    pub(crate) marginal_kib_per_idle_conn_both_ends: f64,
     pub(crate) after_close_quiet: bool,
     pub(crate) after_close_wait_s: f64,
     pub(crate) after_close_rss_kib: BTreeMap<String, u64>,
@@ -221,6 +231,13 @@ pub(crate) fn memory_figures(m: &mut Memory) {
     let (idle_anon, held_anon) = (sum(&m.idle_anon_kib), sum(&m.held_anon_kib));
     m.anon_kib_per_idle_conn_both_ends = if m.held_conns > 0 && held_anon > 0.0 {
         (held_anon - idle_anon).max(0.0) / m.held_conns as f64
+    } else {
+        0.0
+    };
+    let first = sum(&m.first_rss_kib);
+    let added = m.held_conns.saturating_sub(m.first_conns);
+    m.marginal_kib_per_idle_conn_both_ends = if added > 0 && first > 0.0 {
+        (held - first).max(0.0) / added as f64
     } else {
         0.0
     };
@@ -416,6 +433,16 @@ pub(crate) fn memory_text(o: &mut String, m: &Memory) {
         list(&m.held_anon_kib),
         m.anon_kib_per_idle_conn_both_ends
     );
+    if m.first_conns > 0 && m.marginal_kib_per_idle_conn_both_ends > 0.0 {
+        let _ = writeln!(
+            o,
+            "  {} held first: {}; the {} added to them: {:.2} KiB per idle connection, both ends",
+            m.first_conns,
+            list(&m.first_rss_kib),
+            m.held_conns - m.first_conns,
+            m.marginal_kib_per_idle_conn_both_ends
+        );
+    }
     let _ = writeln!(
         o,
         "  after they closed: {} ({:.2}x idle; {} after {:.1} s)",

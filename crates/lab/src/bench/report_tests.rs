@@ -121,6 +121,24 @@ fn memory_per_idle_connection_counts_both_ends_against_idle() {
         memory_text_of(&m)
     );
     assert_eq!(m.after_close_vs_idle_x, 1.1);
+    assert_eq!(
+        m.marginal_kib_per_idle_conn_both_ends, 0.0,
+        "none held first, no marginal figure"
+    );
+    assert!(!memory_text_of(&m).contains("held first"));
+    // 200 held first at 11,000 KiB: the 800 added 14,000 KiB, 17.5 KiB each, whatever the
+    // idle proxies had given back (counted in held − idle).
+    m.first_conns = 200;
+    m.first_rss_kib = kib(5000, 6000);
+    memory_figures(&mut m);
+    assert_eq!(m.marginal_kib_per_idle_conn_both_ends, 17.5);
+    assert!(
+        memory_text_of(&m).contains(
+            "200 held first: a 5000 KiB, b 6000 KiB; the 800 added to them: 17.50 KiB per idle connection, both ends"
+        ),
+        "{}",
+        memory_text_of(&m)
+    );
     assert_eq!(m.settled_vs_idle_x, 0.0, "no settled reading, no ratio");
     assert!(!memory_text_of(&m).contains("s after they closed"));
     m.settled_after_s = 60;
