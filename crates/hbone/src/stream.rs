@@ -119,8 +119,18 @@ impl H2Stream {
     /// The next received chunk, at most `max` bytes of it (empty at the end of the stream): the
     /// `Bytes` h2 received, not a copy.
     fn poll_chunk(&mut self, cx: &mut Context<'_>, max: usize) -> Poll<io::Result<Bytes>> {
-        if self.pending.is_empty() {
+        while self.pending.is_empty() {
             match ready!(self.recv().poll_data(cx)) {
+                // An empty DATA frame carries nothing but, perhaps, END_STREAM (h2 hands it
+                // over as an empty chunk before it reports the end): the peer's FIN (the
+                // usual form of it, `poll_shutdown`'s), else nothing to pass on. Either way
+                // never an empty chunk, which a reader would take for EOF.
+                Some(Ok(data)) if data.is_empty() => {
+                    if self.recv().is_end_stream() {
+                        self.read_done = true;
+                        return Poll::Ready(Ok(Bytes::new()));
+                    }
+                }
                 Some(Ok(data)) => {
                     // Give the window back as soon as h2 hands the data over: the pending
                     // buffer holds at most one frame, so memory stays bounded by the stream
@@ -273,5 +283,59 @@ impl Drop for H2Stream {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
             drop(send);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// An empty DATA frame is no end, and the usual FIN (an empty DATA frame with END_STREAM)
+    /// is seen as the end by the stream itself: dropped after it, the stream hands nothing to
+    /// a task waiting for the peer's end (it spawned one per tunnel while it took the empty
+    /// frame for data).
+    #[tokio::test]
+    async fn an_empty_data_frame_is_no_end_and_an_empty_end_stream_is_the_end() {
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(b).await.expect("h2 server");
+            let (request, mut respond) = conn.accept().await.expect("a request").expect("h2");
+            let send = respond
+                .send_response(http::Response::new(()), false)
+                .expect("a response");
+            tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            let mut tunnel = H2Stream::new(send, request.into_body());
+            let mut got = Vec::new();
+            tunnel.read_to_end(&mut got).await.expect("read to the end");
+            tunnel.shutdown().await.expect("our end");
+            (got, tunnel.read_done)
+        });
+        let (send, conn) = h2::client::handshake(a).await.expect("h2 client");
+        tokio::spawn(conn);
+        let request = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri("198.18.0.1:80")
+            .body(())
+            .expect("a request");
+        let (response, mut stream) = send
+            .ready()
+            .await
+            .expect("ready")
+            .send_request(request, false)
+            .expect("sent");
+        let response = response.await.expect("a response");
+        stream.send_data(Bytes::new(), false).expect("an empty frame");
+        stream.send_data(Bytes::from_static(b"x"), false).expect("data");
+        stream.send_data(Bytes::new(), true).expect("the end");
+        let (got, read_done) = server.await.expect("the server side");
+        assert_eq!(got, b"x", "all the data, and the end only after it");
+        assert!(read_done, "the stream saw the peer's end");
+        // Our end, as h2 reports it: an empty chunk (the END_STREAM frame), then none.
+        let mut body = response.into_body();
+        while let Some(chunk) = body.data().await {
+            assert!(chunk.expect("no error").is_empty(), "no data, only the end");
+        }
     }
 }
