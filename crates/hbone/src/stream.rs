@@ -326,8 +326,12 @@ mod tests {
             .send_request(request, false)
             .expect("sent");
         let response = response.await.expect("a response");
-        stream.send_data(Bytes::new(), false).expect("an empty frame");
-        stream.send_data(Bytes::from_static(b"x"), false).expect("data");
+        stream
+            .send_data(Bytes::new(), false)
+            .expect("an empty frame");
+        stream
+            .send_data(Bytes::from_static(b"x"), false)
+            .expect("data");
         stream.send_data(Bytes::new(), true).expect("the end");
         let (got, read_done) = server.await.expect("the server side");
         assert_eq!(got, b"x", "all the data, and the end only after it");
