@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -112,9 +112,25 @@ struct Entry {
     conn: Arc<Connection>,
     /// Since when it has carried no stream; `None` while it carries some.
     idle_since: Mutex<Option<Instant>>,
-    /// Shared by the connections of one key: notified when one of them releases its last
-    /// stream (the others' deadlines may change with it: only the first idle one stays warm).
-    idled: Arc<Notify>,
+    /// Shared by the connections of one key.
+    key: Arc<KeyWatch>,
+    /// Its watcher sleeps with no deadline (the connection carried streams when it looked):
+    /// the release of its last stream must wake it.
+    watcher_unbounded: AtomicBool,
+}
+
+/// What the watchers of one key's connections share.
+#[derive(Debug, Default)]
+struct KeyWatch {
+    /// Notified when a connection releases its last stream and a watcher needs to look again:
+    /// its own sleeps with no deadline, or the key has other connections, whose deadlines may
+    /// change with it (only the first idle one stays warm). A lone connection's watcher asleep
+    /// until its deadline is not woken: that deadline can only move later, which it finds when
+    /// it looks then. (One wake-up per stream of a reused connection was a second worker
+    /// woken per stream, issue 21.)
+    idled: Notify,
+    /// How many connections of the key are in the pool.
+    conns: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -300,7 +316,11 @@ impl Pool {
     fn checkout(&self, key: &PoolKey) -> Option<Arc<Entry>> {
         let mut conns = self.inner.conns.lock();
         let list = conns.get_mut(key)?;
+        let before = list.len();
         list.retain(|e| !e.conn.is_closed());
+        if let Some(e) = list.first() {
+            e.key.conns.fetch_sub(before - list.len(), Ordering::SeqCst);
+        }
         let max = self.inner.config.max_streams;
         let entry = list.iter().find(|e| {
             // The peer's own stream limit caps ours: beyond it, requests would queue.
@@ -333,11 +353,13 @@ impl Pool {
         let entry = {
             let mut conns = self.inner.conns.lock();
             let list = conns.entry(key.clone()).or_default();
-            let idled = list.first().map_or_else(Arc::default, |e| e.idled.clone());
+            let watch: Arc<KeyWatch> = list.first().map_or_else(Arc::default, |e| e.key.clone());
+            watch.conns.fetch_add(1, Ordering::SeqCst);
             let entry = Arc::new(Entry {
                 conn: Arc::new(conn),
                 idle_since: Mutex::new(None),
-                idled,
+                key: watch,
+                watcher_unbounded: AtomicBool::new(false),
             });
             list.push(entry.clone());
             entry
@@ -346,7 +368,7 @@ impl Pool {
             Arc::downgrade(&self.inner),
             key.clone(),
             Arc::downgrade(&entry),
-            entry.idled.clone(),
+            entry.key.clone(),
             ended,
         ));
         tracing::debug!(dst.addr = %key.dst, src.identity = %key.local, "new HBONE connection");
@@ -401,7 +423,7 @@ impl Inner {
             }
         };
         if review == Review::Gone {
-            list.remove(pos);
+            list.remove(pos).key.conns.fetch_sub(1, Ordering::SeqCst);
             if list.is_empty() {
                 conns.remove(key);
             }
@@ -413,23 +435,34 @@ impl Inner {
 }
 
 /// Watches one pooled connection until it leaves the pool: asleep while it carries streams,
-/// woken when its key's connections release their last stream (`idled`), and at its own idle
+/// woken when its key's connections release their last stream ([`KeyWatch::idled`]), and at its own idle
 /// deadline; let go there if it is still idle, or as soon as its driver ends (`ended`). Holds
 /// no strong reference to it, so that the pool's shutdown and drop still close it.
 async fn expire(
     inner: Weak<Inner>,
     key: PoolKey,
     entry: Weak<Entry>,
-    idled: Arc<Notify>,
+    watch: Arc<KeyWatch>,
     mut ended: tokio::sync::watch::Receiver<()>,
 ) {
     loop {
         // Enabled before the review: a release after it is not missed.
-        let released = idled.notified();
+        let released = watch.idled.notified();
         tokio::pin!(released);
         released.as_mut().enable();
         let review = match (inner.upgrade(), entry.upgrade()) {
-            (Some(inner), Some(entry)) => inner.review(&key, &entry, Instant::now()),
+            (Some(inner), Some(entry)) => {
+                // Said before the review reads `idle_since`, which a release writes before it
+                // reads this (a SeqCst fence between, on both sides): either the review sees the release, or the release
+                // sees this and wakes the watcher (`released` is enabled already).
+                entry.watcher_unbounded.store(true, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                let review = inner.review(&key, &entry, Instant::now());
+                if review != Review::Busy {
+                    entry.watcher_unbounded.store(false, Ordering::SeqCst);
+                }
+                review
+            }
             _ => return,
         };
         let deadline = match review {
@@ -469,7 +502,12 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if self.0.conn.streams.remove() {
             *self.0.idle_since.lock() = Some(Instant::now());
-            self.0.idled.notify_waiters();
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let e = &self.0;
+            if e.watcher_unbounded.load(Ordering::SeqCst) || e.key.conns.load(Ordering::SeqCst) > 1
+            {
+                e.key.idled.notify_waiters();
+            }
         }
     }
 }
