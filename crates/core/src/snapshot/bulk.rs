@@ -151,7 +151,19 @@ impl Snapshot {
         let mut endpoints: HashMap<&ServiceKey, Vec<Endpoint>> = HashMap::default();
         // Each node's cluster, looked up once.
         let mut by_node: HashMap<&NodeName, (&ClusterId, Vec<WorkloadUid>)> = HashMap::default();
+        // Each workload's entry made as it is read, in the order given, then put in the order
+        // of the trie (see `trie_order`): only the entries, packed in one array, are read out
+        // of order.
+        let hasher = self.workloads.hasher().clone();
+        let mut order: Vec<(u32, u32)> = Vec::with_capacity(workloads.len());
+        let mut entries: Vec<Option<(WorkloadUid, Arc<Workload>)>> =
+            Vec::with_capacity(workloads.len());
         for w in workloads {
+            order.push((
+                trie_order(hasher.hash_one(&w.uid)),
+                u32::try_from(entries.len()).ok()?,
+            ));
+            entries.push(Some((w.uid.clone(), w.clone())));
             Identity::check(&w.trust_domain, &w.namespace, &w.service_account).ok()?;
             if self.clusters.get(&w.cluster)?.network != w.network {
                 return None;
@@ -185,17 +197,10 @@ impl Snapshot {
                 *self.gateway_refs.entry(d.clone()).or_insert(0) += 1;
             }
         }
-        // Each workload once, in the order of the trie (see `trie_order`).
-        let hasher = self.workloads.hasher();
-        let mut order: Vec<(u32, usize)> = workloads
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (trie_order(hasher.hash_one(&w.uid)), i))
-            .collect();
         order.sort_unstable();
-        for (_, i) in order {
-            let w = &workloads[i];
-            if self.workloads.insert(w.uid.clone(), w.clone()).is_some() {
+        for (_, at) in order {
+            let (uid, w) = entries.get_mut(at as usize)?.take()?;
+            if self.workloads.insert(uid, w).is_some() {
                 return None;
             }
         }
@@ -214,43 +219,45 @@ impl Snapshot {
 }
 
 /// `by_address` with every address of `services` and `workloads` claimed; `None` when one is
-/// taken.
+/// taken. Each claim is made in the order given (each object read once, in the order its memory
+/// was written), then put in the order of the trie: only the claims, packed in one array, are
+/// read out of order, not each workload's strings and address list.
 fn claim_all(
     mut by_address: Map<NetworkAddress, AddressOwner>,
     services: &[Arc<Service>],
     workloads: &[Arc<Workload>],
 ) -> Option<Map<NetworkAddress, AddressOwner>> {
     let hasher = by_address.hasher();
-    // (where in the trie, service i or workload `services.len() + i`, address)
-    let mut claims: Vec<(u32, usize, usize)> = Vec::with_capacity(services.len() + workloads.len());
-    for (i, s) in services.iter().enumerate() {
-        for (j, vip) in s.vips.iter().enumerate() {
-            claims.push((trie_order(hasher.hash_one(vip)), i, j));
+    let capacity = services.len() + workloads.len();
+    // (where in the trie, the claim's place in `claims`)
+    let mut order: Vec<(u32, u32)> = Vec::with_capacity(capacity);
+    let mut claims: Vec<Option<(NetworkAddress, AddressOwner)>> = Vec::with_capacity(capacity);
+    let mut claim = |hash: u64, address: NetworkAddress, owner: AddressOwner| {
+        let at = u32::try_from(claims.len()).ok()?;
+        order.push((trie_order(hash), at));
+        claims.push(Some((address, owner)));
+        Some(())
+    };
+    for s in services {
+        for vip in &s.vips {
+            let owner = AddressOwner::Service(Box::new(s.key()));
+            claim(hasher.hash_one(vip), vip.clone(), owner)?;
         }
     }
-    for (i, w) in workloads.iter().enumerate() {
-        for (j, ip) in w.addresses.iter().enumerate() {
+    for w in workloads {
+        for ip in &w.addresses {
             let at = AddressRef {
                 network: &w.network,
                 ip: *ip,
             };
-            claims.push((trie_order(hasher.hash_one(at)), services.len() + i, j));
+            let hash = hasher.hash_one(at);
+            let address = NetworkAddress::new(w.network.clone(), *ip);
+            claim(hash, address, AddressOwner::Workload(w.uid.clone()))?;
         }
     }
-    claims.sort_unstable();
-    for (_, i, j) in claims {
-        let (address, owner) = match i.checked_sub(services.len()) {
-            None => {
-                let s = &services[i];
-                let owner = AddressOwner::Service(Box::new(s.key()));
-                (s.vips[j].clone(), owner)
-            }
-            Some(i) => {
-                let w = &workloads[i];
-                let address = NetworkAddress::new(w.network.clone(), w.addresses[j]);
-                (address, AddressOwner::Workload(w.uid.clone()))
-            }
-        };
+    order.sort_unstable();
+    for (_, at) in order {
+        let (address, owner) = claims.get_mut(at as usize)?.take()?;
         match by_address.entry(address) {
             imbl::hashmap::Entry::Occupied(_) => return None,
             imbl::hashmap::Entry::Vacant(v) => {
