@@ -11,7 +11,8 @@ use std::sync::Arc;
 use ferry_core::keyed_hash::{HashMap, HashSet};
 
 use ferry_core::model::{
-    Cluster, ClusterId, Gateway, NetworkId, Node, NodeName, Policy, Service, Workload,
+    Cluster, ClusterId, Gateway, NetworkId, Node, NodeName, Policy, PortMapping, Service,
+    ServiceKey, SharedMap, Workload,
 };
 use ferry_core::snapshot::{AddressOwner, ObjectRef, Snapshot, SnapshotBuilder, SnapshotError};
 
@@ -129,9 +130,14 @@ fn try_build(
     for g in gateways {
         b.gateway_shared(g.clone());
     }
+    // Whether a service map names a service not held, by the map's address: the replicas of
+    // a deployment share one map, looked up once, not its keys hashed again per workload.
+    let mut names_missing: HashMap<usize, bool> = HashMap::default();
     for w in workloads {
         // Copy a workload only when a reference it carries must be skipped.
-        let dangling = w.services.keys().any(|k| !service_keys.contains(k))
+        let dangling = *names_missing
+            .entry(map_at(&w.services))
+            .or_insert_with(|| w.services.keys().any(|k| !service_keys.contains(k)))
             || w.authorization_policies
                 .iter()
                 .any(|k| !policy_keys.contains(k));
@@ -147,6 +153,12 @@ fn try_build(
         }
     }
     b.build()
+}
+
+/// The address of a workload's service map: equal for the workloads that share one copy (the
+/// held resources keep every copy alive while it is used as a key).
+pub(crate) fn map_at(m: &SharedMap<ServiceKey, Vec<PortMapping>>) -> usize {
+    Arc::as_ptr(m.as_arc()) as usize
 }
 
 /// The resource a snapshot error is about.

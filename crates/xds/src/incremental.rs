@@ -20,7 +20,7 @@ use ferry_core::model::{
 };
 use ferry_core::snapshot::{Endpoint, Snapshot, SnapshotDelta};
 
-use crate::assemble::{Held, assemble};
+use crate::assemble::{Held, assemble, map_at};
 use crate::convert::{Decoded, InvalidResource};
 use crate::index::Index;
 
@@ -41,21 +41,37 @@ impl Index {
             synced: version,
             ..Self::default()
         };
+        // Whether a service map names a service not held, by the map's address (see
+        // `assemble::try_build`).
+        let mut names_missing: KeyedMap<usize, bool> = KeyedMap::default();
         for (name, d) in &held.addresses {
             match d {
                 Decoded::Workload(w) => {
-                    *index.cluster_members.entry(w.cluster.clone()).or_default() += 1;
-                    index.note_dangling(name, w, &|k| keys.services.contains(k), &|k| {
-                        keys.policies.contains(k)
-                    });
+                    index.count_member(&w.cluster);
+                    let missing = *names_missing
+                        .entry(map_at(&w.services))
+                        .or_insert_with(|| w.services.keys().any(|k| !keys.services.contains(k)));
+                    if missing || !w.authorization_policies.is_empty() {
+                        index.note_dangling(name, w, &|k| keys.services.contains(k), &|k| {
+                            keys.policies.contains(k)
+                        });
+                    }
                 }
-                Decoded::Gateway(g) => {
-                    *index.cluster_members.entry(g.cluster.clone()).or_default() += 1;
-                }
+                Decoded::Gateway(g) => index.count_member(&g.cluster),
                 Decoded::Service(_) => {}
             }
         }
         index
+    }
+
+    /// One more workload or gateway in `cluster` (its name copied only the first time).
+    fn count_member(&mut self, cluster: &ClusterId) {
+        match self.cluster_members.get_mut(cluster) {
+            Some(n) => *n += 1,
+            None => {
+                self.cluster_members.insert(cluster.clone(), 1);
+            }
+        }
     }
 
     fn note_dangling(

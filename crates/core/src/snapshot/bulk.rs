@@ -148,7 +148,12 @@ impl Snapshot {
         touched: &mut Touched,
     ) -> Option<()> {
         use std::collections::hash_map::Entry;
-        let mut endpoints: HashMap<&ServiceKey, Vec<Endpoint>> = HashMap::default();
+        // The buckets added to, and where each service's is among them.
+        let mut endpoints: Vec<(&ServiceKey, Vec<Endpoint>)> = Vec::new();
+        let mut bucket_of: HashMap<&ServiceKey, usize> = HashMap::default();
+        // A service map's buckets, by the map's address: the replicas of a deployment share
+        // one copy, whose keys are then looked up once, not hashed again per workload.
+        let mut buckets_of: HashMap<usize, Vec<usize>> = HashMap::default();
         // Each node's cluster, looked up once.
         let mut by_node: HashMap<&NodeName, (&ClusterId, Vec<WorkloadUid>)> = HashMap::default();
         // Each workload's entry made as it is read, in the order given, then put in the order
@@ -178,14 +183,27 @@ impl Snapshot {
                 }
                 bucket.push(w.uid.clone());
             }
-            for svc in w.services.keys() {
-                let bucket = match endpoints.entry(svc) {
-                    Entry::Occupied(o) => o.into_mut(),
-                    // Every service known has a bucket (`add_service`).
-                    Entry::Vacant(v) if self.endpoints.contains_key(svc) => v.insert(Vec::new()),
-                    Entry::Vacant(_) => return None,
-                };
-                bucket.push(Endpoint::Workload(w.uid.clone()));
+            let buckets = match buckets_of.entry(Arc::as_ptr(w.services.as_arc()) as usize) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    let mut buckets = Vec::with_capacity(w.services.len());
+                    for svc in w.services.keys() {
+                        let at = match bucket_of.entry(svc) {
+                            Entry::Occupied(o) => *o.get(),
+                            // Every service known has a bucket (`add_service`).
+                            Entry::Vacant(v) if self.endpoints.contains_key(svc) => {
+                                endpoints.push((svc, Vec::new()));
+                                *v.insert(endpoints.len() - 1)
+                            }
+                            Entry::Vacant(_) => return None,
+                        };
+                        buckets.push(at);
+                    }
+                    v.insert(buckets)
+                }
+            };
+            for &at in buckets.iter() {
+                endpoints.get_mut(at)?.1.push(Endpoint::Workload(w.uid.clone()));
             }
             for p in &w.authorization_policies {
                 if !self.policies.contains_key(p) {
