@@ -203,7 +203,10 @@ impl Snapshot {
                 }
             };
             for &at in buckets.iter() {
-                endpoints.get_mut(at)?.1.push(Endpoint::Workload(w.uid.clone()));
+                endpoints
+                    .get_mut(at)?
+                    .1
+                    .push(Endpoint::Workload(w.uid.clone()));
             }
             for p in &w.authorization_policies {
                 if !self.policies.contains_key(p) {
