@@ -19,6 +19,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub(crate) struct Streams {
     open: AtomicUsize,
+    /// The most ever open at once ([`Streams::peak`]).
+    peak: AtomicUsize,
     /// Notified when the count goes from 0 to 1.
     opened: Notify,
 }
@@ -36,6 +38,9 @@ impl Streams {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             });
+        if let Ok(n) = added {
+            self.peak.fetch_max(n + 1, Ordering::AcqRel);
+        }
         if added == Ok(0) {
             self.opened.notify_waiters();
         }
@@ -44,9 +49,17 @@ impl Streams {
 
     /// Counts one more stream, whatever the count.
     pub(crate) fn add(&self) {
-        if self.open.fetch_add(1, Ordering::AcqRel) == 0 {
+        let n = self.open.fetch_add(1, Ordering::AcqRel);
+        self.peak.fetch_max(n + 1, Ordering::AcqRel);
+        if n == 0 {
             self.opened.notify_waiters();
         }
+    }
+
+    /// The most streams ever open at once: the h2 connection under them keeps tables that
+    /// many entries long for its life ([`crate::pool::PoolConfig::warm_max_streams`]).
+    pub(crate) fn peak(&self) -> usize {
+        self.peak.load(Ordering::Acquire)
     }
 
     /// One stream fewer; `true` if it was the last.
@@ -160,5 +173,6 @@ mod tests {
         assert!(streams.try_add(1));
         assert!(ready(again.as_mut()), "woken by a reservation too");
         assert!(streams.remove(), "the last one");
+        assert_eq!(streams.peak(), 2, "the most open at once");
     }
 }

@@ -15,7 +15,8 @@
 //!   an idle one is left to the kernel's TCP keepalive ([`crate::keepalive`]), so the warm
 //!   connection of a quiet proxy runs no code.
 //! - **Idle connections close**: a connection with no stream for `idle_timeout` is dropped
-//!   (its surplus siblings of the same key after `surplus_idle_timeout`). No sweep: each
+//!   (its surplus siblings of the same key after `surplus_idle_timeout`, and so is one that
+//!   once carried more than `warm_max_streams` at once: h2 keeps tables that long). No sweep: each
 //!   connection has its own watcher, woken when a stream slot is released and asleep until its
 //!   own deadline ([`expire`]); one that is used again before then simply stays.
 
@@ -70,6 +71,10 @@ impl PoolKey {
 
 pub use crate::settings::MAX_STREAMS;
 
+/// [`PoolConfig::warm_max_streams`]'s default: ztunnel's streams per connection, a table of
+/// 128 slots.
+pub const WARM_MAX_STREAMS: usize = 100;
+
 /// Pool limits.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -84,6 +89,13 @@ pub struct PoolConfig {
     /// Further idle connections of the same key (left over from a burst) go after this long,
     /// so the memory a spike took comes back soon.
     pub surplus_idle_timeout: Duration,
+    /// A connection that has carried more streams than this at once is never the one kept
+    /// warm: it goes after `surplus_idle_timeout` like a burst's other connections. h2 keeps
+    /// each connection's stream table (a slab of about 0.3 KB a slot) and its queues as long
+    /// as the most streams it ever had open, for the connection's life, at both ends (issue
+    /// 21: the warm connection left by a 5,000-connection spike, 1,000 streams, held them
+    /// for 5 minutes). The next tunnel after such a burst dials a new connection.
+    pub warm_max_streams: usize,
     pub settings: Settings,
     /// Makes the TCP connections (a node proxy dials from inside each pod's namespace).
     pub dialer: std::sync::Arc<dyn crate::client::Dialer>,
@@ -95,6 +107,7 @@ impl Default for PoolConfig {
             max_streams: MAX_STREAMS,
             idle_timeout: Duration::from_secs(300),
             surplus_idle_timeout: Duration::from_secs(10),
+            warm_max_streams: WARM_MAX_STREAMS,
             settings: Settings::default(),
             dialer: std::sync::Arc::new(crate::client::DirectDialer),
         }
@@ -389,8 +402,8 @@ enum Review {
 
 impl Inner {
     /// Looks at `entry` of `key` at `now`, and lets it go if its time has come: the first idle
-    /// connection of a key (in dial order) stays `idle_timeout`, the others
-    /// `surplus_idle_timeout`.
+    /// connection of a key (in dial order) that never carried more than `warm_max_streams`
+    /// at once stays `idle_timeout`, the others `surplus_idle_timeout`.
     fn review(&self, key: &PoolKey, entry: &Arc<Entry>, now: Instant) -> Review {
         let mut conns = self.conns.lock();
         let Some(list) = conns.get_mut(key) else {
@@ -400,13 +413,15 @@ impl Inner {
             return Review::Gone;
         };
         let idle = |e: &Entry| !e.conn.is_closed() && e.conn.streams.open() == 0;
+        // Only a connection whose tables stayed small may stay warm.
+        let warm = |e: &Entry| idle(e) && e.conn.streams.peak() <= self.config.warm_max_streams;
         let review = if entry.conn.is_closed() {
             Review::Gone
         } else {
             match *entry.idle_since.lock() {
                 // Reserved under this lock only: with none, it is idle since its last release.
                 Some(since) if idle(entry) => {
-                    let first = list.iter().position(|e| idle(e)) == Some(pos);
+                    let first = list.iter().position(|e| warm(e)) == Some(pos);
                     let timeout = self.config.idle_timeout;
                     let limit = if first {
                         timeout

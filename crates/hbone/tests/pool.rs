@@ -346,6 +346,57 @@ async fn connections_left_over_from_a_burst_close_soon_and_one_stays_warm() {
     assert_eq!(client.pool.handshakes(), handshakes);
 }
 
+/// A connection that carried more streams at once than `warm_max_streams` is not the one kept
+/// warm (h2 keeps its tables that long for its life, issue 21): after the burst it goes at the
+/// surplus timeout, and the next tunnel dials anew; one that stayed within it is kept. Timed on
+/// tokio's paused clock, as the test below.
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_that_carried_a_large_burst_is_not_kept_warm() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let quiet = Settings {
+        ping_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    let surplus = Duration::from_secs(10);
+    let config = PoolConfig {
+        idle_timeout: Duration::from_secs(600),
+        surplus_idle_timeout: surplus,
+        warm_max_streams: 4,
+        settings: quiet,
+        ..PoolConfig::default()
+    };
+    // Two pools: one carries 4 tunnels at once, the other 5, each on one connection.
+    let within = ClientSide::new(ca.clone(), config.clone());
+    let over = ClientSide::new(ca.clone(), config);
+    let mut held = Vec::new();
+    for (client, n) in [(&within, 4), (&over, 5)] {
+        for _ in 0..n {
+            let mut t = client.open(hbone, echo).await.expect("tunnel");
+            t.write_all(b"up").await.unwrap();
+            let mut b = [0u8; 2];
+            t.read_exact(&mut b).await.unwrap();
+            held.push(t);
+        }
+        assert_eq!(client.pool.handshakes(), 1, "{n} tunnels on one connection");
+    }
+    tokio::time::pause();
+    drop(held);
+    settle().await;
+    tokio::time::advance(surplus + Duration::from_millis(2)).await;
+    settle().await;
+    assert_eq!(within.pool.connections(), 1, "4 at once: kept warm");
+    assert_eq!(
+        over.pool.connections(),
+        0,
+        "5 at once: let go at the surplus timeout"
+    );
+    tokio::time::resume();
+    let _t = over.open(hbone, echo).await.expect("tunnel");
+    assert_eq!(over.pool.handshakes(), 2, "the next tunnel dialled anew");
+}
+
 /// Lets the runtime run everything that is ready (paused time does not move meanwhile).
 async fn settle() {
     for _ in 0..50 {
