@@ -91,10 +91,10 @@ pub struct PoolConfig {
     pub surplus_idle_timeout: Duration,
     /// A connection that has carried more streams than this at once is never the one kept
     /// warm: it goes after `surplus_idle_timeout` like a burst's other connections. h2 keeps
-    /// each connection's stream table (a slab of about 0.3 KB a slot) and its queues as long
-    /// as the most streams it ever had open, for the connection's life, at both ends (issue
-    /// 21: the warm connection left by a 5,000-connection spike, 1,000 streams, held them
-    /// for 5 minutes). The next tunnel after such a burst dials a new connection.
+    /// each connection's stream table and frame queues (slabs) as long as the most streams it
+    /// ever had open, for the connection's life, at both ends (issue 21: the warm connection a
+    /// 5,000-connection spike left, 1,000 streams at once, kept about 0.7 MB in each node
+    /// proxy for 5 minutes). The next tunnel after such a burst dials a new connection.
     pub warm_max_streams: usize,
     pub settings: Settings,
     /// Makes the TCP connections (a node proxy dials from inside each pod's namespace).
