@@ -130,6 +130,9 @@ struct Entry {
     /// Its watcher sleeps with no deadline (the connection carried streams when it looked):
     /// the release of its last stream must wake it.
     watcher_unbounded: AtomicBool,
+    /// [`PoolConfig::warm_max_streams`]: past that peak, its deadline is the surplus one, which
+    /// a release must tell its watcher of.
+    warm_max_streams: usize,
 }
 
 /// What the watchers of one key's connections share.
@@ -137,9 +140,10 @@ struct Entry {
 struct KeyWatch {
     /// Notified when a connection releases its last stream and a watcher needs to look again:
     /// its own sleeps with no deadline, or the key has other connections, whose deadlines may
-    /// change with it (only the first idle one stays warm). A lone connection's watcher asleep
-    /// until its deadline is not woken: that deadline can only move later, which it finds when
-    /// it looks then. (One wake-up per stream of a reused connection was a second worker
+    /// change with it (only the first idle one stays warm), or it carried too many streams at
+    /// once to stay warm (its deadline is the surplus one now). A lone connection's watcher
+    /// asleep until its deadline is not woken otherwise: that deadline can only move later,
+    /// which it finds when it looks then. (One wake-up per stream of a reused connection was a second worker
     /// woken per stream, issue 21.)
     idled: Notify,
     /// How many connections of the key are in the pool.
@@ -373,6 +377,7 @@ impl Pool {
                 idle_since: Mutex::new(None),
                 key: watch,
                 watcher_unbounded: AtomicBool::new(false),
+                warm_max_streams: self.inner.config.warm_max_streams,
             });
             list.push(entry.clone());
             entry
@@ -519,7 +524,9 @@ impl Drop for Reservation {
             *self.0.idle_since.lock() = Some(Instant::now());
             std::sync::atomic::fence(Ordering::SeqCst);
             let e = &self.0;
-            if e.watcher_unbounded.load(Ordering::SeqCst) || e.key.conns.load(Ordering::SeqCst) > 1
+            if e.watcher_unbounded.load(Ordering::SeqCst)
+                || e.key.conns.load(Ordering::SeqCst) > 1
+                || e.conn.streams.peak() > e.warm_max_streams
             {
                 e.key.idled.notify_waiters();
             }

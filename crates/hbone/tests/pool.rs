@@ -397,6 +397,60 @@ async fn a_connection_that_carried_a_large_burst_is_not_kept_warm() {
     assert_eq!(over.pool.handshakes(), 2, "the next tunnel dialled anew");
 }
 
+/// The warm connection, idle and its watcher asleep until its long deadline, then carries a
+/// burst too large to stay warm: once the burst is over it goes at the surplus timeout, not
+/// at the deadline its watcher slept towards (a release wakes a lone connection's watcher only
+/// when its deadline can come sooner).
+#[tokio::test(flavor = "current_thread")]
+async fn a_warm_connection_that_then_carries_a_large_burst_goes_at_the_surplus_timeout() {
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let quiet = Settings {
+        ping_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    let surplus = Duration::from_secs(10);
+    let client = ClientSide::new(
+        ca.clone(),
+        PoolConfig {
+            idle_timeout: Duration::from_secs(600),
+            surplus_idle_timeout: surplus,
+            warm_max_streams: 4,
+            settings: quiet,
+            ..PoolConfig::default()
+        },
+    );
+    let echoed = |mut t: ferry_hbone::pool::Tunnel| async move {
+        t.write_all(b"up").await.unwrap();
+        let mut b = [0u8; 2];
+        t.read_exact(&mut b).await.unwrap();
+        t
+    };
+    // Warm and idle: its watcher sleeps towards the 600 s deadline.
+    drop(echoed(client.open(hbone, echo).await.unwrap()).await);
+    settle().await;
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(echoed(client.open(hbone, echo).await.unwrap()).await);
+    }
+    assert_eq!(
+        client.pool.handshakes(),
+        1,
+        "the burst on the warm connection"
+    );
+    tokio::time::pause();
+    drop(held);
+    settle().await;
+    tokio::time::advance(surplus + Duration::from_millis(2)).await;
+    settle().await;
+    assert_eq!(
+        client.pool.connections(),
+        0,
+        "5 at once: let go at the surplus timeout"
+    );
+}
+
 /// Lets the runtime run everything that is ready (paused time does not move meanwhile).
 async fn settle() {
     for _ in 0..50 {
