@@ -353,12 +353,7 @@ async fn connections_left_over_from_a_burst_close_soon_and_one_stays_warm() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_connection_that_carried_a_large_burst_is_not_kept_warm() {
     let ca = Arc::new(TestCa::new("root"));
-    let echo = echo_server().await;
-    let quiet = Settings {
-        ping_interval: Duration::from_secs(3600),
-        ..Settings::default()
-    };
-    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    let (hbone, echo, quiet) = quiet_servers(&ca).await;
     let surplus = Duration::from_secs(10);
     let config = PoolConfig {
         idle_timeout: Duration::from_secs(600),
@@ -404,12 +399,7 @@ async fn a_connection_that_carried_a_large_burst_is_not_kept_warm() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_warm_connection_that_then_carries_a_large_burst_goes_at_the_surplus_timeout() {
     let ca = Arc::new(TestCa::new("root"));
-    let echo = echo_server().await;
-    let quiet = Settings {
-        ping_interval: Duration::from_secs(3600),
-        ..Settings::default()
-    };
-    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    let (hbone, echo, quiet) = quiet_servers(&ca).await;
     let surplus = Duration::from_secs(10);
     let client = ClientSide::new(
         ca.clone(),
@@ -451,6 +441,18 @@ async fn a_warm_connection_that_then_carries_a_large_burst_goes_at_the_surplus_t
     );
 }
 
+/// An HBONE server and an echo target for the paused-clock tests, and the settings they and
+/// the pool use: no PING either way inside the tests' frozen minutes.
+async fn quiet_servers(ca: &TestCa) -> (std::net::SocketAddr, std::net::SocketAddr, Settings) {
+    let echo = echo_server().await;
+    let quiet = Settings {
+        ping_interval: Duration::from_secs(3600),
+        ..Settings::default()
+    };
+    let hbone = hbone_server(ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    (hbone, echo, quiet)
+}
+
 /// Lets the runtime run everything that is ready (paused time does not move meanwhile).
 async fn settle() {
     for _ in 0..50 {
@@ -465,13 +467,7 @@ async fn settle() {
 #[tokio::test(flavor = "current_thread")]
 async fn an_idle_connection_is_let_go_at_its_own_deadline_and_a_use_starts_it_again() {
     let ca = Arc::new(TestCa::new("root"));
-    let echo = echo_server().await;
-    // No PING either way inside the test's frozen minutes.
-    let quiet = Settings {
-        ping_interval: Duration::from_secs(3600),
-        ..Settings::default()
-    };
-    let hbone = hbone_server(&ca, SERVER, Arc::new(Recorder::default()), quiet.clone()).await;
+    let (hbone, echo, quiet) = quiet_servers(&ca).await;
     let idle = Duration::from_secs(60);
     let client = ClientSide::new(
         ca.clone(),
