@@ -146,6 +146,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         admin = %admin_addr,
         "node proxy serving (admin: /ready /config_dump /certs /metrics)"
     );
+    // The setup above ran on the thread that polls this future (the process's main thread,
+    // which from here on only waits): what it cached goes back.
+    crate::memory::release_thread_cache();
     // Listeners stop and HBONE peers get a GOAWAY; at the deadline what is still open ends with
     // a FIN (END_STREAM in tunnels) and the peers get a moment to finish their side.
     trigger.on_signal("node", config.drain).await;

@@ -175,16 +175,26 @@ thread_local! {
 }
 
 /// For the runtime's `on_thread_park`: a worker going idle after a trim it has not followed
-/// yet flushes its jemalloc thread cache (the blocks it holds go back to their arena, where the
-/// next purge, or jemalloc's decay, returns their pages). One atomic load otherwise.
+/// yet flushes its jemalloc thread cache (the blocks it holds go back to their arena) and
+/// purges: the pages the flush emptied are returned now. jemalloc's decay would return them
+/// only as allocations tick it, which a quiet process does not do. One atomic load otherwise.
 pub fn on_worker_park() {
     let trims = TRIMS.load(Ordering::Relaxed);
     FLUSHED_AT.with(|at| {
         if at.get() != trims {
             at.set(trims);
-            flush_thread_cache();
+            release_thread_cache();
         }
     });
+}
+
+/// The calling thread's jemalloc cache back to its arena, and the pages that emptied back to
+/// the system. For a thread the trims do not reach otherwise: the process's main thread, once
+/// its setup is done (it then only waits for the signal to stop; the runtime does not park it
+/// through `on_thread_park`).
+pub(crate) fn release_thread_cache() {
+    flush_thread_cache();
+    purge_jemalloc();
 }
 
 /// `thread.tcache.flush`: the calling thread's cached free blocks go back to their arena.
