@@ -1,9 +1,11 @@
 //! A [`Record`] as the ring keeps it: in a spike's records most fields are the same from one
-//! record to the next (the source, the destination, the path and the route), so each such
-//! string is kept once and shared; the three that differ per connection (the id, the trace id,
-//! the source address) share one allocation. A full ring of a spike's records went from about
-//! 1.2 MiB in 19 allocations per record to under 0.5 MiB in about one (issue 21:
-//! the ring was half of what a node proxy kept 60 s after a 5,000-connection spike).
+//! record to the next (the source, the destination, the path and the route, the verdict), so
+//! they are kept once, as one shared [`Shape`], each of its strings shared with other shapes
+//! too; the three that differ per connection (the id, the trace id, the source address) share
+//! one allocation. A full ring of a spike's records went from about 1.2 MiB in 19 allocations
+//! per record to 420 KiB in about one, then to about 140 KiB with the shape (a record's slot
+//! 360 -> 96 bytes; issue 21: the ring is most of what a node proxy holds above idle 60 s after
+//! a 5,000-connection spike).
 
 use std::sync::Arc;
 
@@ -12,8 +14,31 @@ use super::Record;
 /// Fields kept shared, in this order.
 const SHARED: usize = 15;
 
-/// Recent distinct values kept per shared field: a later record with one of them shares it.
+/// Recent distinct values kept per shared field, and recent shapes: a later record with one of
+/// them shares it.
 const RECENT: usize = 8;
+
+/// What a record shares with the records like it.
+#[derive(Debug)]
+pub(super) struct Shape {
+    strings: [Arc<str>; SHARED],
+    verdict: &'static str,
+    response_flags: &'static str,
+}
+
+impl Shape {
+    /// Whether this is the shape of `strings` (each field already shared through the
+    /// interner, so one equal to a recent value is that value) and the two flags.
+    fn is(&self, strings: &[Arc<str>; SHARED], verdict: &str, response_flags: &str) -> bool {
+        self.verdict == verdict
+            && self.response_flags == response_flags
+            && self
+                .strings
+                .iter()
+                .zip(strings)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
 
 /// One record in the ring.
 #[derive(Debug)]
@@ -22,9 +47,7 @@ pub(super) struct Kept {
     own: Box<str>,
     /// Where `trace_id` and `src_addr` start in `own`.
     cuts: [u32; 2],
-    shared: [Arc<str>; SHARED],
-    verdict: &'static str,
-    response_flags: &'static str,
+    shape: Arc<Shape>,
     at_ms: u64,
     bytes_sent: u64,
     bytes_recv: u64,
@@ -56,26 +79,54 @@ fn shared_fields(r: &Record) -> [&str; SHARED] {
     ]
 }
 
-/// The recent values of each shared field, most recently used first.
+/// The recent values of each shared field and the recent shapes, most recently used first.
 #[derive(Debug, Default)]
 pub(super) struct Interner {
     recent: [Vec<Arc<str>>; SHARED],
+    shapes: Vec<Arc<Shape>>,
+}
+
+/// `value` from `recent` if equal to one there (then most recent), else `new(value)`, kept as
+/// the most recent one of at most [`RECENT`].
+fn share<T: ?Sized>(
+    recent: &mut Vec<Arc<T>>,
+    is: impl Fn(&T) -> bool,
+    new: impl FnOnce() -> Arc<T>,
+) -> Arc<T> {
+    if let Some(at) = recent.iter().position(|v| is(v)) {
+        recent[..=at].rotate_right(1);
+        return recent[0].clone();
+    }
+    let new = new();
+    if recent.len() == RECENT {
+        recent.pop();
+    }
+    recent.insert(0, new.clone());
+    new
 }
 
 impl Interner {
-    /// `value` of field `field`: a recent one's if equal, else a new one (then recent).
-    fn share(&mut self, field: usize, value: &str) -> Arc<str> {
-        let recent = &mut self.recent[field];
-        if let Some(at) = recent.iter().position(|v| **v == *value) {
-            recent[..=at].rotate_right(1);
-            return recent[0].clone();
-        }
-        let new: Arc<str> = Arc::from(value);
-        if recent.len() == RECENT {
-            recent.pop();
-        }
-        recent.insert(0, new.clone());
-        new
+    /// The shape of `r`: a recent one's if the same, else a new one (then recent).
+    fn shape(&mut self, r: &Record) -> Arc<Shape> {
+        let fields = shared_fields(r);
+        let strings: [Arc<str>; SHARED] = std::array::from_fn(|i| {
+            share(
+                &mut self.recent[i],
+                |v| *v == *fields[i],
+                || Arc::from(fields[i]),
+            )
+        });
+        share(
+            &mut self.shapes,
+            |s| s.is(&strings, r.verdict, r.response_flags),
+            || {
+                Arc::new(Shape {
+                    strings: strings.clone(),
+                    verdict: r.verdict,
+                    response_flags: r.response_flags,
+                })
+            },
+        )
     }
 }
 
@@ -100,13 +151,10 @@ impl Kept {
             }
             _ => (Box::default(), [0, 0]),
         };
-        let fields = shared_fields(r);
         Self {
             own,
             cuts,
-            shared: std::array::from_fn(|i| interner.share(i, fields[i])),
-            verdict: r.verdict,
-            response_flags: r.response_flags,
+            shape: interner.shape(r),
             at_ms: r.at_ms,
             bytes_sent: r.bytes_sent,
             bytes_recv: r.bytes_recv,
@@ -142,7 +190,7 @@ impl Kept {
             policy,
             rule,
             error,
-        ] = self.shared.each_ref().map(|s| s.to_string());
+        ] = self.shape.strings.each_ref().map(|s| s.to_string());
         Record {
             id: own(0, a),
             trace_id: own(a, b),
@@ -160,10 +208,10 @@ impl Kept {
             dst_cluster,
             path,
             route,
-            verdict: self.verdict,
+            verdict: self.shape.verdict,
             policy,
             rule,
-            response_flags: self.response_flags,
+            response_flags: self.shape.response_flags,
             error,
             bytes_sent: self.bytes_sent,
             bytes_recv: self.bytes_recv,
@@ -180,8 +228,15 @@ impl Kept {
         std::mem::size_of::<Self>() + self.own.len()
     }
 
-    /// Its shared strings, to be counted once however many records share them.
-    pub(super) fn shared(&self) -> &[Arc<str>] {
-        &self.shared
+    /// Its shape, to be counted once however many records share it.
+    pub(super) fn shape(&self) -> &Arc<Shape> {
+        &self.shape
+    }
+}
+
+impl Shape {
+    /// Its strings, each to be counted once however many shapes share it.
+    pub(super) fn strings(&self) -> &[Arc<str>] {
+        &self.strings
     }
 }
