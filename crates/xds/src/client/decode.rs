@@ -2,21 +2,22 @@
 //!
 //! Each resource decodes on its own, so a large push (a node's first sync: a million
 //! workloads) is cut into chunks that threads on every core take in turn, each thread decoding
-//! through an interner of its own (this one through the client's); the chunks other threads
-//! decoded are then given the client's interner's copies of the names and
-//! maps they share ([`convert::share`], found by the address of the thread's own copy:
-//! [`Interner::adopt_all`]), so the result holds what one thread decoding through the client's
+//! through an interner of its own (this one through the client's). As the other threads finish
+//! chunks, this one gives them the client's interner's copies of the names and maps they share
+//! between its own ([`convert::share`], each copy of another thread's found by its address
+//! once met: [`Adopted`]), so the result holds what one thread decoding through the client's
 //! interner would have: the same resources, in the same order, sharing as much.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 
 use ferry_api::discovery::{DeltaDiscoveryResponse, Resource};
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ferry_core::model::Policy;
 
-use crate::convert::{self, Decoded, Interner, InvalidResource};
+use crate::convert::{self, Adopted, Decoded, Interner, InvalidResource};
 
 /// A run smaller than this is not worth a thread.
 const MIN_PER_THREAD: usize = 4_096;
@@ -66,50 +67,63 @@ fn decode_in_chunks(
     }
     let chunks: Vec<&[Resource]> = r.resources.chunks(chunk.max(1)).collect();
     let next = AtomicUsize::new(0);
-    // Chunks by index, each with the thread that decoded it (0: this one, with the client's
-    // interner).
-    let work = |intern: &mut Interner, thread: usize| {
-        let mut done = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(run) = chunks.get(i) else { break };
-            let mut out = DecodedPush::default();
-            decode_run(intern, r, run, &mut out);
-            done.push((i, thread, out));
-        }
-        done
+    // The next chunk not yet taken, decoded, with its index.
+    let decode_next = |intern: &mut Interner| {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let run = chunks.get(i)?;
+        let mut out = DecodedPush::default();
+        decode_run(intern, r, run, &mut out);
+        Some((i, out))
     };
-    let (mut done, theirs) = std::thread::scope(|s| {
+    let decode_next = &decode_next;
+    // Chunks by index, as this thread decoded them or gave them the client's copies.
+    let mut done: Vec<(usize, DecodedPush)> = Vec::with_capacity(chunks.len());
+    // What each other thread's chunks brought, adopted by the client's interner so far.
+    let mut adopted: Vec<Adopted> = (1..threads).map(|_| Adopted::default()).collect();
+    let theirs: Vec<Interner> = std::thread::scope(|s| {
+        let (sender, decoded) = mpsc::channel::<(usize, usize, DecodedPush)>();
         let others: Vec<_> = (1..threads)
             .map(|t| {
+                let sender = sender.clone();
                 s.spawn(move || {
                     let mut theirs = Interner::default();
-                    let done = work(&mut theirs, t);
-                    (theirs, done)
+                    while let Some((i, out)) = decode_next(&mut theirs) {
+                        // This thread receives until every sender is gone.
+                        let _ = sender.send((i, t, out));
+                    }
+                    theirs
                 })
             })
             .collect();
-        let mut done = work(intern, 0);
-        let mut interners = vec![];
-        for t in others {
-            // Decoding does not panic; if it did, the panic goes on as if on one thread.
-            let (theirs, d) = t.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            done.extend(d);
-            interners.push(theirs);
-        }
-        (done, interners)
-    });
-    done.sort_by_key(|(i, _, _)| *i);
-    // Each other thread's copies adopted by the client's interner once, then found by their
-    // address in the resources that thread decoded (one probe each, not a map hashed).
-    let adopted: Vec<_> = theirs.iter().map(|t| intern.adopt_all(t)).collect();
-    let mut out = DecodedPush::default();
-    for (_, thread, mut run) in done {
-        if let Some(from) = thread.checked_sub(1).and_then(|t| adopted.get(t)) {
-            for (_, _, d) in &mut run.addresses {
-                convert::share(intern, from, d);
+        drop(sender);
+        let mut share = |intern: &mut Interner, (i, t, mut out): (usize, usize, DecodedPush)| {
+            if let Some(from) = t.checked_sub(1).and_then(|t| adopted.get_mut(t)) {
+                for (_, _, d) in &mut out.addresses {
+                    convert::share(intern, from, d);
+                }
+            }
+            (i, out)
+        };
+        // Between its own chunks, this thread gives the chunks the others have finished the
+        // client's copies, then those they finish last.
+        while let Some(mine) = decode_next(intern) {
+            done.push(mine);
+            while let Ok(theirs) = decoded.try_recv() {
+                done.push(share(intern, theirs));
             }
         }
+        for theirs in decoded {
+            done.push(share(intern, theirs));
+        }
+        others
+            .into_iter()
+            // Decoding does not panic; if it did, the panic goes on as if on one thread.
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    done.sort_unstable_by_key(|(i, _)| *i);
+    let mut out = DecodedPush::default();
+    for (_, mut run) in done {
         out.addresses.append(&mut run.addresses);
         out.policies.append(&mut run.policies);
         out.rejected.append(&mut run.rejected);

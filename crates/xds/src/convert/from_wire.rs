@@ -90,21 +90,21 @@ pub fn decode_address_with(
 
 /// `d`, decoded through another interner (a push decoded on several threads), holding
 /// `intern`'s copies of the names and maps it shares instead: as if `intern` had decoded it.
-/// `from` is that other interner's copies adopted by `intern` ([`Interner::adopt_all`]).
+/// `from` is that other interner's copies adopted by `intern` so far, to which `d`'s are added.
 /// Only a resource nothing else holds yet is changed; any other is returned as it is.
-pub(crate) fn share(intern: &mut Interner, from: &Adopted, d: &mut Decoded) {
-    let network = |intern: &mut Interner, a: &mut NetworkAddress| {
+pub(crate) fn share(intern: &mut Interner, from: &mut Adopted, d: &mut Decoded) {
+    fn network(intern: &mut Interner, from: &mut Adopted, a: &mut NetworkAddress) {
         a.network = intern.adopt_network(&a.network, from);
-    };
-    let gateway = |intern: &mut Interner, g: &mut Option<GatewayRef>| {
+    }
+    fn gateway(intern: &mut Interner, from: &mut Adopted, g: &mut Option<GatewayRef>) {
         if let Some(GatewayRef {
             destination: GatewayDestination::Address(a),
             ..
         }) = g
         {
-            network(intern, a);
+            network(intern, from, a);
         }
-    };
+    }
     match d {
         Decoded::Workload(w) => {
             let Some(w) = Arc::get_mut(w) else { return };
@@ -113,8 +113,8 @@ pub(crate) fn share(intern: &mut Interner, from: &Adopted, d: &mut Decoded) {
             if let Some(n) = &mut w.node {
                 *n = intern.adopt_node(n, from);
             }
-            gateway(intern, &mut w.waypoint);
-            gateway(intern, &mut w.network_gateway);
+            gateway(intern, from, &mut w.waypoint);
+            gateway(intern, from, &mut w.network_gateway);
             w.locality = intern.adopt_locality(&w.locality, from);
             w.services = intern.adopt_services(w.services.as_arc(), from).into();
             w.labels = intern.adopt_labels(w.labels.as_arc(), from).into();
@@ -122,12 +122,12 @@ pub(crate) fn share(intern: &mut Interner, from: &Adopted, d: &mut Decoded) {
         Decoded::Service(s) => {
             let Some(s) = Arc::get_mut(s) else { return };
             for a in &mut s.vips {
-                network(intern, a);
+                network(intern, from, a);
             }
             for e in &mut s.address_endpoints {
-                network(intern, &mut e.address);
+                network(intern, from, &mut e.address);
             }
-            gateway(intern, &mut s.waypoint);
+            gateway(intern, from, &mut s.waypoint);
         }
         // Decoded without the interner.
         Decoded::Gateway(_) => {}

@@ -101,112 +101,88 @@ impl Interner {
 
     /// This interner's copy of a network name handed out by another (a push decoded on
     /// several threads, each with its own interner): the one it holds, else `n` itself.
-    /// Found by address in `from` (made by [`Interner::adopt_all`]) when it is there: one
-    /// probe of a small table instead of hashing and comparing the text.
-    pub(crate) fn adopt_network(&mut self, n: &NetworkId, from: &Adopted) -> NetworkId {
-        match from.networks.get(&text_at(n.as_str())) {
-            Some(mine) => mine.clone(),
-            None => self.networks.get(n.as_str(), |_| n.clone()),
-        }
+    /// Found by address in `from` when another resource of that interner brought the same
+    /// copy: one probe of a small table instead of hashing and comparing the text.
+    pub(crate) fn adopt_network(&mut self, n: &NetworkId, from: &mut Adopted) -> NetworkId {
+        let pool = &mut self.networks;
+        from.networks
+            .entry(text_at(n.as_str()))
+            .or_insert_with(|| (n.clone(), pool.get(n.as_str(), |_| n.clone())))
+            .1
+            .clone()
     }
 
-    pub(crate) fn adopt_cluster(&mut self, c: &ClusterId, from: &Adopted) -> ClusterId {
-        match from.clusters.get(&text_at(c.as_str())) {
-            Some(mine) => mine.clone(),
-            None => self.clusters.get(c.as_str(), |_| c.clone()),
-        }
+    pub(crate) fn adopt_cluster(&mut self, c: &ClusterId, from: &mut Adopted) -> ClusterId {
+        let pool = &mut self.clusters;
+        from.clusters
+            .entry(text_at(c.as_str()))
+            .or_insert_with(|| (c.clone(), pool.get(c.as_str(), |_| c.clone())))
+            .1
+            .clone()
     }
 
-    pub(crate) fn adopt_node(&mut self, n: &NodeName, from: &Adopted) -> NodeName {
-        match from.nodes.get(&text_at(n.as_str())) {
-            Some(mine) => mine.clone(),
-            None => self.nodes.get(n.as_str(), |_| n.clone()),
-        }
+    pub(crate) fn adopt_node(&mut self, n: &NodeName, from: &mut Adopted) -> NodeName {
+        let pool = &mut self.nodes;
+        from.nodes
+            .entry(text_at(n.as_str()))
+            .or_insert_with(|| (n.clone(), pool.get(n.as_str(), |_| n.clone())))
+            .1
+            .clone()
     }
 
-    pub(crate) fn adopt_locality(&mut self, l: &Arc<Locality>, from: &Adopted) -> Arc<Locality> {
-        match from.localities.get(&map_at(l)) {
-            Some(mine) => mine.clone(),
-            None => self.localities.adopt(l),
-        }
+    pub(crate) fn adopt_locality(
+        &mut self,
+        l: &Arc<Locality>,
+        from: &mut Adopted,
+    ) -> Arc<Locality> {
+        adopt_map(&mut self.localities, &mut from.localities, l)
     }
 
     pub(crate) fn adopt_services(
         &mut self,
         m: &Arc<ServiceMap>,
-        from: &Adopted,
+        from: &mut Adopted,
     ) -> Arc<ServiceMap> {
-        match from.services.get(&map_at(m)) {
-            Some(mine) => mine.clone(),
-            None => self.services.adopt(m),
-        }
+        adopt_map(&mut self.services, &mut from.services, m)
     }
 
-    pub(crate) fn adopt_labels(&mut self, m: &Arc<Labels>, from: &Adopted) -> Arc<Labels> {
-        match from.labels.get(&map_at(m)) {
-            Some(mine) => mine.clone(),
-            None => self.labels.adopt(m),
-        }
-    }
-
-    /// This interner's copy of every name and map `other` holds, by the address of `other`'s
-    /// copy: what the resources `other` decoded are then given ([`super::share`]), each with a
-    /// probe by address instead of hashing and comparing its maps. A name or map `other`
-    /// handed out but no longer holds (its pools were trimmed) is not in it: it is adopted by
-    /// its content, as before. `other` must outlive the use of the result (the addresses are
-    /// those of copies it keeps alive).
-    pub(crate) fn adopt_all(&mut self, other: &Self) -> Adopted {
-        Adopted {
-            networks: adopt_names(&mut self.networks, &other.networks, |n| n.as_str()),
-            clusters: adopt_names(&mut self.clusters, &other.clusters, |c| c.as_str()),
-            nodes: adopt_names(&mut self.nodes, &other.nodes, |n| n.as_str()),
-            localities: adopt_maps(&mut self.localities, &other.localities),
-            services: adopt_maps(&mut self.services, &other.services),
-            labels: adopt_maps(&mut self.labels, &other.labels),
-        }
+    pub(crate) fn adopt_labels(&mut self, m: &Arc<Labels>, from: &mut Adopted) -> Arc<Labels> {
+        adopt_map(&mut self.labels, &mut from.labels, m)
     }
 }
 
 /// A workload's labels, as the model holds them.
 pub type Labels = BTreeMap<String, String>;
 
-/// Another interner's copies, by their address, mapped to this one's ([`Interner::adopt_all`]).
+/// Another interner's copies met so far, by their address, each with this one's
+/// ([`Interner::adopt_network`] and the like; [`super::share`]). Each entry keeps the other's
+/// copy too: while the table lives no other name or map can take its address, even after
+/// that interner drops it (its pools are trimmed as it goes on decoding).
 #[derive(Debug, Default)]
 pub(crate) struct Adopted {
-    networks: HashMap<usize, NetworkId>,
-    clusters: HashMap<usize, ClusterId>,
-    nodes: HashMap<usize, NodeName>,
-    localities: HashMap<usize, Arc<Locality>>,
-    services: HashMap<usize, Arc<ServiceMap>>,
-    labels: HashMap<usize, Arc<Labels>>,
+    networks: HashMap<usize, (NetworkId, NetworkId)>,
+    clusters: HashMap<usize, (ClusterId, ClusterId)>,
+    nodes: HashMap<usize, (NodeName, NodeName)>,
+    localities: HashMap<usize, (Arc<Locality>, Arc<Locality>)>,
+    services: HashMap<usize, (Arc<ServiceMap>, Arc<ServiceMap>)>,
+    labels: HashMap<usize, (Arc<Labels>, Arc<Labels>)>,
 }
 
 fn text_at(s: &str) -> usize {
     s.as_ptr() as usize
 }
 
-fn map_at<M>(m: &Arc<M>) -> usize {
-    Arc::as_ptr(m) as usize
-}
-
-fn adopt_names<T: Clone>(
-    mine: &mut Pool<T>,
-    theirs: &Pool<T>,
-    text: impl Fn(&T) -> &str,
-) -> HashMap<usize, T> {
-    theirs
-        .by_text
-        .values()
-        .map(|t| (text_at(text(t)), mine.get(text(t), |_| t.clone())))
-        .collect()
-}
-
-fn adopt_maps<M: Hash + Eq>(mine: &mut Maps<M>, theirs: &Maps<M>) -> HashMap<usize, Arc<M>> {
-    theirs
-        .set
-        .iter()
-        .map(|m| (map_at(m), mine.adopt(m)))
-        .collect()
+/// `mine`'s copy of `m`, another interner's map, found by `m`'s address in `seen` when that
+/// copy was met before, else by its content (then remembered).
+fn adopt_map<M: Hash + Eq>(
+    mine: &mut Maps<M>,
+    seen: &mut HashMap<usize, (Arc<M>, Arc<M>)>,
+    m: &Arc<M>,
+) -> Arc<M> {
+    seen.entry(Arc::as_ptr(m) as usize)
+        .or_insert_with(|| (m.clone(), mine.adopt(m)))
+        .1
+        .clone()
 }
 
 /// Names by their text. The name types keep their string private (a pool cannot tell which
@@ -317,6 +293,27 @@ impl<M: Hash + Eq> Maps<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_interners_copy_is_adopted_by_content_even_where_a_dropped_one_was() {
+        // The client holds its own copy of each; each round's other copies are dropped with
+        // their interner, and a new one may be given the address of the one before, which the
+        // table must not take for it.
+        let mut mine = Interner::default();
+        let mut from = Adopted::default();
+        for i in 0..1_000 {
+            let labels = BTreeMap::from([("app".to_string(), format!("a{i}"))]);
+            let name = format!("node-{i}");
+            let (my_labels, my_node) = (mine.labels(labels.clone()), mine.node(&name));
+            let mut theirs = Interner::default();
+            let (m, n) = (theirs.labels(labels), theirs.node(&name));
+            assert!(Arc::ptr_eq(&mine.adopt_labels(&m, &mut from), &my_labels));
+            assert!(std::ptr::eq(
+                mine.adopt_node(&n, &mut from).as_str(),
+                my_node.as_str()
+            ));
+        }
+    }
 
     #[test]
     fn equal_names_and_maps_are_one_copy() {

@@ -14,6 +14,7 @@ pub(crate) use from_wire::share;
 pub use from_wire::{
     Decoded, InvalidResource, decode_address, decode_address_with, decode_authorization,
 };
+pub(crate) use intern::Adopted;
 pub use intern::{Interner, Labels, ServiceMap};
 pub(crate) use to_wire::{
     gateway_address, gateway_name, policy_reads_workloads, policy_resource, service_address,
