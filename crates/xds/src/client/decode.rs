@@ -88,7 +88,7 @@ fn decode_in_chunks(
                 s.spawn(move || {
                     let mut theirs = Interner::default();
                     while let Some((i, out)) = decode_next(&mut theirs) {
-                        // This thread receives until every sender is gone.
+                        // The applying thread receives until every sender is gone.
                         let _ = sender.send((i, t, out));
                     }
                     theirs
