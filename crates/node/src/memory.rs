@@ -8,7 +8,8 @@
 //! jemalloc also keeps freed blocks in each thread's cache (up to 20 of each size to 32 KiB:
 //! measured, about 4 MB of a node proxy's 6 MB left 60 s after a 5,000-connection spike), which
 //! only that thread can flush and which a purge does not touch: each trim asks every runtime
-//! worker to flush its own when it next parks ([`on_worker_park`]).
+//! worker to flush its own when it next parks ([`on_worker_park`]), and wakes the ones asleep
+//! so that they do ([`wake_workers`]).
 //!
 //! Event-driven: the [`crate::state::Open`] guard that takes the count of open connections to
 //! half its peak wakes [`give_back`] ([`crate::state::Node::halved`]), which trims once the
