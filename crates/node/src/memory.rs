@@ -315,16 +315,19 @@ mod tests {
     /// process's).
     static TRIMMING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
-    /// After a trim on an idle runtime, every worker has flushed its cache, the one that had
-    /// been asleep since it started included.
-    #[test]
-    fn every_worker_flushes_after_a_trim() {
-        let _one = TRIMMING.lock();
-        let parked: Arc<parking_lot::Mutex<std::collections::HashMap<std::thread::ThreadId, u64>>> =
-            Arc::default();
+    /// Each worker's [`FLUSHED_AT`] as it last parked.
+    type Parked = Arc<parking_lot::Mutex<std::collections::HashMap<std::thread::ThreadId, u64>>>;
+
+    /// A 2-worker runtime whose workers follow the trims as they park, recording that in the
+    /// map returned, once both have started and parked. The second wakes only when tokio
+    /// hands it a search for work, which on a loaded machine took over 10 s once: `deadline`
+    /// is generous.
+    fn parked_runtime(deadline: std::time::Instant) -> (tokio::runtime::Runtime, Parked) {
+        let parked = Parked::default();
         let seen = parked.clone();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .enable_time()
             .on_thread_park(move || {
                 on_worker_park();
                 let at = FLUSHED_AT.with(Cell::get);
@@ -332,9 +335,6 @@ mod tests {
             })
             .build()
             .expect("a runtime");
-        // Both workers have started and parked. The second wakes only when tokio hands it a
-        // search for work, which on a loaded machine took over 10 s once: a generous deadline.
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while parked.lock().len() < 2 {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -342,6 +342,16 @@ mod tests {
             );
             std::thread::yield_now();
         }
+        (rt, parked)
+    }
+
+    /// After a trim handed in from outside the runtime, every worker has flushed its cache,
+    /// the one that had been asleep since it started included.
+    #[test]
+    fn every_worker_flushes_after_a_trim() {
+        let _one = TRIMMING.lock();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let (rt, parked) = parked_runtime(deadline);
         let trims = rt
             .block_on(async {
                 tokio::spawn(async {
@@ -351,9 +361,8 @@ mod tests {
                 .await
             })
             .expect("the trim");
-        // A worker flushes as it next parks; one that sleeps on needs work to wake it (a node
-        // proxy's timers and connections give it some): no-op tasks, from outside the runtime,
-        // each of which wakes a parked worker.
+        // A worker flushes as it next parks; no-op tasks from outside the runtime, each of
+        // which wakes a parked worker, as a node proxy's timers and connections would.
         while parked.lock().values().any(|at| *at < trims) {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -371,27 +380,8 @@ mod tests {
     #[test]
     fn a_trim_wakes_the_sleeping_workers_to_flush() {
         let _one = TRIMMING.lock();
-        let parked: Arc<parking_lot::Mutex<std::collections::HashMap<std::thread::ThreadId, u64>>> =
-            Arc::default();
-        let seen = parked.clone();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_time()
-            .on_thread_park(move || {
-                on_worker_park();
-                let at = FLUSHED_AT.with(Cell::get);
-                seen.lock().insert(std::thread::current().id(), at);
-            })
-            .build()
-            .expect("a runtime");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while parked.lock().len() < 2 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the workers never parked"
-            );
-            std::thread::yield_now();
-        }
+        let (rt, parked) = parked_runtime(deadline);
         // As in a node proxy, the trim runs when a timer fires on the worker that waits on
         // the driver, the other asleep (parked again long before, as a rule).
         let trimmed = rt.spawn(async {
