@@ -104,30 +104,15 @@ impl Interner {
     /// Found by address in `from` when another resource of that interner brought the same
     /// copy: one probe of a small table instead of hashing and comparing the text.
     pub(crate) fn adopt_network(&mut self, n: &NetworkId, from: &mut Adopted) -> NetworkId {
-        let pool = &mut self.networks;
-        from.networks
-            .entry(text_at(n.as_str()))
-            .or_insert_with(|| (n.clone(), pool.get(n.as_str(), |_| n.clone())))
-            .1
-            .clone()
+        adopt_name(&mut self.networks, &mut from.networks, n, n.as_str())
     }
 
     pub(crate) fn adopt_cluster(&mut self, c: &ClusterId, from: &mut Adopted) -> ClusterId {
-        let pool = &mut self.clusters;
-        from.clusters
-            .entry(text_at(c.as_str()))
-            .or_insert_with(|| (c.clone(), pool.get(c.as_str(), |_| c.clone())))
-            .1
-            .clone()
+        adopt_name(&mut self.clusters, &mut from.clusters, c, c.as_str())
     }
 
     pub(crate) fn adopt_node(&mut self, n: &NodeName, from: &mut Adopted) -> NodeName {
-        let pool = &mut self.nodes;
-        from.nodes
-            .entry(text_at(n.as_str()))
-            .or_insert_with(|| (n.clone(), pool.get(n.as_str(), |_| n.clone())))
-            .1
-            .clone()
+        adopt_name(&mut self.nodes, &mut from.nodes, n, n.as_str())
     }
 
     pub(crate) fn adopt_locality(
@@ -170,6 +155,21 @@ pub(crate) struct Adopted {
 
 fn text_at(s: &str) -> usize {
     s.as_ptr() as usize
+}
+
+/// `mine`'s copy of `name` (its text `text`), another interner's, found by the text's address
+/// in `seen` when that copy was met before, else by the text (then remembered; `seen` keeps
+/// the other's copy, so that no later copy takes its address).
+fn adopt_name<T: Clone>(
+    mine: &mut Pool<T>,
+    seen: &mut HashMap<usize, (T, T)>,
+    name: &T,
+    text: &str,
+) -> T {
+    seen.entry(text_at(text))
+        .or_insert_with(|| (name.clone(), mine.get(text, |_| name.clone())))
+        .1
+        .clone()
 }
 
 /// `mine`'s copy of `m`, another interner's map, found by `m`'s address in `seen` when that
