@@ -156,19 +156,18 @@ impl Snapshot {
         let mut buckets_of: HashMap<usize, Vec<usize>> = HashMap::default();
         // Each node's cluster, looked up once.
         let mut by_node: HashMap<&NodeName, (&ClusterId, Vec<WorkloadUid>)> = HashMap::default();
-        // Each workload's entry made as it is read, in the order given, then put in the order
-        // of the trie (see `trie_order`): only the entries, packed in one array, are read out
-        // of order.
+        // Each workload's entry made as it is read, in the order given, with its place in the
+        // trie (see `trie_order`), then the entries sorted into that order and put: the array
+        // is read in order, and only each uid's text (which the map hashes again) out of it.
         let hasher = self.workloads.hasher().clone();
-        let mut order: Vec<(u32, u32)> = Vec::with_capacity(workloads.len());
-        let mut entries: Vec<Option<(WorkloadUid, Arc<Workload>)>> =
+        let mut entries: Vec<(u32, WorkloadUid, Arc<Workload>)> =
             Vec::with_capacity(workloads.len());
         for w in workloads {
-            order.push((
+            entries.push((
                 trie_order(hasher.hash_one(&w.uid)),
-                u32::try_from(entries.len()).ok()?,
+                w.uid.clone(),
+                w.clone(),
             ));
-            entries.push(Some((w.uid.clone(), w.clone())));
             Identity::check(&w.trust_domain, &w.namespace, &w.service_account).ok()?;
             if self.clusters.get(&w.cluster)?.network != w.network {
                 return None;
@@ -218,9 +217,8 @@ impl Snapshot {
                 *self.gateway_refs.entry(d.clone()).or_insert(0) += 1;
             }
         }
-        order.sort_unstable();
-        for (_, at) in order {
-            let (uid, w) = entries.get_mut(at as usize)?.take()?;
+        entries.sort_unstable_by_key(|&(at, _, _)| at);
+        for (_, uid, w) in entries {
             if self.workloads.insert(uid, w).is_some() {
                 return None;
             }
