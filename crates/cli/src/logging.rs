@@ -256,22 +256,8 @@ mod tests {
     }
 
     /// `thread.tcache.enabled` of the calling thread.
-    #[allow(unsafe_code)]
     fn thread_cache_enabled() -> bool {
-        let mut on = false;
-        let mut len = std::mem::size_of::<bool>();
-        // SAFETY: a NUL-terminated name, read into a value of the option's type and size.
-        let read = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                c"thread.tcache.enabled".as_ptr(),
-                (&raw mut on).cast(),
-                &mut len,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        assert_eq!(read, 0, "thread.tcache.enabled is read");
-        on
+        crate::tests::option(c"thread.tcache.enabled", false)
     }
 
     fn poll(what: &str, mut done: impl FnMut() -> bool) {

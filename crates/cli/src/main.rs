@@ -170,9 +170,10 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    /// One of jemalloc's options, read through mallctl (its value is `T`'s size and shape).
+    /// One of jemalloc's options or a thread's settings, read through mallctl (its value is
+    /// `T`'s size and shape).
     #[allow(unsafe_code)]
-    fn option<T: Copy>(name: &std::ffi::CStr, mut value: T) -> T {
+    pub(crate) fn option<T: Copy>(name: &std::ffi::CStr, mut value: T) -> T {
         let mut len = std::mem::size_of::<T>();
         // SAFETY: a NUL-terminated name, read into a value of the option's size; jemalloc
         // writes at most `len` bytes.

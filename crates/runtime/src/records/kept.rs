@@ -3,7 +3,7 @@
 //! they are kept once, as one shared [`Shape`], each of its strings shared with other shapes
 //! too; the three that differ per connection (the id, the trace id, the source address) share
 //! one allocation. A full ring of a spike's records went from about 1.2 MiB in 19 allocations
-//! per record to 420 KiB in about one, then to about 140 KiB with the shape (a record's slot
+//! per record to 420 KiB in about one, then to about 160 KiB with the shape (a record's slot
 //! 360 -> 96 bytes; issue 21: the ring is most of what a node proxy holds above idle 60 s after
 //! a 5,000-connection spike).
 
@@ -37,6 +37,11 @@ impl Shape {
                 .iter()
                 .zip(strings)
                 .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+
+    /// Its strings, each to be counted once however many shapes share it.
+    pub(super) fn strings(&self) -> &[Arc<str>] {
+        &self.strings
     }
 }
 
@@ -231,12 +236,5 @@ impl Kept {
     /// Its shape, to be counted once however many records share it.
     pub(super) fn shape(&self) -> &Arc<Shape> {
         &self.shape
-    }
-}
-
-impl Shape {
-    /// Its strings, each to be counted once however many shapes share it.
-    pub(super) fn strings(&self) -> &[Arc<str>] {
-        &self.strings
     }
 }
