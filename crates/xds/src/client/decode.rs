@@ -122,7 +122,14 @@ fn decode_in_chunks(
             .collect()
     });
     done.sort_unstable_by_key(|(i, _)| *i);
-    let mut out = DecodedPush::default();
+    // Each list made at its size once: a million addresses appended to a growing list were
+    // copied again at each doubling, into fresh pages each time.
+    let total = |len: fn(&DecodedPush) -> usize| done.iter().map(|(_, d)| len(d)).sum::<usize>();
+    let mut out = DecodedPush {
+        addresses: Vec::with_capacity(total(|d| d.addresses.len())),
+        policies: Vec::with_capacity(total(|d| d.policies.len())),
+        rejected: Vec::with_capacity(total(|d| d.rejected.len())),
+    };
     for (_, mut run) in done {
         out.addresses.append(&mut run.addresses);
         out.policies.append(&mut run.policies);

@@ -220,8 +220,7 @@ impl<T: Clone> Pool<T> {
 }
 
 /// Maps by their content, and by the bytes they were sent as. One that outgrows twice its
-/// size at the last trim drops the maps it alone holds (and forgets every map's bytes: a map
-/// held by them alone is held by nothing else).
+/// size at the last trim drops the maps it alone holds, with their bytes.
 #[derive(Clone, Debug)]
 struct Maps<M> {
     set: HashSet<Arc<M>>,
@@ -281,7 +280,12 @@ impl<M: Hash + Eq> Maps<M> {
 
     fn insert(&mut self, shared: Arc<M>) -> Arc<M> {
         if self.set.len() >= self.trim_at {
-            self.by_wire.clear();
+            // A map that the set and its bytes alone hold is held by nothing else: its bytes
+            // go, then the map. The bytes of a map still held stay, so that it is found by them
+            // again (a first sync meets the 66,000 maps of a million workloads many times: were
+            // they forgotten at each doubling, each would be decoded, hashed and compared again).
+            // A map sent as several encodings keeps them all until the push ends.
+            self.by_wire.retain(|_, m| Arc::strong_count(m) > 2);
             self.set.retain(|m| Arc::strong_count(m) > 1);
             self.trim_at = (self.set.len() * 2).max(1024);
         }
@@ -341,6 +345,33 @@ mod tests {
         assert!(i.labels.by_wire.is_empty());
         let c = i.labels_wire(wire(), make).expect("made");
         assert!(Arc::ptr_eq(&a, &c), "found by its content");
+    }
+
+    #[test]
+    fn a_map_still_held_is_found_by_its_bytes_after_a_trim() {
+        let mut i = Interner::default();
+        let wire = |n: usize| vec![format!("app={n}").into_bytes()];
+        let make = |n: usize| {
+            move |_: &[Vec<u8>]| Ok::<_, ()>(BTreeMap::from([("app".to_string(), n.to_string())]))
+        };
+        // Enough maps for the pool to be trimmed several times, all still held.
+        let held: Vec<_> = (0..5_000)
+            .map(|n| i.labels_wire(wire(n), make(n)).expect("made"))
+            .collect();
+        for (n, m) in held.iter().enumerate() {
+            // Found by its bytes: not made again.
+            let again = i
+                .labels_wire(wire(n), |_| Err(()))
+                .expect("found by its bytes");
+            assert!(Arc::ptr_eq(m, &again));
+        }
+        // Once no longer held, a map goes with its bytes at the next trim.
+        drop(held);
+        for n in 5_000..15_000 {
+            i.labels_wire(wire(n), make(n)).expect("made");
+        }
+        assert!(i.labels.set.len() <= 1024, "{}", i.labels.set.len());
+        assert!(i.labels.by_wire.len() <= 1024, "{}", i.labels.by_wire.len());
     }
 
     #[test]
