@@ -243,7 +243,7 @@ struct Shared {
 
 impl Shared {
     fn of(w: &mut wire::Workload, intern: &mut Interner) -> Result<Self, prost::DecodeError> {
-        let services = intern.services_wire(std::mem::take(&mut w.services), |entries| {
+        let services = intern.services_wire(&w.services, |entries| {
             let sent = wire::services(entries)?;
             let mut services = BTreeMap::new();
             let converted = sent.iter().try_for_each(|(k, ports)| -> R<()> {
@@ -252,8 +252,8 @@ impl Shared {
             });
             Ok::<_, prost::DecodeError>(converted.map(|()| services))
         })?;
-        let labels = intern.labels_wire(std::mem::take(&mut w.ferry_labels), wire::labels)?;
-        let locality = intern.locality_wire(std::mem::take(&mut w.locality), |sent| {
+        let labels = intern.labels_wire(&w.ferry_labels, wire::labels)?;
+        let locality = intern.locality_wire(&w.locality, |sent| {
             Ok::<_, prost::DecodeError>(wire::locality(sent)?.map_or_else(Locality::default, |l| {
                 Locality {
                     region: l.region,
