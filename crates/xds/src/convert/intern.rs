@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use ferry_core::keyed_hash::{HashMap, HashSet, Keyed};
+use ferry_core::keyed_hash::{HashMap, Keyed};
 use ferry_core::model::{ClusterId, Locality, NetworkId, NodeName, PortMapping, ServiceKey};
 use hashbrown::HashTable;
 
@@ -224,7 +224,10 @@ impl<T: Clone> Pool<T> {
 /// size at the last trim drops the maps it alone holds, with their bytes.
 #[derive(Clone, Debug)]
 struct Maps<M> {
-    set: HashSet<Arc<M>>,
+    /// Each map with the hash of its content: the table grows (66,000 maps of a million
+    /// workloads, doubling from 1,024) without hashing every map's content again.
+    set: HashTable<(u64, Arc<M>)>,
+    hasher: Keyed,
     /// The wire bytes a map was decoded from (its entries' or occurrences'), to its copy.
     by_wire: ByWire<M>,
     trim_at: usize,
@@ -233,7 +236,8 @@ struct Maps<M> {
 impl<M> Default for Maps<M> {
     fn default() -> Self {
         Self {
-            set: HashSet::default(),
+            set: HashTable::new(),
+            hasher: Keyed::default(),
             by_wire: ByWire::default(),
             trim_at: 1024,
         }
@@ -333,10 +337,17 @@ fn same(mut bytes: &[u8], entries: &[Vec<u8>]) -> bool {
 
 impl<M: Hash + Eq> Maps<M> {
     fn get(&mut self, m: M) -> Arc<M> {
-        if let Some(shared) = self.set.get(&m) {
+        let hash = self.hasher.hash_one(&m);
+        if let Some(shared) = self.find(hash, &m) {
             return shared.clone();
         }
-        self.insert(Arc::new(m))
+        self.insert(hash, Arc::new(m))
+    }
+
+    fn find(&self, hash: u64, m: &M) -> Option<&Arc<M>> {
+        self.set
+            .find(hash, |(h, held)| *h == hash && **held == *m)
+            .map(|(_, held)| held)
     }
 
     /// The copy of the map sent as `wire`: by its bytes, else as `make` decodes them (by
@@ -365,13 +376,15 @@ impl<M: Hash + Eq> Maps<M> {
 
     /// The copy held of a map shared elsewhere, else that map itself.
     fn adopt(&mut self, m: &Arc<M>) -> Arc<M> {
-        if let Some(shared) = self.set.get(&**m) {
+        let hash = self.hasher.hash_one(&**m);
+        if let Some(shared) = self.find(hash, m) {
             return shared.clone();
         }
-        self.insert(m.clone())
+        self.insert(hash, m.clone())
     }
 
-    fn insert(&mut self, shared: Arc<M>) -> Arc<M> {
+    /// Holds `shared`, whose content hashes to `hash`.
+    fn insert(&mut self, hash: u64, shared: Arc<M>) -> Arc<M> {
         if self.set.len() >= self.trim_at {
             // A map that the set and its bytes alone hold is held by nothing else: its bytes
             // go, then the map. The bytes of a map still held stay, so that it is found by them
@@ -379,10 +392,11 @@ impl<M: Hash + Eq> Maps<M> {
             // they forgotten at each doubling, each would be decoded, hashed and compared again).
             // A map sent as several encodings keeps them all until the push ends.
             self.by_wire.retain(|m| Arc::strong_count(m) > 2);
-            self.set.retain(|m| Arc::strong_count(m) > 1);
+            self.set.retain(|(_, m)| Arc::strong_count(m) > 1);
             self.trim_at = (self.set.len() * 2).max(1024);
         }
-        self.set.insert(shared.clone());
+        self.set
+            .insert_unique(hash, (hash, shared.clone()), |(h, _)| *h);
         shared
     }
 }
