@@ -249,8 +249,8 @@ fn claim_all(
 ) -> Option<Map<NetworkAddress, AddressOwner>> {
     let hasher = by_address.hasher();
     let capacity = services.len() + workloads.len();
-    // About 256 claims a bucket, in at most 4,096 buckets (the ends of 4,096 lists being
-    // written: 256 KiB of cache lines).
+    // As many buckets as the power of two at or below a 256th of the claims (256 to 511 claims
+    // each), at most 4,096 (the ends of 4,096 lists being written: 256 KiB of cache lines).
     let bits = (capacity / 256).max(1).ilog2().min(12);
     let mut buckets: Vec<Vec<(u32, NetworkAddress, AddressOwner)>> = (0..1usize << bits)
         .map(|_| Vec::with_capacity((capacity >> bits) + (capacity >> (bits + 2)) + 4))

@@ -71,9 +71,8 @@ impl Interner {
     }
 
     /// Forgets the bytes the maps were sent as, keeping the maps: what a client does after
-    /// each push (a first sync meets most maps many times; the node then keeps the maps alone:
-    /// the bytes and their table are about 220 bytes per distinct service map and labels, an
-    /// estimate from their sizes, some 14 MiB for the 66,000 of a million workloads).
+    /// each push (a first sync meets most maps many times; the node then keeps the maps alone,
+    /// not each one's bytes and its slot in the table as well).
     pub(crate) fn forget_wire(&mut self) {
         self.services.by_wire = ByWire::default();
         self.labels.by_wire = ByWire::default();
@@ -476,6 +475,21 @@ mod tests {
             .labels_wire(&[b"ab".to_vec()], |_| Err(()))
             .expect("found");
         assert!(Arc::ptr_eq(&a, &again));
+    }
+
+    /// Two inputs with one hash are told apart by their content, by bytes and by map.
+    #[test]
+    fn one_hash_for_other_bytes_or_another_map_finds_nothing() {
+        let map = |v: &str| Arc::new(BTreeMap::from([("app".to_string(), v.to_string())]));
+        let mut b = ByWire::default();
+        b.insert(7, &[b"ab".to_vec()], map("a"));
+        assert!(b.get(7, &[b"ab".to_vec()]).is_some());
+        assert!(b.get(7, &[b"a".to_vec(), b"b".to_vec()]).is_none());
+        assert!(b.get(7, &[b"ac".to_vec()]).is_none());
+        let mut m = Maps::default();
+        m.insert(7, map("a"));
+        assert!(m.find(7, &map("a")).is_some());
+        assert!(m.find(7, &map("b")).is_none());
     }
 
     #[test]
