@@ -57,11 +57,10 @@ pub fn decode_address_with(
     };
     let msg = wire::Address::decode(bytes).map_err(|e| bad(wire::not_an_address(bytes, e)))?;
     match msg.r#type {
-        Some(wire::AddressType::Workload(mut w)) => {
+        Some(wire::AddressType::Workload(w)) => {
             // The fields left as bytes decode before anything is checked, as the whole
             // message does at once.
-            let shared =
-                Shared::of(&mut w, intern).map_err(|e| bad(wire::not_an_address(bytes, e)))?;
+            let shared = Shared::of(&w, intern).map_err(|e| bad(wire::not_an_address(bytes, e)))?;
             if w.uid != name {
                 return Err(bad(format!(
                     "expected uid {name:?} (the resource name), found {:?}",
@@ -242,7 +241,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn of(w: &mut wire::Workload, intern: &mut Interner) -> Result<Self, prost::DecodeError> {
+    fn of(w: &wire::Workload, intern: &mut Interner) -> Result<Self, prost::DecodeError> {
         let services = intern.services_wire(&w.services, |entries| {
             let sent = wire::services(entries)?;
             let mut services = BTreeMap::new();

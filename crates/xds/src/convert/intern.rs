@@ -13,12 +13,16 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 use ferry_core::keyed_hash::{HashMap, Keyed};
 use ferry_core::model::{ClusterId, Locality, NetworkId, NodeName, PortMapping, ServiceKey};
 use hashbrown::HashTable;
+
+mod by_wire;
+
+use by_wire::ByWire;
 
 /// A workload's services with their port maps, as the model holds them.
 pub type ServiceMap = BTreeMap<ServiceKey, Vec<PortMapping>>;
@@ -243,97 +247,6 @@ impl<M> Default for Maps<M> {
     }
 }
 
-/// Maps by the bytes they were sent as: each held with its bytes in one buffer (each entry's
-/// length, then its bytes) and their hash. A lookup hashes the entries as they came, without
-/// copying them, and compares them with that one buffer: one read of memory fewer than a key
-/// of one vector per entry (the list, then each entry), on tables of 66,000 maps where each
-/// read is a cache miss.
-#[derive(Clone, Debug)]
-struct ByWire<M> {
-    table: HashTable<Wire<M>>,
-    hasher: Keyed,
-}
-
-impl<M> Default for ByWire<M> {
-    fn default() -> Self {
-        Self {
-            table: HashTable::new(),
-            hasher: Keyed::default(),
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Wire<M> {
-    hash: u64,
-    bytes: Box<[u8]>,
-    map: Arc<M>,
-}
-
-/// An entry's length as the buffer holds it.
-const LEN: usize = size_of::<u64>();
-
-impl<M> ByWire<M> {
-    fn hash(&self, entries: &[Vec<u8>]) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        h.write_usize(entries.len());
-        for e in entries {
-            h.write_usize(e.len());
-            h.write(e);
-        }
-        h.finish()
-    }
-
-    fn get(&self, hash: u64, entries: &[Vec<u8>]) -> Option<&Arc<M>> {
-        self.table
-            .find(hash, |w| w.hash == hash && same(&w.bytes, entries))
-            .map(|w| &w.map)
-    }
-
-    fn insert(&mut self, hash: u64, entries: &[Vec<u8>], map: Arc<M>) {
-        let mut bytes = Vec::with_capacity(entries.iter().map(|e| LEN + e.len()).sum());
-        for e in entries {
-            bytes.extend_from_slice(&(e.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(e);
-        }
-        let bytes = bytes.into_boxed_slice();
-        self.table
-            .insert_unique(hash, Wire { hash, bytes, map }, |w| w.hash);
-    }
-
-    fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    fn clear(&mut self) {
-        self.table.clear();
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&Arc<M>) -> bool) {
-        self.table.retain(|w| keep(&w.map));
-    }
-}
-
-/// Whether `bytes`, a [`ByWire`] buffer, holds `entries`.
-fn same(mut bytes: &[u8], entries: &[Vec<u8>]) -> bool {
-    for e in entries {
-        let Some((len, rest)) = bytes.split_first_chunk::<LEN>() else {
-            return false;
-        };
-        if u64::from_le_bytes(*len) != e.len() as u64 {
-            return false;
-        }
-        let Some((sent, rest)) = rest.split_at_checked(e.len()) else {
-            return false;
-        };
-        if sent != e.as_slice() {
-            return false;
-        }
-        bytes = rest;
-    }
-    bytes.is_empty()
-}
-
 impl<M: Hash + Eq> Maps<M> {
     fn get(&mut self, m: M) -> Arc<M> {
         let hash = self.hasher.hash_one(&m);
@@ -401,140 +314,5 @@ impl<M: Hash + Eq> Maps<M> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn another_interners_copy_is_adopted_by_content_even_where_a_dropped_one_was() {
-        // The client holds its own copy of each; each round's other copies are dropped with
-        // their interner, and a new one may be given the address of the one before, which the
-        // table must not take for it.
-        let mut mine = Interner::default();
-        let mut from = Adopted::default();
-        for i in 0..1_000 {
-            let labels = BTreeMap::from([("app".to_string(), format!("a{i}"))]);
-            let name = format!("node-{i}");
-            let (my_labels, my_node) = (mine.labels(labels.clone()), mine.node(&name));
-            let mut theirs = Interner::default();
-            let (m, n) = (theirs.labels(labels), theirs.node(&name));
-            assert!(Arc::ptr_eq(&mine.adopt_labels(&m, &mut from), &my_labels));
-            assert!(std::ptr::eq(
-                mine.adopt_node(&n, &mut from).as_str(),
-                my_node.as_str()
-            ));
-        }
-    }
-
-    #[test]
-    fn equal_names_and_maps_are_one_copy() {
-        let mut i = Interner::default();
-        let (a, b) = (i.node("node-1"), i.node("node-1"));
-        assert!(std::ptr::eq(a.as_str(), b.as_str()));
-        assert_eq!(i.cluster("east").as_str(), "east");
-        let labels = |v: &str| BTreeMap::from([("app".to_string(), v.to_string())]);
-        let (x, y) = (i.labels(labels("a")), i.labels(labels("a")));
-        assert!(Arc::ptr_eq(&x, &y));
-        assert!(!Arc::ptr_eq(&x, &i.labels(labels("b"))));
-    }
-
-    #[test]
-    fn a_map_is_found_by_its_bytes_and_shared_still_once_they_are_forgotten() {
-        let mut i = Interner::default();
-        let wire = || vec![b"app=a".to_vec()];
-        let make =
-            |_: &[Vec<u8>]| Ok::<_, ()>(BTreeMap::from([("app".to_string(), "a".to_string())]));
-        let a = i.labels_wire(&wire(), make).expect("made");
-        // Found by its bytes: not made again.
-        let b = i.labels_wire(&wire(), |_| Err(())).expect("found");
-        assert!(Arc::ptr_eq(&a, &b));
-        i.forget_wire();
-        assert_eq!(i.labels.by_wire.len(), 0);
-        let c = i.labels_wire(&wire(), make).expect("made");
-        assert!(Arc::ptr_eq(&a, &c), "found by its content");
-    }
-
-    #[test]
-    fn bytes_are_found_only_as_the_same_entries() {
-        let mut i = Interner::default();
-        let labels = |v: &str| BTreeMap::from([("app".to_string(), v.to_string())]);
-        let a = i
-            .labels_wire(&[b"ab".to_vec()], |_| Ok::<_, ()>(labels("a")))
-            .expect("made");
-        // The same bytes cut into other entries, or with one more entry, are other bytes.
-        for other in [
-            vec![b"a".to_vec(), b"b".to_vec()],
-            vec![b"ab".to_vec(), Vec::new()],
-            vec![],
-        ] {
-            let m = i
-                .labels_wire(&other, |_| Ok::<_, ()>(labels("b")))
-                .expect("made");
-            assert!(!Arc::ptr_eq(&a, &m), "{other:?}");
-        }
-        let again = i
-            .labels_wire(&[b"ab".to_vec()], |_| Err(()))
-            .expect("found");
-        assert!(Arc::ptr_eq(&a, &again));
-    }
-
-    /// Two inputs with one hash are told apart by their content, by bytes and by map.
-    #[test]
-    fn one_hash_for_other_bytes_or_another_map_finds_nothing() {
-        let map = |v: &str| Arc::new(BTreeMap::from([("app".to_string(), v.to_string())]));
-        let mut b = ByWire::default();
-        b.insert(7, &[b"ab".to_vec()], map("a"));
-        assert!(b.get(7, &[b"ab".to_vec()]).is_some());
-        assert!(b.get(7, &[b"a".to_vec(), b"b".to_vec()]).is_none());
-        assert!(b.get(7, &[b"ac".to_vec()]).is_none());
-        let mut m = Maps::default();
-        m.insert(7, map("a"));
-        assert!(m.find(7, &map("a")).is_some());
-        assert!(m.find(7, &map("b")).is_none());
-    }
-
-    #[test]
-    fn a_map_still_held_is_found_by_its_bytes_after_a_trim() {
-        let mut i = Interner::default();
-        let wire = |n: usize| vec![format!("app={n}").into_bytes()];
-        let make = |n: usize| {
-            move |_: &[Vec<u8>]| Ok::<_, ()>(BTreeMap::from([("app".to_string(), n.to_string())]))
-        };
-        // Enough maps for the pool to be trimmed several times, all still held.
-        let held: Vec<_> = (0..5_000)
-            .map(|n| i.labels_wire(&wire(n), make(n)).expect("made"))
-            .collect();
-        for (n, m) in held.iter().enumerate() {
-            // Found by its bytes: not made again.
-            let again = i
-                .labels_wire(&wire(n), |_| Err(()))
-                .expect("found by its bytes");
-            assert!(Arc::ptr_eq(m, &again));
-        }
-        // Once no longer held, a map goes with its bytes at the next trim.
-        drop(held);
-        for n in 5_000..15_000 {
-            i.labels_wire(&wire(n), make(n)).expect("made");
-        }
-        assert!(i.labels.set.len() <= 1024, "{}", i.labels.set.len());
-        assert!(i.labels.by_wire.len() <= 1024, "{}", i.labels.by_wire.len());
-    }
-
-    #[test]
-    fn pools_stay_bounded_as_names_and_maps_come_and_go() {
-        let mut i = Interner::default();
-        for n in 0..10_000 {
-            i.node(&format!("node-{n}"));
-            // Held by no one but the pool once returned.
-            i.labels(BTreeMap::from([("app".to_string(), n.to_string())]));
-        }
-        assert!(i.nodes.by_text.len() < 16_384, "{}", i.nodes.by_text.len());
-        assert!(i.labels.set.len() <= 1024, "{}", i.labels.set.len());
-        // A map still held elsewhere survives a trim.
-        let kept = i.labels(BTreeMap::from([("app".to_string(), "kept".to_string())]));
-        for n in 0..5_000 {
-            i.labels(BTreeMap::from([("x".to_string(), n.to_string())]));
-        }
-        let again = i.labels(BTreeMap::from([("app".to_string(), "kept".to_string())]));
-        assert!(Arc::ptr_eq(&kept, &again));
-    }
-}
+#[path = "intern_tests.rs"]
+mod tests;
