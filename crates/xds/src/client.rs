@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ferry_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node};
 use ferry_api::google::rpc::Status as RpcStatus;
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
@@ -19,8 +18,6 @@ use ferry_core::random::{Random, SplitMix64};
 use ferry_core::store::Store;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::assemble::Held;
@@ -28,6 +25,8 @@ use crate::convert::{self, Interner, InvalidResource};
 use crate::incremental::{self, Changed};
 
 mod decode;
+pub mod framing;
+mod stream;
 
 /// The node metadata key under which a data-plane program gives the address of its admin
 /// endpoint (`IP:port`), so that the control plane's mesh map can gather its records.
@@ -206,8 +205,6 @@ impl XdsClient {
             .connect()
             .await
             .map_err(|e| fail(format!("connect: {}", with_sources(&e))))?;
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(200 << 20);
         let (tx, rx) = mpsc::channel(16);
         {
             let mut st = self.state.lock();
@@ -231,19 +228,14 @@ impl XdsClient {
                 tx.try_send(req).map_err(|e| fail(e.to_string()))?;
             }
         }
-        let mut request = tonic::Request::new(ReceiverStream::new(rx));
-        let md = request.metadata_mut();
-        if let Ok(v) = MetadataValue::try_from(format!("Bearer {}", self.token())) {
-            md.insert("authorization", v);
-        }
-        if let Ok(v) = MetadataValue::try_from(c.cluster.as_str()) {
-            md.insert("clusterid", v);
-        }
-        let mut inbound = client
-            .delta_aggregated_resources(request)
+        let token = self.token();
+        let metadata = stream::Metadata {
+            token: &token,
+            cluster: &c.cluster,
+        };
+        let mut inbound = stream::open(channel, rx, metadata)
             .await
-            .map_err(|s| fail(format!("{}: {}", s.code(), s.message())))?
-            .into_inner();
+            .map_err(|s| fail(format!("{}: {}", s.code(), s.message())))?;
         let mut synced: BTreeMap<String, bool> = BTreeMap::new();
         let mut progressed = false;
         loop {
