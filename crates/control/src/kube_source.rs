@@ -101,7 +101,7 @@ pub(crate) async fn start(src: &KubeSource) -> anyhow::Result<(Topology, Started
     let first = tokio::time::timeout(src.initial_sync * 2, async {
         loop {
             match rest.recv().await {
-                Some(Ok((t, notes))) => return Ok((t, notes)),
+                Some(Ok(mesh)) => return Ok((mesh.topology, mesh.notes)),
                 Some(Err(e)) => {
                     tracing::error!(error = %e, "the first translated mesh was rejected; waiting for a good one");
                 }
@@ -145,18 +145,22 @@ impl Started {
         let mut served: Option<Served> = None;
         while let Some(outcome) = self.rest.recv().await {
             match outcome {
-                Ok((t, notes)) => {
-                    metrics.set(&notes);
+                Ok(mesh) => {
+                    metrics.set(&mesh.notes);
+                    let (t, edit) = (mesh.topology, mesh.edit);
                     // Flattening and encoding a large mesh takes a while: off the runtime, as
                     // the translation was.
                     let prior = served
                         .take()
                         .map_or_else(|| Err((store.load(), resources.borrow().clone())), Ok);
                     let encoded = tokio::task::spawn_blocking(move || {
-                        // Only what changed is encoded again.
-                        let next = match prior {
-                            Ok(s) => s.next(&t.snapshot),
-                            Err((snap, set)) => Served::from_parts(&snap, set).next(&t.snapshot),
+                        // Only what changed is encoded again: an edit of pods names its workloads.
+                        let next = match (prior, edit) {
+                            (Ok(s), Some(edit)) => s.edited(&t.snapshot, &edit.workloads),
+                            (Ok(s), None) => s.next(&t.snapshot),
+                            (Err((snap, set)), _) => {
+                                Served::from_parts(&snap, set).next(&t.snapshot)
+                            }
                         };
                         (t, next)
                     })

@@ -94,7 +94,7 @@ fn main() {
         let debounce = Duration::from_millis(10);
         let config = WatchConfig { debounce, ..WatchConfig::default() };
         let task = tokio::spawn(run(clusters, config, status, move |o| {
-            if let Ok((t, _)) = o {
+            if let Ok(ferry_k8s::watch::Mesh { topology: t, .. }) = o {
                 tx.send_replace(Some(Arc::new(t.snapshot)));
             }
         }));

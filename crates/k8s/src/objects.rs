@@ -43,6 +43,35 @@ pub struct ClusterObjects {
     pub http_routes: Vec<HttpRoute>,
 }
 
+/// An object with metadata.
+pub(crate) trait HasMeta {
+    fn meta(&self) -> &ObjectMeta;
+}
+
+macro_rules! has_meta {
+    ($($t:ty),*) => {
+        $(impl HasMeta for $t {
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+        })*
+    };
+}
+
+has_meta!(
+    Namespace,
+    Node,
+    Pod,
+    Service,
+    EndpointSlice,
+    Gateway,
+    HttpRoute,
+    AuthorizationPolicy,
+    PeerAuthentication,
+    ServiceExport,
+    ServiceImport
+);
+
 /// Something the translation left out or changed, and why: logged and counted by the caller.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Note {

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_topology::schema::{ActionSpec, RuleSpec};
+use ferry_topology::schema::{ActionSpec, File, RuleSpec};
 use ferry_topology::{Topology, TopologyError};
 
 use crate::objects::Note;
@@ -20,12 +20,18 @@ impl Translation {
     /// Checks and converts the file, leaving out what the checks reject; returns the mesh and
     /// every note (the translation's and the repairs'). Fails only when a problem names no
     /// item that can be left out, or after [`MAX_ROUNDS`].
-    pub fn into_topology(mut self) -> Result<(Topology, Vec<Note>), TopologyError> {
+    pub fn into_topology(self) -> Result<(Topology, Vec<Note>), TopologyError> {
+        self.into_checked().map(|(t, notes, _)| (t, notes))
+    }
+
+    /// [`Self::into_topology`], with the file the mesh was converted from (what was left out
+    /// taken out of it).
+    pub(crate) fn into_checked(mut self) -> Result<(Topology, Vec<Note>, File), TopologyError> {
         let mut failed_closed: BTreeSet<String> = BTreeSet::new();
         let mut last = None;
         for _ in 0..MAX_ROUNDS {
             let e = match self.topology() {
-                Ok(t) => return Ok((t, self.notes)),
+                Ok(t) => return Ok((t, self.notes, self.file)),
                 Err(e) => e,
             };
             let mut items: BTreeSet<(String, usize)> = BTreeSet::new();

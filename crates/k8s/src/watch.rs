@@ -20,11 +20,14 @@
 //!   serve as ever. A replica that becomes the holder translates again and writes what the
 //!   mesh calls for.
 
+mod cache;
 mod secrets;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -38,7 +41,9 @@ use tokio::sync::{Notify, watch};
 use crate::lease::{Leadership, LeaseConfig};
 use crate::objects::{ClusterObjects, Note};
 use crate::status::ExportStatus;
-use crate::translate::{MeshConfig, translate};
+use crate::translate::MeshConfig;
+use crate::translate::incremental::{Changed, Translator};
+use cache::{Cache, Dirty, Kind, key_of};
 
 /// One cluster to watch.
 #[derive(Clone)]
@@ -125,8 +130,19 @@ pub struct ClusterStatus {
     pub secret: Option<String>,
 }
 
+/// A translated mesh.
+#[derive(Debug)]
+pub struct Mesh {
+    pub topology: ferry_topology::Topology,
+    /// What was left out or decided on the way.
+    pub notes: Vec<Note>,
+    /// When it differs from the mesh of the outcome before (an `Ok` one) in these workloads
+    /// alone: an edit of pods ([`crate::translate::incremental`]).
+    pub edit: Option<ferry_topology::editable::WorkloadEdit>,
+}
+
 /// A translated mesh, or why the checks rejected it.
-pub type Outcome = Result<(ferry_topology::Topology, Vec<Note>), ferry_topology::TopologyError>;
+pub type Outcome = Result<Mesh, ferry_topology::TopologyError>;
 
 /// The kinds watched in every cluster.
 fn kinds() -> Vec<ApiResource> {
@@ -169,11 +185,13 @@ fn kinds() -> Vec<ApiResource> {
     ]
 }
 
-/// A cluster's stores, one per kind; its watches end when it is dropped.
+/// A cluster's stores, one per kind, and its objects decoded from them; its watches end when
+/// it is dropped.
 struct Stores {
     cluster: Cluster,
-    /// Each kind's store, and whether its first list has arrived.
-    kinds: Vec<(ApiResource, Store<DynamicObject>, Arc<AtomicBool>)>,
+    kinds: Vec<Kind>,
+    /// Read and changed by the translation alone.
+    cache: Mutex<Cache>,
     _tasks: Tasks,
 }
 
@@ -218,6 +236,7 @@ pub async fn run<F>(
         .collect();
     let taken: BTreeSet<String> = fixed.iter().map(|s| s.cluster.id.clone()).collect();
     let mut export_status = ExportStatus::default();
+    let mut translator = Translator::default();
     // The first translation waits for every first list (the remote secrets', then their
     // clusters'), within a bound.
     let deadline = tokio::time::Instant::now() + config.initial_sync;
@@ -257,18 +276,36 @@ pub async fn run<F>(
         let stores = all;
         let mesh = config.mesh.clone();
         let mut decoding = secret_notes.clone();
+        let mut taken = std::mem::take(&mut translator);
         let outcome = tokio::task::spawn_blocking(move || {
-            let objects: Vec<ClusterObjects> =
-                stores.iter().map(|s| read(s, &mut decoding)).collect();
-            let mut t = translate(&mesh, &objects);
-            t.notes.splice(0..0, decoding);
-            let exports = std::mem::take(&mut t.exports);
-            let imports = std::mem::take(&mut t.imports);
-            (t.into_topology(), exports, imports)
+            let mut changed = Changed::default();
+            let mut caches: Vec<_> = stores.iter().map(|s| s.cache.lock()).collect();
+            for (s, cache) in stores.iter().zip(caches.iter_mut()) {
+                cache.refresh(&s.kinds, &mut changed, &mut decoding);
+            }
+            let objects: Vec<&ClusterObjects> = caches.iter().map(|c| &c.objects).collect();
+            let outcome = taken.translate(&mesh, &objects, &changed).map(|t| {
+                let mut notes = decoding;
+                notes.extend(t.notes);
+                let mesh = Mesh {
+                    topology: t.topology,
+                    notes,
+                    edit: t.edit,
+                };
+                (mesh, t.exports, t.imports)
+            });
+            drop(objects);
+            drop(caches);
+            (taken, outcome)
         })
         .await;
         let outcome = match outcome {
-            Ok((outcome, exports, imports)) => {
+            Ok((taken, Err(e))) => {
+                translator = taken;
+                Ok(Err(e))
+            }
+            Ok((taken, Ok((outcome, exports, imports)))) => {
+                translator = taken;
                 if leadership.as_ref().is_none_or(|l| l.borrow().leading) {
                     export_status.write(&clients, &exports).await;
                     crate::imports::write(&clients, &imports).await;
@@ -281,20 +318,20 @@ pub async fn run<F>(
                         "not the Lease's holder: leaving the writes to it"
                     );
                 }
-                Ok(outcome)
+                Ok(Ok(outcome))
             }
             Err(e) => Err(e),
         };
         match outcome {
-            Ok(Ok((topology, notes))) => {
-                for n in &notes {
+            Ok(Ok(mesh)) => {
+                for n in &mesh.notes {
                     tracing::warn!(cluster = %n.cluster, object = %n.object, note = %n.message, "kubernetes object");
                 }
                 status.send_modify(|s| {
                     s.applied += 1;
-                    s.notes.clone_from(&notes);
+                    s.notes.clone_from(&mesh.notes);
                 });
-                apply(Ok((topology, notes)));
+                apply(Ok(mesh));
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "the translated mesh was rejected; still serving the last good one");
@@ -350,7 +387,8 @@ fn elect(
 }
 
 /// Starts the reflector of `api` (kind `ar`, in cluster `cluster`); returns its store and
-/// task.
+/// task. Each object an event names is marked in `dirty`, if given (a list: all of them).
+#[allow(clippy::too_many_arguments)]
 fn spawn_reflector(
     api: Api<DynamicObject>,
     ar: &ApiResource,
@@ -359,6 +397,7 @@ fn spawn_reflector(
     changed: Arc<Notify>,
     status: watch::Sender<WatchStatus>,
     listed: Arc<AtomicBool>,
+    dirty: Option<Arc<Mutex<Dirty>>>,
 ) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
     let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
     let store = writer.as_reader();
@@ -370,6 +409,20 @@ fn spawn_reflector(
         while let Some(event) = stream.next().await {
             match event {
                 Ok(e) => {
+                    if let Some(dirty) = &dirty {
+                        let mut d = dirty.lock();
+                        match &e {
+                            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                                d.keys.insert(key_of(&o.metadata));
+                            }
+                            watcher::Event::Init
+                            | watcher::Event::InitApply(_)
+                            | watcher::Event::InitDone => {
+                                d.all = true;
+                                d.keys.clear();
+                            }
+                        }
+                    }
                     if matches!(e, watcher::Event::InitDone) {
                         listed.store(true, Ordering::Release);
                     }
@@ -401,8 +454,8 @@ fn mark_synced(all: &[Arc<Stores>], status: &watch::Sender<WatchStatus>) {
     status.send_modify(|s| {
         for st in all {
             let c = s.clusters.entry(st.cluster.id.clone()).or_default();
-            c.objects = st.kinds.iter().map(|(_, k, _)| k.len()).sum();
-            c.synced = st.kinds.iter().all(|(_, _, l)| l.load(Ordering::Acquire));
+            c.objects = st.kinds.iter().map(|k| k.store.len()).sum();
+            c.synced = st.kinds.iter().all(|k| k.listed.load(Ordering::Acquire));
         }
     });
 }
@@ -417,6 +470,7 @@ impl Stores {
         let mut tasks = Vec::new();
         for ar in self::kinds() {
             let listed = Arc::new(AtomicBool::new(false));
+            let dirty = Arc::new(Mutex::new(Dirty::default()));
             let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
             let (store, task) = spawn_reflector(
                 api,
@@ -426,62 +480,34 @@ impl Stores {
                 changed.clone(),
                 status.clone(),
                 listed.clone(),
+                Some(dirty.clone()),
             );
-            kinds.push((ar, store, listed));
+            kinds.push(Kind {
+                ar,
+                store,
+                listed,
+                dirty,
+            });
             tasks.push(task);
         }
+        let cache = Mutex::new(Cache::new(&c.id, c.network.clone()));
         Self {
             cluster: c,
             kinds,
+            cache,
             _tasks: Tasks(tasks),
         }
     }
 
     /// Every kind's first list has arrived (or the kind is not served).
     fn listed(&self) -> bool {
-        self.kinds.iter().all(|(_, _, l)| l.load(Ordering::Acquire))
+        self.kinds.iter().all(|k| k.listed.load(Ordering::Acquire))
     }
 }
 
 /// The watch error of a kind the API server does not serve (its CRD is not installed).
 fn is_not_served(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
-}
-
-/// A cluster's objects, read from its stores in namespace/name order (the same in every
-/// replica); objects that do not decode add to `notes`. A cluster some of whose kinds have
-/// not listed yet contributes nothing: serving its pods without, say, its policies would fail
-/// open.
-fn read(s: &Stores, notes: &mut Vec<Note>) -> ClusterObjects {
-    let mut objects = ClusterObjects::new(s.cluster.id.clone());
-    objects.network.clone_from(&s.cluster.network);
-    if !s.listed() {
-        notes.push(Note {
-            cluster: s.cluster.id.clone(),
-            object: "(cluster)".into(),
-            message: "not every kind has listed yet: none of this cluster's objects are served"
-                .into(),
-        });
-        return objects;
-    }
-    for (ar, store, _) in &s.kinds {
-        let mut state = store.state();
-        state.sort_by(|a, b| {
-            (&a.metadata.namespace, &a.metadata.name)
-                .cmp(&(&b.metadata.namespace, &b.metadata.name))
-        });
-        for obj in state {
-            match serde_json::to_value(&*obj) {
-                Ok(v) => objects.add_as(&ar.group, &ar.kind, v, notes),
-                Err(e) => notes.push(Note {
-                    cluster: s.cluster.id.clone(),
-                    object: ar.kind.clone(),
-                    message: format!("left out: it does not encode ({e})"),
-                }),
-            }
-        }
-    }
-    objects
 }
 
 #[cfg(all(test, feature = "testing"))]

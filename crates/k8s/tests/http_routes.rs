@@ -56,7 +56,12 @@ async fn an_http_route_on_a_service_is_applied_by_its_waypoint() {
         client: alpha.client(),
     }];
     let task = tokio::spawn(run(clusters, WatchConfig::default(), status_tx, move |o| {
-        if let Ok((t, n)) = o {
+        if let Ok(ferry_k8s::watch::Mesh {
+            topology: t,
+            notes: n,
+            ..
+        }) = o
+        {
             mesh_tx.send_replace(Some((Arc::new(t.snapshot), n)));
         }
     }));

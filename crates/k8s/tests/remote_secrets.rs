@@ -88,7 +88,12 @@ impl Rig {
         let (mesh_tx, meshes) = watch::channel(None);
         let (status_tx, status) = watch::channel(WatchStatus::default());
         let task = tokio::spawn(run(clusters, config, status_tx, move |o| {
-            if let Ok((t, n)) = o {
+            if let Ok(ferry_k8s::watch::Mesh {
+                topology: t,
+                notes: n,
+                ..
+            }) = o
+            {
                 mesh_tx.send_replace(Some((Arc::new(t.snapshot), n)));
             }
         }));

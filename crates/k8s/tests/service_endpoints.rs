@@ -50,7 +50,12 @@ impl Rig {
         let (mesh_tx, meshes) = watch::channel(None);
         let (status_tx, _status) = watch::channel(WatchStatus::default());
         let task = tokio::spawn(run(clusters, WatchConfig::default(), status_tx, move |o| {
-            if let Ok((t, n)) = o {
+            if let Ok(ferry_k8s::watch::Mesh {
+                topology: t,
+                notes: n,
+                ..
+            }) = o
+            {
                 mesh_tx.send_replace(Some((Arc::new(t.snapshot), n)));
             }
         }));

@@ -60,7 +60,12 @@ async fn rig_with(config: WatchConfig, prepare: impl FnOnce(&ApiServer, &ApiServ
     let (notes_tx, notes) = watch::channel(Vec::new());
     let (status_tx, status) = watch::channel(WatchStatus::default());
     let task = tokio::spawn(run(clusters, config, status_tx, move |o| {
-        if let Ok((t, n)) = o {
+        if let Ok(ferry_k8s::watch::Mesh {
+            topology: t,
+            notes: n,
+            ..
+        }) = o
+        {
             notes_tx.send_replace(n);
             mesh_tx.send_replace(Some(Arc::new(t.snapshot)));
         }

@@ -20,16 +20,16 @@
 //! `- ` lines, an entry that does not parse or convert (the full parse locates the problem), a
 //! delta the snapshot rejects.
 
-use std::collections::BTreeSet;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferry_core::model::{Workload, WorkloadUid};
-use ferry_core::snapshot::{Snapshot, SnapshotDelta};
+use ferry_core::model::Workload;
 
+use crate::editable::Editable;
+pub use crate::editable::WorkloadEdit;
 pub use crate::reread::Difference;
-use crate::schema::{File, ServiceSpec, WorkloadSpec};
+use crate::schema::{File, WorkloadSpec};
 use crate::{Limits, Topology, TopologyError, convert, limits, reread};
 
 /// The last good topology, its text and where its workload entries are.
@@ -45,19 +45,8 @@ pub struct Kept {
     /// Where each entry starts; the first is `items.start` (it takes any blank or comment
     /// lines before the first `- `).
     starts: Vec<usize>,
-    /// The file with no workloads.
-    rest: Box<File>,
-    /// The workloads the rest of the file makes (waypoint instances).
-    instances: BTreeSet<WorkloadUid>,
-    snapshot: Snapshot,
-    trust_domain: String,
-}
-
-/// What an edit applied through [`Kept::edit`] changed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WorkloadEdit {
-    /// Workloads added, changed or removed, by uid.
-    pub workloads: BTreeSet<WorkloadUid>,
+    /// The file with no workloads, and the snapshot.
+    workloads: Editable,
 }
 
 /// Parses and converts `text` as [`crate::parse_within`] does, keeping what [`Kept::edit`]
@@ -108,20 +97,16 @@ impl Kept {
         if starts.len() != count || !plain(&text[items.clone()]) {
             return Err(text);
         }
-        let Ok((base, _)) = convert::convert(&rest) else {
+        let Some(workloads) = Editable::new(rest, topology) else {
             return Err(text);
         };
-        let instances = base.workloads().map(|w| w.uid.clone()).collect();
         Ok(Self {
             source_name: source_name.to_string(),
             text,
             items,
             indent,
             starts,
-            rest: Box::new(rest),
-            instances,
-            snapshot: topology.snapshot.clone(),
-            trust_domain: topology.trust_domain.clone(),
+            workloads,
         })
     }
 
@@ -169,7 +154,7 @@ impl Kept {
             self.text.reserve_exact(grows + self.text.len() / 64);
         }
         self.text.replace_range(prefix..kept_end, mid);
-        self.snapshot = topology.snapshot.clone();
+        self.workloads.commit(&topology);
         Some((topology, edit))
     }
 
@@ -225,8 +210,11 @@ impl Kept {
         if !plain(&new_mid) || limits::check(&new_mid, limits).is_err() {
             return None;
         }
-        let removed = entries(&mut self.rest, &self.instances, self.indent, old_mid)?;
-        let added = entries(&mut self.rest, &self.instances, self.indent, &new_mid)?;
+        let removed: Vec<_> = entries(&mut self.workloads, self.indent, old_mid)?
+            .iter()
+            .map(|w| w.uid.clone())
+            .collect();
+        let added = entries(&mut self.workloads, self.indent, &new_mid)?;
         if removed.len() != b - a {
             return None;
         }
@@ -236,31 +224,7 @@ impl Kept {
             return None;
         }
         let new_starts = mid_starts.iter().map(|s| lo + s).collect();
-
-        let mut delta = SnapshotDelta::new(self.snapshot.version());
-        let mut edit = WorkloadEdit::default();
-        let gone: BTreeSet<&WorkloadUid> = removed.iter().map(|w| &w.uid).collect();
-        let mut seen = BTreeSet::new();
-        for w in &added {
-            // A uid given twice, or one an unchanged entry holds: the full parse names it.
-            let held = self.snapshot.workload(&w.uid).is_some() && !gone.contains(&w.uid);
-            if !seen.insert(w.uid.clone()) || held {
-                return None;
-            }
-        }
-        for w in &removed {
-            delta.removed_workloads.push(w.uid.clone());
-            edit.workloads.insert(w.uid.clone());
-        }
-        for w in added {
-            edit.workloads.insert(w.uid.clone());
-            delta.workloads.push(w);
-        }
-        let snapshot = self.snapshot.apply(&delta).ok()?;
-        let topology = Topology {
-            snapshot,
-            trust_domain: self.trust_domain.clone(),
-        };
+        let (topology, edit) = self.workloads.apply(&removed, added)?;
         Some((topology, edit, (a, b, new_starts)))
     }
 
@@ -276,70 +240,13 @@ impl Kept {
 }
 
 /// The workloads the entries in `mid` (whole entries of the workloads sequence, indented by
-/// `indent`) convert to with `rest`, the file without workloads (whose own workloads are
-/// `instances`); `None` when they do not parse or convert.
-fn entries(
-    rest: &mut File,
-    instances: &BTreeSet<WorkloadUid>,
-    indent: usize,
-    mid: &str,
-) -> Option<Vec<Arc<Workload>>> {
+/// `indent`) convert to with the rest of the file; `None` when they do not parse or convert.
+fn entries(kept: &mut Editable, indent: usize, mid: &str) -> Option<Vec<Arc<Workload>>> {
     if !mid.lines().any(|l| is_item(l, indent)) {
         return Some(Vec::new());
     }
     let specs: Vec<WorkloadSpec> = serde_yaml_ng::from_str(mid).ok()?;
-    let count = specs.len();
-    // Only the services these entries could back are converted with them (a selector whose
-    // labels they carry, a name or hostname they list), without routes and endpoints (which
-    // name other services and say nothing of a workload); an address they share with a service
-    // left out is found when the delta is applied.
-    let mut all: Vec<Option<ServiceSpec>> = std::mem::take(&mut rest.services)
-        .into_iter()
-        .map(Some)
-        .collect();
-    let mut taken = Vec::new();
-    for (i, slot) in all.iter_mut().enumerate() {
-        if slot.as_ref().is_some_and(|s| may_back(s, &specs))
-            && let Some(mut s) = slot.take()
-        {
-            let routes = std::mem::take(&mut s.routes);
-            let endpoints = std::mem::take(&mut s.endpoints);
-            rest.services.push(s);
-            taken.push((i, routes, endpoints));
-        }
-    }
-    rest.workloads = specs;
-    let converted = convert::convert(rest);
-    rest.workloads = Vec::new();
-    for ((i, routes, endpoints), mut s) in taken.into_iter().zip(std::mem::take(&mut rest.services))
-    {
-        s.routes = routes;
-        s.endpoints = endpoints;
-        all[i] = Some(s);
-    }
-    rest.services = all.into_iter().flatten().collect();
-    let (mini, _) = converted.ok()?;
-    let out: Vec<_> = mini
-        .workloads()
-        .filter(|w| !instances.contains(&w.uid))
-        .cloned()
-        .collect();
-    (out.len() == count).then_some(out)
-}
-
-/// Could `s` be backed by one of `specs`: its selector's labels all on one of them, or its name
-/// or hostname among the services one lists? (A superset: the conversion decides.)
-fn may_back(s: &ServiceSpec, specs: &[WorkloadSpec]) -> bool {
-    specs.iter().any(|w| {
-        let selected = s
-            .selector
-            .as_ref()
-            .is_some_and(|sel| sel.iter().all(|(k, v)| w.labels.get(k) == Some(v)));
-        let named = w.services.keys().any(|n| {
-            n.split('.').next() == Some(s.name.as_str()) || s.hostname.as_ref() == Some(n)
-        });
-        selected || named
-    })
+    kept.convert(specs)
 }
 
 /// Is `line` an entry of a sequence indented by `indent`: `indent` spaces, then `- `?

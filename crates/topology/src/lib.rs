@@ -75,6 +75,7 @@
 //!   policies. Those names are taken: a policy of the same namespace and name is an error.
 
 mod convert;
+pub mod editable;
 mod error;
 pub mod kept;
 mod limits;

@@ -19,6 +19,7 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 
 use super::pod_status::is_ready;
 use super::{Tx, label, ns_name, selectorless};
+use crate::objects::ClusterObjects;
 
 /// The label that names a slice's Service.
 pub(super) const SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -41,6 +42,8 @@ struct Named {
     /// The `targetRef`'s uid, if it gives one.
     uid: Option<String>,
     state: PodState,
+    /// The slice's `(namespace, name)`, to take its endpoints out when it changes.
+    slice: (String, String),
 }
 
 impl Tx<'_> {
@@ -50,21 +53,24 @@ impl Tx<'_> {
             let mut states = SliceStates::default();
             for s in &c.endpoint_slices {
                 if let Some(unnamed) = states.add(s) {
-                    let (ns, name) = ns_name(&s.metadata);
-                    // A selector-less Service's are its endpoints ([`super::manual`]).
-                    if label(&s.metadata, SERVICE_NAME)
-                        .is_some_and(|svc| selectorless(c, &ns, svc).is_some())
-                    {
-                        continue;
-                    }
-                    let msg = format!(
-                        "{unnamed} endpoint(s) left out: they name no pod (no targetRef), and the endpoints of a Service with a selector are the pods it selects"
-                    );
-                    self.note(&c.cluster, format!("EndpointSlice {ns}/{name}"), msg);
+                    self.slice_note(c, s, unnamed);
                 }
             }
             self.pod_states.insert(c.cluster.clone(), states);
         }
+    }
+
+    /// The note of slice `s` of `c`, `unnamed` of whose endpoints name no pod.
+    pub(super) fn slice_note(&mut self, c: &ClusterObjects, s: &EndpointSlice, unnamed: usize) {
+        let (ns, name) = ns_name(&s.metadata);
+        // A selector-less Service's are its endpoints ([`super::manual`]).
+        if label(&s.metadata, SERVICE_NAME).is_some_and(|svc| selectorless(c, &ns, svc).is_some()) {
+            return;
+        }
+        let msg = format!(
+            "{unnamed} endpoint(s) left out: they name no pod (no targetRef), and the endpoints of a Service with a selector are the pods it selects"
+        );
+        self.note(&c.cluster, format!("EndpointSlice {ns}/{name}"), msg);
     }
 
     /// The state of pod `p` of `cluster`: what its endpoints say if any names it, else its
@@ -84,9 +90,10 @@ impl SliceStates {
     /// Adds the endpoints of slice `s` that name a pod. Returns how many endpoints name none,
     /// if that is worth a note: not for slices of no Service, nor for the API server's own
     /// (`default/kubernetes`, in every cluster).
-    fn add(&mut self, s: &EndpointSlice) -> Option<usize> {
+    pub(super) fn add(&mut self, s: &EndpointSlice) -> Option<usize> {
         let service = label(&s.metadata, SERVICE_NAME)?;
-        let (ns, _) = ns_name(&s.metadata);
+        let slice = ns_name(&s.metadata);
+        let ns = slice.0.clone();
         let mut unnamed = 0;
         for e in s.endpoints.iter().flatten() {
             let Some(target) = e.target_ref.as_ref() else {
@@ -105,10 +112,31 @@ impl SliceStates {
             self.0.entry((pod_ns, name)).or_default().push(Named {
                 uid: target.uid.clone(),
                 state: state(e.conditions.as_ref()),
+                slice: slice.clone(),
             });
         }
         let api_server = ns == "default" && service == "kubernetes";
         (unnamed > 0 && !api_server).then_some(unnamed)
+    }
+
+    /// Takes out what slice `slice` (`(namespace, name)`) said of the pods in `named`.
+    pub(super) fn remove(&mut self, slice: &(String, String), named: &[(String, String)]) {
+        for pod in named {
+            if let Some(v) = self.0.get_mut(pod) {
+                v.retain(|n| &n.slice != slice);
+                if v.is_empty() {
+                    self.0.remove(pod);
+                }
+            }
+        }
+    }
+
+    /// The pods (`(namespace, name)`) whose state slice `s` says something of, as
+    /// [`Self::add`] reads it.
+    pub(super) fn named(s: &EndpointSlice) -> Vec<(String, String)> {
+        let mut one = Self::default();
+        one.add(s);
+        one.0.into_keys().collect()
     }
 
     /// What the endpoints naming `p` say, if any does: terminating if one says so, else

@@ -109,6 +109,8 @@ impl Tx<'_> {
         let Some(name) = target.name.as_deref() else {
             return;
         };
+        self.manual
+            .insert((c.cluster.clone(), pod_ns.to_string(), name.to_string()));
         let pod = c
             .pods
             .iter()

@@ -63,6 +63,7 @@
 //!   [`peer_auth`]): plain TCP to a workload whose mode is STRICT is refused at its node.
 
 mod endpoints;
+pub mod incremental;
 mod manual;
 pub mod mcs;
 mod peer_auth;
@@ -75,7 +76,7 @@ mod scope;
 mod services;
 mod waypoints;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_topology::schema::{File, ScopeSpec};
 use ferry_topology::{Topology, TopologyError};
@@ -152,23 +153,13 @@ impl Translation {
 
 /// Translates the objects of `clusters` (in any order: they are taken in cluster ID order).
 pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation {
-    let mut sorted: Vec<&ClusterObjects> = clusters.iter().collect();
-    sorted.sort_by(|a, b| a.cluster.cmp(&b.cluster));
-    let mut tx = Tx {
-        mesh,
-        clusters: sorted,
-        notes: Vec::new(),
-        file: File {
-            trust_domain: Some(mesh.trust_domain.clone()),
-            ..File::default()
-        },
-        waypoints: BTreeMap::new(),
-        nodes: BTreeMap::new(),
-        pod_states: BTreeMap::new(),
-        copies: Vec::new(),
-        exports: BTreeMap::new(),
-        imports: BTreeMap::new(),
-    };
+    let refs: Vec<&ClusterObjects> = clusters.iter().collect();
+    translate_with(mesh, &refs).0
+}
+
+/// [`translate`], with what a pod's translation reads kept ([`incremental`]).
+fn translate_with(mesh: &MeshConfig, clusters: &[&ClusterObjects]) -> (Translation, PodContext) {
+    let mut tx = Tx::new(mesh, clusters, PodContext::default());
     tx.places();
     tx.endpoints();
     tx.waypoints();
@@ -179,12 +170,31 @@ pub fn translate(mesh: &MeshConfig, clusters: &[ClusterObjects]) -> Translation 
     tx.http_routes();
     tx.policies();
     tx.peer_authentications();
-    Translation {
+    let context = PodContext {
+        waypoints: tx.waypoints,
+        nodes: tx.nodes,
+        pod_states: tx.pod_states,
+        manual: tx.manual,
+    };
+    let translation = Translation {
         file: tx.file,
         notes: tx.notes,
         exports: tx.exports,
         imports: tx.imports,
-    }
+    };
+    (translation, context)
+}
+
+/// What the translation of a pod reads besides the pod and its namespace, kept from a whole
+/// translation for [`incremental`].
+#[derive(Debug, Default)]
+struct PodContext {
+    waypoints: BTreeMap<String, Serves>,
+    nodes: BTreeMap<String, String>,
+    pod_states: BTreeMap<String, endpoints::SliceStates>,
+    /// Pods named by a selector-less Service's slices, `(cluster, namespace, name)`: their
+    /// workloads also back that Service ([`manual`]).
+    manual: BTreeSet<(String, String, String)>,
 }
 
 /// What a waypoint serves, by `namespace/name`.
@@ -213,6 +223,32 @@ struct Tx<'a> {
     exports: BTreeMap<(String, String, String), Option<String>>,
     /// The `ServiceImport`s to write or delete.
     imports: BTreeMap<(String, String, String), Option<mcs::ImportWrite>>,
+    /// Pods named by a selector-less Service's slices.
+    manual: BTreeSet<(String, String, String)>,
+}
+
+impl<'a> Tx<'a> {
+    /// A translation of `clusters` (taken in cluster ID order) starting from `context`.
+    fn new(mesh: &'a MeshConfig, clusters: &[&'a ClusterObjects], context: PodContext) -> Self {
+        let mut sorted = clusters.to_vec();
+        sorted.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+        Tx {
+            mesh,
+            clusters: sorted,
+            notes: Vec::new(),
+            file: File {
+                trust_domain: Some(mesh.trust_domain.clone()),
+                ..File::default()
+            },
+            waypoints: context.waypoints,
+            nodes: context.nodes,
+            pod_states: context.pod_states,
+            copies: Vec::new(),
+            exports: BTreeMap::new(),
+            imports: BTreeMap::new(),
+            manual: context.manual,
+        }
+    }
 }
 
 impl Tx<'_> {

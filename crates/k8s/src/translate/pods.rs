@@ -3,101 +3,115 @@
 use std::collections::BTreeMap;
 
 use ferry_topology::schema::{ProtocolSpec, WorkloadSpec};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::pod_status::{GATEWAY_NAME, pod_ips};
 use super::{Serves, Tx, label, ns_name};
 use crate::enrollment::{self, DATAPLANE_MODE, REDIRECTION, REDIRECTION_ENABLED};
+use crate::objects::ClusterObjects;
 
 impl Tx<'_> {
     pub(super) fn pods(&mut self) {
         for c in self.clusters.clone() {
             for p in &c.pods {
-                let (ns, name) = ns_name(&p.metadata);
-                let object = format!("Pod {ns}/{name}");
-                // Gateway pods are waypoint instances or east-west gateways, not workloads.
-                if label(&p.metadata, GATEWAY_NAME).is_some() {
-                    continue;
+                if let Some(w) = self.pod_workload(c, p) {
+                    self.file.workloads.push(w);
                 }
-                let spec = p.spec.as_ref();
-                if spec.and_then(|s| s.host_network) == Some(true) {
-                    continue;
-                }
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                if matches!(phase, Some("Succeeded" | "Failed")) {
-                    continue;
-                }
-                let addresses = pod_ips(p);
-                if addresses.is_empty() {
-                    continue;
-                }
-                let ns_labels = self.namespace_labels(c, &ns);
-                let asked = enrollment::asked(
-                    label(&p.metadata, DATAPLANE_MODE),
-                    ns_labels.get(DATAPLANE_MODE).map(String::as_str),
-                );
-                // In the mesh only once the CNI side says its traffic is redirected (Istio's
-                // annotation): a pod asked for but not captured is reached over plain TCP.
-                let redirected = p
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(REDIRECTION))
-                    .is_some_and(|v| v == REDIRECTION_ENABLED);
-                let enrolled = asked && redirected;
-                if asked && !redirected {
-                    let msg = format!(
-                        "asked into the mesh but not redirected yet ({REDIRECTION} is not `enabled`): reached over plain TCP"
-                    );
-                    self.note(&c.cluster, object.clone(), msg);
-                }
-                let node = spec.and_then(|s| s.node_name.clone());
-                let (node, cluster) = match node {
-                    Some(n) if self.nodes.get(&n) == Some(&c.cluster) => (Some(n), None),
-                    _ => (None, Some(c.cluster.clone())),
-                };
-                let waypoint = if enrolled {
-                    self.waypoint_for(
-                        &c.cluster,
-                        &object,
-                        &p.metadata,
-                        &ns_labels,
-                        Serves::Workload,
-                    )
-                } else {
-                    None
-                };
-                let state = self.pod_state(&c.cluster, p);
-                let (address, addresses) = match addresses.as_slice() {
-                    [one] => (Some(one.clone()), None),
-                    _ => (None, Some(addresses)),
-                };
-                self.file.workloads.push(WorkloadSpec {
-                    name,
-                    namespace: Some(ns),
-                    service_account: Some(
-                        spec.and_then(|s| s.service_account_name.clone())
-                            .unwrap_or_else(|| "default".into()),
-                    ),
-                    node,
-                    cluster,
-                    address,
-                    addresses,
-                    protocol: if enrolled {
-                        ProtocolSpec::Hbone
-                    } else {
-                        ProtocolSpec::Tcp
-                    },
-                    healthy: state.healthy,
-                    terminating: state.terminating,
-                    labels: p.metadata.labels.clone().unwrap_or_default(),
-                    waypoint,
-                    dns_capture: enrolled && dns_capture(&p.metadata),
-                    ports: named_ports(p),
-                    ..WorkloadSpec::default()
-                });
             }
         }
     }
+
+    /// The workload of pod `p` of cluster `c`, if it is one.
+    pub(super) fn pod_workload(&mut self, c: &ClusterObjects, p: &Pod) -> Option<WorkloadSpec> {
+        let (ns, name) = ns_name(&p.metadata);
+        let object = format!("Pod {ns}/{name}");
+        // Gateway pods are waypoint instances or east-west gateways, not workloads.
+        if is_gateway(p) {
+            return None;
+        }
+        let spec = p.spec.as_ref();
+        if spec.and_then(|s| s.host_network) == Some(true) {
+            return None;
+        }
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return None;
+        }
+        let addresses = pod_ips(p);
+        if addresses.is_empty() {
+            return None;
+        }
+        let ns_labels = self.namespace_labels(c, &ns);
+        let asked = enrollment::asked(
+            label(&p.metadata, DATAPLANE_MODE),
+            ns_labels.get(DATAPLANE_MODE).map(String::as_str),
+        );
+        // In the mesh only once the CNI side says its traffic is redirected (Istio's
+        // annotation): a pod asked for but not captured is reached over plain TCP.
+        let redirected = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REDIRECTION))
+            .is_some_and(|v| v == REDIRECTION_ENABLED);
+        let enrolled = asked && redirected;
+        if asked && !redirected {
+            let msg = format!(
+                "asked into the mesh but not redirected yet ({REDIRECTION} is not `enabled`): reached over plain TCP"
+            );
+            self.note(&c.cluster, object.clone(), msg);
+        }
+        let node = spec.and_then(|s| s.node_name.clone());
+        let (node, cluster) = match node {
+            Some(n) if self.nodes.get(&n) == Some(&c.cluster) => (Some(n), None),
+            _ => (None, Some(c.cluster.clone())),
+        };
+        let waypoint = if enrolled {
+            self.waypoint_for(
+                &c.cluster,
+                &object,
+                &p.metadata,
+                &ns_labels,
+                Serves::Workload,
+            )
+        } else {
+            None
+        };
+        let state = self.pod_state(&c.cluster, p);
+        let (address, addresses) = match addresses.as_slice() {
+            [one] => (Some(one.clone()), None),
+            _ => (None, Some(addresses)),
+        };
+        Some(WorkloadSpec {
+            name,
+            namespace: Some(ns),
+            service_account: Some(
+                spec.and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_else(|| "default".into()),
+            ),
+            node,
+            cluster,
+            address,
+            addresses,
+            protocol: if enrolled {
+                ProtocolSpec::Hbone
+            } else {
+                ProtocolSpec::Tcp
+            },
+            healthy: state.healthy,
+            terminating: state.terminating,
+            labels: p.metadata.labels.clone().unwrap_or_default(),
+            waypoint,
+            dns_capture: enrolled && dns_capture(&p.metadata),
+            ports: named_ports(p),
+            ..WorkloadSpec::default()
+        })
+    }
+}
+
+/// Is `p` a gateway's pod (a waypoint instance or an east-west gateway), never a workload?
+pub(super) fn is_gateway(p: &Pod) -> bool {
+    label(&p.metadata, GATEWAY_NAME).is_some()
 }
 
 /// A pod's named TCP container ports, for the Services whose `targetPort` names one (the

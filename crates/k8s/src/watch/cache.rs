@@ -1,0 +1,228 @@
+//! Each cluster's objects decoded once and kept between translations: a watch event marks the
+//! object it names, and the next translation decodes just the marked objects from the
+//! reflector's store ([`Cache::refresh`]), telling the translation what changed
+//! ([`Changed`]). A kind listed again (a relist, a first list) is read whole.
+//!
+//! The objects are kept in namespace/name order, as [`crate::translate::incremental`] finds
+//! them (the same order in every replica).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::objects::{ClusterObjects, HasMeta, Note};
+use crate::translate::incremental::Changed;
+
+/// An object's `(namespace, name)`, as its metadata gives them.
+pub(super) type Key = (Option<String>, Option<String>);
+
+/// The key of an object with metadata `m`.
+pub(super) fn key_of(m: &ObjectMeta) -> Key {
+    (m.namespace.clone(), m.name.clone())
+}
+
+/// What changed in a kind's store since the last read.
+#[derive(Debug, Default)]
+pub(super) struct Dirty {
+    /// Read it whole (listed, or listed again).
+    pub(super) all: bool,
+    pub(super) keys: BTreeSet<Key>,
+}
+
+/// One watched kind of a cluster.
+pub(super) struct Kind {
+    pub(super) ar: ApiResource,
+    pub(super) store: Store<DynamicObject>,
+    /// Its first list has arrived (or it is not served).
+    pub(super) listed: Arc<AtomicBool>,
+    pub(super) dirty: Arc<Mutex<Dirty>>,
+}
+
+/// A cluster's decoded objects.
+#[derive(Debug, Default)]
+pub(super) struct Cache {
+    pub(super) objects: ClusterObjects,
+    /// The notes of objects that did not decode, by kind (its index) and key.
+    notes: BTreeMap<(usize, Key), Vec<Note>>,
+    /// Read since every kind listed.
+    read: bool,
+}
+
+impl Cache {
+    pub(super) fn new(cluster: &str, network: Option<String>) -> Self {
+        let mut objects = ClusterObjects::new(cluster);
+        objects.network = network;
+        Self {
+            objects,
+            notes: BTreeMap::new(),
+            read: false,
+        }
+    }
+
+    /// Brings the objects up to date with `kinds`' stores, adding what changed to `changed`;
+    /// the notes of objects that do not decode go to `notes`. A cluster some of whose kinds
+    /// have not listed yet has no objects: serving its pods without, say, its policies would
+    /// fail open.
+    pub(super) fn refresh(&mut self, kinds: &[Kind], changed: &mut Changed, notes: &mut Vec<Note>) {
+        let cluster = self.objects.cluster.clone();
+        if !kinds.iter().all(|k| k.listed.load(Ordering::Acquire)) {
+            if self.read || !self.notes.is_empty() {
+                *self = Self::new(&cluster, self.objects.network.take());
+            }
+            changed.whole = true;
+            notes.push(Note {
+                cluster,
+                object: "(cluster)".into(),
+                message: "not every kind has listed yet: none of this cluster's objects are served"
+                    .into(),
+            });
+            return;
+        }
+        for (i, kind) in kinds.iter().enumerate() {
+            let dirty = std::mem::take(&mut *kind.dirty.lock());
+            if dirty.all || !self.read {
+                self.read_whole(i, kind);
+                changed.whole = true;
+                continue;
+            }
+            for key in dirty.keys {
+                self.put(i, kind, &key);
+                let object = (
+                    cluster.clone(),
+                    key.0.unwrap_or_else(|| "default".into()),
+                    key.1.unwrap_or_default(),
+                );
+                match (kind.ar.group.as_str(), kind.ar.kind.as_str()) {
+                    ("", "Pod") => {
+                        changed.pods.insert(object);
+                    }
+                    ("discovery.k8s.io", "EndpointSlice") => {
+                        changed.slices.insert(object);
+                    }
+                    _ => changed.whole = true,
+                }
+            }
+        }
+        self.read = true;
+        notes.extend(self.notes.values().flatten().cloned());
+    }
+
+    /// Reads kind `i` whole from its store.
+    fn read_whole(&mut self, i: usize, kind: &Kind) {
+        let mut state = kind.store.state();
+        state.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        clear(&mut self.objects, &kind.ar.kind);
+        self.notes.retain(|(k, _), _| *k != i);
+        for obj in state {
+            let key = key_of(&obj.metadata);
+            let mut notes = Vec::new();
+            decode(&mut self.objects, &kind.ar, &obj, &mut notes);
+            if !notes.is_empty() {
+                self.notes.insert((i, key), notes);
+            }
+        }
+    }
+
+    /// Reads the object `key` of kind `i` from its store (gone if it is not there).
+    fn put(&mut self, i: usize, kind: &Kind, key: &Key) {
+        let Some(name) = key.1.as_deref() else {
+            return;
+        };
+        let mut r = ObjectRef::new_with(name, kind.ar.clone());
+        if let Some(ns) = key.0.as_deref() {
+            r = r.within(ns);
+        }
+        let mut one = ClusterObjects::new(self.objects.cluster.clone());
+        let mut notes = Vec::new();
+        if let Some(obj) = kind.store.get(&r) {
+            decode(&mut one, &kind.ar, &obj, &mut notes);
+        }
+        self.notes.remove(&(i, key.clone()));
+        if !notes.is_empty() {
+            self.notes.insert((i, key.clone()), notes);
+        }
+        place(&mut self.objects, &mut one, &kind.ar.kind, key);
+    }
+}
+
+/// Decodes `obj` (of kind `ar`) into `objects`.
+fn decode(
+    objects: &mut ClusterObjects,
+    ar: &ApiResource,
+    obj: &DynamicObject,
+    notes: &mut Vec<Note>,
+) {
+    match serde_json::to_value(obj) {
+        Ok(v) => objects.add_as(&ar.group, &ar.kind, v, notes),
+        Err(e) => notes.push(Note {
+            cluster: objects.cluster.clone(),
+            object: ar.kind.clone(),
+            message: format!("left out: it does not encode ({e})"),
+        }),
+    }
+}
+
+/// Empties the list of kind `kind`.
+fn clear(objects: &mut ClusterObjects, kind: &str) {
+    match kind {
+        "Namespace" => objects.namespaces.clear(),
+        "Node" => objects.nodes.clear(),
+        "Pod" => objects.pods.clear(),
+        "Service" => objects.services.clear(),
+        "EndpointSlice" => objects.endpoint_slices.clear(),
+        "Gateway" => objects.gateways.clear(),
+        "HTTPRoute" => objects.http_routes.clear(),
+        "AuthorizationPolicy" => objects.policies.clear(),
+        "PeerAuthentication" => objects.peer_authentications.clear(),
+        "ServiceExport" => objects.service_exports.clear(),
+        "ServiceImport" => objects.service_imports.clear(),
+        _ => {}
+    }
+}
+
+/// Puts the object of `one` (of kind `kind`; none: it is gone) in place of `key` in `objects`.
+fn place(objects: &mut ClusterObjects, one: &mut ClusterObjects, kind: &str, key: &Key) {
+    match kind {
+        "Namespace" => put_sorted(&mut objects.namespaces, one.namespaces.pop(), key),
+        "Node" => put_sorted(&mut objects.nodes, one.nodes.pop(), key),
+        "Pod" => put_sorted(&mut objects.pods, one.pods.pop(), key),
+        "Service" => put_sorted(&mut objects.services, one.services.pop(), key),
+        "EndpointSlice" => put_sorted(&mut objects.endpoint_slices, one.endpoint_slices.pop(), key),
+        "Gateway" => put_sorted(&mut objects.gateways, one.gateways.pop(), key),
+        "HTTPRoute" => put_sorted(&mut objects.http_routes, one.http_routes.pop(), key),
+        "AuthorizationPolicy" => put_sorted(&mut objects.policies, one.policies.pop(), key),
+        "PeerAuthentication" => put_sorted(
+            &mut objects.peer_authentications,
+            one.peer_authentications.pop(),
+            key,
+        ),
+        "ServiceExport" => put_sorted(&mut objects.service_exports, one.service_exports.pop(), key),
+        "ServiceImport" => put_sorted(&mut objects.service_imports, one.service_imports.pop(), key),
+        _ => {}
+    }
+}
+
+/// Replaces the object of `key` in `v` (sorted by key) with `new`, or takes it out.
+fn put_sorted<T: HasMeta>(v: &mut Vec<T>, new: Option<T>, key: &Key) {
+    let at = v.binary_search_by(|o| {
+        let m = o.meta();
+        (m.namespace.as_deref(), m.name.as_deref()).cmp(&(key.0.as_deref(), key.1.as_deref()))
+    });
+    match (at, new) {
+        (Ok(i), Some(n)) => v[i] = n,
+        (Ok(i), None) => {
+            v.remove(i);
+        }
+        (Err(i), Some(n)) => v.insert(i, n),
+        (Err(_), None) => {}
+    }
+}
