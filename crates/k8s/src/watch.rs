@@ -43,7 +43,7 @@ use crate::objects::{ClusterObjects, Note};
 use crate::status::ExportStatus;
 use crate::translate::MeshConfig;
 use crate::translate::incremental::{Changed, Translator};
-use cache::{Cache, Dirty, Kind, key_of};
+use cache::{Cache, Kind, Pending};
 
 /// One cluster to watch.
 #[derive(Clone)]
@@ -283,6 +283,11 @@ pub async fn run<F>(
             for (s, cache) in stores.iter().zip(caches.iter_mut()) {
                 cache.refresh(&s.kinds, &mut changed, &mut decoding);
             }
+            let counts: Vec<(String, usize)> = stores
+                .iter()
+                .zip(&caches)
+                .map(|(s, c)| (s.cluster.id.clone(), c.len()))
+                .collect();
             let objects: Vec<&ClusterObjects> = caches.iter().map(|c| &c.objects).collect();
             let outcome = taken.translate(&mesh, &objects, &changed).map(|t| {
                 let mut notes = decoding;
@@ -296,9 +301,17 @@ pub async fn run<F>(
             });
             drop(objects);
             drop(caches);
-            (taken, outcome)
+            (taken, outcome, counts)
         })
         .await;
+        let outcome = outcome.map(|(taken, outcome, counts)| {
+            status.send_modify(|s| {
+                for (id, n) in counts {
+                    s.clusters.entry(id).or_default().objects = n;
+                }
+            });
+            (taken, outcome)
+        });
         let outcome = match outcome {
             Ok((taken, Err(e))) => {
                 translator = taken;
@@ -387,8 +400,7 @@ fn elect(
 }
 
 /// Starts the reflector of `api` (kind `ar`, in cluster `cluster`); returns its store and
-/// task. Each object an event names is marked in `dirty`, if given (a list: all of them).
-#[allow(clippy::too_many_arguments)]
+/// task.
 fn spawn_reflector(
     api: Api<DynamicObject>,
     ar: &ApiResource,
@@ -397,33 +409,58 @@ fn spawn_reflector(
     changed: Arc<Notify>,
     status: watch::Sender<WatchStatus>,
     listed: Arc<AtomicBool>,
-    dirty: Option<Arc<Mutex<Dirty>>>,
 ) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
     let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
     let store = writer.as_reader();
     let stream = reflector::reflector(writer, watcher::watcher(api, config).default_backoff());
+    let task = spawn_events(stream, ar, cluster, changed, status, listed, |_| {});
+    (store, task)
+}
+
+/// Starts the watch of `api` (kind `ar`, in cluster `cluster`), whose events wait in
+/// `pending` for the next translation; returns its task.
+fn spawn_watch(
+    api: Api<DynamicObject>,
+    ar: &ApiResource,
+    cluster: &str,
+    changed: Arc<Notify>,
+    status: watch::Sender<WatchStatus>,
+    listed: Arc<AtomicBool>,
+    pending: Arc<Mutex<Pending>>,
+) -> tokio::task::JoinHandle<()> {
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    spawn_events(stream, ar, cluster, changed, status, listed, move |e| {
+        pending.lock().push(e);
+    })
+}
+
+/// Runs the watch `stream` of kind `ar` in cluster `cluster`: each event goes to `each`, then
+/// wakes the translation (`changed`); a kind's first complete list sets `listed`; errors are
+/// reported in `status` and retried by the stream's backoff.
+fn spawn_events<S>(
+    stream: S,
+    ar: &ApiResource,
+    cluster: &str,
+    changed: Arc<Notify>,
+    status: watch::Sender<WatchStatus>,
+    listed: Arc<AtomicBool>,
+    mut each: impl FnMut(watcher::Event<DynamicObject>) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    S: futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>
+        + Send
+        + 'static,
+{
     let cluster = cluster.to_string();
     let kind = ar.kind.clone();
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
                 Ok(e) => {
-                    if let Some(dirty) = &dirty {
-                        let mut d = dirty.lock();
-                        match &e {
-                            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
-                                d.keys.insert(key_of(&o.metadata));
-                            }
-                            watcher::Event::Init
-                            | watcher::Event::InitApply(_)
-                            | watcher::Event::InitDone => {
-                                d.all = true;
-                                d.keys.clear();
-                            }
-                        }
-                    }
-                    if matches!(e, watcher::Event::InitDone) {
+                    let done = matches!(e, watcher::Event::InitDone);
+                    each(e);
+                    if done {
                         listed.store(true, Ordering::Release);
                     }
                     status.send_if_modified(|s| {
@@ -446,15 +483,13 @@ fn spawn_reflector(
                 }
             }
         }
-    });
-    (store, task)
+    })
 }
 
 fn mark_synced(all: &[Arc<Stores>], status: &watch::Sender<WatchStatus>) {
     status.send_modify(|s| {
         for st in all {
             let c = s.clusters.entry(st.cluster.id.clone()).or_default();
-            c.objects = st.kinds.iter().map(|k| k.store.len()).sum();
             c.synced = st.kinds.iter().all(|k| k.listed.load(Ordering::Acquire));
         }
     });
@@ -470,23 +505,21 @@ impl Stores {
         let mut tasks = Vec::new();
         for ar in self::kinds() {
             let listed = Arc::new(AtomicBool::new(false));
-            let dirty = Arc::new(Mutex::new(Dirty::default()));
+            let pending = Arc::new(Mutex::new(Pending::default()));
             let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &ar);
-            let (store, task) = spawn_reflector(
+            let task = spawn_watch(
                 api,
                 &ar,
-                watcher::Config::default(),
                 &c.id,
                 changed.clone(),
                 status.clone(),
                 listed.clone(),
-                Some(dirty.clone()),
+                pending.clone(),
             );
             kinds.push(Kind {
                 ar,
-                store,
                 listed,
-                dirty,
+                pending,
             });
             tasks.push(task);
         }

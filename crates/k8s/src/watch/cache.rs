@@ -1,12 +1,14 @@
-//! Each cluster's objects decoded once and kept between translations: a watch event marks the
-//! object it names, and the next translation decodes just the marked objects from the
-//! reflector's store ([`Cache::refresh`]), telling the translation what changed
-//! ([`Changed`]). A kind listed again (a relist, a first list) is read whole.
+//! Each cluster's objects decoded once and kept between translations, in place of a
+//! reflector's store: a watch event's object waits in its kind's [`Pending`] (the last one of
+//! each key), and the next translation decodes just those ([`Cache::refresh`]), telling the
+//! translation what changed ([`Changed`]). A complete list (the first, or a relist after the
+//! watch lost its place) replaces every object of its kind once it is whole, as a reflector's
+//! store does; a watch that fails keeps the objects it had.
 //!
 //! The objects are kept in namespace/name order, as [`crate::translate::incremental`] finds
 //! them (the same order in every replica).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -14,7 +16,7 @@ use parking_lot::Mutex;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 
 use crate::objects::{ClusterObjects, HasMeta, Note};
 use crate::translate::incremental::Changed;
@@ -27,21 +29,43 @@ pub(super) fn key_of(m: &ObjectMeta) -> Key {
     (m.namespace.clone(), m.name.clone())
 }
 
-/// What changed in a kind's store since the last read.
+/// A kind's events not read yet.
 #[derive(Debug, Default)]
-pub(super) struct Dirty {
-    /// Read it whole (listed, or listed again).
-    pub(super) all: bool,
-    pub(super) keys: BTreeSet<Key>,
+pub(super) struct Pending {
+    /// A list being received.
+    building: Option<Vec<DynamicObject>>,
+    /// The last complete list: it replaces every object of the kind.
+    list: Option<Vec<DynamicObject>>,
+    /// Objects added or changed (`Some`) and deleted (`None`) since, by key.
+    changes: BTreeMap<Key, Option<DynamicObject>>,
+}
+
+impl Pending {
+    /// Takes in a watch event.
+    pub(super) fn push(&mut self, event: watcher::Event<DynamicObject>) {
+        match event {
+            watcher::Event::Init => self.building = Some(Vec::new()),
+            watcher::Event::InitApply(o) => self.building.get_or_insert_with(Vec::new).push(o),
+            watcher::Event::InitDone => {
+                self.list = Some(self.building.take().unwrap_or_default());
+                self.changes.clear();
+            }
+            watcher::Event::Apply(o) => {
+                self.changes.insert(key_of(&o.metadata), Some(o));
+            }
+            watcher::Event::Delete(o) => {
+                self.changes.insert(key_of(&o.metadata), None);
+            }
+        }
+    }
 }
 
 /// One watched kind of a cluster.
 pub(super) struct Kind {
     pub(super) ar: ApiResource,
-    pub(super) store: Store<DynamicObject>,
     /// Its first list has arrived (or it is not served).
     pub(super) listed: Arc<AtomicBool>,
-    pub(super) dirty: Arc<Mutex<Dirty>>,
+    pub(super) pending: Arc<Mutex<Pending>>,
 }
 
 /// A cluster's decoded objects.
@@ -65,7 +89,23 @@ impl Cache {
         }
     }
 
-    /// Brings the objects up to date with `kinds`' stores, adding what changed to `changed`;
+    /// How many objects it holds.
+    pub(super) fn len(&self) -> usize {
+        let o = &self.objects;
+        o.namespaces.len()
+            + o.nodes.len()
+            + o.pods.len()
+            + o.services.len()
+            + o.endpoint_slices.len()
+            + o.gateways.len()
+            + o.http_routes.len()
+            + o.policies.len()
+            + o.peer_authentications.len()
+            + o.service_exports.len()
+            + o.service_imports.len()
+    }
+
+    /// Brings the objects up to date with `kinds`' events, adding what changed to `changed`;
     /// the notes of objects that do not decode go to `notes`. A cluster some of whose kinds
     /// have not listed yet has no objects: serving its pods without, say, its policies would
     /// fail open.
@@ -85,14 +125,20 @@ impl Cache {
             return;
         }
         for (i, kind) in kinds.iter().enumerate() {
-            let dirty = std::mem::take(&mut *kind.dirty.lock());
-            if dirty.all || !self.read {
-                self.read_whole(i, kind);
+            let (list, changes) = {
+                let mut p = kind.pending.lock();
+                (p.list.take(), std::mem::take(&mut p.changes))
+            };
+            if let Some(list) = list {
+                self.read_list(i, kind, list);
                 changed.whole = true;
-                continue;
+            } else if !self.read {
+                // Not served by the cluster: none.
+                clear(&mut self.objects, &kind.ar.kind);
+                changed.whole = true;
             }
-            for key in dirty.keys {
-                self.put(i, kind, &key);
+            for (key, object) in changes {
+                self.put(i, kind, &key, object.as_ref());
                 let object = (
                     cluster.clone(),
                     key.0.unwrap_or_else(|| "default".into()),
@@ -113,9 +159,8 @@ impl Cache {
         notes.extend(self.notes.values().flatten().cloned());
     }
 
-    /// Reads kind `i` whole from its store.
-    fn read_whole(&mut self, i: usize, kind: &Kind) {
-        let mut state = kind.store.state();
+    /// Reads kind `i` whole from its list.
+    fn read_list(&mut self, i: usize, kind: &Kind, mut state: Vec<DynamicObject>) {
         state.sort_by(|a, b| {
             (&a.metadata.namespace, &a.metadata.name)
                 .cmp(&(&b.metadata.namespace, &b.metadata.name))
@@ -132,19 +177,12 @@ impl Cache {
         }
     }
 
-    /// Reads the object `key` of kind `i` from its store (gone if it is not there).
-    fn put(&mut self, i: usize, kind: &Kind, key: &Key) {
-        let Some(name) = key.1.as_deref() else {
-            return;
-        };
-        let mut r = ObjectRef::new_with(name, kind.ar.clone());
-        if let Some(ns) = key.0.as_deref() {
-            r = r.within(ns);
-        }
+    /// Puts `object` in place of the object `key` of kind `i` (`None`: deleted).
+    fn put(&mut self, i: usize, kind: &Kind, key: &Key, object: Option<&DynamicObject>) {
         let mut one = ClusterObjects::new(self.objects.cluster.clone());
         let mut notes = Vec::new();
-        if let Some(obj) = kind.store.get(&r) {
-            decode(&mut one, &kind.ar, &obj, &mut notes);
+        if let Some(obj) = object {
+            decode(&mut one, &kind.ar, obj, &mut notes);
         }
         self.notes.remove(&(i, key.clone()));
         if !notes.is_empty() {

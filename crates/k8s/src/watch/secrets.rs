@@ -130,16 +130,8 @@ impl RemoteClusters {
         let api: Api<DynamicObject> = Api::namespaced_with(local.client.clone(), namespace, &ar);
         let config = watcher::Config::default().labels(&format!("{MULTI_CLUSTER_LABEL}=true"));
         let listed = Arc::new(AtomicBool::new(false));
-        let (secrets, task) = spawn_reflector(
-            api,
-            &ar,
-            config,
-            &local.id,
-            changed,
-            status,
-            listed.clone(),
-            None,
-        );
+        let (secrets, task) =
+            spawn_reflector(api, &ar, config, &local.id, changed, status, listed.clone());
         Self {
             local: local.id.clone(),
             namespace: namespace.to_string(),
