@@ -23,6 +23,8 @@ struct Rig {
     meshes: watch::Receiver<Option<Arc<Snapshot>>>,
     /// The notes of the latest mesh (sent before it).
     notes: watch::Receiver<Vec<ferry_k8s::Note>>,
+    /// The workloads the latest mesh changed, when it was an edit of pods (sent before it).
+    edits: watch::Receiver<Option<Vec<String>>>,
     status: watch::Receiver<WatchStatus>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -58,15 +60,19 @@ async fn rig_with(config: WatchConfig, prepare: impl FnOnce(&ApiServer, &ApiServ
     ];
     let (mesh_tx, meshes) = watch::channel(None);
     let (notes_tx, notes) = watch::channel(Vec::new());
+    let (edits_tx, edits) = watch::channel(None);
     let (status_tx, status) = watch::channel(WatchStatus::default());
     let task = tokio::spawn(run(clusters, config, status_tx, move |o| {
         if let Ok(ferry_k8s::watch::Mesh {
             topology: t,
             notes: n,
-            ..
+            edit,
         }) = o
         {
             notes_tx.send_replace(n);
+            edits_tx.send_replace(
+                edit.map(|e| e.workloads.iter().map(|u| u.as_str().to_string()).collect()),
+            );
             mesh_tx.send_replace(Some(Arc::new(t.snapshot)));
         }
     }));
@@ -75,6 +81,7 @@ async fn rig_with(config: WatchConfig, prepare: impl FnOnce(&ApiServer, &ApiServ
         beta,
         meshes,
         notes,
+        edits,
         status,
         task,
     }
@@ -227,6 +234,59 @@ async fn changes_of_every_kind_reach_the_mesh() {
         !s.policies().any(|p| p.name == "deny-all-echo")
     })
     .await;
+}
+
+/// An edit of pods and slices reaches the mesh as a delta of the workloads it touches; a
+/// Service's change is translated whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_and_slice_events_are_applied_as_workload_edits() {
+    let mut r = rig().await;
+    r.until("both clusters are in", |s| {
+        has(s, "sleep") && has(s, "echo-beta")
+    })
+    .await;
+    let uid = |name: &str| format!("alpha//v1/Pod/default/{name}");
+    r.alpha.apply(pod("echo-alpha-9", "alpha-1", "198.18.1.39"));
+    r.until("the new pod is in", |s| has(s, "echo-alpha-9"))
+        .await;
+    assert_eq!(
+        *r.edits.borrow(),
+        Some(vec![uid("echo-alpha-9")]),
+        "a pod added is an edit of its workload"
+    );
+    r.alpha.apply(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "echo-q9", "namespace": "default", "labels": {"kubernetes.io/service-name": "echo"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["198.18.1.39"], "conditions": {"serving": false},
+                       "targetRef": {"kind": "Pod", "namespace": "default", "name": "echo-alpha-9"}}],
+    }));
+    r.until("the slice marks the pod unhealthy", |s| {
+        workload(s, "echo-alpha-9").health == Health::Unhealthy
+    })
+    .await;
+    assert_eq!(
+        *r.edits.borrow(),
+        Some(vec![uid("echo-alpha-9")]),
+        "a slice's change is an edit of the pods it names"
+    );
+    r.alpha.delete("v1", "Pod", "default/echo-alpha-9");
+    r.until("the pod is gone", |s| !has(s, "echo-alpha-9"))
+        .await;
+    assert_eq!(*r.edits.borrow(), Some(vec![uid("echo-alpha-9")]));
+    r.alpha.edit("v1", "Service", "default/ledger", |svc| {
+        svc["spec"]["ports"][0]["port"] = json!(81);
+    });
+    r.until("the service's port changed", |s| {
+        s.service(&key("ledger"))
+            .is_some_and(|svc| svc.ports.iter().any(|p| p.port == 81))
+    })
+    .await;
+    assert_eq!(
+        *r.edits.borrow(),
+        None,
+        "a Service's change is translated whole"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
