@@ -1,7 +1,8 @@
 //! Kubernetes edits translated incrementally equal a whole translation: random sequences of
 //! object edits in two clusters (pods added, changed, removed, made to clash; EndpointSlices
 //! changed, added, removed; a selector-less Service's slice and the pod it names; a waypoint's
-//! pod; now and then a Service), each translated as the watch translates it
+//! pod; now and then a Service; an exported Service whose cluster-set address is allocated from
+//! a range pods take addresses from), each translated as the watch translates it
 //! (`ferry_k8s::translate::incremental::Translator`, told what changed, as the watch's caches
 //! tell it) and served as `ferry control` serves it (`Served::edited` for an edit of pods, else
 //! `Served::next`), against a whole translation and a whole encoding of the same objects. The
@@ -80,6 +81,9 @@ fn pod(g: &mut Gen, c: usize, name: &str, ns: &str, taken: &[String]) -> Value {
         Some(g.pick_owned(taken))
     } else if g.chance(8) {
         None
+    } else if g.chance(10) {
+        // Within the cluster-set range: an exported service's address is allocated around it.
+        Some(format!("198.18.10.{}", 8 + g.below(8)))
     } else {
         Some(format!(
             "198.18.{}.{}",
@@ -195,6 +199,8 @@ fn start(g: &mut Gen) -> Model {
                 None,
                 &json!(8080),
             ),
+            json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+                "metadata": {"name": "svc-a", "namespace": "ns0"}}),
             json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
                 "metadata": {"name": "allow-a", "namespace": "ns0"},
                 "spec": {"selector": {"matchLabels": {"app": "a"}}, "action": "ALLOW",
@@ -207,6 +213,7 @@ fn start(g: &mut Gen) -> Model {
                 "Gateway" => "Gateway",
                 "Service" => "Service",
                 "Pod" => "Pod",
+                "ServiceExport" => "ServiceExport",
                 _ => "AuthorizationPolicy",
             };
             m.put(c, kind, v);
@@ -297,7 +304,9 @@ fn edit(g: &mut Gen, m: &mut Model) -> Changed {
         85..90 if !pods.is_empty() => {
             // The selector-less Service's slice names another pod.
             let key: Key = ("EndpointSlice", "ns0".into(), "manual-1".into());
-            let target = g.pick_owned(&pods);
+            // A pod of the slice's namespace (a Service's endpoints are of its namespace).
+            let same: Vec<Key> = pods.iter().filter(|k| k.1 == "ns0").cloned().collect();
+            let target = g.pick_owned(if same.is_empty() { &pods } else { &same });
             if let Some(v) = m.clusters[c].get_mut(&key) {
                 v["endpoints"][1]["targetRef"]["name"] = json!(target.2);
                 v["endpoints"][1]["targetRef"]["namespace"] = json!(target.1);
@@ -330,7 +339,11 @@ fn sorted(mut notes: Vec<Note>) -> Vec<Note> {
 
 #[test]
 fn kubernetes_edits_translated_incrementally_equal_a_whole_translation() {
-    let mesh = MeshConfig::default();
+    // Cluster-set addresses from a range pods use too: an allocation moves with them.
+    let mesh = MeshConfig {
+        clusterset_cidr: (std::net::Ipv4Addr::new(198, 18, 10, 8), 29),
+        ..MeshConfig::default()
+    };
     let (mut incremental, mut valid) = (0, 0);
     for seed in 0..SEEDS {
         let mut g = Gen(SplitMix64::new(seed));

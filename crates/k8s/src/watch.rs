@@ -1,13 +1,14 @@
-//! The watch layer, kept thin: one kube-rs reflector per kind per cluster, whose stores are
-//! read whole into [`ClusterObjects`] and translated ([`crate::translate`]) after every burst
-//! of changes.
+//! The watch layer, kept thin: one kube-rs watcher per kind per cluster, whose events are
+//! decoded into each cluster's kept [`ClusterObjects`] ([`cache`]) and translated
+//! ([`crate::translate::incremental`]: an edit of pods and EndpointSlices for the pods it
+//! touches, anything else whole) after every burst of changes.
 //!
 //! - Every kind is watched as a [`DynamicObject`] and decoded by [`ClusterObjects::add_as`],
 //!   so an object that does not decode is a note, never a failed watch.
 //! - A watch error, a dropped watch or a `410 Gone` is handled by kube-rs' watcher (re-watch
-//!   from the last resource version, else relist, with backoff); the reflector's store keeps
-//!   its objects meanwhile and swaps a relist in whole, so nothing is lost or duplicated.
-//! - An unreachable cluster keeps its last good objects (its stores are never cleared) and is
+//!   from the last resource version, else relist, with backoff); the kept objects stay
+//!   meanwhile and a relist replaces them once it is whole, so nothing is lost or duplicated.
+//! - An unreachable cluster keeps its last good objects (they are never cleared) and is
 //!   reported in [`WatchStatus`].
 //! - The translation runs on a blocking thread, never on the async runtime.
 //! - Each `ServiceExport`'s `Conflict` condition is written back when it changes
@@ -124,7 +125,8 @@ pub struct ClusterStatus {
     pub synced: bool,
     /// The last watch error of any kind, cleared by the next event.
     pub last_error: Option<String>,
-    /// Objects held, all kinds.
+    /// Objects decoded and held, all kinds (none until every kind has listed), as of the last
+    /// translation.
     pub objects: usize,
     /// The remote secret (`namespace/name`) it is read by, if it is watched.
     pub secret: Option<String>,

@@ -11,11 +11,14 @@
 //! - a change of the clusters translated;
 //! - after a translation that left something out ([`crate::repair`]): a pod's change may let
 //!   it back in;
+//! - a pod whose address (old or new) is within the range cluster-set addresses are allocated
+//!   from ([`MeshConfig::clusterset_cidr`]): an allocation steps around the addresses pods hold;
 //! - a pod's workload that does not convert or apply on its own (a duplicate address, say): the
 //!   whole translation names and repairs it.
 //!
 //! The result equals a whole translation of the same objects, notes aside, whose order may
-//! differ (`tests/incremental.rs` checks random edit sequences against one).
+//! differ (`crates/control/tests/kube_incremental.rs` checks random edit sequences against
+//! one).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,8 +29,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::endpoints::{SERVICE_NAME, SliceStates};
+use super::mcs::{self, in_range};
 use super::pods::is_gateway;
-use super::{MeshConfig, PodContext, Tx, label, mcs, ns_name, selectorless, translate_with};
+use super::{MeshConfig, PodContext, Tx, label, ns_name, selectorless, translate_with};
 use crate::objects::{ClusterObjects, HasMeta, Note};
 
 /// `(cluster, namespace, name)` of a namespaced object.
@@ -99,8 +103,9 @@ struct Kept {
 
 impl Translator {
     /// The mesh of `clusters`, which differ from the objects of the last call by `changed`
-    /// (in any order: they are taken in cluster ID order). An error keeps nothing: the next
-    /// call translates whole.
+    /// (in any order: they are taken in cluster ID order; each cluster's pods and slices in
+    /// namespace/name order, as the watch keeps them). An error keeps nothing: the next call
+    /// translates whole.
     pub fn translate(
         &mut self,
         mesh: &MeshConfig,
@@ -166,8 +171,8 @@ impl Kept {
         }
         let cluster = |id: &str| clusters.iter().find(|c| c.cluster == id).copied();
         let mut affected = changed.pods.clone();
-        // Notes of these `(cluster, object)` are replaced.
-        let mut renoted: BTreeSet<(String, String)> = BTreeSet::new();
+        // Notes of these objects, by cluster, are replaced.
+        let mut renoted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut unnamed: Vec<(&ClusterObjects, &EndpointSlice, usize)> = Vec::new();
         for key in &changed.slices {
             let (id, ns, name) = key;
@@ -208,7 +213,10 @@ impl Kept {
                 let service = label(&s.metadata, SERVICE_NAME).map(str::to_string);
                 self.slices.insert(key.clone(), (service, named));
             }
-            renoted.insert((id.clone(), format!("EndpointSlice {ns}/{name}")));
+            renoted
+                .entry(id.clone())
+                .or_default()
+                .insert(format!("EndpointSlice {ns}/{name}"));
         }
         let mut removed = Vec::new();
         let mut pods: Vec<(&ClusterObjects, &Pod)> = Vec::new();
@@ -223,11 +231,20 @@ impl Kept {
                 return None;
             }
             let uid = WorkloadUid::new(format!("{id}//v1/Pod/{ns}/{name}"));
-            if self.mesh.snapshot().workload(&uid).is_some() {
+            if let Some(w) = self.mesh.snapshot().workload(&uid) {
+                if w.addresses
+                    .iter()
+                    .any(|a| in_range(mesh.clusterset_cidr, *a))
+                {
+                    return None;
+                }
                 removed.push(uid);
             }
             pods.extend(pod.map(|p| (c, p)));
-            renoted.insert((id.clone(), format!("Pod {ns}/{name}")));
+            renoted
+                .entry(id.clone())
+                .or_default()
+                .insert(format!("Pod {ns}/{name}"));
         }
         let mut tx = Tx::new(mesh, clusters, std::mem::take(&mut self.context));
         for (c, s, count) in unnamed {
@@ -244,11 +261,21 @@ impl Kept {
             pod_states: tx.pod_states,
             manual: tx.manual,
         };
+        let clusterset = added.iter().any(|w| {
+            w.address
+                .iter()
+                .chain(w.addresses.iter().flatten())
+                .filter_map(|a| a.parse().ok())
+                .any(|a| in_range(mesh.clusterset_cidr, a))
+        });
+        if clusterset {
+            return None;
+        }
         let (topology, edit) = self.mesh.replace(&removed, added)?;
         self.notes.retain(|n| {
             !renoted
-                .iter()
-                .any(|(c, o)| *c == n.cluster && *o == n.object)
+                .get(n.cluster.as_str())
+                .is_some_and(|objects| objects.contains(n.object.as_str()))
         });
         self.notes.extend(notes);
         Some(Translated {
@@ -270,12 +297,6 @@ fn find<'o, T: HasMeta>(objects: &'o [T], ns: &str, name: &str) -> Option<&'o T>
         })
         .ok()
         .map(|i| &objects[i])
-        .or_else(|| {
-            // Not sorted as an API server's objects are (objects read from YAML): looked for.
-            objects
-                .iter()
-                .find(|o| ns_name(o.meta()) == (ns.into(), name.into()))
-        })
 }
 
 /// Every gateway's pod, by `(cluster, namespace, name)`.

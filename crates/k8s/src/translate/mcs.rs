@@ -327,6 +327,16 @@ fn allocate(cidr: (Ipv4Addr, u8), key: &str, used: &mut BTreeSet<IpAddr>) -> Opt
     None
 }
 
+/// Is `ip` within `cidr` (as [`allocate`] reads it)?
+pub(super) fn in_range(cidr: (Ipv4Addr, u8), ip: IpAddr) -> bool {
+    let IpAddr::V4(ip) = ip else {
+        return false;
+    };
+    let bits = 32 - u32::from(cidr.1.min(30));
+    let mask = !((1u64 << bits) - 1);
+    u64::from(u32::from(ip)) & mask == u64::from(u32::from(cidr.0)) & mask
+}
+
 /// 64-bit FNV-1a: a stable hash (the standard library's is randomly seeded per process).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

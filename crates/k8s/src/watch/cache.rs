@@ -76,6 +76,8 @@ pub(super) struct Cache {
     notes: BTreeMap<(usize, Key), Vec<Note>>,
     /// Read since every kind listed.
     read: bool,
+    /// Left out of the last translation for a kind not listed yet.
+    unlisted: bool,
 }
 
 impl Cache {
@@ -86,6 +88,7 @@ impl Cache {
             objects,
             notes: BTreeMap::new(),
             read: false,
+            unlisted: false,
         }
     }
 
@@ -112,10 +115,13 @@ impl Cache {
     pub(super) fn refresh(&mut self, kinds: &[Kind], changed: &mut Changed, notes: &mut Vec<Note>) {
         let cluster = self.objects.cluster.clone();
         if !kinds.iter().all(|k| k.listed.load(Ordering::Acquire)) {
-            if self.read || !self.notes.is_empty() {
+            // Once, as the cluster leaves the mesh (or first, when it has not joined yet):
+            // while it stays out, edits elsewhere are no reason to translate whole.
+            if !self.unlisted {
                 *self = Self::new(&cluster, self.objects.network.take());
+                self.unlisted = true;
+                changed.whole = true;
             }
-            changed.whole = true;
             notes.push(Note {
                 cluster,
                 object: "(cluster)".into(),
@@ -156,6 +162,7 @@ impl Cache {
             }
         }
         self.read = true;
+        self.unlisted = false;
         notes.extend(self.notes.values().flatten().cloned());
     }
 
@@ -165,6 +172,12 @@ impl Cache {
             (&a.metadata.namespace, &a.metadata.name)
                 .cmp(&(&b.metadata.namespace, &b.metadata.name))
         });
+        // One object per key, the last listed (as a store keeps it).
+        state.reverse();
+        state.dedup_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name) == (&b.metadata.namespace, &b.metadata.name)
+        });
+        state.reverse();
         clear(&mut self.objects, &kind.ar.kind);
         self.notes.retain(|(k, _), _| *k != i);
         for obj in state {
@@ -262,5 +275,115 @@ fn put_sorted<T: HasMeta>(v: &mut Vec<T>, new: Option<T>, key: &Key) {
         }
         (Err(i), Some(n)) => v.insert(i, n),
         (Err(_), None) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{ApiResource, DynamicObject};
+    use kube::runtime::watcher::Event;
+    use parking_lot::Mutex;
+
+    use super::{Cache, Kind, Pending};
+    use crate::translate::incremental::Changed;
+
+    fn pod(name: &str, version: u64) -> DynamicObject {
+        let ar = ApiResource::erase::<Pod>(&());
+        DynamicObject::new(name, &ar).within("ns").data(
+            serde_json::json!({"spec": {"containers": [], "nodeName": format!("n{version}")}}),
+        )
+    }
+
+    /// Random watch events (changes, deletes, relists, a relist cut short by another), read
+    /// in random batches: the cache holds what a reflector's store would, in order, and says
+    /// which pods changed.
+    #[test]
+    fn the_cache_holds_what_a_store_would() {
+        let ar = ApiResource::erase::<Pod>(&());
+        for seed in 0..50u64 {
+            let mut g = ferry_core::testing::Gen(ferry_core::random::SplitMix64::new(seed));
+            let kind = Kind {
+                ar: ar.clone(),
+                listed: Arc::new(AtomicBool::new(true)),
+                pending: Arc::new(Mutex::new(Pending::default())),
+            };
+            let mut cache = Cache::new("c", None);
+            // What a store holds: the last complete list and the changes since.
+            let mut store: BTreeMap<String, u64> = BTreeMap::new();
+            let mut building: Option<BTreeMap<String, u64>> = None;
+            let event = |e: Event<DynamicObject>| kind.pending.lock().push(e);
+            let mut before: Vec<(String, String)> = Vec::new();
+            event(Event::Init);
+            event(Event::InitDone);
+            for step in 0..200u64 {
+                let name = format!("p{}", g.below(12));
+                match g.below(10) {
+                    0..5 if building.is_none() => {
+                        event(Event::Apply(pod(&name, step)));
+                        store.insert(name, step);
+                    }
+                    5..7 if building.is_none() => {
+                        event(Event::Delete(pod(&name, step)));
+                        store.remove(&name);
+                    }
+                    7 => {
+                        event(Event::Init);
+                        building = Some(BTreeMap::new());
+                    }
+                    _ => match building.as_mut() {
+                        Some(b) if g.chance(70) => {
+                            event(Event::InitApply(pod(&name, step)));
+                            b.insert(name, step);
+                        }
+                        Some(_) => {
+                            event(Event::InitDone);
+                            store = building.take().unwrap_or_default();
+                        }
+                        None => {}
+                    },
+                }
+                if g.chance(20) {
+                    let mut changed = Changed::default();
+                    let mut notes = Vec::new();
+                    cache.refresh(std::slice::from_ref(&kind), &mut changed, &mut notes);
+                    let held: Vec<(String, String)> = cache
+                        .objects
+                        .pods
+                        .iter()
+                        .map(|p| {
+                            let spec = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                            (
+                                p.metadata.name.clone().unwrap_or_default(),
+                                spec.unwrap_or_default(),
+                            )
+                        })
+                        .collect();
+                    let want: Vec<(String, String)> = store
+                        .iter()
+                        .map(|(n, v)| (n.clone(), format!("n{v}")))
+                        .collect();
+                    assert_eq!(held, want, "seed {seed} step {step}");
+                    assert!(notes.is_empty(), "{notes:?}");
+                    // Every pod that differs is named, unless everything is to be translated.
+                    let differ = held
+                        .iter()
+                        .filter(|p| !before.contains(p))
+                        .chain(before.iter().filter(|p| !held.contains(p)));
+                    for (name, _) in differ {
+                        let key = ("c".to_string(), "ns".to_string(), name.clone());
+                        assert!(
+                            changed.whole || changed.pods.contains(&key),
+                            "seed {seed} step {step}: {name} changed unnamed"
+                        );
+                    }
+                    before = held;
+                }
+            }
+        }
     }
 }
