@@ -6,7 +6,8 @@
 //! server) to the node proxy's applied snapshot holding it, and the live heap of the process
 //! (API servers, control plane and node client together).
 //!
-//! Run: `cargo bench -p ferry-control --bench kube_event` (add `-- quick` for 1,000 pods).
+//! Run: `cargo bench -p ferry-control --bench kube_event` (add `-- quick` for 1,000 pods;
+//! `FERRY_KUBE_EVENT_PODS=N` for N pods and N/10 services).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +49,14 @@ async fn until(store: &Store, cond: impl Fn(&ferry_core::snapshot::Snapshot) -> 
 
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
-    let (pods, services) = if quick { (1_000, 100) } else { (10_000, 1_000) };
+    let sized = std::env::var("FERRY_KUBE_EVENT_PODS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let (pods, services) = match sized {
+        Some(n) => (n, (n / 10).max(1)),
+        None if quick => (1_000, 100),
+        None => (10_000, 1_000),
+    };
     let total = pods / CLUSTERS * CLUSTERS;
     let dir = std::env::temp_dir().join(format!("ferry-kube-event-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
