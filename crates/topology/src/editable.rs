@@ -14,7 +14,7 @@ use std::sync::Arc;
 use ferry_core::model::{Workload, WorkloadUid};
 use ferry_core::snapshot::{Snapshot, SnapshotDelta};
 
-use crate::schema::{File, ServiceSpec, WorkloadSpec};
+use crate::schema::{File, PolicySpec, ServiceSpec, WorkloadSpec};
 use crate::{Topology, convert};
 
 /// A mesh kept for workload edits.
@@ -97,9 +97,28 @@ impl Editable {
                 taken.push((i, routes, endpoints));
             }
         }
+        // Likewise the policies that could select them (a selector whose labels one carries,
+        // or none): the others attach to no workload of these.
+        let mut policies: Vec<Option<PolicySpec>> = std::mem::take(&mut rest.policies)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut chosen = Vec::new();
+        for (i, slot) in policies.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|p| may_select(p, &specs))
+                && let Some(p) = slot.take()
+            {
+                rest.policies.push(p);
+                chosen.push(i);
+            }
+        }
         rest.workloads = specs;
         let converted = convert::convert(rest);
         rest.workloads = Vec::new();
+        for (i, p) in chosen.into_iter().zip(std::mem::take(&mut rest.policies)) {
+            policies[i] = Some(p);
+        }
+        rest.policies = policies.into_iter().flatten().collect();
         for ((i, routes, endpoints), mut s) in
             taken.into_iter().zip(std::mem::take(&mut rest.services))
         {
@@ -156,6 +175,16 @@ impl Editable {
     pub(crate) fn commit(&mut self, topology: &Topology) {
         self.snapshot = topology.snapshot.clone();
     }
+}
+
+/// Could policy `p` select one of `specs`: no selector, or its labels all on one of them? (A
+/// superset: the conversion decides.)
+fn may_select(p: &PolicySpec, specs: &[WorkloadSpec]) -> bool {
+    p.selector.as_ref().is_none_or(|sel| {
+        specs
+            .iter()
+            .any(|w| sel.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
+    })
 }
 
 /// Could `s` be backed by one of `specs`: its selector's labels all on one of them, or its name
