@@ -1,7 +1,7 @@
 //! A converted mesh whose workloads can be changed a few at a time: the file without its
 //! workloads is kept with the snapshot, and a change converts only the workload specs it
-//! touches (with the services they could back) and applies them to the snapshot as a delta
-//! ([`Snapshot::apply`]). The result is the snapshot a conversion of the whole changed file
+//! touches (with the services they could back and the policies that could select them) and
+//! applies them to the snapshot as a delta ([`Snapshot::apply`]). The result is the snapshot a conversion of the whole changed file
 //! gives: each workload converts on its own (its placement, services, policies); what concerns
 //! several, unique uids and addresses, is checked by the delta's application and here.
 //!
