@@ -81,52 +81,30 @@ impl Editable {
         // Only the services these specs could back are converted with them (a selector whose
         // labels they carry, a name or hostname they list), without routes and endpoints
         // (which name other services and say nothing of a workload); an address they share
-        // with a service left out is found when the delta is applied.
-        let mut all: Vec<Option<ServiceSpec>> = std::mem::take(&mut rest.services)
-            .into_iter()
-            .map(Some)
+        // with a service left out is found when the delta is applied. Likewise only the
+        // policies that could select them (a selector whose labels one carries, or none): the
+        // others attach to no workload of these.
+        let services = Lent::keep(&mut rest.services, |s| may_back(s, &specs));
+        let stripped: Vec<_> = rest
+            .services
+            .iter_mut()
+            .map(|s| {
+                (
+                    std::mem::take(&mut s.routes),
+                    std::mem::take(&mut s.endpoints),
+                )
+            })
             .collect();
-        let mut taken = Vec::new();
-        for (i, slot) in all.iter_mut().enumerate() {
-            if slot.as_ref().is_some_and(|s| may_back(s, &specs))
-                && let Some(mut s) = slot.take()
-            {
-                let routes = std::mem::take(&mut s.routes);
-                let endpoints = std::mem::take(&mut s.endpoints);
-                rest.services.push(s);
-                taken.push((i, routes, endpoints));
-            }
-        }
-        // Likewise the policies that could select them (a selector whose labels one carries,
-        // or none): the others attach to no workload of these.
-        let mut policies: Vec<Option<PolicySpec>> = std::mem::take(&mut rest.policies)
-            .into_iter()
-            .map(Some)
-            .collect();
-        let mut chosen = Vec::new();
-        for (i, slot) in policies.iter_mut().enumerate() {
-            if slot.as_ref().is_some_and(|p| may_select(p, &specs))
-                && let Some(p) = slot.take()
-            {
-                rest.policies.push(p);
-                chosen.push(i);
-            }
-        }
+        let policies = Lent::keep(&mut rest.policies, |p| may_select(p, &specs));
         rest.workloads = specs;
         let converted = convert::convert(rest);
         rest.workloads = Vec::new();
-        for (i, p) in chosen.into_iter().zip(std::mem::take(&mut rest.policies)) {
-            policies[i] = Some(p);
-        }
-        rest.policies = policies.into_iter().flatten().collect();
-        for ((i, routes, endpoints), mut s) in
-            taken.into_iter().zip(std::mem::take(&mut rest.services))
-        {
+        for (s, (routes, endpoints)) in rest.services.iter_mut().zip(stripped) {
             s.routes = routes;
             s.endpoints = endpoints;
-            all[i] = Some(s);
         }
-        rest.services = all.into_iter().flatten().collect();
+        services.give_back(&mut rest.services);
+        policies.give_back(&mut rest.policies);
         let (mini, _) = converted.ok()?;
         let out: Vec<_> = mini
             .workloads()
@@ -174,6 +152,39 @@ impl Editable {
     /// Keeps `topology`, one [`Self::apply`] gave.
     pub(crate) fn commit(&mut self, topology: &Topology) {
         self.snapshot = topology.snapshot.clone();
+    }
+}
+
+/// The items of a list set aside while the list holds only some of them.
+struct Lent<T> {
+    /// Every item, those left in the list as `None`.
+    slots: Vec<Option<T>>,
+    /// Where the items left in the list came from, in order.
+    at: Vec<usize>,
+}
+
+impl<T> Lent<T> {
+    /// Leaves in `list` only the items `keep` takes (in order); the rest wait here.
+    fn keep(list: &mut Vec<T>, keep: impl Fn(&T) -> bool) -> Self {
+        let mut slots: Vec<Option<T>> = std::mem::take(list).into_iter().map(Some).collect();
+        let mut at = Vec::new();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(&keep)
+                && let Some(item) = slot.take()
+            {
+                list.push(item);
+                at.push(i);
+            }
+        }
+        Self { slots, at }
+    }
+
+    /// Puts the items left in `list` back among the others, each in its place.
+    fn give_back(mut self, list: &mut Vec<T>) {
+        for (i, item) in self.at.into_iter().zip(std::mem::take(list)) {
+            self.slots[i] = Some(item);
+        }
+        *list = self.slots.into_iter().flatten().collect();
     }
 }
 
