@@ -27,8 +27,6 @@ mod secrets;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -37,6 +35,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
 use crate::lease::{Leadership, LeaseConfig};
@@ -187,8 +186,8 @@ fn kinds() -> Vec<ApiResource> {
     ]
 }
 
-/// A cluster's stores, one per kind, and its objects decoded from them; its watches end when
-/// it is dropped.
+/// A cluster's watches, one per kind, and its objects decoded from their events; its watches
+/// end when it is dropped.
 struct Stores {
     cluster: Cluster,
     kinds: Vec<Kind>,
