@@ -217,6 +217,42 @@ impl ClusterObjects {
     }
 }
 
+/// Takes out of `v`, an object of kind `kind` as JSON, what no translation reads and a watch
+/// would otherwise keep for every object: `metadata.managedFields`, kubectl's
+/// last-applied-configuration annotation and, of a Pod, all of its spec but the node, service
+/// account, host network and containers' names and ports, and all of its status but the phase,
+/// addresses and conditions (container statuses, volumes, environments, images).
+pub(crate) fn strip_unread(group: &str, kind: &str, v: &mut Value) {
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.remove(LAST_APPLIED);
+        }
+    }
+    if (group, kind) != ("", "Pod") {
+        return;
+    }
+    if let Some(spec) = v.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.retain(|k, _| {
+            matches!(
+                k.as_str(),
+                "nodeName" | "serviceAccountName" | "hostNetwork" | "containers"
+            )
+        });
+        if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+            for c in containers.iter_mut().filter_map(Value::as_object_mut) {
+                c.retain(|k, _| matches!(k.as_str(), "name" | "ports"));
+            }
+        }
+    }
+    if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
+        status.retain(|k, _| matches!(k.as_str(), "phase" | "podIP" | "podIPs" | "conditions"));
+    }
+}
+
+/// kubectl's copy of what was last applied: often the largest annotation, read by no one here.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// The fail-closed stand-in for a policy that does not decode: its metadata, selector and
 /// action as far as they can be read, and the reason.
 fn failed_policy(value: &Value, error: &serde_json::Error) -> AuthorizationPolicy {
@@ -259,5 +295,58 @@ fn object_name(kind: &str, v: &Value) -> String {
         (Some(ns), Some(n)) => format!("{kind} {ns}/{n}"),
         (None, Some(n)) => format!("{kind} {n}"),
         _ => format!("{kind} (unnamed)"),
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use serde_json::json;
+
+    use super::strip_unread;
+    use crate::translate::{MeshConfig, translate};
+
+    /// A pod as an API server sends it: managed fields, kubectl's annotation, volumes,
+    /// environments, images, container statuses.
+    fn bloat(v: &mut serde_json::Value) {
+        v["metadata"]["managedFields"] = json!([{"manager": "kubelet", "operation": "Update",
+            "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}}]);
+        v["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] =
+            json!("{\"apiVersion\":\"v1\",\"kind\":\"Pod\"}");
+        v["spec"]["volumes"] = json!([{"name": "token", "projected": {"sources": []}}]);
+        v["spec"]["restartPolicy"] = json!("Always");
+        for c in v["spec"]["containers"].as_array_mut().into_iter().flatten() {
+            c["image"] = json!("registry.example/app:1.2.3");
+            c["env"] = json!([{"name": "MODE", "value": "prod"}]);
+            c["resources"] = json!({"requests": {"cpu": "100m"}});
+        }
+        v["status"]["containerStatuses"] = json!([{"name": "app", "ready": true,
+            "restartCount": 0, "image": "registry.example/app:1.2.3", "imageID": "sha256:00"}]);
+        v["status"]["hostIP"] = json!("198.18.0.1");
+    }
+
+    /// What is taken out of a pod is what no translation reads: the mesh is the same.
+    #[test]
+    fn pods_stripped_of_what_is_not_read_translate_the_same() {
+        let (alpha, _) = crate::fixtures::cluster("alpha", "");
+        let mut slim = alpha.clone();
+        slim.pods.clear();
+        let mut notes = Vec::new();
+        for p in &alpha.pods {
+            let mut v = serde_json::to_value(p).unwrap();
+            bloat(&mut v);
+            let before = v.to_string().len();
+            strip_unread("", "Pod", &mut v);
+            assert!(v["metadata"].get("managedFields").is_none());
+            assert!(v["status"].get("containerStatuses").is_none());
+            assert!(v["spec"].get("volumes").is_none());
+            assert!(v.to_string().len() < before);
+            slim.add_as("", "Pod", v, &mut notes);
+        }
+        assert!(notes.is_empty(), "{notes:?}");
+        let mesh = MeshConfig::default();
+        let whole = translate(&mesh, &[alpha]).into_topology().unwrap().0;
+        let stripped = translate(&mesh, &[slim]).into_topology().unwrap().0;
+        assert!(whole.snapshot == stripped.snapshot);
+        assert!(whole.snapshot.workloads().count() > 3);
     }
 }

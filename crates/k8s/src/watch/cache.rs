@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 
-use crate::objects::{ClusterObjects, HasMeta, Note};
+use crate::objects::{ClusterObjects, HasMeta, Note, strip_unread};
 use crate::translate::incremental::Changed;
 
 /// An object's `(namespace, name)`, as its metadata gives them.
@@ -213,7 +213,11 @@ fn decode(
     notes: &mut Vec<Note>,
 ) {
     match serde_json::to_value(obj) {
-        Ok(v) => objects.add_as(&ar.group, &ar.kind, v, notes),
+        Ok(mut v) => {
+            // Kept for as long as the object lives: only what the translation reads.
+            strip_unread(&ar.group, &ar.kind, &mut v);
+            objects.add_as(&ar.group, &ar.kind, v, notes);
+        }
         Err(e) => notes.push(Note {
             cluster: objects.cluster.clone(),
             object: ar.kind.clone(),
