@@ -13,11 +13,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferry_xds::client::framing::HEADER;
 use ferry_xds::resources::{Diff, Versioned};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len, string};
-
-/// gRPC's message header: a compression flag and the length, big-endian.
-const HEADER: usize = 5;
 
 /// A response being sent: its fields, and how far it has been written.
 #[derive(Debug)]
@@ -169,15 +167,11 @@ impl Outgoing {
 /// gRPC's header for an uncompressed message of `len` bytes: no compression flag, then the
 /// length as a big-endian `u32`, which a message over 4 GiB does not fit.
 fn header(len: usize) -> Result<[u8; HEADER], TooLarge> {
-    let too_large = || TooLarge {
+    ferry_xds::client::framing::header(len).ok_or(TooLarge {
         type_url: String::new(),
         len,
         max: u32::MAX,
-    };
-    let len = u32::try_from(len).map_err(|_| too_large())?;
-    let mut h = [0; HEADER];
-    h[1..].copy_from_slice(&len.to_be_bytes());
-    Ok(h)
+    })
 }
 
 /// A length-delimited field of `len` bytes.

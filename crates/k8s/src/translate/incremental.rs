@@ -55,11 +55,6 @@ impl Changed {
             ..Self::default()
         }
     }
-
-    /// Nothing changed.
-    pub fn is_empty(&self) -> bool {
-        !self.whole && self.pods.is_empty() && self.slices.is_empty()
-    }
 }
 
 /// A translated and converted mesh.

@@ -149,10 +149,17 @@ impl Deframer {
 pub fn frame(message: &impl prost::Message) -> Option<Bytes> {
     let len = message.encoded_len();
     let mut out = Vec::with_capacity(HEADER + len);
-    out.push(0);
-    out.extend_from_slice(&u32::try_from(len).ok()?.to_be_bytes());
+    out.extend_from_slice(&header(len)?);
     message.encode_raw(&mut out);
     Some(Bytes::from(out))
+}
+
+/// The header of an uncompressed gRPC message of `len` bytes (the server's responses use it
+/// too); `None` over 4 GiB, which gRPC cannot frame.
+pub fn header(len: usize) -> Option<[u8; HEADER]> {
+    let mut h = [0; HEADER];
+    h[1..].copy_from_slice(&u32::try_from(len).ok()?.to_be_bytes());
+    Some(h)
 }
 
 #[cfg(test)]
