@@ -56,7 +56,7 @@ impl Tx<'_> {
                     self.slice_note(c, s, unnamed);
                 }
             }
-            self.pod_states.insert(c.cluster.clone(), states);
+            self.context.pod_states.insert(c.cluster.clone(), states);
         }
     }
 
@@ -76,7 +76,8 @@ impl Tx<'_> {
     /// The state of pod `p` of `cluster`: what its endpoints say if any names it, else its
     /// `Ready` condition and deletion timestamp.
     pub(super) fn pod_state(&self, cluster: &str, p: &Pod) -> PodState {
-        self.pod_states
+        self.context
+            .pod_states
             .get(cluster)
             .and_then(|s| s.of(p))
             .unwrap_or_else(|| PodState {

@@ -250,12 +250,7 @@ impl Kept {
             .filter_map(|(c, p)| tx.pod_workload(c, p))
             .collect();
         let notes = std::mem::take(&mut tx.notes);
-        self.context = PodContext {
-            waypoints: tx.waypoints,
-            nodes: tx.nodes,
-            pod_states: tx.pod_states,
-            manual: tx.manual,
-        };
+        self.context = tx.context;
         let clusterset = added.iter().any(|w| {
             w.address
                 .iter()

@@ -34,7 +34,10 @@ impl Tx<'_> {
                 let (ns, _) = ns_name(&s.metadata);
                 // A waypoint's own Service is backed by its instances.
                 if selectorless(c, &ns, service).is_none()
-                    || self.waypoints.contains_key(&format!("{ns}/{service}"))
+                    || self
+                        .context
+                        .waypoints
+                        .contains_key(&format!("{ns}/{service}"))
                 {
                     continue;
                 }
@@ -70,7 +73,7 @@ impl Tx<'_> {
             }
             let st = state(e.conditions.as_ref());
             let (node, cluster) = match &e.node_name {
-                Some(n) if self.nodes.get(n) == Some(&c.cluster) => (Some(n.clone()), None),
+                Some(n) if self.context.nodes.get(n) == Some(&c.cluster) => (Some(n.clone()), None),
                 _ => (None, Some(c.cluster.clone())),
             };
             for address in &e.addresses {
@@ -109,7 +112,8 @@ impl Tx<'_> {
         let Some(name) = target.name.as_deref() else {
             return;
         };
-        self.manual
+        self.context
+            .manual
             .insert((c.cluster.clone(), pod_ns.to_string(), name.to_string()));
         let pod = c
             .pods
@@ -124,7 +128,7 @@ impl Tx<'_> {
         if !same {
             return;
         }
-        let nodes = &self.nodes;
+        let nodes = &self.context.nodes;
         let workload = self.file.workloads.iter_mut().find(|w| {
             w.namespace.as_deref() == Some(pod_ns)
                 && w.name == name

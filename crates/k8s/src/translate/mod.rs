@@ -170,12 +170,7 @@ fn translate_with(mesh: &MeshConfig, clusters: &[&ClusterObjects]) -> (Translati
     tx.http_routes();
     tx.policies();
     tx.peer_authentications();
-    let context = PodContext {
-        waypoints: tx.waypoints,
-        nodes: tx.nodes,
-        pod_states: tx.pod_states,
-        manual: tx.manual,
-    };
+    let context = tx.context;
     let translation = Translation {
         file: tx.file,
         notes: tx.notes,
@@ -189,8 +184,11 @@ fn translate_with(mesh: &MeshConfig, clusters: &[&ClusterObjects]) -> (Translati
 /// translation for [`incremental`].
 #[derive(Debug, Default)]
 struct PodContext {
+    /// `namespace/name` of each waypoint to what it serves.
     waypoints: BTreeMap<String, Serves>,
+    /// Node name to the cluster that declared it.
     nodes: BTreeMap<String, String>,
+    /// By cluster, what its EndpointSlices say of its pods.
     pod_states: BTreeMap<String, endpoints::SliceStates>,
     /// Pods named by a selector-less Service's slices, `(cluster, namespace, name)`: their
     /// workloads also back that Service ([`manual`]).
@@ -211,20 +209,14 @@ struct Tx<'a> {
     clusters: Vec<&'a ClusterObjects>,
     notes: Vec<Note>,
     file: File,
-    /// `namespace/name` of each waypoint to what it serves.
-    waypoints: BTreeMap<String, Serves>,
-    /// Node name to the cluster that declared it.
-    nodes: BTreeMap<String, String>,
-    /// By cluster, what its EndpointSlices say of its pods.
-    pod_states: BTreeMap<String, endpoints::SliceStates>,
+    /// What a pod's translation reads, kept for the next edit ([`incremental`]).
+    context: PodContext,
     /// Every service's copies by namespace and name, for the cluster-set services.
     copies: Vec<(String, String, Vec<services::ServiceCopy>)>,
     /// Each `ServiceExport`'s conflict, if any.
     exports: BTreeMap<(String, String, String), Option<String>>,
     /// The `ServiceImport`s to write or delete.
     imports: BTreeMap<(String, String, String), Option<mcs::ImportWrite>>,
-    /// Pods named by a selector-less Service's slices.
-    manual: BTreeSet<(String, String, String)>,
 }
 
 impl<'a> Tx<'a> {
@@ -240,13 +232,10 @@ impl<'a> Tx<'a> {
                 trust_domain: Some(mesh.trust_domain.clone()),
                 ..File::default()
             },
-            waypoints: context.waypoints,
-            nodes: context.nodes,
-            pod_states: context.pod_states,
+            context,
             copies: Vec::new(),
             exports: BTreeMap::new(),
             imports: BTreeMap::new(),
-            manual: context.manual,
         }
     }
 }

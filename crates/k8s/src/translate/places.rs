@@ -28,14 +28,14 @@ impl Tx<'_> {
             });
             for n in &c.nodes {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                if let Some(first) = self.nodes.get(&name) {
+                if let Some(first) = self.context.nodes.get(&name) {
                     let msg = format!(
                         "left out: a node of this name is already in cluster {first} (node names must be unique across the mesh)"
                     );
                     self.note(&c.cluster, format!("Node {name}"), msg);
                     continue;
                 }
-                self.nodes.insert(name.clone(), c.cluster.clone());
+                self.context.nodes.insert(name.clone(), c.cluster.clone());
                 let get = |k: &str| label(&n.metadata, k).unwrap_or_default().to_string();
                 self.file.nodes.push(NodeSpec {
                     name,

@@ -63,7 +63,7 @@ impl Tx<'_> {
         }
         let node = spec.and_then(|s| s.node_name.clone());
         let (node, cluster) = match node {
-            Some(n) if self.nodes.get(&n) == Some(&c.cluster) => (Some(n), None),
+            Some(n) if self.context.nodes.get(&n) == Some(&c.cluster) => (Some(n), None),
             _ => (None, Some(c.cluster.clone())),
         };
         let waypoint = if enrolled {

@@ -63,7 +63,7 @@ impl Tx<'_> {
                     continue;
                 };
                 // A waypoint's own Service gives the waypoint its addresses.
-                if self.waypoints.contains_key(&format!("{ns}/{name}")) {
+                if self.context.waypoints.contains_key(&format!("{ns}/{name}")) {
                     continue;
                 }
                 if spec.type_.as_deref() == Some("ExternalName") {

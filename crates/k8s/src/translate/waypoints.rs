@@ -48,7 +48,9 @@ impl Tx<'_> {
                     first.scope_by_cluster.insert(c.cluster.clone(), scope);
                     continue;
                 }
-                self.waypoints.insert(format!("{ns}/{name}"), serves);
+                self.context
+                    .waypoints
+                    .insert(format!("{ns}/{name}"), serves);
                 let mut scope_by_cluster = BTreeMap::new();
                 scope_by_cluster.insert(c.cluster.clone(), scope);
                 specs.insert(
@@ -102,7 +104,7 @@ impl Tx<'_> {
                     let (false, Some(node)) = (addresses.is_empty(), node_of(p)) else {
                         continue;
                     };
-                    if self.nodes.get(&node) != Some(&c.cluster) {
+                    if self.context.nodes.get(&node) != Some(&c.cluster) {
                         let (pns, pname) = ns_name(&p.metadata);
                         notes.push((
                             c.cluster.clone(),
@@ -159,7 +161,7 @@ impl Tx<'_> {
             return None;
         }
         let reference = format!("{}/{name}", wp_ns.unwrap_or(ns));
-        match self.waypoints.get(&reference) {
+        match self.context.waypoints.get(&reference) {
             Some(s) if *s == Serves::All || *s == user => Some(reference),
             Some(_) => None,
             None => {
