@@ -18,14 +18,13 @@
 //! system's); a toolchain change may move them, and the baseline is rewritten then. The
 //! snapshot's maps hash with random keys, so two runs differ by a few instructions.
 //!
-//! How it works: this program runs itself under `valgrind --tool=callgrind`, once per figure,
-//! with collection on only inside that figure's loop (`--toggle-collect`), and divides the
-//! instructions collected by the decisions made.
+//! How it works ([`ferry_gate`]): this program runs itself once under `valgrind
+//! --tool=callgrind`, with collection on only inside the figures' loops (`--toggle-collect`),
+//! and divides each loop's instructions by the decisions it made.
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::path::Path;
+use std::process::ExitCode;
 
 use ferry_core::authz::{ConnInfo, authorize};
 use ferry_core::identity::Identity;
@@ -33,6 +32,7 @@ use ferry_core::model::Workload;
 use ferry_core::random::{Random, SplitMix64};
 use ferry_core::route::{Compact, Destination, Source, Within, plan, plan_compact};
 use ferry_core::snapshot::Snapshot;
+use ferry_gate::{Figure, Gate};
 
 mod common;
 use common::{POLICIES, SERVICES, SOURCES, WORKLOADS, mesh};
@@ -44,21 +44,39 @@ const DECISIONS: u64 = 10_000;
 const MARGIN_PERCENT: u64 = 10;
 
 /// The figures, each with the function whose instructions are counted.
-const FIGURES: [(&str, &str); 3] = [
-    ("plan", "instructions::count_plan"),
-    ("plan_compact", "instructions::count_plan_compact"),
-    ("authorize", "instructions::count_authorize"),
+const FIGURES: [Figure; 3] = [
+    Figure {
+        name: "plan",
+        function: "instructions::count_plan",
+        units: DECISIONS,
+    },
+    Figure {
+        name: "plan_compact",
+        function: "instructions::count_plan_compact",
+        units: DECISIONS,
+    },
+    Figure {
+        name: "authorize",
+        function: "instructions::count_authorize",
+        units: DECISIONS,
+    },
 ];
 
-/// Set in the child that valgrind runs.
-const CHILD_ENV: &str = "FERRY_INSTRUCTIONS_CHILD";
-
 fn main() -> ExitCode {
-    if std::env::var_os(CHILD_ENV).is_some() {
+    if ferry_gate::is_child() {
         decide();
         return ExitCode::SUCCESS;
     }
-    match gate() {
+    let gate = Gate {
+        title: format!(
+            "instructions per decision ({DECISIONS} decisions each on {WORKLOADS} workloads, {SERVICES} services, {POLICIES} policies)"
+        ),
+        figures: &FIGURES,
+        baseline: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/instructions.baseline"),
+        how: "Instructions per decision: `cargo bench -p ferry-core --bench instructions`.\nWritten with FERRY_INSTRUCTIONS_UPDATE=1; see benches/instructions.rs.",
+        margin_percent: MARGIN_PERCENT,
+    };
+    match gate.run() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -158,139 +176,4 @@ fn count_authorize(snap: &Snapshot, w: &Work<'_>, rng: &mut SplitMix64) -> u64 {
         ok += u64::from(black_box(authorize(snap, dst, &conn).is_allowed()));
     }
     ok
-}
-
-/// The parent: counts every figure under callgrind and compares it with the baseline.
-/// `Ok(false)` when a figure went over its margin.
-fn gate() -> Result<bool, String> {
-    let baseline_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/instructions.baseline");
-    let baseline = read_baseline(&baseline_path)?;
-    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
-    let dir = std::env::temp_dir().join(format!("ferry-instructions-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let counted = count(&exe, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    let counted = counted?;
-
-    let mut pass = true;
-    println!(
-        "instructions per decision ({DECISIONS} decisions each on {WORKLOADS} workloads, {SERVICES} services, {POLICIES} policies; callgrind; margin {MARGIN_PERCENT}%):"
-    );
-    for (figure, n) in &counted {
-        let Some(&base) = baseline.get(figure) else {
-            println!("  {figure:<14} {n:>7}  (no baseline)");
-            continue;
-        };
-        let limit = base + base * MARGIN_PERCENT / 100;
-        let change = (*n as f64 / base as f64 - 1.0) * 100.0;
-        let verdict = if *n > limit {
-            pass = false;
-            format!("FAIL: over the limit {limit}")
-        } else if *n < base - base * MARGIN_PERCENT / 100 {
-            "well under: lower the baseline (FERRY_INSTRUCTIONS_UPDATE=1)".to_string()
-        } else {
-            "ok".to_string()
-        };
-        println!("  {figure:<14} {n:>7}  baseline {base:>7}  {change:+6.1}%  {verdict}");
-    }
-    if std::env::var_os("FERRY_INSTRUCTIONS_UPDATE").is_some() {
-        write_baseline(&baseline_path, &counted)?;
-        println!("baseline written to {}", baseline_path.display());
-        return Ok(true);
-    }
-    Ok(pass)
-}
-
-/// Instructions per decision of every figure: one run under callgrind, collecting only inside
-/// the figures' functions, and each function's inclusive count read back with
-/// `callgrind_annotate` (valgrind's own tool).
-fn count(exe: &Path, dir: &Path) -> Result<BTreeMap<String, u64>, String> {
-    let out: PathBuf = dir.join("callgrind.out");
-    let mut valgrind = Command::new("valgrind");
-    valgrind
-        .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}", out.display()));
-    for (_, function) in FIGURES {
-        valgrind.arg(format!("--toggle-collect={function}"));
-    }
-    let run = valgrind
-        .arg(exe)
-        .env(CHILD_ENV, "1")
-        .output()
-        .map_err(|e| format!("running valgrind: {e} (install it: apt-get install valgrind)"))?;
-    if !run.status.success() {
-        return Err(format!(
-            "valgrind exited with {}: {}",
-            run.status,
-            String::from_utf8_lossy(&run.stderr)
-        ));
-    }
-    let annotated = Command::new("callgrind_annotate")
-        .args(["--inclusive=yes", "--threshold=100"])
-        .arg(&out)
-        .output()
-        .map_err(|e| format!("running callgrind_annotate: {e}"))?;
-    if !annotated.status.success() {
-        return Err(format!(
-            "callgrind_annotate exited with {}: {}",
-            annotated.status,
-            String::from_utf8_lossy(&annotated.stderr)
-        ));
-    }
-    let text = String::from_utf8_lossy(&annotated.stdout);
-    FIGURES
-        .iter()
-        .map(|(figure, function)| {
-            let total = inclusive(&text, function).ok_or_else(|| {
-                format!("figure {figure}: nothing was counted in {function} (was it inlined or renamed?)")
-            })?;
-            Ok((figure.to_string(), total / DECISIONS))
-        })
-        .collect()
-}
-
-/// The inclusive count of `function` in `callgrind_annotate --inclusive=yes` output: its line
-/// `  1,234,567 (12.34%)  /path/file.rs:function [/path/binary]` (lines without the binary are
-/// parts of it inlined from other files).
-fn inclusive(annotated: &str, function: &str) -> Option<u64> {
-    annotated.lines().find_map(|line| {
-        let (count, rest) = line.trim_start().split_once(' ')?;
-        let (_, name) = rest.split_once(':')?;
-        let name = name.strip_suffix(']')?.rsplit_once(" [")?.0;
-        (name == function)
-            .then(|| count.replace(',', "").parse().ok())
-            .flatten()
-    })
-}
-
-/// `figure count` lines; `#` starts a comment.
-fn read_baseline(path: &Path) -> Result<BTreeMap<String, u64>, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let mut figures = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let bad = || format!("{} line {}: expected `figure count`", path.display(), i + 1);
-        let (figure, n) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
-        let n = n.trim().parse().map_err(|_| bad())?;
-        figures.insert(figure.to_string(), n);
-    }
-    Ok(figures)
-}
-
-fn write_baseline(path: &Path, figures: &BTreeMap<String, u64>) -> Result<(), String> {
-    let mut text = String::from(
-        "# Instructions per decision: `cargo bench -p ferry-core --bench instructions`.\n\
-         # Written with FERRY_INSTRUCTIONS_UPDATE=1; see benches/instructions.rs.\n",
-    );
-    for (figure, n) in figures {
-        text.push_str(&format!("{figure} {n}\n"));
-    }
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -23,17 +23,14 @@ use std::time::{Duration, Instant};
 
 use ferry_hbone::client::{Connection, DirectDialer};
 use ferry_hbone::headers::ConnectHeaders;
-use ferry_hbone::pool::{Pool, PoolConfig, PoolKey, Tunnel};
-use ferry_hbone::server::Server;
 use ferry_hbone::settings::Settings;
-use ferry_tls::config::{Credentials, TrustBundle};
-use ferry_tls::testkit::TestCa;
 use stats_alloc::StatsAlloc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 mod support;
-use support::{AllowAll, CLIENT, SERVER, id};
+use support::rig::{Env, echo, outbound, send_all, sink, tunnel};
+use support::{CLIENT, SERVER, id};
 
 /// Counts heap bytes, for the idle tunnels' memory, over the allocator the `ferry` binary runs
 /// on (jemalloc).
@@ -70,40 +67,6 @@ fn main() {
     rt.block_on(run(quick));
 }
 
-struct Env {
-    ca: TestCa,
-    hbone: SocketAddr,
-}
-
-impl Env {
-    async fn new() -> Self {
-        let ca = TestCa::new("bench");
-        let settings = Settings {
-            max_concurrent_streams: 1000,
-            ..Settings::default()
-        };
-        let server = Arc::new(Server::new(&ca.issue_str(SERVER), &ca.bundle(), settings).unwrap());
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let hbone = l.local_addr().unwrap();
-        tokio::spawn(server.serve(l, Arc::new(AllowAll)));
-        Self { ca, hbone }
-    }
-
-    fn pool(&self, max_streams: usize) -> (Pool, PoolKey, ferry_tls::config::Credentials) {
-        let pool = Pool::new(PoolConfig {
-            max_streams,
-            ..PoolConfig::default()
-        });
-        let key = PoolKey::new(
-            id(CLIENT),
-            "127.0.0.1".parse().unwrap(),
-            self.hbone,
-            vec![id(SERVER)],
-        );
-        (pool, key, self.ca.issue_str(CLIENT))
-    }
-}
-
 async fn run(quick: bool) {
     let env = Env::new().await;
     println!("HBONE vs direct TCP on loopback, 2 worker threads, release build");
@@ -117,92 +80,6 @@ async fn run(quick: bool) {
     rr(&env, 64, if quick { 100 } else { 1_000 }).await;
     handshakes(&env, if quick { 200 } else { 1_000 }).await;
     idle(&env, if quick { 1_000 } else { 10_000 }).await;
-}
-
-/// A loopback server that serves each connection it accepts with `serve`, on its own task.
-async fn serve_each<F, Fut>(serve: F) -> SocketAddr
-where
-    F: Fn(TcpStream) -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (s, _) = l.accept().await.unwrap();
-            let _ = s.set_nodelay(true);
-            tokio::spawn(serve(s));
-        }
-    });
-    addr
-}
-
-/// A sink that discards everything and answers EOF with one byte.
-async fn sink() -> SocketAddr {
-    serve_each(|mut s| async move {
-        let mut buf = vec![0u8; 256 << 10];
-        while let Ok(n) = s.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
-        let _ = s.write_all(b"!").await;
-    })
-    .await
-}
-
-/// An echo server for fixed-size messages.
-async fn echo() -> SocketAddr {
-    serve_each(|mut s| async move {
-        let mut buf = vec![0u8; 16 << 10];
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if s.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    })
-    .await
-}
-
-/// A pooled tunnel to `target`, as the benchmark's client.
-async fn tunnel(
-    pool: &Pool,
-    key: &PoolKey,
-    creds: &Credentials,
-    bundle: &TrustBundle,
-    target: SocketAddr,
-) -> Tunnel {
-    pool.open(
-        key,
-        creds,
-        bundle,
-        &target.to_string(),
-        &ConnectHeaders::default(),
-    )
-    .await
-    .unwrap()
-}
-
-async fn send_all<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    s: &mut S,
-    total: usize,
-) -> Duration {
-    let chunk = vec![0x5au8; 256 << 10];
-    let start = Instant::now();
-    let mut sent = 0;
-    while sent < total {
-        s.write_all(&chunk).await.unwrap();
-        sent += chunk.len();
-    }
-    s.shutdown().await.unwrap();
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b).await.unwrap();
-    start.elapsed()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -223,23 +100,6 @@ fn cpu_time() -> Duration {
         .filter_map(|v| v.parse().ok())
         .collect();
     Duration::from_millis(f.iter().sum::<u64>() * 10)
-}
-
-/// A node proxy's outbound, in miniature: each connection accepted on the returned address is
-/// relayed into a new pooled tunnel to `target` ([`ferry_hbone::copy::relay`]).
-async fn outbound(env: &Env, target: SocketAddr) -> SocketAddr {
-    let (pool, key, creds) = env.pool(100);
-    let bundle = env.ca.bundle();
-    let ctx = Arc::new((pool, key, creds, bundle));
-    serve_each(move |mut s| {
-        let ctx = ctx.clone();
-        async move {
-            let (p, k, c, b) = &*ctx;
-            let mut t = tunnel(p, k, c, b, target).await;
-            let _ = ferry_hbone::copy::relay(&mut s, &mut t, Default::default()).await;
-        }
-    })
-    .await
 }
 
 async fn bulk(env: &Env, total: usize, runs: usize) {

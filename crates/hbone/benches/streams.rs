@@ -47,11 +47,11 @@ use ferry_tls::config::{Credentials, TrustBundle};
 use ferry_tls::testkit::TestCa;
 use nix::sys::resource::{UsageWho, getrusage};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 
 mod support;
+use support::rig::{echo, echo_once};
 use support::{AllowAll, CLIENT, SERVER, id};
 
 #[global_allocator]
@@ -219,35 +219,6 @@ impl Env {
             }
         }
     }
-}
-
-/// One byte there and back, then a clean close: our FIN (END_STREAM), and the target's back.
-async fn echo_once<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) {
-    let mut b = [0u8; 1];
-    s.write_all(b"x").await.expect("write");
-    s.read_exact(&mut b).await.expect("read");
-    s.shutdown().await.expect("shutdown");
-    assert_eq!(s.read(&mut b).await.expect("read the end"), 0, "the end");
-}
-
-/// An echo server: each connection on its own task, echoing until EOF.
-async fn echo() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("bound");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let _ = s.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

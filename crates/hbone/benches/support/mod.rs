@@ -23,3 +23,5 @@ impl Handler for AllowAll {
 pub(crate) fn id(s: &str) -> Identity {
     s.parse().expect("a SPIFFE identity")
 }
+
+pub(crate) mod rig;
