@@ -267,29 +267,32 @@ pub(crate) fn quiet(window: &[(u64, u64)], max_ticks: u64, max_rss_kib: u64) -> 
     last.0.saturating_sub(first.0) <= max_ticks && hi - lo <= max_rss_kib
 }
 
-/// Waits, for at most `max`, until `pids` are quiet: over the last second (five samples 250 ms
-/// apart) at most one clock tick of CPU between them and RSS steady within 256 KiB. Returns
-/// whether they were, and after how long.
-pub(crate) fn wait_quiet(pids: &[u32], max: Duration) -> (bool, Duration) {
+/// Waits, for at most `max`, until `pids` are quiet over the last `window` (samples 250 ms
+/// apart): between them at most one clock tick of CPU per second of it (at least one) and RSS
+/// steady within 256 KiB. Returns whether they were, and after how long.
+pub(crate) fn wait_quiet(pids: &[u32], max: Duration, window: Duration) -> (bool, Duration) {
+    const EVERY: Duration = Duration::from_millis(250);
     let start = Instant::now();
+    let samples = (window.as_millis() / EVERY.as_millis()).max(1) as usize + 1;
+    let max_ticks = window.as_secs().max(1);
     let sample = || {
         (
             pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>(),
             pids.iter().map(|p| rss_kib(*p)).sum::<u64>(),
         )
     };
-    let mut window = std::collections::VecDeque::from([sample()]);
+    let mut recent = std::collections::VecDeque::from([sample()]);
     loop {
-        if window.len() == 5 && quiet(window.make_contiguous(), 1, 256) {
+        if recent.len() == samples && quiet(recent.make_contiguous(), max_ticks, 256) {
             return (true, start.elapsed());
         }
         if start.elapsed() >= max {
             return (false, start.elapsed());
         }
-        std::thread::sleep(Duration::from_millis(250));
-        window.push_back(sample());
-        if window.len() > 5 {
-            window.pop_front();
+        std::thread::sleep(EVERY);
+        recent.push_back(sample());
+        if recent.len() > samples {
+            recent.pop_front();
         }
     }
 }

@@ -20,6 +20,19 @@ use crate::state::State;
 /// (and reported as not quiet).
 const QUIET_WITHIN: Duration = Duration::from_secs(20);
 
+/// How long the node proxies must have been quiet, CPU and RSS steady, for their idle
+/// footprint. Longer than a node proxy waits, quiet, before it gives back the pages start-up
+/// touched (two 5 s checks, `ferry_node::memory::idle`): read sooner after `ferry lab up`, idle
+/// held those pages, and the reading 60 s after a spike, by then given back, came out at
+/// 0.44x "idle". So idle is the footprint a proxy settles in.
+const IDLE_WINDOW: Duration = Duration::from_secs(15);
+
+/// How long the idle footprint may take to settle (an idle release included).
+const IDLE_WITHIN: Duration = Duration::from_secs(60);
+
+/// The window over which processes count as quiet right after the connections closed.
+const CLOSED_WINDOW: Duration = Duration::from_secs(1);
+
 /// Holds `n` idle connections from `from` to `to`'s echo port through Ferry; returns the
 /// holder, which lets them go when its stdin closes.
 fn hold(state: &State, from: &str, to_ip: &str, n: usize) -> anyhow::Result<std::process::Child> {
@@ -67,7 +80,7 @@ pub(crate) fn measure(
 ) -> anyhow::Result<Memory> {
     let pids = proxies.pids();
     let all: Vec<u32> = pids.values().copied().collect();
-    let (idle_quiet, waited) = wait_quiet(&all, QUIET_WITHIN);
+    let (idle_quiet, waited) = wait_quiet(&all, IDLE_WITHIN, IDLE_WINDOW);
     let mut m = Memory {
         idle_quiet,
         idle_wait_s: waited.as_secs_f64(),
@@ -94,7 +107,7 @@ pub(crate) fn measure(
         let _ = holder.wait();
     }
     let closed = Instant::now();
-    let (after_quiet, waited) = wait_quiet(&all, QUIET_WITHIN);
+    let (after_quiet, waited) = wait_quiet(&all, QUIET_WITHIN, CLOSED_WINDOW);
     m.after_close_quiet = after_quiet;
     m.after_close_wait_s = waited.as_secs_f64();
     m.after_close_rss_kib = read(&pids, rss_kib);
