@@ -176,6 +176,11 @@ impl Records {
         while ring.kept.len() >= cap {
             ring.kept.pop_front();
         }
+        if ring.kept.capacity() == 0 {
+            // The whole ring in one block at the first record, instead of ten doublings copied
+            // and freed while the first records come in (a spike's, on a new proxy).
+            ring.kept.reserve_exact(cap);
+        }
         ring.kept.push_back(kept);
     }
 

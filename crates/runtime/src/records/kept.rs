@@ -5,7 +5,9 @@
 //! one allocation. A full ring of a spike's records went from about 1.2 MiB in 19 allocations
 //! per record to 420 KiB in about one, then to about 160 KiB with the shape (a record's slot
 //! 360 -> 96 bytes; issue 21: the ring is most of what a node proxy holds above idle 60 s after
-//! a 5,000-connection spike).
+//! a 5,000-connection spike). The three own strings are kept in the slot itself when they fit
+//! ([`Own`]), as they do for an IPv4 source: a record then allocates nothing of its own, so the
+//! last 1,024 records of a spike pin no small-block pages among the spike's freed ones.
 
 use std::sync::Arc;
 
@@ -45,11 +47,64 @@ impl Shape {
     }
 }
 
+/// Bytes of own strings a slot holds without an allocation: an id (`<pid in hex>-<sequence>`,
+/// up to 17 below ten billion connections), a W3C trace id (32) and an IPv4 source address with
+/// its port (up to 21) fit; the slot is then 152 bytes.
+const INLINE: usize = 70;
+
+/// A record's own strings, one after the other: in its slot when they fit, else on the heap.
+#[derive(Debug)]
+enum Own {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<str>),
+}
+
+impl Own {
+    fn new(parts: [&str; 3]) -> Self {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len <= INLINE {
+            let mut bytes = [0; INLINE];
+            let mut at = 0;
+            for p in parts {
+                bytes[at..at + p.len()].copy_from_slice(p.as_bytes());
+                at += p.len();
+            }
+            return Self::Inline {
+                len: len as u8,
+                bytes,
+            };
+        }
+        let mut own = String::with_capacity(len);
+        for p in parts {
+            own.push_str(p);
+        }
+        Self::Heap(own.into_boxed_str())
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Three whole strings copied in: valid UTF-8.
+            Self::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or("")
+            }
+            Self::Heap(s) => s,
+        }
+    }
+
+    /// What it holds outside the slot.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap(s) => s.len(),
+        }
+    }
+}
+
 /// One record in the ring.
 #[derive(Debug)]
 pub(super) struct Kept {
     /// `id`, `trace_id` and `src_addr`, one after the other.
-    own: Box<str>,
+    own: Own,
     /// Where `trace_id` and `src_addr` start in `own`.
     cuts: [u32; 2],
     shape: Arc<Shape>,
@@ -146,15 +201,8 @@ impl Kept {
             cut(r.id.len() + r.trace_id.len()),
             cut(r.id.len() + r.trace_id.len() + r.src_addr.len()),
         ) {
-            (Some(a), Some(b), Some(_)) => {
-                let mut own =
-                    String::with_capacity(r.id.len() + r.trace_id.len() + r.src_addr.len());
-                own.push_str(&r.id);
-                own.push_str(&r.trace_id);
-                own.push_str(&r.src_addr);
-                (own.into_boxed_str(), [a, b])
-            }
-            _ => (Box::default(), [0, 0]),
+            (Some(a), Some(b), Some(_)) => (Own::new([&r.id, &r.trace_id, &r.src_addr]), [a, b]),
+            _ => (Own::new([""; 3]), [0, 0]),
         };
         Self {
             own,
@@ -178,7 +226,8 @@ impl Kept {
     /// The record it keeps.
     pub(super) fn record(&self) -> Record {
         let [a, b] = self.cuts.map(|c| c as usize);
-        let own = |from: usize, to: usize| self.own.get(from..to).unwrap_or("").to_string();
+        let all = self.own.as_str();
+        let own = |from: usize, to: usize| all.get(from..to).unwrap_or("").to_string();
         let [
             direction,
             src_workload,
@@ -199,7 +248,7 @@ impl Kept {
         Record {
             id: own(0, a),
             trace_id: own(a, b),
-            src_addr: own(b, self.own.len()),
+            src_addr: own(b, all.len()),
             at_ms: self.at_ms,
             direction,
             src_workload,
@@ -228,13 +277,62 @@ impl Kept {
         }
     }
 
-    /// The bytes only this record holds: itself (its slot in the ring) and its own strings.
+    /// The bytes only this record holds: itself (its slot in the ring) and its own strings
+    /// that did not fit in it.
     pub(super) fn own_bytes(&self) -> usize {
-        std::mem::size_of::<Self>() + self.own.len()
+        std::mem::size_of::<Self>() + self.own.heap_bytes()
     }
 
     /// Its shape, to be counted once however many records share it.
     pub(super) fn shape(&self) -> &Arc<Shape> {
         &self.shape
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_strings_that_fit_stay_in_the_slot_and_longer_ones_read_back_whole() {
+        let mut interner = Interner::default();
+        let v4 = Record {
+            id: "3fffff-9999999999".into(),
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            src_addr: "198.180.255.255:65535".into(),
+            ..Record::default()
+        };
+        let k = Kept::new(&v4, &mut interner);
+        assert!(matches!(k.own, Own::Inline { .. }), "{:?}", k.own);
+        assert_eq!(k.own_bytes(), std::mem::size_of::<Kept>());
+        assert!(
+            std::mem::size_of::<Kept>() <= 152,
+            "{}",
+            std::mem::size_of::<Kept>()
+        );
+        let back = k.record();
+        assert_eq!(
+            (back.id, back.trace_id, back.src_addr),
+            (v4.id.clone(), v4.trace_id.clone(), v4.src_addr.clone())
+        );
+
+        let v6 = Record {
+            src_addr: "[fd00:ab:cd:ef:1234:5678:9abc:def0]:54321".into(),
+            ..v4.clone()
+        };
+        let k = Kept::new(&v6, &mut interner);
+        assert!(matches!(k.own, Own::Heap(_)));
+        assert_eq!(
+            k.own_bytes(),
+            std::mem::size_of::<Kept>() + v6.id.len() + v6.trace_id.len() + v6.src_addr.len()
+        );
+        let back = k.record();
+        assert_eq!(
+            (back.id, back.trace_id, back.src_addr),
+            (v6.id, v6.trace_id, v6.src_addr)
+        );
+
+        let empty = Kept::new(&Record::default(), &mut interner).record();
+        assert_eq!((empty.id, empty.src_addr), (String::new(), String::new()));
     }
 }
