@@ -62,7 +62,9 @@ impl Gate<'_> {
         let mut pass = true;
         for (figure, n) in &counted {
             let Some(&base) = baseline.get(figure) else {
-                println!("  {figure:<16} {n:>10}  (no baseline)");
+                // A renamed or new figure would otherwise go ungated.
+                println!("  {figure:<16} {n:>10}  FAIL: no baseline ({UPDATE_ENV}=1 writes one)");
+                pass = false;
                 continue;
             };
             let change = (*n as f64 / base as f64 - 1.0) * 100.0;
@@ -130,7 +132,7 @@ impl Gate<'_> {
                         f.name, f.function
                     )
                 })?;
-                Ok((f.name.to_string(), total / f.units))
+                Ok((f.name.to_string(), total / f.units.max(1)))
             })
             .collect()
     }
@@ -154,7 +156,7 @@ fn judge(n: u64, base: u64, margin_percent: u64) -> Verdict {
         Verdict::Over {
             limit: base + slack,
         }
-    } else if n < base - slack {
+    } else if n < base.saturating_sub(slack) {
         Verdict::WellUnder
     } else {
         Verdict::Ok
@@ -215,6 +217,7 @@ mod tests {
         assert_eq!(judge(750, 1_000, 25), Verdict::Ok);
         assert_eq!(judge(749, 1_000, 25), Verdict::WellUnder);
         assert_eq!(judge(1_000, 1_000, 0), Verdict::Ok);
+        assert_eq!(judge(1, 1_000, 150), Verdict::Ok, "a margin over 100%");
     }
 
     #[test]

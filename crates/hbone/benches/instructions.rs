@@ -16,8 +16,10 @@
 //! - `new_connection`: the same on a new HBONE connection (TCP, mutual TLS 1.3, HTTP/2).
 //!
 //! What is counted, and what is not. Every end (the senders, both tunnel ends, the targets)
-//! runs on one single-threaded tokio runtime inside the figure's function, so everything each
-//! figure sets off is counted, in user space: this gate sees code, not the kernel's work in the
+//! runs on one single-threaded tokio runtime inside the figure's function, so what each figure
+//! sets off is counted, in user space, but for what is still pending when its loop ends (the
+//! server's side of the last close, a few frames: counted in the next figure, or not at all;
+//! every tunnel here is closed cleanly). This gate sees code, not the kernel's work in the
 //! system calls (which `ferry lab bench` measures as CPU time). A figure that makes more system
 //! calls costs more instructions around them, so a change in how often the data path calls
 //! the kernel shows here too. The allocator is jemalloc, as in the `ferry` binary. Each figure's
@@ -189,6 +191,8 @@ async fn round_trips(rig: &Rig, n: u64) {
         t.write_all(&msg).await.expect("write");
         t.read_exact(&mut back).await.expect("read");
     }
+    t.shutdown().await.expect("shutdown");
+    assert_eq!(t.read(&mut back).await.expect("read the end"), 0, "the end");
 }
 
 async fn streams(rig: &Rig, n: u64) {

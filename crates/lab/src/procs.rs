@@ -252,8 +252,8 @@ fn cpus_of(pid: u32) -> Vec<usize> {
         .collect()
 }
 
-/// Whether processes are quiet over a window of samples (oldest first) of their summed CPU
-/// ticks and resident KiB: at most `max_ticks` of CPU over the window and RSS within
+/// Whether a process is quiet over a window of samples (oldest first) of its CPU ticks and
+/// resident KiB: at most `max_ticks` of CPU over the window and RSS within
 /// `max_rss_kib` of its lowest. Fewer than two samples is no window yet.
 pub(crate) fn quiet(window: &[(u64, u64)], max_ticks: u64, max_rss_kib: u64) -> bool {
     let (Some(first), Some(last)) = (window.first(), window.last()) else {
@@ -267,23 +267,27 @@ pub(crate) fn quiet(window: &[(u64, u64)], max_ticks: u64, max_rss_kib: u64) -> 
     last.0.saturating_sub(first.0) <= max_ticks && hi - lo <= max_rss_kib
 }
 
-/// Waits, for at most `max`, until `pids` are quiet over the last `window` (samples 250 ms
-/// apart): between them at most one clock tick of CPU per second of it (at least one) and RSS
-/// steady within 256 KiB. Returns whether they were, and after how long.
+/// Waits, for at most `max`, until each of `pids` is quiet over the last `window` (samples 250
+/// ms apart): at most one clock tick of CPU per two seconds of it (at least one; a node proxy
+/// counts itself quiet under 25 ms per 5 s) and its RSS steady within 256 KiB. Returns whether
+/// they were, and after how long.
 pub(crate) fn wait_quiet(pids: &[u32], max: Duration, window: Duration) -> (bool, Duration) {
     const EVERY: Duration = Duration::from_millis(250);
     let start = Instant::now();
     let samples = (window.as_millis() / EVERY.as_millis()).max(1) as usize + 1;
-    let max_ticks = window.as_secs().max(1);
+    let max_ticks = (window.as_secs() / 2).max(1);
     let sample = || {
-        (
-            pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>(),
-            pids.iter().map(|p| rss_kib(*p)).sum::<u64>(),
-        )
+        pids.iter()
+            .map(|p| (cpu_ticks(*p), rss_kib(*p)))
+            .collect::<Vec<_>>()
     };
     let mut recent = std::collections::VecDeque::from([sample()]);
     loop {
-        if recent.len() == samples && quiet(recent.make_contiguous(), max_ticks, 256) {
+        let each_quiet = (0..pids.len()).all(|i| {
+            let one: Vec<(u64, u64)> = recent.iter().map(|s| s[i]).collect();
+            quiet(&one, max_ticks, 256)
+        });
+        if recent.len() == samples && each_quiet {
             return (true, start.elapsed());
         }
         if start.elapsed() >= max {

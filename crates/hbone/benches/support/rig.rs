@@ -87,10 +87,10 @@ pub(crate) async fn sink() -> SocketAddr {
     .await
 }
 
-/// An echo server: each connection echoed until EOF.
+/// An echo server: each connection echoed until EOF, 1 KiB at a time (the round trips' size).
 pub(crate) async fn echo() -> SocketAddr {
     serve_each(|mut s| async move {
-        let mut buf = vec![0u8; 16 << 10];
+        let mut buf = [0u8; 1024];
         loop {
             match s.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
