@@ -18,18 +18,20 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::{ResolvesClientCert, Resumption};
 use rustls::crypto::{CryptoProvider, aws_lc_rs};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{
     ClientHello, NoServerSessionStorage, ParsedCertificate, ResolvesServerCert,
     WebPkiClientVerifier,
 };
 use rustls::sign::CertifiedKey;
 use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, OtherError, RootCertStore, ServerConfig,
-    SignatureScheme,
+    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
+    RootCertStore, ServerConfig, SignatureScheme,
 };
 
 use crate::error::{IdentityMismatch, TlsError};
 use crate::san;
+use crate::verified::{Usage, Verified};
 
 /// The ALPN protocol HBONE negotiates.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -116,10 +118,12 @@ impl Credentials {
     }
 }
 
-/// The roots a peer's chain must lead to. Several at once, so a root can be rotated.
+/// The roots a peer's chain must lead to. Several at once, so a root can be rotated. Its clones
+/// share the chains verified to it ([`crate::verified`]); a bundle made anew starts with none.
 #[derive(Clone, Debug)]
 pub struct TrustBundle {
     roots: Arc<RootCertStore>,
+    verified: Arc<Verified>,
 }
 
 impl TrustBundle {
@@ -137,7 +141,14 @@ impl TrustBundle {
         }
         Ok(Self {
             roots: Arc::new(store),
+            verified: Arc::default(),
         })
+    }
+
+    /// Chain verifications skipped because the same chain had been verified to this bundle
+    /// before ([`crate::verified`]).
+    pub fn verifications_skipped(&self) -> u64 {
+        self.verified.hits()
     }
 
     pub fn from_pem(pem: &str) -> Result<Self, TlsError> {
@@ -161,9 +172,12 @@ pub fn server_config(
     creds: &Credentials,
     bundle: &TrustBundle,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let verifier = WebPkiClientVerifier::builder_with_provider(bundle.roots.clone(), provider())
-        .build()
-        .map_err(|e| TlsError::Rustls(e.to_string()))?;
+    let verifier = Arc::new(RememberedClientVerifier {
+        inner: WebPkiClientVerifier::builder_with_provider(bundle.roots.clone(), provider())
+            .build()
+            .map_err(|e| TlsError::Rustls(e.to_string()))?,
+        verified: bundle.verified.clone(),
+    });
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsError::Rustls(e.to_string()))?
@@ -184,6 +198,7 @@ pub fn client_config(
 ) -> Result<Arc<ClientConfig>, TlsError> {
     let verifier = SpiffeServerVerifier {
         roots: bundle.roots.clone(),
+        verified: bundle.verified.clone(),
         expected,
         provider: provider(),
     };
@@ -257,11 +272,75 @@ impl ResolvesClientCert for Fixed {
     }
 }
 
+/// rustls's verifier of client chains (clientAuth, to the bundle), with the chains it verified
+/// remembered per bundle ([`crate::verified`]). Everything else is the inner verifier's.
+#[derive(Debug)]
+struct RememberedClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    verified: Arc<Verified>,
+}
+
+impl ClientCertVerifier for RememberedClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.verified
+            .check(Usage::Client, end_entity, intermediates, now, || {
+                self.inner
+                    .verify_client_cert(end_entity, intermediates, now)
+                    .map(|_| ())
+            })?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
+}
+
 /// Chain to the bundle (serverAuth), then one of the expected SPIFFE identities. The server name
 /// is ignored: HBONE authenticates workloads, not hostnames.
 #[derive(Debug)]
 struct SpiffeServerVerifier {
     roots: Arc<RootCertStore>,
+    verified: Arc<Verified>,
     expected: Vec<Identity>,
     provider: Arc<CryptoProvider>,
 }
@@ -275,14 +354,17 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         _ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        self.verified
+            .check(Usage::Server, end_entity, intermediates, now, || {
+                let cert = ParsedCertificate::try_from(end_entity)?;
+                rustls::client::verify_server_cert_signed_by_trust_anchor(
+                    &cert,
+                    &self.roots,
+                    intermediates,
+                    now,
+                    self.provider.signature_verification_algorithms.all,
+                )
+            })?;
         let found = san::spiffe_identities(end_entity).map_err(|e| {
             rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(Arc::new(e))))
         })?;

@@ -31,6 +31,7 @@ pub mod config;
 pub mod error;
 mod san;
 pub mod secret_file;
+mod verified;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
