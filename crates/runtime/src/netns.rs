@@ -171,7 +171,7 @@ impl Netns {
         s.set_mark(MARK)?;
         s.set_tcp_nodelay(true)?;
         if let Some(ip) = src {
-            s.bind(&SocketAddr::new(ip, 0).into())?;
+            bind_port_at_connect(&s, ip)?;
         }
         // TCP_NODELAY, set before, holds on the connected socket.
         TcpSocket::from_std_stream(s.into()).connect(dst).await
@@ -193,7 +193,12 @@ impl Netns {
                 SocketAddr::V6(_) => s.set_ip_transparent_v6(true)?,
             }
             s.set_tcp_nodelay(true)?;
-            s.bind(&SocketAddr::new(src.ip(), 0).into())?;
+            if src.port() == 0 {
+                // No client port to step around: connect picks one.
+                bind_port_at_connect(&s, src.ip())?;
+            } else {
+                s.bind(&SocketAddr::new(src.ip(), 0).into())?;
+            }
             Ok(s)
         };
         let port = |s: &Socket| s.local_addr().ok().and_then(|a| a.as_socket());
@@ -206,6 +211,17 @@ impl Netns {
         // TCP_NODELAY, set before, holds on the connected socket.
         TcpSocket::from_std_stream(s.into()).connect(dst).await
     }
+}
+
+/// Binds `s` to `ip` and leaves its port to `connect` (`IP_BIND_ADDRESS_NO_PORT`), which takes
+/// one unused by the same four addresses. Bound to port 0 without it, the socket took a port
+/// no other socket on `ip` held, whatever the destination: with many connections from one
+/// client address (each left in TIME_WAIT for a minute by the proxy's close) the kernel's search
+/// for a free port cost 14% of the node proxies' CPU in the lab's new-connection arm, and one
+/// client address could hold no more connections than the ephemeral range has ports.
+fn bind_port_at_connect(s: &Socket, ip: IpAddr) -> io::Result<()> {
+    nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::IpBindAddressNoPort, &true)?;
+    s.bind(&SocketAddr::new(ip, 0).into())
 }
 
 /// Dials tunnels from inside one network namespace (a waypoint's or a gateway's pod).

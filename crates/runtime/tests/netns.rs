@@ -123,3 +123,41 @@ async fn a_connection_from_the_namespace_reaches_its_listener_from_the_address_a
         "the thread was left in the namespace"
     );
 }
+
+/// From a client's address with no port to step around (a tunnel's client), the port is the
+/// connect's pick by the four addresses (`IP_BIND_ADDRESS_NO_PORT`): connections to several
+/// destinations share the namespace's ports. With two ephemeral ports, three connections from
+/// one address to three destinations are all made; with the port reserved at bind, the third
+/// found none (EADDRINUSE).
+#[tokio::test]
+async fn connections_from_one_address_to_several_destinations_share_source_ports() {
+    if !is_root() {
+        eprintln!("skipping: entering a network namespace needs root");
+        return;
+    }
+    let ns = fresh_namespace();
+    ns.run(|| std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "40000 40001"))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut listeners = Vec::new();
+    for port in [8001, 8002, 8003] {
+        listeners.push(
+            ns.listen(std::net::SocketAddr::from((INSIDE, port)))
+                .await
+                .unwrap(),
+        );
+    }
+    let client = std::net::SocketAddr::from((INSIDE, 0));
+    let mut held = Vec::new();
+    for l in &listeners {
+        let to = l.local_addr().unwrap();
+        let c = ns
+            .connect_from(client, to)
+            .await
+            .unwrap_or_else(|e| panic!("connection {} to {to}: {e}", held.len() + 1));
+        let port = c.local_addr().unwrap().port();
+        assert!((40000..=40001).contains(&port), "port {port}");
+        held.push(c);
+    }
+}
