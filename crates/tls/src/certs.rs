@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 use ferry_core::identity::Identity;
 use ferry_core::random::{Random, SplitMix64};
 use parking_lot::Mutex;
+use rustls::pki_types::CertificateDer;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -93,8 +94,10 @@ struct Inner {
     config: ManagerConfig,
     slots: Mutex<HashMap<Identity, Slot>>,
     requests: AtomicU64,
-    /// The roots that came with the newest certificate: how the trust bundle reaches the node.
-    bundle: Mutex<Option<TrustBundle>>,
+    /// The roots that came with the newest certificate, as sent and as a bundle: how the trust
+    /// bundle reaches the node. A certificate with the same roots keeps the bundle, and with it
+    /// the chains verified to it ([`TrustBundle`]).
+    bundle: Mutex<Option<(Vec<CertificateDer<'static>>, TrustBundle)>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -132,7 +135,7 @@ impl CertManager {
     /// The mesh's trust bundle as of the newest certificate (every root the CA distributes, so a
     /// root rotation reaches the node with its next certificate).
     pub fn trust_bundle(&self) -> Option<TrustBundle> {
-        self.inner.bundle.lock().clone()
+        self.inner.bundle.lock().as_ref().map(|(_, b)| b.clone())
     }
 
     /// CSRs sent so far (each sign attempt sends one).
@@ -223,10 +226,8 @@ async fn work(inner: std::sync::Weak<Inner>, identity: Identity, tx: watch::Send
         drop(this);
         match source.sign(&identity, config.lifetime).await {
             Ok(creds) => {
-                if let Some(bundle) = roots_of(&creds)
-                    && let Some(this) = inner.upgrade()
-                {
-                    *this.bundle.lock() = Some(bundle);
+                if let Some(this) = inner.upgrade() {
+                    keep_roots(&mut this.bundle.lock(), &creds);
                 }
                 let issued = Arc::new(schedule(creds, &config));
                 tracing::info!(identity = %identity, expires_in_s = (issued.expires - Instant::now()).as_secs(), "certificate ready");
@@ -293,8 +294,18 @@ fn jitter_seed(identity: &Identity) -> u64 {
     h.finish()
 }
 
-/// The roots the CA sent after the leaf.
-fn roots_of(creds: &Credentials) -> Option<TrustBundle> {
-    let rest = creds.chain().get(1..)?;
-    TrustBundle::from_der(rest.iter().cloned()).ok()
+/// Takes the roots the CA sent after the leaf as the bundle, unless they are the ones it holds.
+fn keep_roots(held: &mut Option<(Vec<CertificateDer<'static>>, TrustBundle)>, creds: &Credentials) {
+    let Some(rest) = creds.chain().get(1..) else {
+        return;
+    };
+    if held
+        .as_ref()
+        .is_some_and(|(roots, _)| roots.as_slice() == rest)
+    {
+        return;
+    }
+    if let Ok(bundle) = TrustBundle::from_der(rest.iter().cloned()) {
+        *held = Some((rest.to_vec(), bundle));
+    }
 }

@@ -145,6 +145,12 @@ impl TrustBundle {
         })
     }
 
+    /// Whether `other` is this bundle (a clone of the same one), sharing the chains verified to
+    /// it.
+    pub fn is_same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.verified, &other.verified)
+    }
+
     /// Chain verifications skipped because the same chain had been verified to this bundle
     /// before ([`crate::verified`]).
     pub fn verifications_skipped(&self) -> u64 {

@@ -12,7 +12,8 @@
 //! a success is remembered. The handshake signature is verified at every handshake. The
 //! remembered chains belong to one [`crate::config::TrustBundle`] (its clones share them): a
 //! new bundle, as at a root rotation, starts with none, so a chain is never trusted on roots that
-//! are no longer there. At most [`CAPACITY`] chains; the oldest goes first.
+//! are no longer there. At most [`CAPACITY`] chains of [`MOST_BYTES`] in all, the oldest going
+//! first; a chain larger than [`LARGEST`] or of more than [`MOST_CERTIFICATES`] is not kept.
 
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
@@ -25,6 +26,16 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 /// Chains remembered per bundle.
 const CAPACITY: usize = 256;
 
+/// The largest chain remembered, and the most certificates in it: a workload's is a leaf and a
+/// root or an intermediate or two, about 1 KiB. A peer with any valid certificate could pad its
+/// chain with unused certificates (up to a handshake message, 64 KiB) before it proves it holds
+/// the key; such a chain is verified every time, never kept.
+const LARGEST: usize = 8 << 10;
+const MOST_CERTIFICATES: usize = 4;
+
+/// The bytes of all chains remembered per bundle; the oldest go first past it.
+const MOST_BYTES: usize = 256 << 10;
+
 /// What a chain was verified for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Usage {
@@ -35,14 +46,23 @@ pub(crate) enum Usage {
 }
 
 /// The chains verified to one bundle's roots.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Verified {
     chains: Mutex<VecDeque<Chain>>,
     /// Verifications skipped.
     hits: AtomicU64,
 }
 
-#[derive(Debug)]
+/// Counts only: the chains' bytes are certificates, not for logs.
+impl std::fmt::Debug for Verified {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verified")
+            .field("chains", &self.chains.lock().len())
+            .field("hits", &self.hits())
+            .finish()
+    }
+}
+
 struct Chain {
     usage: Usage,
     digest: u64,
@@ -68,31 +88,45 @@ impl Verified {
         let bytes = chain_bytes(end_entity, intermediates);
         let digest = digest(&bytes);
         let at = now.as_secs();
-        let known = self.chains.lock().iter().any(|c| {
-            c.usage == usage
-                && c.digest == digest
-                && *c.bytes == *bytes
-                && (c.not_before..=c.not_after).contains(&at)
-        });
-        if known {
+        let known = |chains: &VecDeque<Chain>| {
+            chains.iter().any(|c| {
+                c.usage == usage
+                    && c.digest == digest
+                    && *c.bytes == *bytes
+                    && (c.not_before..=c.not_after).contains(&at)
+            })
+        };
+        if known(&self.chains.lock()) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         verify()?;
-        // A chain whose validity cannot be read is verified each time, never remembered.
-        if let Some((not_before, not_after)) = window(end_entity, intermediates) {
-            let mut chains = self.chains.lock();
-            if chains.len() >= CAPACITY {
-                chains.pop_front();
-            }
-            chains.push_back(Chain {
-                usage,
-                digest,
-                bytes,
-                not_before,
-                not_after,
-            });
+        if bytes.len() > LARGEST || 1 + intermediates.len() > MOST_CERTIFICATES {
+            return Ok(());
         }
+        // A chain whose validity cannot be read is verified each time, never remembered.
+        let Some((not_before, not_after)) = window(end_entity, intermediates) else {
+            return Ok(());
+        };
+        let mut chains = self.chains.lock();
+        // Handshakes at once with a new chain each verified it; one keeps it.
+        if known(&chains) {
+            return Ok(());
+        }
+        let mut held: usize = chains.iter().map(|c| c.bytes.len()).sum::<usize>() + bytes.len();
+        while chains.len() >= CAPACITY || held > MOST_BYTES {
+            let Some(oldest) = chains.pop_front() else {
+                break;
+            };
+            held -= oldest.bytes.len();
+        }
+        chains.push_back(Chain {
+            usage,
+            digest,
+            bytes,
+            not_before,
+            not_after,
+        });
         Ok(())
     }
 
@@ -208,12 +242,71 @@ mod tests {
         );
         assert_eq!(v.hits(), 1);
 
+        // A chain padded past the most certificates kept is verified every time.
+        let mut padded = chain.clone();
+        padded.extend(std::iter::repeat_n(chain[1].clone(), MOST_CERTIFICATES));
+        for _ in 0..2 {
+            check(&v, Usage::Server, &padded, inside, true, &made).expect("verified");
+        }
+        assert_eq!(made.get(), 8, "a padded chain is never kept");
+        made.set(6);
+
         // A refusal is not remembered.
         let refused = Verified::default();
         for _ in 0..2 {
             assert!(check(&refused, Usage::Server, &chain, inside, false, &made).is_err());
         }
         assert_eq!((made.get(), refused.hits()), (8, 0));
+    }
+
+    /// A root, an intermediate that expires first and a leaf that starts last: the window is
+    /// the leaf's start to the intermediate's end, both ends taken.
+    #[test]
+    fn the_window_is_where_every_certificate_of_the_chain_is_valid() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, date_time_ymd};
+        let ca = |not_before, not_after| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.not_before = not_before;
+            p.not_after = not_after;
+            p
+        };
+        let root_key = KeyPair::generate().expect("key");
+        let root_params = ca(date_time_ymd(2000, 1, 1), date_time_ymd(2090, 1, 1));
+        root_params.self_signed(&root_key).expect("root");
+        let root = Issuer::new(root_params, root_key);
+        let mid_key = KeyPair::generate().expect("key");
+        let mid_params = ca(date_time_ymd(2001, 1, 1), date_time_ymd(2031, 1, 1));
+        let mid_der = mid_params
+            .signed_by(&mid_key, &root)
+            .expect("intermediate")
+            .der()
+            .clone();
+        let mid = Issuer::new(mid_params, mid_key);
+        let leaf_key = KeyPair::generate().expect("key");
+        let mut leaf_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        leaf_params.not_before = date_time_ymd(2025, 1, 1);
+        leaf_params.not_after = date_time_ymd(2035, 1, 1);
+        let leaf = leaf_params.signed_by(&leaf_key, &mid).expect("leaf");
+        let chain = vec![leaf.der().clone(), mid_der];
+        // 2025-01-01 and 2031-01-01, midnight UTC.
+        let (start, end) = (1_735_689_600, 1_924_992_000);
+        assert_eq!(window(&chain[0], &chain[1..]), Some((start, end)));
+
+        let v = Verified::default();
+        let made = Cell::new(0);
+        check(&v, Usage::Server, &chain, start + 1, true, &made).expect("verified");
+        for (at, taken) in [
+            (start, true),
+            (end, true),
+            (start - 1, false),
+            (end + 1, false),
+        ] {
+            let before = made.get();
+            let got = check(&v, Usage::Server, &chain, at, false, &made);
+            assert_eq!(got.is_ok(), taken, "at {at}");
+            assert_eq!(made.get() == before, taken, "at {at}: verified again");
+        }
     }
 
     #[test]

@@ -154,3 +154,20 @@ async fn identities_that_leave_the_node_are_dropped() {
     assert_eq!(states.len(), 1);
     assert_eq!(states[0].0, b);
 }
+
+/// Certificates that come with the same roots keep the node's trust bundle, and with it the
+/// chains verified to it.
+#[tokio::test(start_paused = true)]
+async fn certificates_with_the_same_roots_keep_the_trust_bundle() {
+    let (ca, m) = setup();
+    m.fetch(&id(A)).await.unwrap();
+    let first = m
+        .trust_bundle()
+        .expect("a bundle with the first certificate");
+    m.fetch(&id("spiffe://cluster.local/ns/default/sa/b"))
+        .await
+        .unwrap();
+    assert_eq!(ca.signed.load(Ordering::SeqCst), 2);
+    let second = m.trust_bundle().expect("a bundle");
+    assert!(first.is_same(&second), "a new bundle for the same roots");
+}

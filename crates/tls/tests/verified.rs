@@ -110,20 +110,19 @@ fn a_chain_verified_to_one_bundle_is_not_trusted_by_another_without_its_root() {
         "remembered by the first bundle"
     );
 
-    // After a rotation to the other root alone, the same server chain is refused.
+    // After a rotation to the other root alone, the same server chain is refused by the client
+    // (whose chain the server, still on the first bundle, accepts).
     let rotated = other.bundle();
-    let client =
-        client_config(&other.issue_str(CLIENT), &rotated, vec![id(SERVER)]).expect("client");
+    let client = client_config(&client_creds, &rotated, vec![id(SERVER)]).expect("client");
     let mut c = ClientConnection::new(client, server_name(addr)).expect("client");
     let mut s =
         ServerConnection::new(server_config(&creds, &bundle).expect("server")).expect("server");
-    let mut failed = None;
-    while failed.is_none() && (c.is_handshaking() || s.is_handshaking()) {
-        failed = pass(&mut c, &mut s)
-            .err()
-            .or_else(|| pass(&mut s, &mut c).err());
+    let mut client_refused = None;
+    while client_refused.is_none() && (c.is_handshaking() || s.is_handshaking()) {
+        pass(&mut c, &mut s).expect("the server end");
+        client_refused = pass(&mut s, &mut c).err();
     }
-    let err = failed.expect("the handshake fails");
+    let err = client_refused.expect("the client refuses the server");
     assert!(
         matches!(err, rustls::Error::InvalidCertificate(_)),
         "a chain to a root the bundle lacks: {err:?}"
@@ -149,4 +148,82 @@ fn a_chain_verified_to_one_bundle_is_not_trusted_by_another_without_its_root() {
         "a client chain to a root the server's bundle lacks: {err:?}"
     );
     assert_eq!(rotated.verifications_skipped(), 0);
+}
+
+#[test]
+fn a_remembered_server_chain_still_meets_the_identity_check_and_is_no_client_chain() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose, SanType,
+    };
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let root_key = KeyPair::generate().expect("key");
+    let mut root_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    root_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+    let root = root_params
+        .self_signed(&root_key)
+        .expect("root")
+        .der()
+        .clone();
+    let issuer = Issuer::new(root_params, root_key);
+    let issue = |uri: &str, usages: Vec<ExtendedKeyUsagePurpose>| {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.subject_alt_names = vec![SanType::URI(uri.try_into().expect("a URI"))];
+        p.extended_key_usages = usages;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let cert = p.signed_by(&key, &issuer).expect("signed").der().clone();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        ferry_tls::config::Credentials::from_der(vec![cert, root.clone()], key)
+            .expect("credentials")
+    };
+    let both = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let server_only = issue(SERVER, vec![ExtendedKeyUsagePurpose::ServerAuth]);
+    let client_creds = issue(CLIENT, both);
+    let bundle = TrustBundle::from_der([root.clone()]).expect("bundle");
+    let addr = "127.0.0.1:15008".parse().expect("an address");
+    let run = |client: std::sync::Arc<rustls::ClientConfig>,
+               server: std::sync::Arc<rustls::ServerConfig>| {
+        let mut c = ClientConnection::new(client, server_name(addr)).expect("client");
+        let mut s = ServerConnection::new(server).expect("server");
+        while c.is_handshaking() || s.is_handshaking() {
+            pass(&mut c, &mut s).map_err(|e| ("server", e))?;
+            pass(&mut s, &mut c).map_err(|e| ("client", e))?;
+        }
+        Ok::<(), (&str, rustls::Error)>(())
+    };
+
+    // The server-only chain, verified and remembered by a client.
+    let server = server_config(&server_only, &bundle).expect("server");
+    let client = client_config(&client_creds, &bundle, vec![id(SERVER)]).expect("client");
+    run(client.clone(), server.clone()).expect("first");
+    run(client, server.clone()).expect("second");
+    assert_eq!(bundle.verifications_skipped(), 2);
+
+    // Remembered, it still must be one of the identities the client expects.
+    let expecting_other = client_config(&client_creds, &bundle, vec![id(CLIENT)]).expect("client");
+    let (side, err) = run(expecting_other, server).expect_err("another identity expected");
+    assert_eq!(side, "client");
+    assert!(format!("{err}").contains("identity mismatch"), "{err}");
+
+    // Presented as a client's chain, it is verified for clientAuth, and refused.
+    let skipped = bundle.verifications_skipped();
+    let as_client = client_config(&server_only, &bundle, vec![id(CLIENT)]).expect("client");
+    let server = server_config(&client_creds, &bundle).expect("server");
+    let (side, err) = run(as_client, server).expect_err("no clientAuth usage");
+    assert_eq!(side, "server", "{err}");
+    assert!(
+        matches!(err, rustls::Error::InvalidCertificate(_)),
+        "a server-only chain as a client's: {err:?}"
+    );
+    assert_eq!(
+        bundle.verifications_skipped(),
+        skipped,
+        "the server's check was not taken from the client's"
+    );
 }
