@@ -76,14 +76,7 @@ fn main() -> ExitCode {
         how: "Instructions per decision: `cargo bench -p ferry-core --bench instructions`.\nWritten with FERRY_INSTRUCTIONS_UPDATE=1; see benches/instructions.rs.",
         margin_percent: MARGIN_PERCENT,
     };
-    match gate.run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("instructions: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    gate.exit_code()
 }
 
 /// The connections of every figure: sources and destinations in uid and key order, drawn with

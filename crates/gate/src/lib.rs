@@ -45,6 +45,19 @@ pub struct Gate<'a> {
 }
 
 impl Gate<'_> {
+    /// Runs the gate ([`Gate::run`]) as a program's `main` does: failure when a figure went
+    /// over its margin or the count could not be made (said on stderr).
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        match self.run() {
+            Ok(true) => std::process::ExitCode::SUCCESS,
+            Ok(false) => std::process::ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("instructions: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+
     /// Counts every figure in one run of this program under callgrind, prints each against the
     /// baseline, and writes the baseline instead when [`UPDATE_ENV`] is set. `Ok(false)` when a
     /// figure went over its margin.

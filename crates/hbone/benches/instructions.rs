@@ -96,14 +96,7 @@ fn main() -> ExitCode {
         how: "Instructions per unit of tunnel work: `cargo bench -p ferry-hbone --bench instructions`.\nWritten with FERRY_INSTRUCTIONS_UPDATE=1; see benches/instructions.rs.",
         margin_percent: MARGIN_PERCENT,
     };
-    match gate.run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("instructions: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    gate.exit_code()
 }
 
 /// Everything a figure's work needs, set up outside the counted functions.

@@ -101,26 +101,10 @@ mod tests {
     use std::io::Write;
 
     use ferry_tls::config::{client_config, server_config, server_name};
-    use ferry_tls::testkit::TestCa;
+    use ferry_tls::testkit::{TestCa, pass};
     use rustls::{ClientConnection, ServerConnection};
 
     use super::*;
-
-    /// Moves what `from` has to send into `to`.
-    fn pass(
-        from: &mut impl std::ops::DerefMut<Target = rustls::ConnectionCommon<impl rustls::SideData>>,
-        to: &mut impl std::ops::DerefMut<Target = rustls::ConnectionCommon<impl rustls::SideData>>,
-    ) {
-        let mut wire = Vec::new();
-        while from.wants_write() {
-            from.write_tls(&mut wire).expect("written to memory");
-        }
-        let mut rd = wire.as_slice();
-        while !rd.is_empty() {
-            to.read_tls(&mut rd).expect("read from memory");
-            to.process_new_packets().expect("valid TLS records");
-        }
-    }
 
     #[test]
     fn a_widened_tls_connection_takes_a_whole_copy_chunk_in_one_write() {
@@ -138,8 +122,8 @@ mod tests {
         let mut c = ClientConnection::new(client, server_name(addr)).expect("client");
         let mut s = ServerConnection::new(server).expect("server");
         while c.is_handshaking() || s.is_handshaking() {
-            pass(&mut c, &mut s);
-            pass(&mut s, &mut c);
+            pass(&mut c, &mut s).expect("valid TLS records");
+            pass(&mut s, &mut c).expect("valid TLS records");
         }
         let chunk = vec![7u8; crate::copy::MAX_BUF];
         // rustls's own default: 64 KiB per write.

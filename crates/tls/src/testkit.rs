@@ -98,3 +98,21 @@ impl TestCa {
             .expect("valid credentials")
     }
 }
+
+/// Moves what `from` has to send into `to`, in memory (a handshake without sockets): the first
+/// error `to` finds in it.
+pub fn pass(
+    from: &mut rustls::ConnectionCommon<impl rustls::SideData>,
+    to: &mut rustls::ConnectionCommon<impl rustls::SideData>,
+) -> Result<(), rustls::Error> {
+    let mut wire = Vec::new();
+    while from.wants_write() {
+        from.write_tls(&mut wire).expect("written to memory");
+    }
+    let mut rd = wire.as_slice();
+    while !rd.is_empty() {
+        to.read_tls(&mut rd).expect("read from memory");
+        to.process_new_packets()?;
+    }
+    Ok(())
+}

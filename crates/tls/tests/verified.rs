@@ -6,7 +6,7 @@ use std::io::Write;
 
 use ferry_core::identity::Identity;
 use ferry_tls::config::{TrustBundle, client_config, server_config, server_name};
-use ferry_tls::testkit::TestCa;
+use ferry_tls::testkit::{TestCa, pass};
 use rustls::{ClientConnection, ServerConnection};
 
 const CLIENT: &str = "spiffe://cluster.local/ns/default/sa/client";
@@ -14,23 +14,6 @@ const SERVER: &str = "spiffe://cluster.local/ns/default/sa/server";
 
 fn id(s: &str) -> Identity {
     s.parse().expect("identity")
-}
-
-/// Moves what `from` has to send into `to`; the first error `to` finds in it.
-fn pass(
-    from: &mut rustls::ConnectionCommon<impl rustls::SideData>,
-    to: &mut rustls::ConnectionCommon<impl rustls::SideData>,
-) -> Result<(), rustls::Error> {
-    let mut wire = Vec::new();
-    while from.wants_write() {
-        from.write_tls(&mut wire).expect("written to memory");
-    }
-    let mut rd = wire.as_slice();
-    while !rd.is_empty() {
-        to.read_tls(&mut rd).expect("read from memory");
-        to.process_new_packets()?;
-    }
-    Ok(())
 }
 
 /// A whole handshake between a client with `client_bundle` and a server with `server_bundle`,
