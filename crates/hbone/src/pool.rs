@@ -251,10 +251,10 @@ impl Pool {
                 dialed,
             )),
             // A pooled connection that went away (GOAWAY, peer restart) between uses, or a new
-            // one whose peer turned the stream away unprocessed (a draining proxy that had
-            // accepted the connection just before its drain began): never hand it out again,
-            // and try once more on a new one. A refusal (an HTTP status) is final.
-            Err(Error::H2 { ref source, .. }) if !fresh || unprocessed(source) => {
+            // one whose peer turned the stream away (a draining proxy that had accepted the
+            // connection just before its drain began): never hand it out again, and try once
+            // more on a new one. A refusal (an HTTP status) is final.
+            Err(Error::H2 { ref source, .. }) if !fresh || turned_away(source) => {
                 reservation.0.conn.mark_closed();
                 drop(reservation);
                 let redial = Instant::now();
@@ -595,9 +595,16 @@ impl AsyncWrite for Tunnel {
     }
 }
 
-/// Whether the peer refused a stream without processing it (RFC 9113 §8.1.4): it was above the
-/// last stream id of the peer's GOAWAY, or reset with REFUSED_STREAM. Such a stream may be sent
-/// again on another connection: no byte of it reached an application.
-fn unprocessed(e: &h2::Error) -> bool {
-    (e.is_go_away() && e.is_remote()) || e.reason() == Some(h2::Reason::REFUSED_STREAM)
+/// Whether a new connection's peer turned its first stream away before answering it:
+/// - refused unprocessed (RFC 9113 §8.1.4): above the last stream id of the peer's GOAWAY, or
+///   reset with REFUSED_STREAM;
+/// - or the connection failed under it (an I/O error). A peer that sends its GOAWAY and closes
+///   at once resets the HEADERS still in flight, and the client may see the broken pipe
+///   before it reads the GOAWAY.
+///
+/// Either way the CONNECT had no answer, so no byte of the client's reached an application
+/// ([`Connection::open`](crate::client::Connection::open) returns only with the response):
+/// the stream may be sent again on another connection.
+fn turned_away(e: &h2::Error) -> bool {
+    (e.is_go_away() && e.is_remote()) || e.reason() == Some(h2::Reason::REFUSED_STREAM) || e.is_io()
 }

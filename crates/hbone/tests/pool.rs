@@ -517,6 +517,43 @@ fn futures_poll_now<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_whose_peer_closes_before_answering_is_dialled_again() {
+    // A proxy that dies just after the handshakes: the connection ends (no GOAWAY, no
+    // close_notify) before the CONNECT is answered, so the client sees an I/O error. The
+    // CONNECT had no answer, so it is sent again on a new connection, once.
+    let ca = Arc::new(TestCa::new("root"));
+    let echo = echo_server().await;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hbone = l.local_addr().unwrap();
+    let server =
+        Arc::new(Server::new(&ca.issue_str(SERVER), &ca.bundle(), Settings::default()).unwrap());
+    let tls = ferry_tls::config::server_config(&ca.issue_str(SERVER), &ca.bundle()).unwrap();
+    tokio::spawn(async move {
+        let (tcp, _) = l.accept().await.unwrap();
+        let tls = tokio_rustls::TlsAcceptor::from(tls)
+            .accept(tcp)
+            .await
+            .unwrap();
+        drop(h2::server::handshake(tls).await.unwrap());
+        let _ = server.serve(l, Arc::new(Recorder::default())).await;
+    });
+    let client = ClientSide::new(ca.clone(), PoolConfig::default());
+    let mut t = client
+        .open(hbone, echo)
+        .await
+        .expect("opened on a second connection");
+    t.write_all(b"alive").await.unwrap();
+    let mut b = [0u8; 5];
+    t.read_exact(&mut b).await.unwrap();
+    assert_eq!(&b, b"alive");
+    assert_eq!(
+        client.pool.handshakes(),
+        2,
+        "the broken connection is not reused"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_connection_turned_away_by_a_draining_peer_is_dialled_again() {
     // A proxy that had accepted the connection just before its drain began: it completes the
     // handshakes, then sends GOAWAY with last stream id 0, so the client's stream is refused
