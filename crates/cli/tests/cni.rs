@@ -52,7 +52,7 @@ fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
         if Instant::now() >= end {
             return false;
         }
-        std::thread::yield_now();
+        std::thread::sleep(Duration::from_millis(25));
     }
 }
 

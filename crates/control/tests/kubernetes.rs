@@ -337,7 +337,8 @@ async fn two_replicas_serve_and_the_lease_holder_alone_writes() {
             "ferry-system",
             "ferry-control",
             who,
-            Duration::from_secs(2),
+            // Long enough that a renewal held back by a loaded machine does not lose it.
+            Duration::from_secs(6),
         );
         let source = KubeSource {
             cluster_id: "alpha".into(),

@@ -26,12 +26,20 @@ fn mib(b: isize) -> f64 {
 
 /// Live heap once it has stopped moving (what other tasks free settles).
 async fn settled_heap() -> isize {
+    // Quiet for three samples in a row: a task held back on a loaded machine may still be
+    // freeing what it held after one.
     let mut last = Counting::live();
+    let mut quiet = 0;
     let end = Instant::now() + Duration::from_secs(5);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = Counting::live();
-        if (now - last).abs() < 32 << 10 || Instant::now() > end {
+        quiet = if (now - last).abs() < 32 << 10 {
+            quiet + 1
+        } else {
+            0
+        };
+        if quiet == 3 || Instant::now() > end {
             return now;
         }
         last = now;
@@ -191,7 +199,13 @@ async fn a_synced_node_costs_the_server_far_less_than_its_initial_push() {
         node.synced().await;
         nodes.push(node);
     }
-    let after = settled_heap().await;
+    let bound = (initial / 8) as isize;
+    // Measured again until within the bound, for a while: what is still in flight goes.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut after = settled_heap().await;
+    while (after - base) / count > bound && Instant::now() < end {
+        after = settled_heap().await;
+    }
     let per_node = (after - base) / count;
     println!(
         "initial push {:.2} MiB; live heap {:.1} -> {:.1} MiB with {count} more synced nodes: {:.1} KiB per node",
@@ -200,7 +214,6 @@ async fn a_synced_node_costs_the_server_far_less_than_its_initial_push() {
         mib(after),
         per_node as f64 / 1024.0
     );
-    let bound = (initial / 8) as isize;
     assert!(
         per_node <= bound,
         "each synced node costs {:.2} MiB of live heap (initial push {:.2} MiB; bound {:.2} MiB)",

@@ -21,8 +21,9 @@ use tokio::sync::watch;
 const DEADLINE: Duration = Duration::from_secs(30);
 const MCS: &str = "multicluster.x-k8s.io/v1alpha1";
 const LEASE: &str = "ferry-system/ferry-control";
-/// Short, so that a takeover takes seconds; renewed every third of a second.
-const LEASE_DURATION: Duration = Duration::from_secs(2);
+/// Short, so that a takeover takes seconds (renewed every second); long enough that a renewal
+/// held back by a loaded machine does not lose it.
+const LEASE_DURATION: Duration = Duration::from_secs(6);
 
 /// One control plane's watch, as `identity`, with its meshes and status.
 struct Plane {

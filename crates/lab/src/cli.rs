@@ -330,7 +330,8 @@ pub enum LabCommand {
         /// New connections per second.
         #[arg(long, default_value_t = 50)]
         rate: u32,
-        /// How long the client runs (the replicas restart within it).
+        /// How the restarts are spread: one every `seconds / (replicas + 1)`; the client runs until
+        /// one such slot after the last restart is done (longer when a restart takes longer).
         #[arg(long, default_value_t = 30)]
         seconds: u64,
         #[command(flatten)]

@@ -197,14 +197,32 @@ pub(crate) fn start_app(state_dir: &Path, pod: &str, banner: &str) -> anyhow::Re
     Ok(start.elapsed())
 }
 
-/// Every node proxy's snapshot version, from its /config_dump.
+/// Every node proxy's snapshot version, from its /config_dump; a read that fails (a loaded
+/// machine, a proxy that restarts) is tried again, within the edit's bound.
 fn versions(state_dir: &Path) -> anyhow::Result<BTreeMap<String, u64>> {
     let state = State::up(state_dir)?;
-    state
-        .nodes
-        .iter()
-        .map(|(name, n)| Ok((name.clone(), version(&n.netns, &n.admin)?)))
-        .collect()
+    let mut got = None;
+    let mut last_error = None;
+    wait_for("every node proxy's snapshot version", EDIT_BOUND, || {
+        let read: anyhow::Result<BTreeMap<String, u64>> = state
+            .nodes
+            .iter()
+            .map(|(name, n)| {
+                let v = version(&n.netns, &n.admin).with_context(|| format!("node {name}"))?;
+                Ok((name.clone(), v))
+            })
+            .collect();
+        match read {
+            Ok(v) => got = Some(v),
+            Err(e) => last_error = Some(e),
+        }
+        got.is_some()
+    })
+    .map_err(|timeout| match last_error.take() {
+        Some(e) => e.context(timeout.to_string()),
+        None => timeout,
+    })?;
+    got.context("no snapshot version read")
 }
 
 /// Waits until every node proxy runs a snapshot newer than `before`.

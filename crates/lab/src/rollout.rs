@@ -39,11 +39,15 @@ pub(crate) fn run(state_dir: &Path, plan: &Plan<'_>) -> anyhow::Result<ExitCode>
         .arg(&exe)
         .args(["lab", "churn", &vip.to_string(), "--each", "--until-file"])
         .arg(&stop)
-        .args(["--max-seconds", &plan.seconds.to_string()])
+        // A cap only: the client is stopped through `stop` one slot after the last restart,
+        // however long the restarts took.
+        .args(["--max-seconds", &(plan.seconds * 10 + 60).to_string()])
         .args(["--rate", &plan.rate.to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .context("starting the client")?;
+    // However `run` ends, the client stops (it reads `stop` between connections).
+    let _stopper = StopOnDrop(&stop);
     let started = Instant::now();
     let out = churn.stdout.take().context("the client's output")?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -65,6 +69,9 @@ pub(crate) fn run(state_dir: &Path, plan: &Plan<'_>) -> anyhow::Result<ExitCode>
             took[0], took[1], took[2]
         );
     }
+    // The last replica restarted takes connections for one slot too.
+    std::thread::sleep(slot);
+    std::fs::write(&stop, b"").context("stopping the client")?;
     let status = churn.wait()?;
     let _ = reader.join();
     let lines: Vec<(Instant, String)> = rx.try_iter().collect();
@@ -86,6 +93,15 @@ pub(crate) fn run(state_dir: &Path, plan: &Plan<'_>) -> anyhow::Result<ExitCode>
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Creates the client's stop file when dropped.
+struct StopOnDrop<'a>(&'a Path);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0, b"");
+    }
 }
 
 /// Per restarted replica: when every node proxy had it terminating, when it was marked ready

@@ -120,10 +120,12 @@ async fn waypoint_in(ca: &Arc<TestCa>, m: MeshBuilder) -> Fixture {
     }
 }
 
-/// A port nothing listens on.
-async fn dead_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
+/// A loopback port nothing listens on, and the socket that holds it (bound, not listening: a
+/// connection to it is refused), so that no socket of a test running alongside is given it.
+fn dead_port() -> (SocketAddr, tokio::net::TcpSocket) {
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (held.local_addr().unwrap(), held)
 }
 
 /// Opens a CONNECT to `EXT` through the waypoint at `to`, as `sleep`.
@@ -160,7 +162,8 @@ async fn connect_to(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_carried_as_bytes_is_answered_503_when_its_upstream_cannot_be_reached() {
     let ca = Arc::new(TestCa::new("root"));
-    let f = waypoint(&ca, dead_port().await).await;
+    let (dead, _held) = dead_port();
+    let f = waypoint(&ca, dead).await;
     let refused = connect(&ca, f.addr, &f.identity).await;
     assert!(
         matches!(refused, Err(HboneError::Refused { status: 503, .. })),
@@ -326,7 +329,7 @@ async fn a_tunnel_to_a_workload_is_answered_once_its_destination_has_it_and_http
 #[tokio::test]
 async fn a_failed_upstream_connect_is_kept_for_the_access_log_as_the_upstream_side_s() {
     let ca = Arc::new(TestCa::new("root"));
-    let dead = dead_port().await;
+    let (dead, _held) = dead_port();
     let f = waypoint(&ca, dead).await;
     let req = ConnectRequest {
         trace_id: None,

@@ -10,15 +10,15 @@ use crate::harness::{Lab, eventually};
 
 /// The deadline the lab's waypoints and gateways are given (`--drain-seconds`).
 /// Long enough that the checks of the first seconds (new connections refused, the process
-/// still running, each bounded by 2 s) all end before it, on a loaded machine too.
-const DRAIN: Duration = Duration::from_secs(6);
+/// still running, each bounded by 4 s) all end before it, on a loaded machine too.
+const DRAIN: Duration = Duration::from_secs(10);
 /// How long past the deadline peers get to finish (the programs' `FINISH_GRACE`).
 const GRACE: Duration = Duration::from_secs(6);
 
 /// Its own lab (two-clusters.yaml): it stops a waypoint instance and a gateway.
 #[test]
 fn a_waypoint_and_a_gateway_drain_on_sigterm_within_their_deadline() {
-    let Some(lab) = Lab::up_with_hop_args(Some("two-clusters.yaml"), "fD", &["--drain-seconds=6"])
+    let Some(lab) = Lab::up_with_hop_args(Some("two-clusters.yaml"), "fD", &["--drain-seconds=10"])
     else {
         return;
     };
@@ -50,7 +50,7 @@ fn a_waypoint_and_a_gateway_drain_on_sigterm_within_their_deadline() {
     // From the start of the drain, a new connection is refused (the process still runs).
     for (what, name, to, pid, _) in &held {
         assert!(
-            eventually(Duration::from_secs(2), || lab
+            eventually(Duration::from_secs(4), || lab
                 .send("sleep-east", to, "new")
                 .is_err()),
             "{what} {name} still takes new connections while draining"
@@ -107,7 +107,8 @@ fn a_waypoint_and_a_gateway_drain_on_sigterm_within_their_deadline() {
         }
         let (pinged, ended) = (last_ping - term, at - term);
         assert!(
-            pinged >= DRAIN - Duration::from_millis(700),
+            // Pings go every 200 ms; a stall of the loaded machine may hold one back a while.
+            pinged >= DRAIN - Duration::from_millis(1500),
             "{what} {name}: the last echo came {pinged:?} after SIGTERM, before the {DRAIN:?} deadline"
         );
         assert!(

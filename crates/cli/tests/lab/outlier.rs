@@ -9,7 +9,8 @@ use crate::harness::{Lab, eventually};
 
 const ARGS: &[&str] = &[
     "--outlier-consecutive-failures=3",
-    "--outlier-base-ejection-seconds=5",
+    // Long enough for every check below to run while it is ejected, on a loaded machine.
+    "--outlier-base-ejection-seconds=20",
 ];
 
 /// A counter or gauge of alpha-1 (the node of `sleep` and `echo-alpha-1`).
@@ -24,7 +25,7 @@ fn metric(lab: &Lab, name: &str) -> u64 {
 
 /// sleep -> echo (global, prefer_close): echo-alpha-1, the closest, refuses. The first three
 /// connections try it, then echo-alpha-2 (three retries); then it is ejected and the rest go
-/// to echo-alpha-2 at once (no more retries). Open again, it serves again once its 5 s are over.
+/// to echo-alpha-2 at once (no more retries). Open again, it serves again once its 20 s are over.
 #[test]
 fn an_endpoint_whose_connects_keep_failing_is_ejected_then_comes_back() {
     let Some(lab) = Lab::up_with_args(None, "fE", ARGS) else {
@@ -70,7 +71,7 @@ fn an_endpoint_whose_connects_keep_failing_is_ejected_then_comes_back() {
     );
     drop(refused);
     assert!(
-        eventually(Duration::from_secs(15), || lab
+        eventually(Duration::from_secs(40), || lab
             .send("sleep", VIP, "back\n")
             .is_ok_and(|a| a.contains("echo-alpha-1"))),
         "echo-alpha-1 does not serve again once its ejection is over"

@@ -122,7 +122,7 @@ fn start_chromedriver() -> (Killed, String) {
             Instant::now() < deadline,
             "chromedriver did not listen on {port}"
         );
-        std::thread::yield_now();
+        std::thread::sleep(Duration::from_millis(25));
     }
     (guard, format!("http://127.0.0.1:{port}"))
 }
