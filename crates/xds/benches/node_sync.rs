@@ -252,7 +252,7 @@ fn sync(addresses: &[u8], policies: &[u8], workloads: usize) -> Synced {
         let decoding = Instant::now();
         let r = DeltaDiscoveryResponse::decode(bytes).expect("a response");
         wire += decoding.elapsed();
-        let ack = client.apply(&r);
+        let ack = client.apply(r);
         assert!(ack.error_detail.is_none(), "NACK: {:?}", ack.error_detail);
     }
     let took = start.elapsed();

@@ -244,9 +244,10 @@ impl XdsClient {
                 Ok(None) => return Ok(progressed),
                 Err(s) => return Err((progressed, format!("{}: {}", s.code(), s.message()))),
             };
-            let ack = self.apply(&response);
+            let type_url = response.type_url.clone();
+            let ack = self.apply(response);
             progressed = true;
-            synced.insert(response.type_url.clone(), true);
+            synced.insert(type_url, true);
             if tx.send(ack).await.is_err() {
                 return Err((progressed, "the request stream closed".into()));
             }
@@ -257,18 +258,22 @@ impl XdsClient {
     }
 
     /// Applies one response as a session does with each it receives, and returns its ACK or
-    /// NACK (public for benches, which feed responses without a stream).
-    pub fn apply(&self, r: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+    /// NACK (public for benches, which feed responses without a stream). The response is
+    /// consumed: each resource's body is freed as soon as it is decoded.
+    pub fn apply(&self, mut response: DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+        let resources = std::mem::take(&mut response.resources);
+        let received = resources.len() as u64;
+        let r = &response;
         // Phase 1, no lock: decode every resource (a large push on every core).
         let decode::DecodedPush {
             mut addresses,
             mut policies,
             mut rejected,
-        } = decode::decode(&mut self.intern.lock(), r);
+        } = decode::decode(&mut self.intern.lock(), &r.type_url, resources);
         // Phase 2: one update of the held state, one snapshot, one swap.
         let mut st = self.state.lock();
         st.last_error = None;
-        st.received_this_session += r.resources.len() as u64;
+        st.received_this_session += received;
         // The versions to record, and the held resources with the snapshot, are updated
         // side by side for a large push (a first sync): neither reads the other.
         let recorded: Vec<(Arc<str>, Box<str>)> = addresses

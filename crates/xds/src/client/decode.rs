@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
-use ferry_api::discovery::{DeltaDiscoveryResponse, Resource};
+use ferry_api::discovery::Resource;
 use ferry_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ferry_core::model::Policy;
+use parking_lot::Mutex;
 
 use crate::convert::{self, Adopted, Decoded, Interner, InvalidResource};
 
@@ -31,10 +32,18 @@ pub(super) struct DecodedPush {
     pub rejected: Vec<InvalidResource>,
 }
 
-/// Decodes `r`'s resources on as many threads as its size and the cores allow.
-pub(super) fn decode(intern: &mut Interner, r: &DeltaDiscoveryResponse) -> DecodedPush {
+/// Decodes `resources`, of a response of type `type_url`, on as many threads as their number
+/// and the cores allow. Each resource's body is freed once decoded, and its name and version
+/// move into what it decoded to: a large push does not hold its wire form and its model at
+/// once.
+pub(super) fn decode(
+    intern: &mut Interner,
+    type_url: &str,
+    mut resources: Vec<Resource>,
+) -> DecodedPush {
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
-    let decoded = decode_on(intern, r, threads_for(r.resources.len(), cores));
+    let threads = threads_for(resources.len(), cores);
+    let decoded = decode_on(intern, type_url, &mut resources, threads);
     // The bytes maps were found by served this push; the node keeps the maps alone.
     intern.forget_wire();
     decoded
@@ -45,9 +54,14 @@ fn threads_for(resources: usize, cores: usize) -> usize {
     (resources / MIN_PER_THREAD).clamp(1, cores.max(1))
 }
 
-/// Decodes `r`'s resources on `threads` threads (this one included), [`CHUNK`] at a time.
-fn decode_on(intern: &mut Interner, r: &DeltaDiscoveryResponse, threads: usize) -> DecodedPush {
-    decode_in_chunks(intern, r, threads, CHUNK)
+/// Decodes `resources` on `threads` threads (this one included), [`CHUNK`] at a time.
+fn decode_on(
+    intern: &mut Interner,
+    type_url: &str,
+    resources: &mut [Resource],
+    threads: usize,
+) -> DecodedPush {
+    decode_in_chunks(intern, type_url, resources, threads, CHUNK)
 }
 
 /// Resources a thread takes at a time: each takes the next chunk when done with one, so a
@@ -56,23 +70,27 @@ const CHUNK: usize = 1_024;
 
 fn decode_in_chunks(
     intern: &mut Interner,
-    r: &DeltaDiscoveryResponse,
+    type_url: &str,
+    resources: &mut [Resource],
     threads: usize,
     chunk: usize,
 ) -> DecodedPush {
     if threads <= 1 {
         let mut out = DecodedPush::default();
-        decode_run(intern, r, &r.resources, &mut out);
+        decode_run(intern, type_url, resources, &mut out);
         return out;
     }
-    let chunks: Vec<&[Resource]> = r.resources.chunks(chunk.max(1)).collect();
+    // Each chunk is taken by one thread (its index is handed out once): its lock is never
+    // waited on.
+    let chunks: Vec<Mutex<&mut [Resource]>> =
+        resources.chunks_mut(chunk.max(1)).map(Mutex::new).collect();
     let next = AtomicUsize::new(0);
     // The next chunk not yet taken, decoded, with its index.
     let decode_next = |intern: &mut Interner| {
         let i = next.fetch_add(1, Ordering::Relaxed);
-        let run = chunks.get(i)?;
+        let mut run = chunks.get(i)?.lock();
         let mut out = DecodedPush::default();
-        decode_run(intern, r, run, &mut out);
+        decode_run(intern, type_url, &mut run, &mut out);
         Some((i, out))
     };
     let decode_next = &decode_next;
@@ -140,50 +158,39 @@ fn decode_in_chunks(
     out
 }
 
-/// Decodes `run`, resources of the response `r`, into `out`.
-fn decode_run(
-    intern: &mut Interner,
-    r: &DeltaDiscoveryResponse,
-    run: &[Resource],
-    out: &mut DecodedPush,
-) {
+/// Decodes `run`, resources of a response of type `type_url`, into `out`; each resource's
+/// body is dropped once decoded and its name and version moved out.
+fn decode_run(intern: &mut Interner, type_url: &str, run: &mut [Resource], out: &mut DecodedPush) {
     for res in run {
-        let body = res
-            .resource
-            .as_ref()
-            .map(|a| a.value.as_slice())
-            .unwrap_or_default();
-        if res
-            .resource
-            .as_ref()
-            .is_some_and(|a| a.type_url != r.type_url)
-        {
+        let any = res.resource.take();
+        let name = std::mem::take(&mut res.name);
+        let version = std::mem::take(&mut res.version);
+        if any.as_ref().is_some_and(|a| a.type_url != type_url) {
             out.rejected.push(InvalidResource {
-                name: res.name.clone(),
+                name,
                 reason: "resource type differs from the response's".into(),
             });
             continue;
         }
-        match r.type_url.as_str() {
-            ADDRESS_TYPE => match convert::decode_address_with(intern, &res.name, body) {
+        let body = any.as_ref().map(|a| a.value.as_slice()).unwrap_or_default();
+        match type_url {
+            ADDRESS_TYPE => match convert::decode_address_with(intern, &name, body) {
                 Ok(d) => {
                     // One copy of the name: a workload's own uid (equal to it).
                     let name = match &d {
                         Decoded::Workload(w) => w.uid.shared(),
-                        _ => Arc::from(res.name.as_str()),
+                        _ => Arc::from(name),
                     };
-                    out.addresses.push((name, res.version.clone(), d));
+                    out.addresses.push((name, version, d));
                 }
                 Err(e) => out.rejected.push(e),
             },
-            AUTHORIZATION_TYPE => match convert::decode_authorization(&res.name, body) {
-                Ok(p) => out
-                    .policies
-                    .push((res.name.clone(), res.version.clone(), p)),
+            AUTHORIZATION_TYPE => match convert::decode_authorization(&name, body) {
+                Ok(p) => out.policies.push((name, version, p)),
                 Err(e) => out.rejected.push(e),
             },
             other => out.rejected.push(InvalidResource {
-                name: res.name.clone(),
+                name,
                 reason: format!("unknown type {other}"),
             }),
         }
@@ -194,6 +201,7 @@ fn decode_run(
 mod tests {
     use std::collections::BTreeMap;
 
+    use ferry_api::discovery::DeltaDiscoveryResponse;
     use ferry_core::testing::MeshBuilder;
 
     use super::*;
@@ -261,9 +269,15 @@ mod tests {
     #[test]
     fn a_push_decoded_on_many_threads_is_what_one_thread_decodes_sharing_as_much() {
         let r = response();
-        let one = decode_on(&mut Interner::default(), &r, 1);
+        let mut resources = r.resources.clone();
+        let one = decode_on(&mut Interner::default(), &r.type_url, &mut resources, 1);
+        // Each resource's body was dropped once decoded, and its name moved out.
+        assert!(resources.iter().all(|res| res.resource.is_none()));
+        assert!(resources.iter().all(|res| res.name.is_empty()));
         let mut intern = Interner::default();
-        let three = decode_in_chunks(&mut intern, &r, 3, 16);
+        let mut resources = r.resources.clone();
+        let three = decode_in_chunks(&mut intern, &r.type_url, &mut resources, 3, 16);
+        assert!(resources.iter().all(|res| res.resource.is_none()));
         // The same resources, names, versions and rejections, in the same order.
         assert_eq!(three.addresses.len(), 303);
         assert_eq!(one.addresses.len(), three.addresses.len());
