@@ -27,6 +27,7 @@ fn chosen(s: &Snapshot, path: &str, headers: &[(&str, &str)]) -> Option<(String,
     let req = HttpRequest {
         method: "GET",
         path,
+        query: "",
         host: "audit.default.svc.cluster.local",
         headers,
     };

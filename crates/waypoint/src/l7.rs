@@ -182,9 +182,12 @@ where
                     .collect();
                 let headers: Vec<(&str, &str)> =
                     values.iter().map(|(n, v)| (*n, v.as_ref())).collect();
+                // Routes match on the query; cloning the target shares its bytes.
+                let target = req.uri().clone();
                 let facts = HttpRequest {
                     method: method.as_str(),
                     path: &path,
+                    query: target.query().unwrap_or(""),
                     host: &host,
                     headers: &headers,
                 };

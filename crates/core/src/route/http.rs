@@ -14,18 +14,31 @@ pub fn select<'r>(routes: &'r [HttpRoute], req: &HttpRequest<'_>) -> Option<&'r 
 }
 
 /// Does one match admit the request? Every condition must hold; a header condition holds when
-/// any value of that header satisfies it.
+/// any value of that header satisfies it; a query condition holds when the first parameter of
+/// that name (names and values percent-decoded, `+` as a space) has exactly that value.
 pub fn matches(m: &RouteMatch, req: &HttpRequest<'_>) -> bool {
     if let Some(p) = &m.path
         && !p.matches(req.path)
     {
         return false;
     }
-    m.headers.iter().all(|(name, want)| {
+    if let Some(method) = &m.method
+        && req.method != method
+    {
+        return false;
+    }
+    let headers_hold = m.headers.iter().all(|(name, want)| {
         req.headers
             .iter()
             .any(|(n, v)| n.eq_ignore_ascii_case(name) && want.matches(v))
-    })
+    });
+    // The query is parsed only for a match that names parameters.
+    headers_hold
+        && m.query.iter().all(|(name, want)| {
+            form_urlencoded::parse(req.query.as_bytes())
+                .find(|(n, _)| n == name)
+                .is_some_and(|(_, v)| v == want.as_str())
+        })
 }
 
 /// One backend, with probability weight / total weight. `None` when no backend has weight.
@@ -50,7 +63,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::model::{PathMatch, ServiceKey, StringMatch};
+    use crate::model::{HeaderModifier, PathMatch, ServiceKey, StringMatch};
     use crate::random::SplitMix64;
 
     fn backend(name: &str, weight: u32) -> RouteBackend {
@@ -69,6 +82,8 @@ mod tests {
             backends,
             timeout_ms: 0,
             retries: 0,
+            request_headers: HeaderModifier::default(),
+            response_headers: HeaderModifier::default(),
         }
     }
 
@@ -76,9 +91,77 @@ mod tests {
         HttpRequest {
             method: "GET",
             path,
+            query: "",
             host: "h",
             headers,
         }
+    }
+
+    fn call<'a>(method: &'a str, path: &'a str, query: &'a str) -> HttpRequest<'a> {
+        HttpRequest {
+            method,
+            path,
+            query,
+            host: "h",
+            headers: &[],
+        }
+    }
+
+    #[test]
+    fn the_method_matches_exactly_and_case_sensitively() {
+        let m = RouteMatch {
+            method: Some("GET".into()),
+            ..RouteMatch::default()
+        };
+        assert!(matches(&m, &call("GET", "/", "")));
+        assert!(!matches(&m, &call("get", "/", "")));
+        assert!(!matches(&m, &call("POST", "/", "")));
+        let routes = vec![
+            route(
+                "posts",
+                vec![RouteMatch {
+                    method: Some("POST".into()),
+                    path: Some(PathMatch::Prefix("/orders".into())),
+                    ..RouteMatch::default()
+                }],
+                vec![backend("w", 1)],
+            ),
+            route("rest", vec![], vec![backend("r", 1)]),
+        ];
+        let name = |m, p| select(&routes, &call(m, p, "")).map(|r| &r.name[..]);
+        assert_eq!(name("POST", "/orders/1"), Some("posts"));
+        assert_eq!(name("GET", "/orders/1"), Some("rest"));
+        assert_eq!(name("POST", "/other"), Some("rest"));
+    }
+
+    #[test]
+    fn query_parameters_match_decoded_exactly_on_their_first_value() {
+        let m = RouteMatch {
+            query: vec![("v".into(), "2".into()), ("q".into(), "a b/c".into())],
+            ..RouteMatch::default()
+        };
+        let holds = |q| matches(&m, &call("GET", "/", q));
+        assert!(holds("v=2&q=a%20b%2Fc"));
+        assert!(
+            holds("q=a+b/c&x=1&v=2"),
+            "+ is a space, order does not matter"
+        );
+        assert!(holds("%76=2&q=a%20b%2fc"), "names are decoded too");
+        assert!(!holds("v=2"), "every parameter must hold");
+        assert!(!holds("v=2&q=a%20b%2Fc%20"), "values match exactly");
+        assert!(!holds("V=2&q=a%20b%2Fc"), "names are case-sensitive");
+        assert!(!holds("v=3&v=2&q=a%20b%2Fc"), "the first value decides");
+        assert!(holds("v=2&v=3&q=a%20b%2Fc"));
+        assert!(!holds(""));
+        // Bad escapes are kept as they are, never a panic.
+        assert!(!holds("v=%zz&q=%"));
+        let empty = RouteMatch {
+            query: vec![("flag".into(), String::new())],
+            ..RouteMatch::default()
+        };
+        assert!(matches(&empty, &call("GET", "/", "flag")));
+        assert!(matches(&empty, &call("GET", "/", "flag=")));
+        assert!(!matches(&empty, &call("GET", "/", "flags")));
     }
 
     #[test]
@@ -88,15 +171,15 @@ mod tests {
                 "v2",
                 vec![RouteMatch {
                     path: Some(PathMatch::Prefix("/v2/".into())),
-                    headers: vec![],
+                    ..RouteMatch::default()
                 }],
                 vec![backend("b", 1)],
             ),
             route(
                 "canary",
                 vec![RouteMatch {
-                    path: None,
                     headers: vec![("x-canary".into(), StringMatch::Exact("yes".into()))],
+                    ..RouteMatch::default()
                 }],
                 vec![backend("c", 1)],
             ),
@@ -123,6 +206,7 @@ mod tests {
                 ("x-a".into(), StringMatch::Presence),
                 ("x-b".into(), StringMatch::Prefix("p".into())),
             ],
+            ..RouteMatch::default()
         };
         assert!(matches(&m, &req("/a", &[("x-a", "1"), ("x-b", "pq")])));
         assert!(!matches(&m, &req("/a/", &[("x-a", "1"), ("x-b", "pq")])));

@@ -146,6 +146,8 @@ impl Cx {
             backends,
             timeout_ms: r.timeout_ms.unwrap_or(0),
             retries: r.retries,
+            request_headers: Default::default(),
+            response_headers: Default::default(),
         })
     }
 
@@ -193,6 +195,7 @@ impl Cx {
         RouteMatch {
             path: path_match,
             headers,
+            ..RouteMatch::default()
         }
     }
 }

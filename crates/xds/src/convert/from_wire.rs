@@ -680,6 +680,7 @@ fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
                         ))
                     })
                     .collect::<R<_>>()?,
+                ..RouteMatch::default()
             })
         })
         .collect::<R<_>>()?;
@@ -716,6 +717,8 @@ fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
         backends,
         timeout_ms: r.timeout_ms,
         retries: r.retries.min(10),
+        request_headers: Default::default(),
+        response_headers: Default::default(),
     })
 }
 
