@@ -86,6 +86,11 @@ pub struct HeaderModifier {
     pub remove: Vec<String>,
 }
 
+/// The methods a route may match (the Gateway API's `HTTPMethod`).
+pub const HTTP_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
 /// Headers a route may not edit: the message's own framing and connection handling, which the
 /// waypoint and hyper own (`host` is judged and sent on as one value).
 pub const UNEDITABLE_HEADERS: [&str; 8] = [

@@ -13,7 +13,7 @@ mod workload;
 
 pub use gateway::Gateway;
 pub use http_route::{
-    HeaderEditError, HeaderModifier, HttpRoute, PathMatch, RouteBackend, RouteMatch,
+    HTTP_METHODS, HeaderEditError, HeaderModifier, HttpRoute, PathMatch, RouteBackend, RouteMatch,
     UNEDITABLE_HEADERS,
 };
 pub use names::{

@@ -240,6 +240,8 @@ impl Tx<'_> {
             backends,
             timeout_ms,
             retries: 0,
+            request_headers: Default::default(),
+            response_headers: Default::default(),
         })
     }
 }
@@ -264,6 +266,8 @@ fn split(
         backends,
         timeout_ms,
         retries,
+        request_headers,
+        response_headers,
     } = spec;
     matches
         .into_iter()
@@ -283,6 +287,8 @@ fn split(
                     .collect(),
                 timeout_ms,
                 retries,
+                request_headers: request_headers.clone(),
+                response_headers: response_headers.clone(),
             };
             (
                 precedence(j, &m),
