@@ -9,11 +9,11 @@ use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
     Action, AddressEndpoint, AppProtocol, Cidr, Clause, ClusterId, FailoverMinimum, Gateway,
-    GatewayDestination, GatewayRef, HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode,
-    LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId, PathMatch, Policy,
-    PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service,
-    ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
-    WaypointFor, Workload, WorkloadUid,
+    GatewayDestination, GatewayRef, HBONE_PORT, HTTP_METHODS, HeaderModifier, Health, HealthPolicy,
+    HttpRoute, LbMode, LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId,
+    PathMatch, Policy, PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule,
+    ScopeRule, Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
+    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
 };
 use ferry_core::telemetry::{canonical_name, canonical_revision};
 
@@ -680,7 +680,26 @@ fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
                         ))
                     })
                     .collect::<R<_>>()?,
-                ..RouteMatch::default()
+                method: match m.method.as_str() {
+                    "" => None,
+                    x if HTTP_METHODS.contains(&x) => Some(x.to_string()),
+                    x => {
+                        return Err(format!(
+                            "method: expected one of {}, found {x:?}",
+                            HTTP_METHODS.join(", ")
+                        ));
+                    }
+                },
+                query: m
+                    .query_params
+                    .iter()
+                    .map(|q| {
+                        Ok((
+                            nonempty(&q.name, "query parameter name")?.to_string(),
+                            q.exact.clone(),
+                        ))
+                    })
+                    .collect::<R<_>>()?,
             })
         })
         .collect::<R<_>>()?;
@@ -717,9 +736,29 @@ fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
         backends,
         timeout_ms: r.timeout_ms,
         retries: r.retries.min(10),
-        request_headers: Default::default(),
-        response_headers: Default::default(),
+        request_headers: header_modifier(r.request_headers.as_ref(), "request_headers")?,
+        response_headers: header_modifier(r.response_headers.as_ref(), "response_headers")?,
     })
+}
+
+/// Header edits, checked as every decoder checks them: a resource that holds one no route may
+/// make is rejected whole.
+fn header_modifier(m: Option<&wl::FerryHeaderModifier>, field: &str) -> R<HeaderModifier> {
+    let Some(m) = m else {
+        return Ok(HeaderModifier::default());
+    };
+    let pairs = |list: &[wl::FerryHeader]| {
+        list.iter()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect()
+    };
+    HeaderModifier {
+        set: pairs(&m.set),
+        add: pairs(&m.add),
+        remove: m.remove.clone(),
+    }
+    .check()
+    .map_err(|e| format!("{field}.{e}"))
 }
 
 /// Ferry's graduated failover, checked: a minimum in bounds, and only in FAILOVER mode.
