@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+pub use crate::edit::HeaderEdits;
 pub use crate::replay::Replay;
 pub use crate::upstream::{
     Choice, Fixed, HttpUpstream, Io, Link, Recheck, Refused, RequestCheck, Router,

@@ -121,7 +121,7 @@ impl Router for TunnelRouter {
             Some((svc, port, r))
         });
         let mut rng = self.rng.lock();
-        let (dst, within, route_name, timeout, retries, want) = match chosen {
+        let (dst, within, route_name, timeout, retries, want, headers) = match chosen {
             Some((svc, port, r)) => {
                 let backend = route::http::pick_backend(r, &mut *rng).ok_or_else(|| {
                     Refused::Unroutable(format!("route {:?} has no backend with weight", r.name))
@@ -137,9 +137,26 @@ impl Router for TunnelRouter {
                 let timeout =
                     (r.timeout_ms > 0).then(|| Duration::from_millis(r.timeout_ms.into()));
                 let want = Some(backend.service.clone());
-                (dst, within, Some(r.name.clone()), timeout, r.retries, want)
+                // Applied once the request is authorized below (it judges `req`, unedited).
+                let headers = crate::edit::HeaderEdits {
+                    request: r.request_headers.clone(),
+                    response: r.response_headers.clone(),
+                };
+                let name = Some(r.name.clone());
+                (dst, within, name, timeout, r.retries, want, headers)
             }
-            None => (self.target.clone(), Within::default(), None, None, 0, None),
+            None => {
+                let none = crate::edit::HeaderEdits::default();
+                (
+                    self.target.clone(),
+                    Within::default(),
+                    None,
+                    None,
+                    0,
+                    None,
+                    none,
+                )
+            }
         };
         let mut picked = None;
         for _ in 0..REDRAWS {
@@ -187,6 +204,7 @@ impl Router for TunnelRouter {
             timeout,
             retries,
             protocol: ferry_core::protocol::http_upstream(&snap, &plan),
+            headers,
             ticket: plan,
         })
     }

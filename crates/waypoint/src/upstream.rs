@@ -72,6 +72,9 @@ pub struct Choice<T> {
     pub retries: u32,
     /// How the request goes on: as the backend's port declares.
     pub protocol: HttpUpstream,
+    /// The route's edits of the request sent on and of the response returned, applied after
+    /// this choice was made (the request was authorized as the client sent it).
+    pub headers: crate::edit::HeaderEdits,
     /// What [`Router::open`] needs to connect.
     pub ticket: T,
 }
@@ -134,6 +137,7 @@ impl Router for Fixed {
             timeout: None,
             retries: 0,
             protocol: HttpUpstream::Http1,
+            headers: crate::edit::HeaderEdits::default(),
             ticket: (),
         })
     }
@@ -461,6 +465,8 @@ pub(crate) async fn forward<R: Router>(
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
         *request.headers_mut() = parts.headers.clone();
+        // Edited only now: routing and authorization judged `facts`, what the client sent.
+        crate::edit::apply(request.headers_mut(), &choice.headers.request);
         let formed = match choice.protocol {
             HttpUpstream::Http1 => {
                 strip_hop_by_hop(request.headers_mut(), upgrade.is_some());
@@ -504,6 +510,7 @@ pub(crate) async fn forward<R: Router>(
         };
         match outcome {
             Some(Ok(mut response)) => {
+                crate::edit::apply(response.headers_mut(), &choice.headers.response);
                 if let (Some(down), StatusCode::SWITCHING_PROTOCOLS) =
                     (upgrade.take(), response.status())
                 {

@@ -1,0 +1,90 @@
+//! A route's header edits (the Gateway API's `RequestHeaderModifier` and
+//! `ResponseHeaderModifier`), applied to the request the waypoint sends on and to the response
+//! it returns. The request is edited only after it was routed and authorized: the policy judges
+//! what the client sent, never what a route made of it.
+
+use ferry_core::model::HeaderModifier;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// The edits of the route a request took (none without a route).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeaderEdits {
+    /// Of the request sent on to the backend.
+    pub request: HeaderModifier,
+    /// Of the backend's response returned to the client.
+    pub response: HeaderModifier,
+}
+
+/// Applies `m` to `headers`: every `remove`, then every `set` (all values of the name replaced
+/// by one), then every `add` (one more value). The decoders checked every name and value; one
+/// that is still not a valid header (a model built by hand) is skipped, never a panic.
+pub(crate) fn apply(headers: &mut HeaderMap, m: &HeaderModifier) {
+    for name in &m.remove {
+        headers.remove(name.as_str());
+    }
+    for (name, value) in &m.set {
+        if let Some((n, v)) = parsed(name, value) {
+            headers.insert(n, v);
+        }
+    }
+    for (name, value) in &m.add {
+        if let Some((n, v)) = parsed(name, value) {
+            headers.append(n, v);
+        }
+    }
+}
+
+fn parsed(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
+    let parsed = HeaderName::from_bytes(name.as_bytes())
+        .ok()
+        .zip(HeaderValue::from_str(value).ok());
+    if parsed.is_none() {
+        tracing::debug!(header.name = %name, "a route's header edit is not a valid header; skipped");
+    }
+    parsed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values<'a>(h: &'a HeaderMap, name: &str) -> Vec<&'a str> {
+        h.get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn remove_then_set_then_add() {
+        let mut h = HeaderMap::new();
+        h.append("x-a", HeaderValue::from_static("1"));
+        h.append("x-a", HeaderValue::from_static("2"));
+        h.append("x-b", HeaderValue::from_static("old"));
+        h.append("x-c", HeaderValue::from_static("keep"));
+        let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+        apply(
+            &mut h,
+            &HeaderModifier {
+                // Removed first, so a `set` and an `add` of the same name still land.
+                remove: vec!["x-a".into(), "x-b".into(), "x-none".into()],
+                set: vec![pair("x-a", "set"), pair("x-c", "new")],
+                add: vec![pair("x-a", "added"), pair("x-b", "added")],
+            },
+        );
+        assert_eq!(values(&h, "x-a"), ["set", "added"]);
+        assert_eq!(values(&h, "x-b"), ["added"]);
+        assert_eq!(values(&h, "x-c"), ["new"]);
+        assert!(h.get("x-none").is_none());
+        // Invalid edits (a model built by hand) are skipped.
+        apply(
+            &mut h,
+            &HeaderModifier {
+                set: vec![pair("bad name", "x"), pair("x-d", "a\nb")],
+                remove: vec!["bad name".into()],
+                ..HeaderModifier::default()
+            },
+        );
+        assert_eq!(h.len(), 4);
+    }
+}
