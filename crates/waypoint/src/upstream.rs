@@ -465,8 +465,6 @@ pub(crate) async fn forward<R: Router>(
         *request.method_mut() = parts.method.clone();
         *request.uri_mut() = parts.uri.clone();
         *request.headers_mut() = parts.headers.clone();
-        // Edited only now: routing and authorization judged `facts`, what the client sent.
-        crate::edit::apply(request.headers_mut(), &choice.headers.request);
         let formed = match choice.protocol {
             HttpUpstream::Http1 => {
                 strip_hop_by_hop(request.headers_mut(), upgrade.is_some());
@@ -480,7 +478,7 @@ pub(crate) async fn forward<R: Router>(
                 http2_form(request, trailers)
             }
         };
-        let request = match formed {
+        let mut request = match formed {
             Ok(r) => r,
             Err((resp, why)) => {
                 return Sent {
@@ -494,6 +492,10 @@ pub(crate) async fn forward<R: Router>(
                 };
             }
         };
+        // Edited only now: routing and authorization judged `facts`, what the client sent; and
+        // after the request took the backend's form, so no edit is stripped as one the client's
+        // `Connection` named.
+        crate::edit::apply(request.headers_mut(), &choice.headers.request);
         let sending = upstreams.send(router, &choice, request);
         let outcome = match choice.timeout {
             Some(t) => tokio::time::timeout(t, sending).await.ok(),

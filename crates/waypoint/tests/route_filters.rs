@@ -310,6 +310,16 @@ async fn the_backend_sees_the_edited_request_and_the_client_the_edited_response(
     let (_, headers, _) = c.send("GET", "/x", &[("x-debug", "on")]).await;
     assert_eq!(headers.get("x-drop").unwrap(), "yes");
     assert!(c.seen.lock()[1].iter().any(|l| l == "x-debug: on"));
+    // The client's `x-hop` was for its connection only and is not sent on; the route's is.
+    c.send(
+        "GET",
+        "/x?v=2",
+        &[("connection", "x-hop"), ("x-hop", "client")],
+    )
+    .await;
+    let got = c.seen.lock()[2].clone();
+    let hops: Vec<&String> = got.iter().filter(|l| l.starts_with("x-hop")).collect();
+    assert_eq!(hops, ["x-hop: wp"], "{got:?}");
 }
 
 #[tokio::test]
