@@ -255,3 +255,7 @@ impl Router for TunnelRouter {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "router_tests.rs"]
+mod tests;
