@@ -26,6 +26,7 @@ spec:
     - queryParams:
       - {name: v, value: '2'}
       - {type: Exact, name: q, value: a b}
+      - {name: v, value: '3'}  # ignored: the first of a name counts
     filters:
     - type: RequestHeaderModifier
       requestHeaderModifier:

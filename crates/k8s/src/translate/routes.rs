@@ -210,9 +210,10 @@ impl Tx<'_> {
                 if q.name.is_empty() {
                     return Err("a query parameter match without a name".into());
                 }
-                if spec.query.insert(q.name.clone(), q.value.clone()).is_some() {
-                    return Err(format!("query parameter {} is matched twice", q.name));
-                }
+                // A name given again is ignored: the Gateway API considers only the first.
+                spec.query
+                    .entry(q.name.clone())
+                    .or_insert_with(|| q.value.clone());
             }
             matches.push(spec);
         }
