@@ -306,11 +306,20 @@ fn the_waypoint_hop_lists_the_http_routes_it_applies() {
 fn the_waypoint_hop_shows_method_query_matches_and_header_edits() {
     let lab = std::fs::read_to_string(example("lab.yaml")).expect("lab.yaml");
     let canary = "match: [{headers: {x-canary: \"yes\"}}]";
-    assert!(lab.contains(canary), "lab.yaml's canary route moved");
-    let edited = lab.replace(
-        canary,
-        "match: [{method: GET, headers: {x-canary: \"yes\"}, query: {v: '2'}}]\n        request_headers: {remove: [x-debug], set: {x-env: prod}, add: {x-hop: wp}}\n        response_headers: {remove: [server]}",
+    let edits = "response_headers: {set: {x-route: canary}}";
+    assert!(
+        lab.contains(canary) && lab.contains(edits),
+        "lab.yaml's canary route moved"
     );
+    let edited = lab
+        .replace(
+            canary,
+            "match: [{method: GET, headers: {x-canary: \"yes\"}, query: {v: '2'}}]\n        request_headers: {remove: [x-debug], set: {x-env: prod}, add: {x-hop: wp}}",
+        )
+        .replace(
+            edits,
+            "response_headers: {remove: [server], set: {x-route: canary}}",
+        );
     let t = TempFile::new("route-filters.yaml", &edited);
     let o = ferry(&[
         "explain",
@@ -324,7 +333,7 @@ fn the_waypoint_hop_shows_method_query_matches_and_header_edits() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
-        out.contains("canary: method GET and x-canary: yes and query v=\"2\" -> 100% shop.default.svc.cluster.local {version=v2}, request headers: remove x-debug, set x-env: prod, add x-hop: wp, response headers: remove server"),
+        out.contains("canary: method GET and x-canary: yes and query v=\"2\" -> 100% shop.default.svc.cluster.local {version=v2}, request headers: remove x-debug, set x-env: prod, add x-hop: wp, response headers: remove server, set x-route: canary"),
         "{out}"
     );
 }
