@@ -1,6 +1,7 @@
 //! Choosing a request's HTTP route allocates nothing when its matches name path, method and
-//! headers (the paths every request to a routed service takes), nor for query matches whose
-//! parameters need no decoding; only a parameter with escapes is decoded into a new string.
+//! headers (the paths every request to a routed service takes), nor for query matches on a
+//! query without escapes. The query is read once, whatever the routes compare: each escaped
+//! name or value among its parameters read is decoded into one new string, once per request.
 //! One test alone in its binary: the allocator's counts are global.
 
 use std::alloc::System;
@@ -42,7 +43,7 @@ fn allocations(routes: &[HttpRoute], req: &HttpRequest<'_>) -> (usize, Option<St
 }
 
 #[test]
-fn route_matching_allocates_only_to_decode_an_escaped_query_parameter() {
+fn route_matching_allocates_only_to_decode_escapes_once_per_request() {
     let plain = vec![
         route(
             "exact",
@@ -95,5 +96,28 @@ fn route_matching_allocates_only_to_decode_an_escaped_query_parameter() {
     );
     let (made, chosen) = allocations(&query, &req("GET", "/v2/x", "a=%31&v=%32"));
     assert_eq!(chosen.as_deref(), Some("query"));
-    assert!(made > 0, "decoding an escape makes a string");
+    assert_eq!(made, 2, "decoding an escape makes a string");
+    // A parameter no match compares is decoded too: the query is read as a whole, once.
+    assert_eq!(
+        allocations(&query, &req("GET", "/v2/x", "a=%31&v=2")),
+        (1, Some("query".into()))
+    );
+    // Many routes comparing parameters read the query once: one string per escape, not one
+    // per condition.
+    let many: Vec<HttpRoute> = (0..8)
+        .map(|i| {
+            route(
+                &format!("v{i}"),
+                RouteMatch {
+                    query: vec![("x".into(), "1".into()), ("v".into(), i.to_string())],
+                    ..RouteMatch::default()
+                },
+            )
+        })
+        .collect();
+    assert_eq!(
+        allocations(&many, &req("GET", "/", "a=%31&x=1&v=7")),
+        (1, Some("v7".into()))
+    );
+    assert_eq!(allocations(&many, &req("GET", "/", "a=%31&v=9")), (1, None));
 }

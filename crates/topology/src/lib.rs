@@ -80,11 +80,12 @@
 //!   (exact, one of `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`, `TRACE`,
 //!   `PATCH`), `headers: {name: pattern}` (exact, `prefix*`, `*suffix`, `*`) and `query:
 //!   {name: value}` (name and value exact after percent-decoding, `+` read as a space; a
-//!   repeated parameter by its first value). `request_headers` edits the request the waypoint
-//!   sends on, after it authorized it (the policy judges what the client sent);
-//!   `response_headers` the backend's response the client gets. Each is `{remove: [name],
-//!   set: {name: value}, add: {name: value}}`, applied in that order: every `remove`, then
-//!   every `set` (replaces all values of the name), then every `add` (one more value). Names
+//!   repeated parameter by its first value, among the query's first 256 parameters).
+//!   `request_headers` edits the request the waypoint sends on, after it authorized it (the
+//!   policy judges what the client sent); `response_headers` the backend's response the
+//!   client gets. Each is `{remove: [name], set: {name: value}, add: {name: value}}`,
+//!   applied in that order: every `remove`, then every `set` (replaces all values of the
+//!   name), then every `add` (one more value). Names
 //!   are valid header names, not pseudo-headers and none of `host`, `connection`,
 //!   `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`, `te`, `content-length`;
 //!   values are valid header values (no CR, LF or NUL).

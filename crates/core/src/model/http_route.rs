@@ -42,6 +42,8 @@ pub struct RouteMatch {
     pub headers: Vec<(String, StringMatch)>,
     /// Query parameter name (exact, case-sensitive) and the value it must have, compared after
     /// percent-decoding both; a parameter given several times is judged by its first value.
+    /// Only the query's first [`crate::route::http::QUERY_PARAMETERS_READ`] parameters are
+    /// read.
     pub query: Vec<(String, String)>,
 }
 

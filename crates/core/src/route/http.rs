@@ -2,21 +2,36 @@
 //! then decides the backend's endpoint with [`super::route_within`], inside both the backend's
 //! and the routed service's scope.
 
+use std::borrow::Cow;
+
 use crate::authz::HttpRequest;
 use crate::model::{HttpRoute, RouteBackend, RouteMatch};
 use crate::random::Random;
 
+/// How many of a query's parameters (its non-empty `&`-separated pairs, from the start) route
+/// matching reads: a parameter after them is not seen, and a condition naming only it does not
+/// hold. It bounds the decoding one request costs, however long its query.
+pub const QUERY_PARAMETERS_READ: usize = 256;
+
 /// The first route whose matches admit the request (a route without matches admits all).
+/// The query is read at most once, and only when some match compares a parameter.
 pub fn select<'r>(routes: &'r [HttpRoute], req: &HttpRequest<'_>) -> Option<&'r HttpRoute> {
+    let mut query = Query::new(req.query);
     routes
         .iter()
-        .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| matches(m, req)))
+        .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| holds(m, req, &mut query)))
 }
 
 /// Does one match admit the request? Every condition must hold; a header condition holds when
 /// any value of that header satisfies it; a query condition holds when the first parameter of
-/// that name (names and values percent-decoded, `+` as a space) has exactly that value.
+/// that name (the request's names and values percent-decoded, `+` as a space, among its first
+/// [`QUERY_PARAMETERS_READ`] parameters) has exactly that value. [`select`] reads the query
+/// once for all its routes; this reads it again for each call.
 pub fn matches(m: &RouteMatch, req: &HttpRequest<'_>) -> bool {
+    holds(m, req, &mut Query::new(req.query))
+}
+
+fn holds<'q>(m: &RouteMatch, req: &HttpRequest<'q>, query: &mut Query<'q>) -> bool {
     if let Some(p) = &m.path
         && !p.matches(req.path)
     {
@@ -32,13 +47,60 @@ pub fn matches(m: &RouteMatch, req: &HttpRequest<'_>) -> bool {
             .iter()
             .any(|(n, v)| n.eq_ignore_ascii_case(name) && want.matches(v))
     });
-    // The query is parsed only for a match that names parameters.
     headers_hold
-        && m.query.iter().all(|(name, want)| {
-            form_urlencoded::parse(req.query.as_bytes())
-                .find(|(n, _)| n == name)
-                .is_some_and(|(_, v)| v == want.as_str())
+        && (m.query.is_empty() || {
+            let params = query.read();
+            m.query
+                .iter()
+                .all(|(name, want)| params.first(name) == Some(want.as_str()))
         })
+}
+
+/// A request's query, read when a match first compares a parameter, then kept for the
+/// request's other matches.
+struct Query<'q> {
+    raw: &'q str,
+    read: Option<Params<'q>>,
+}
+
+impl<'q> Query<'q> {
+    fn new(raw: &'q str) -> Self {
+        Self { raw, read: None }
+    }
+
+    fn read(&mut self) -> &Params<'q> {
+        let raw = self.raw;
+        self.read.get_or_insert_with(|| Params::read(raw))
+    }
+}
+
+/// The first [`QUERY_PARAMETERS_READ`] parameters of a query, decoded, in order. Held on the
+/// stack and borrowing the query: a parameter without escapes costs no allocation, one with
+/// escapes one string for its name or value.
+struct Params<'q> {
+    len: usize,
+    pairs: [(Cow<'q, str>, Cow<'q, str>); QUERY_PARAMETERS_READ],
+}
+
+impl<'q> Params<'q> {
+    fn read(raw: &'q str) -> Self {
+        let mut pairs = std::array::from_fn(|_| (Cow::Borrowed(""), Cow::Borrowed("")));
+        let mut len = 0;
+        // `zip` stops at the last slot before asking the parser for one more parameter.
+        for (slot, pair) in pairs.iter_mut().zip(form_urlencoded::parse(raw.as_bytes())) {
+            *slot = pair;
+            len += 1;
+        }
+        Self { len, pairs }
+    }
+
+    /// The value of the first parameter named `name`.
+    fn first(&self, name: &str) -> Option<&str> {
+        self.pairs[..self.len]
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| &**v)
+    }
 }
 
 /// One backend, with probability weight / total weight. `None` when no backend has weight.
@@ -162,6 +224,40 @@ mod tests {
         assert!(matches(&empty, &call("GET", "/", "flag")));
         assert!(matches(&empty, &call("GET", "/", "flag=")));
         assert!(!matches(&empty, &call("GET", "/", "flags")));
+    }
+
+    #[test]
+    fn only_the_first_parameters_of_a_query_are_read() {
+        let m = RouteMatch {
+            query: vec![("v".into(), "2".into())],
+            ..RouteMatch::default()
+        };
+        let filler = |n: usize| vec!["x=%31"; n].join("&");
+        let last_read = format!("{}&v=2", filler(QUERY_PARAMETERS_READ - 1));
+        assert!(matches(&m, &call("GET", "/", &last_read)));
+        let beyond = format!("{}&v=2", filler(QUERY_PARAMETERS_READ));
+        assert!(!matches(&m, &call("GET", "/", &beyond)), "not read");
+        // Empty pairs are no parameters and count for nothing.
+        let empties = format!("{}&&&v=2", filler(QUERY_PARAMETERS_READ - 1));
+        assert!(matches(&m, &call("GET", "/", &empties)));
+        let routes = vec![
+            route("other", vec![m], vec![backend("o", 1)]),
+            route(
+                "flag",
+                vec![RouteMatch {
+                    query: vec![("flag".into(), String::new())],
+                    ..RouteMatch::default()
+                }],
+                vec![backend("f", 1)],
+            ),
+        ];
+        let name = |q: &str| select(&routes, &call("GET", "/", q)).map(|r| &r.name[..]);
+        assert_eq!(
+            name("v=3&flag"),
+            Some("flag"),
+            "one reading serves every route"
+        );
+        assert_eq!(name(&format!("{beyond}&flag")), None);
     }
 
     #[test]
