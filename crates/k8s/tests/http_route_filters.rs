@@ -179,3 +179,91 @@ spec:
     assert_eq!(chosen(&s, "POST", "/api", "v=1"), Some("c-query.0"));
     assert_eq!(chosen(&s, "POST", "/api", ""), Some("a-plain.0"));
 }
+
+/// Names equal but for case, as the API server lets through (its uniqueness is
+/// case-sensitive): in header matches and in each list of a header modifier the first entry
+/// counts and the others are ignored, as the Gateway API says.
+const SAME_NAMES: &str = "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: cased, namespace: default, creationTimestamp: '2025-01-01T00:00:00Z'}
+spec:
+  parentRefs: [{group: '', kind: Service, name: audit}]
+  rules:
+  - matches:
+    - headers:
+      - {name: X-Canary, value: 'yes'}
+      - {name: x-canary, value: 'no'}
+      - {type: RegularExpression, name: X-CANARY, value: '.*'}
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{name: X-Env, value: first}, {name: x-env, value: second}]
+        add: [{name: x-hop, value: first}, {name: X-Hop, value: second}]
+        remove: [X-Debug, x-debug, X-DEBUG]
+    - type: ResponseHeaderModifier
+      responseHeaderModifier:
+        set: [{name: x-route, value: first}, {name: X-Route, value: \"bad\\r\\nvalue\"}]
+    backendRefs: [{name: ledger, port: 80}]
+  - matches:
+    - path: {type: PathPrefix, value: /placed}
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{name: x-a, value: '1'}, {name: X-A, value: '2'}, {name: Host, value: h}]
+    backendRefs: [{name: ledger, port: 80}]
+";
+
+#[test]
+fn of_names_equal_but_for_case_the_first_entry_counts() {
+    let (s, notes) = support::mesh(SAME_NAMES, "");
+    let routes = &s
+        .service(&ServiceKey::new(
+            "default",
+            "audit.default.svc.cluster.local",
+        ))
+        .unwrap()
+        .http_routes;
+    let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["cased.0"], "{notes:?}");
+    let r = &routes[0];
+    let canary = |v: &str| {
+        let headers = [("x-canary", v)];
+        let req = HttpRequest {
+            method: "GET",
+            path: "/",
+            query: "",
+            host: "audit.default.svc.cluster.local",
+            headers: &headers,
+        };
+        select(routes, &req).map(|r| r.name.as_str())
+    };
+    assert_eq!(canary("yes"), Some("cased.0"));
+    assert_eq!(canary("no"), None, "the second entry is ignored");
+    assert_eq!(
+        r.request_headers.set,
+        [("x-env".to_string(), "first".to_string())]
+    );
+    assert_eq!(
+        r.request_headers.add,
+        [("x-hop".to_string(), "first".to_string())]
+    );
+    assert_eq!(r.request_headers.remove, ["x-debug"]);
+    assert_eq!(
+        r.response_headers.set,
+        [("x-route".to_string(), "first".to_string())],
+        "an ignored entry is not checked either"
+    );
+    let route_notes: Vec<&str> = notes
+        .iter()
+        .filter(|n| n.object == "HTTPRoute default/cased")
+        .map(|n| n.message.as_str())
+        .collect();
+    // Placed as the object lists it: the ignored `X-A` keeps its place.
+    assert_eq!(route_notes.len(), 1, "{route_notes:?}");
+    assert!(
+        route_notes[0]
+            .starts_with("rule 1 left out: requestHeaderModifier.set[2].name: expected a header a route may edit, found \"host\""),
+        "{route_notes:?}"
+    );
+}

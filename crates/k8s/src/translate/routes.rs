@@ -20,14 +20,18 @@
 //! edit of an invalid name or value, a pseudo-header, `host`, a connection-specific header or
 //! `content-length`, a backend of another kind or namespace, a backend Service that does not
 //! exist) is left out with a note, and its requests fall to the next rule or to the service
-//! itself. A route on a Service without a waypoint does nothing (no
+//! itself. Of header names equal but for case (the API server lets `X-Foo` and `x-foo` both
+//! through), in a match's `headers` and in each list of a header modifier, the first entry
+//! counts and the others are ignored, unchecked, as the Gateway API says (the topology file
+//! and the xDS decoder stay strict: two such names in one edit list are refused). A route on a
+//! Service without a waypoint does nothing (no
 //! waypoint applies it) and is a note. A route of one name in several clusters is read from
 //! the first cluster in ID order; a differing copy is a note.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
-use ferry_core::model::{HTTP_METHODS, HeaderModifier};
+use ferry_core::model::{HTTP_METHODS, HeaderEditError, HeaderModifier};
 use ferry_topology::schema::{BackendSpec, HeaderModifierSpec, RouteMatchSpec, RouteSpec};
 use k8s_openapi::jiff::Timestamp;
 
@@ -189,14 +193,20 @@ impl Tx<'_> {
                 }
             }
             for h in &m.headers {
+                let name = h.name.to_ascii_lowercase();
+                // Header names are case-insensitive and only the first entry of a name counts
+                // (the Gateway API's rule); the API server's uniqueness is case-sensitive, so
+                // `X-Foo` and `x-foo` can both arrive: the later one is ignored.
+                if spec.headers.contains_key(&name) {
+                    continue;
+                }
                 if h.type_.as_deref().is_some_and(|t| t != "Exact") {
                     return Err(format!("a header match of type {:?}", h.type_));
                 }
                 if h.value.contains('*') {
                     return Err(format!("header {}'s value holds a `*`", h.name));
                 }
-                spec.headers
-                    .insert(h.name.to_ascii_lowercase(), h.value.clone());
+                spec.headers.insert(name, h.value.clone());
             }
             if let Some(method) = &m.method {
                 if !HTTP_METHODS.contains(&method.as_str()) {
@@ -314,18 +324,29 @@ fn header_filters(
         if slot.is_some() {
             return Err(format!("filter {} is given twice", f.type_));
         }
-        let pairs = |list: &[crate::crd::HttpHeader]| {
-            list.iter()
+        // Header names are case-insensitive and the API server's uniqueness is not: of names
+        // equal but for case, the first entry counts and the others are ignored.
+        let (set, set_at) = first_of_each_name(&given.set, |h| &h.name);
+        let (add, add_at) = first_of_each_name(&given.add, |h| &h.name);
+        let (remove, remove_at) = first_of_each_name(&given.remove, |n| n);
+        let pairs = |list: Vec<&crate::crd::HttpHeader>| {
+            list.into_iter()
                 .map(|h| (h.name.clone(), h.value.clone()))
                 .collect()
         };
         let checked = HeaderModifier {
-            set: pairs(&given.set),
-            add: pairs(&given.add),
-            remove: given.remove.clone(),
+            set: pairs(set),
+            add: pairs(add),
+            remove: remove.into_iter().cloned().collect(),
         }
         .check()
-        .map_err(|e| format!("{field}.{e}"))?;
+        .map_err(|e| {
+            let e = placed_as_given(
+                e,
+                &[("set", &set_at), ("add", &add_at), ("remove", &remove_at)],
+            );
+            format!("{field}.{e}")
+        })?;
         // Checked: names in lower case, each once per list, so the maps keep every edit.
         *slot = Some(HeaderModifierSpec {
             set: checked.set.into_iter().collect(),
@@ -334,6 +355,32 @@ fn header_filters(
         });
     }
     Ok((request.unwrap_or_default(), response.unwrap_or_default()))
+}
+
+/// The entries of `list` whose name no earlier entry gave (compared ignoring ASCII case),
+/// with their places in `list`.
+fn first_of_each_name<T>(list: &[T], name: impl Fn(&T) -> &str) -> (Vec<&T>, Vec<usize>) {
+    let mut seen = std::collections::BTreeSet::new();
+    list.iter()
+        .enumerate()
+        .filter(|(_, e)| seen.insert(name(e).to_ascii_lowercase()))
+        .map(|(i, e)| (e, i))
+        .unzip()
+}
+
+/// `e`, placed (`set[1]`) in the lists as the object gave them rather than as checked, once
+/// ignored entries were dropped: `lists` holds each list's places.
+fn placed_as_given(e: HeaderEditError, lists: &[(&str, &[usize])]) -> HeaderEditError {
+    let given = lists.iter().find_map(|(list, at)| {
+        let rest = e.field.strip_prefix(list)?.strip_prefix('[')?;
+        let (i, rest) = rest.split_once(']')?;
+        let place = at.get(i.parse::<usize>().ok()?)?;
+        Some(format!("{list}[{place}]{rest}"))
+    });
+    HeaderEditError {
+        field: given.unwrap_or(e.field),
+        problem: e.problem,
+    }
 }
 
 /// One route per match of `spec` (a rule without matches is one route that matches every
