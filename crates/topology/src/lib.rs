@@ -87,7 +87,8 @@
 //!   applied in that order: every `remove`, then every `set` (replaces all values of the
 //!   name), then every `add` (one more value). Names
 //!   are valid header names, not pseudo-headers and none of `host`, `connection`,
-//!   `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`, `te`, `content-length`;
+//!   `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`, `te`, `trailer`,
+//!   `content-length`;
 //!   values are valid header values (no CR, LF or NUL).
 
 mod convert;

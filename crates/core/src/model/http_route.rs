@@ -94,8 +94,9 @@ pub const HTTP_METHODS: [&str; 9] = [
 ];
 
 /// Headers a route may not edit: the message's own framing and connection handling, which the
-/// waypoint and hyper own (`host` is judged and sent on as one value).
-pub const UNEDITABLE_HEADERS: [&str; 8] = [
+/// waypoint and hyper own (`host` is judged and sent on as one value; the hop-by-hop ones,
+/// `trailer` among them, are stripped before the edits, which would put them back).
+pub const UNEDITABLE_HEADERS: [&str; 9] = [
     "host",
     "connection",
     "keep-alive",
@@ -103,6 +104,7 @@ pub const UNEDITABLE_HEADERS: [&str; 8] = [
     "transfer-encoding",
     "upgrade",
     "te",
+    "trailer",
     "content-length",
 ];
 
@@ -203,7 +205,7 @@ mod tests {
         let problem = |m: HeaderModifier| m.check().unwrap_err().to_string();
         for name in UNEDITABLE_HEADERS
             .iter()
-            .chain(&["Host", "TE", "Content-Length"])
+            .chain(&["Host", "TE", "Trailer", "Content-Length"])
         {
             let e = problem(set(name, "x"));
             assert!(

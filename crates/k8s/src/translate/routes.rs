@@ -17,16 +17,16 @@
 //! Services of the route's namespace with a `port` and a `weight`, and `timeouts.request` in
 //! seconds or milliseconds (`"5s"`, `"500ms"`). A rule that uses anything else (other filters,
 //! regular expressions, a header value with `*`, which Ferry would read as a pattern, a header
-//! edit of an invalid name or value, a pseudo-header, `host`, a connection-specific header or
-//! `content-length`, a backend of another kind or namespace, a backend Service that does not
-//! exist) is left out with a note, and its requests fall to the next rule or to the service
-//! itself. Of header names equal but for case (the API server lets `X-Foo` and `x-foo` both
-//! through), in a match's `headers` and in each list of a header modifier, the first entry
-//! counts and the others are ignored, unchecked, as the Gateway API says (the topology file
-//! and the xDS decoder stay strict: two such names in one edit list are refused). A route on a
-//! Service without a waypoint does nothing (no
-//! waypoint applies it) and is a note. A route of one name in several clusters is read from
-//! the first cluster in ID order; a differing copy is a note.
+//! edit of an invalid name or value, a pseudo-header, `host`, a connection-specific header
+//! (`trailer` among them) or `content-length`, a backend of another kind or namespace, a
+//! backend Service that does not exist) is left out with a note, and its requests fall to the
+//! next rule or to the service itself. Of header names equal but for case (the API server lets
+//! `X-Foo` and `x-foo` both through), in a match's `headers` and in each list of a header
+//! modifier, the first entry counts and the others are ignored, unchecked, as the Gateway API
+//! says (the topology file and the xDS decoder stay strict: two such names in one edit list are
+//! refused). A route on a Service without a waypoint does nothing (no waypoint applies it) and
+//! is a note. A route of one name in several clusters is read from the first cluster in ID
+//! order; a differing copy is a note.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
