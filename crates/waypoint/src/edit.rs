@@ -3,7 +3,7 @@
 //! it returns. The request is edited only after it was routed and authorized: the policy judges
 //! what the client sent, never what a route made of it.
 
-use ferry_core::model::HeaderModifier;
+use ferry_core::model::{HeaderModifier, UNEDITABLE_HEADERS};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The edits of the route a request took (none without a route).
@@ -17,10 +17,13 @@ pub struct HeaderEdits {
 
 /// Applies `m` to `headers`: every `remove`, then every `set` (all values of the name replaced
 /// by one), then every `add` (one more value). The decoders checked every name and value; one
-/// that is still not a valid header (a model built by hand) is skipped, never a panic.
+/// that is still not a valid header, a pseudo-header or one of [`UNEDITABLE_HEADERS`] (a model
+/// built without [`HeaderModifier::check`]) is skipped, never a panic.
 pub(crate) fn apply(headers: &mut HeaderMap, m: &HeaderModifier) {
     for name in &m.remove {
-        headers.remove(name.as_str());
+        if let Some(n) = editable(name) {
+            headers.remove(n);
+        }
     }
     for (name, value) in &m.set {
         if let Some((n, v)) = parsed(name, value) {
@@ -34,14 +37,30 @@ pub(crate) fn apply(headers: &mut HeaderMap, m: &HeaderModifier) {
     }
 }
 
-fn parsed(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
-    let parsed = HeaderName::from_bytes(name.as_bytes())
-        .ok()
-        .zip(HeaderValue::from_str(value).ok());
-    if parsed.is_none() {
-        tracing::debug!(header.name = %name, "a route's header edit is not a valid header; skipped");
+/// `name` as a header name, if a route may edit it.
+fn editable(name: &str) -> Option<HeaderName> {
+    if name.starts_with(':') {
+        tracing::debug!(header.name = %name, "a route's header edit names a pseudo-header; skipped");
+        return None;
     }
-    parsed
+    let Ok(n) = HeaderName::from_bytes(name.as_bytes()) else {
+        tracing::debug!(header.name = %name, "a route's header edit is not a valid header name; skipped");
+        return None;
+    };
+    if UNEDITABLE_HEADERS.contains(&n.as_str()) {
+        tracing::debug!(header.name = %name, "a route's header edit names a header no route may edit; skipped");
+        return None;
+    }
+    Some(n)
+}
+
+fn parsed(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
+    let n = editable(name)?;
+    let Ok(v) = HeaderValue::from_str(value) else {
+        tracing::debug!(header.name = %name, "a route's header edit is not a valid header value; skipped");
+        return None;
+    };
+    Some((n, v))
 }
 
 #[cfg(test)]
@@ -85,6 +104,39 @@ mod tests {
                 ..HeaderModifier::default()
             },
         );
+        assert_eq!(h.len(), 4);
+    }
+
+    #[test]
+    fn pseudo_headers_and_uneditable_names_are_skipped_unchecked() {
+        let mut h = HeaderMap::new();
+        h.append("connection", HeaderValue::from_static("keep-alive"));
+        h.append("host", HeaderValue::from_static("audit"));
+        h.append("x-a", HeaderValue::from_static("1"));
+        let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+        // As no decoder would let through: built without `HeaderModifier::check`.
+        apply(
+            &mut h,
+            &HeaderModifier {
+                remove: vec!["connection".into(), "Host".into(), ":path".into()],
+                set: vec![
+                    pair("Host", "evil.example"),
+                    pair("content-length", "0"),
+                    pair(":authority", "evil.example"),
+                ],
+                add: vec![
+                    pair("transfer-encoding", "chunked"),
+                    pair("trailer", "x-sum"),
+                    pair("x-a", "2"),
+                ],
+            },
+        );
+        assert_eq!(values(&h, "connection"), ["keep-alive"]);
+        assert_eq!(values(&h, "host"), ["audit"]);
+        assert_eq!(values(&h, "x-a"), ["1", "2"]);
+        for name in ["content-length", "transfer-encoding", "trailer"] {
+            assert!(h.get(name).is_none(), "{name}");
+        }
         assert_eq!(h.len(), 4);
     }
 }
