@@ -79,8 +79,9 @@
 //!   every condition it names does: `path` (exact) or `path_prefix` (segment-wise), `method`
 //!   (exact, one of `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`, `TRACE`,
 //!   `PATCH`), `headers: {name: pattern}` (exact, `prefix*`, `*suffix`, `*`) and `query:
-//!   {name: value}` (name and value exact after percent-decoding, `+` read as a space; a
-//!   repeated parameter by its first value, among the query's first 256 parameters).
+//!   {name: value}` (exact: only the request's query is percent-decoded, `+` read as a
+//!   space, and compared with the name and value as written; a repeated parameter by its first
+//!   value, among the query's first 256 parameters).
 //!   `request_headers` edits the request the waypoint sends on, after it authorized it (the
 //!   policy judges what the client sent); `response_headers` the backend's response the
 //!   client gets. Each is `{remove: [name], set: {name: value}, add: {name: value}}`,
@@ -89,7 +90,7 @@
 //!   are valid header names, not pseudo-headers and none of `host`, `connection`,
 //!   `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`, `te`, `trailer`,
 //!   `content-length`;
-//!   values are valid header values (no CR, LF or NUL).
+//!   values are visible ASCII, spaces and tabs (no CR, LF, NUL or bytes beyond ASCII).
 
 mod convert;
 pub mod editable;

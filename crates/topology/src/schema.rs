@@ -235,8 +235,8 @@ pub struct RouteMatchSpec {
     /// Header name to pattern (exact, `prefix*`, `*suffix`, `*`).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// Query parameter name to value, both exact after percent-decoding (the first value of a
-    /// repeated parameter).
+    /// Query parameter name to value, exact: the request's query is percent-decoded, these
+    /// are compared as written (the first value of a repeated parameter).
     #[serde(default)]
     pub query: BTreeMap<String, String>,
 }

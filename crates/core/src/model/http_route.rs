@@ -40,10 +40,10 @@ pub struct RouteMatch {
     pub method: Option<String>,
     /// Header name (lower case) and how its value must look.
     pub headers: Vec<(String, StringMatch)>,
-    /// Query parameter name (exact, case-sensitive) and the value it must have, compared after
-    /// percent-decoding both; a parameter given several times is judged by its first value.
-    /// Only the query's first [`crate::route::http::QUERY_PARAMETERS_READ`] parameters are
-    /// read.
+    /// Query parameter name (exact, case-sensitive) and the value it must have. Only the
+    /// request's query is percent-decoded (`+` as a space); this name and value are compared as
+    /// written. A parameter given several times is judged by its first value, and only the
+    /// query's first [`crate::route::http::QUERY_PARAMETERS_READ`] parameters are read.
     pub query: Vec<(String, String)>,
 }
 
@@ -123,7 +123,8 @@ impl HeaderModifier {
 
     /// Checked, with names in lower case: every name a valid HTTP field name that is no
     /// pseudo-header and none of [`UNEDITABLE_HEADERS`], at most once in each list; every value
-    /// a valid field value (visible ASCII, spaces and tabs: no CR, LF or NUL).
+    /// a valid field value: visible ASCII, spaces and tabs only (no CR, LF, NUL, other control
+    /// characters or bytes beyond ASCII, which HTTP allows only as opaque data).
     pub fn check(mut self) -> Result<Self, HeaderEditError> {
         let err = |field: String, problem: String| HeaderEditError { field, problem };
         for (list, entries) in [("set", &mut self.set), ("add", &mut self.add)] {
@@ -136,7 +137,10 @@ impl HeaderModifier {
                         format!("expected each name once, found {name:?} again"),
                     ));
                 }
-                if http::HeaderValue::from_str(value).is_err() {
+                if !value
+                    .bytes()
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+                {
                     return Err(err(
                         format!("{list}[{i}].value"),
                         format!(
@@ -222,6 +226,8 @@ mod tests {
             "{e}"
         );
         assert!(problem(set("x-a", "nul\0")).contains("valid header value"));
+        assert!(problem(set("x-a", "caf\u{e9}")).contains("valid header value"));
+        assert!(problem(set("x-a", "del\u{7f}")).contains("valid header value"));
         let e = problem(HeaderModifier {
             add: vec![("x-a".into(), "1".into()), ("X-A".into(), "2".into())],
             ..HeaderModifier::default()

@@ -9,9 +9,9 @@
 //! `<namespace>/<name>` in alphabetical order, then the first rule and match in list order.
 //!
 //! Read: `matches` with `path` (`Exact`, `PathPrefix`, the default), `method`, `headers`
-//! (`Exact`, the default) and `queryParams` (`Exact`, the default: name and value exact after
-//! percent-decoding, a repeated parameter by its first value, among the query's first 256
-//! parameters), `filters` of type
+//! (`Exact`, the default) and `queryParams` (`Exact`, the default: only the request's query is
+//! percent-decoded, the name and value are compared as written; a repeated parameter by its
+//! first value, among the query's first 256 parameters), `filters` of type
 //! `RequestHeaderModifier` and `ResponseHeaderModifier` (`set`, `add`, `remove`; applied by the
 //! waypoint after it authorized the request, as remove, then set, then add), `backendRefs` to
 //! Services of the route's namespace with a `port` and a `weight`, and `timeouts.request` in
