@@ -8,9 +8,7 @@ use std::alloc::System;
 use std::collections::BTreeMap;
 
 use ferry_core::authz::HttpRequest;
-use ferry_core::model::{
-    HeaderModifier, HttpRoute, PathMatch, RouteBackend, RouteMatch, ServiceKey, StringMatch,
-};
+use ferry_core::model::{HttpRoute, PathMatch, RouteBackend, RouteMatch, ServiceKey, StringMatch};
 use ferry_core::route::http::select;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -29,8 +27,8 @@ fn route(name: &str, m: RouteMatch) -> HttpRoute {
         }],
         timeout_ms: 0,
         retries: 0,
-        request_headers: HeaderModifier::default(),
-        response_headers: HeaderModifier::default(),
+        request_headers: Default::default(),
+        response_headers: Default::default(),
     }
 }
 

@@ -541,7 +541,7 @@ services:
         ]
     );
     assert_eq!(
-        r.request_headers,
+        *r.request_headers,
         HeaderModifier {
             set: vec![("x-env".into(), "prod".into())],
             add: vec![("x-hop".into(), "wp".into())],

@@ -3,16 +3,30 @@
 //! it returns. The request is edited only after it was routed and authorized: the policy judges
 //! what the client sent, never what a route made of it.
 
+use std::sync::{Arc, LazyLock};
+
 use ferry_core::model::{HeaderModifier, UNEDITABLE_HEADERS};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-/// The edits of the route a request took (none without a route).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The edits of the route a request took (none without a route), shared with the route: a
+/// request clones two `Arc`s, never the edits.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderEdits {
     /// Of the request sent on to the backend.
-    pub request: HeaderModifier,
+    pub request: Arc<HeaderModifier>,
     /// Of the backend's response returned to the client.
-    pub response: HeaderModifier,
+    pub response: Arc<HeaderModifier>,
+}
+
+impl Default for HeaderEdits {
+    /// No edits, shared by every request without a route: no allocation.
+    fn default() -> Self {
+        static NONE: LazyLock<Arc<HeaderModifier>> = LazyLock::new(Arc::default);
+        Self {
+            request: NONE.clone(),
+            response: NONE.clone(),
+        }
+    }
 }
 
 /// Applies `m` to `headers`: every `remove`, then every `set` (all values of the name replaced

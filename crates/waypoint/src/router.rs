@@ -138,6 +138,7 @@ impl Router for TunnelRouter {
                     (r.timeout_ms > 0).then(|| Duration::from_millis(r.timeout_ms.into()));
                 let want = Some(backend.service.clone());
                 // Applied once the request is authorized below (it judges `req`, unedited).
+                // Shared with the route: two reference counts, no copy of the edits.
                 let headers = crate::edit::HeaderEdits {
                     request: r.request_headers.clone(),
                     response: r.response_headers.clone(),

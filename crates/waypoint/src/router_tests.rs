@@ -88,8 +88,9 @@ fn router() -> TunnelRouter {
             set: vec![("x-user".into(), "alice".into())],
             remove: vec!["x-block".into()],
             ..HeaderModifier::default()
-        },
-        response_headers: HeaderModifier::default(),
+        }
+        .into(),
+        response_headers: Default::default(),
     }];
     m.backs("shop-1", "shop");
     let header = |name: &str, value: StringMatch| Match {
@@ -201,10 +202,26 @@ async fn a_request_is_authorized_as_sent_whatever_its_route_would_edit() {
         [("x-user".to_string(), "alice".to_string())]
     );
     assert_eq!(choice.headers.request.remove, ["x-block"]);
+    // The edits are the route's own, shared, not a copy per request.
+    let again = r
+        .decide(&get("/admin/users", &[("x-user", "alice")]), &[])
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(Arc::ptr_eq(&choice.headers.request, &again.headers.request));
+    assert!(Arc::ptr_eq(
+        &choice.headers.response,
+        &again.headers.response
+    ));
     // Outside /admin no route matches, and the policy allows it without `x-user`.
     let plain = r
         .decide(&get("/shop", &[]), &[])
         .unwrap_or_else(|e| panic!("{e:?}"));
     assert_eq!(plain.route, None);
     assert!(plain.headers.request.is_empty());
+    let plain_again = r
+        .decide(&get("/shop", &[]), &[])
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(Arc::ptr_eq(
+        &plain.headers.request,
+        &plain_again.headers.request
+    ));
 }

@@ -73,8 +73,8 @@ fn route(name: &str, m: Option<RouteMatch>, to: &str) -> HttpRoute {
         }],
         timeout_ms: 0,
         retries: 0,
-        request_headers: HeaderModifier::default(),
-        response_headers: HeaderModifier::default(),
+        request_headers: Default::default(),
+        response_headers: Default::default(),
     }
 }
 
@@ -101,12 +101,14 @@ fn routes() -> Vec<HttpRoute> {
         set: vec![pair("x-version", "2")],
         add: vec![pair("x-hop", "wp")],
         remove: vec!["x-debug".into()],
-    };
+    }
+    .into();
     v2.response_headers = HeaderModifier {
         set: vec![pair("server", "ferry")],
         add: vec![pair("x-route", "v2")],
         remove: vec!["x-drop".into()],
-    };
+    }
+    .into();
     // Would grant the policy's condition and dodge its denial, were edits made before it.
     let mut admin = route(
         "admin",
@@ -120,7 +122,8 @@ fn routes() -> Vec<HttpRoute> {
         set: vec![pair("x-user", "alice")],
         remove: vec!["x-block".into()],
         ..HeaderModifier::default()
-    };
+    }
+    .into();
     vec![posts, v2, admin, route("rest", None, "a")]
 }
 

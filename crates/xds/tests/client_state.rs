@@ -207,8 +207,9 @@ fn a_route_editing_a_header_no_route_may_edit_is_refused_by_name_and_not_applied
             request_headers: HeaderModifier {
                 set: vec![(name.into(), "x".into())],
                 ..HeaderModifier::default()
-            },
-            response_headers: HeaderModifier::default(),
+            }
+            .into(),
+            response_headers: Default::default(),
         }];
         ResourceSet::encode(&m.build())
     };

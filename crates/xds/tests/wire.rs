@@ -487,7 +487,7 @@ fn route_methods_queries_and_header_edits_travel_in_new_field_numbers() {
     assert_eq!(r.matches[0].method.as_deref(), Some("GET"));
     assert_eq!(r.matches[0].query, [("v".to_string(), "a b".to_string())]);
     assert_eq!(
-        r.request_headers,
+        *r.request_headers,
         HeaderModifier {
             set: vec![("x-env".into(), "prod".into())],
             add: vec![("x-hop".into(), "wp".into())],

@@ -4,6 +4,7 @@
 //! and of the response returned it edits. A Ferry extension (Istio carries routes outside WDS).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -72,9 +73,10 @@ pub struct HttpRoute {
     /// endpoint where there is one, when it failed before any response.
     pub retries: u32,
     /// Edits of the request sent on to the backend (after it was authorized and routed).
-    pub request_headers: HeaderModifier,
+    /// Shared: a routed request holds its route's edits without copying them.
+    pub request_headers: Arc<HeaderModifier>,
     /// Edits of the backend's response returned to the client.
-    pub response_headers: HeaderModifier,
+    pub response_headers: Arc<HeaderModifier>,
 }
 
 /// The Gateway API's `HTTPHeaderFilter`: header edits, applied in one order: every `remove`,

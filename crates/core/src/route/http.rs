@@ -125,7 +125,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::model::{HeaderModifier, PathMatch, ServiceKey, StringMatch};
+    use crate::model::{PathMatch, ServiceKey, StringMatch};
     use crate::random::SplitMix64;
 
     fn backend(name: &str, weight: u32) -> RouteBackend {
@@ -144,8 +144,8 @@ mod tests {
             backends,
             timeout_ms: 0,
             retries: 0,
-            request_headers: HeaderModifier::default(),
-            response_headers: HeaderModifier::default(),
+            request_headers: Default::default(),
+            response_headers: Default::default(),
         }
     }
 

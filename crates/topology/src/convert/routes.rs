@@ -149,9 +149,12 @@ impl Cx {
             backends,
             timeout_ms: r.timeout_ms.unwrap_or(0),
             retries: r.retries,
-            request_headers: self.modifier(&format!("{path}.request_headers"), &r.request_headers),
+            request_headers: self
+                .modifier(&format!("{path}.request_headers"), &r.request_headers)
+                .into(),
             response_headers: self
-                .modifier(&format!("{path}.response_headers"), &r.response_headers),
+                .modifier(&format!("{path}.response_headers"), &r.response_headers)
+                .into(),
         })
     }
 

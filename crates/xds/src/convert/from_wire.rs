@@ -751,8 +751,8 @@ fn route_with_matches(r: &wl::FerryHttpRoute, matches: Vec<RouteMatch>) -> R<Htt
         backends,
         timeout_ms: r.timeout_ms,
         retries: r.retries.min(10),
-        request_headers: header_modifier(r.request_headers.as_ref(), "request_headers")?,
-        response_headers: header_modifier(r.response_headers.as_ref(), "response_headers")?,
+        request_headers: header_modifier(r.request_headers.as_ref(), "request_headers")?.into(),
+        response_headers: header_modifier(r.response_headers.as_ref(), "response_headers")?.into(),
     })
 }
 
