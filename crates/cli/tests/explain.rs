@@ -303,6 +303,42 @@ fn the_waypoint_hop_lists_the_http_routes_it_applies() {
 }
 
 #[test]
+fn the_waypoint_hop_shows_method_query_matches_and_header_edits() {
+    let lab = std::fs::read_to_string(example("lab.yaml")).expect("lab.yaml");
+    let canary = "match: [{headers: {x-canary: \"yes\"}}]";
+    let edits = "response_headers: {set: {x-route: canary}}";
+    assert!(
+        lab.contains(canary) && lab.contains(edits),
+        "lab.yaml's canary route moved"
+    );
+    let edited = lab
+        .replace(
+            canary,
+            "match: [{method: GET, headers: {x-canary: \"yes\"}, query: {v: '2'}}]\n        request_headers: {remove: [x-debug], set: {x-env: prod}, add: {x-hop: wp}}",
+        )
+        .replace(
+            edits,
+            "response_headers: {remove: [server], set: {x-route: canary}}",
+        );
+    let t = TempFile::new("route-filters.yaml", &edited);
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "sleep",
+        "--to",
+        "198.18.10.6:80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("canary: method GET and x-canary: yes and query v=\"2\" -> 100% shop.default.svc.cluster.local {version=v2}, request headers: remove x-debug, set x-env: prod, add x-hop: wp, response headers: remove server, set x-route: canary"),
+        "{out}"
+    );
+}
+
+#[test]
 fn a_terminating_endpoint_is_dropped_as_terminating() {
     let t = TempFile::new(
         "terminating.yaml",

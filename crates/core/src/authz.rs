@@ -71,7 +71,11 @@ pub fn waypoint_identities(snap: &Snapshot, dst: &Workload) -> Vec<Identity> {
 #[derive(Clone, Copy, Debug)]
 pub struct HttpRequest<'a> {
     pub method: &'a str,
+    /// The path alone, without the query.
     pub path: &'a str,
+    /// The query string as sent (after `?`, empty when none): HTTP routes match on it;
+    /// authorization does not read it (Istio's `paths` name the path alone).
+    pub query: &'a str,
     pub host: &'a str,
     /// Header names in lower case, with their values (a name may repeat).
     pub headers: &'a [(&'a str, &'a str)],

@@ -388,6 +388,7 @@ fn request(method: &'static str, path: &'static str) -> crate::authz::HttpReques
     crate::authz::HttpRequest {
         method,
         path,
+        query: "",
         host: "echo.default.svc.cluster.local",
         headers: &[("x-team", "payments")],
     }

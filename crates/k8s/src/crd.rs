@@ -270,17 +270,64 @@ pub struct HttpRouteRule {
     #[serde(default)]
     pub backend_refs: Vec<RouteRef>,
     pub timeouts: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub filters: Vec<HttpRouteFilter>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// One of a rule's `filters`: only the header modifiers are read; any other `type` (and any
+/// other field) leaves the rule out.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteFilter {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub request_header_modifier: Option<HeaderFilter>,
+    pub response_header_modifier: Option<HeaderFilter>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// The Gateway API's `HTTPHeaderFilter`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct HeaderFilter {
+    #[serde(default)]
+    pub set: Vec<HttpHeader>,
+    #[serde(default)]
+    pub add: Vec<HttpHeader>,
+    #[serde(default)]
+    pub remove: Vec<String>,
     #[serde(flatten)]
     pub other: Other,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
+pub struct HttpHeader {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct HttpRouteMatch {
     pub path: Option<PathMatch>,
     #[serde(default)]
     pub headers: Vec<HeaderMatch>,
+    pub method: Option<String>,
+    #[serde(default)]
+    pub query_params: Vec<QueryParamMatch>,
     #[serde(flatten)]
     pub other: Other,
+}
+
+/// An `HTTPQueryParamMatch`: `Exact` (the default) is read, `RegularExpression` is not.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct QueryParamMatch {
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
+    pub name: String,
+    pub value: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -36,6 +36,7 @@ fn chosen<'s>(s: &'s Snapshot, path: &str, headers: &[(&str, &str)]) -> Option<&
     let req = HttpRequest {
         method: "GET",
         path,
+        query: "",
         host: "audit.default.svc.cluster.local",
         headers,
     };

@@ -27,6 +27,7 @@ fn chosen(s: &Snapshot, path: &str, headers: &[(&str, &str)]) -> Option<(String,
     let req = HttpRequest {
         method: "GET",
         path,
+        query: "",
         host: "audit.default.svc.cluster.local",
         headers,
     };
@@ -91,7 +92,7 @@ async fn an_http_route_on_a_service_is_applied_by_its_waypoint() {
                 {"matches": [{"path": {"type": "RegularExpression", "value": "/re.*"}}],
                  "backendRefs": [{"name": "ledger", "port": 80}]},
                 {"matches": [{"path": {"type": "PathPrefix", "value": "/v2"}}],
-                 "filters": [{"type": "RequestHeaderModifier"}],
+                 "filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "elsewhere"}}],
                  "backendRefs": [{"name": "ledger", "port": 80}]},
                 {"matches": [{"path": {"type": "PathPrefix", "value": "/ledger"}}],
                  "backendRefs": [{"name": "ledger", "port": 80, "weight": 3}, {"name": "audit", "port": 80, "weight": 1}]},
@@ -140,7 +141,7 @@ async fn an_http_route_on_a_service_is_applied_by_its_waypoint() {
         route_notes,
         [
             "rule 1 left out: a path match of type RegularExpression",
-            "rule 2 left out: `filters` is not applied by Ferry",
+            "rule 2 left out: a filter of type URLRewrite is not applied by Ferry",
         ]
     );
 

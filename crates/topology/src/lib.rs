@@ -73,6 +73,24 @@
 //!   is refused) listed on every workload whose mode is STRICT, and for port-level exceptions
 //!   `<namespace>/converted_peer_authentication_<name>`, listed after the workload's own
 //!   policies. Those names are taken: a policy of the same namespace and name is an error.
+//! - A service with a `waypoint` may list HTTP `routes`, tried in order by that waypoint
+//!   (`ferry_core::model::HttpRoute`): `{name, match: [..], backends: [{service, port, subset,
+//!   weight}], timeout_ms, retries, request_headers, response_headers}`. A match holds when
+//!   every condition it names does: `path` (exact) or `path_prefix` (segment-wise), `method`
+//!   (exact, one of `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`, `TRACE`,
+//!   `PATCH`), `headers: {name: pattern}` (exact, `prefix*`, `*suffix`, `*`) and `query:
+//!   {name: value}` (exact: only the request's query is percent-decoded, `+` read as a
+//!   space, and compared with the name and value as written; a repeated parameter by its first
+//!   value, among the query's first 256 parameters).
+//!   `request_headers` edits the request the waypoint sends on, after it authorized it (the
+//!   policy judges what the client sent); `response_headers` the backend's response the
+//!   client gets. Each is `{remove: [name], set: {name: value}, add: {name: value}}`,
+//!   applied in that order: every `remove`, then every `set` (replaces all values of the
+//!   name), then every `add` (one more value). Names
+//!   are valid header names, not pseudo-headers and none of `host`, `connection`,
+//!   `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`, `te`, `trailer`,
+//!   `content-length`;
+//!   values are visible ASCII, spaces and tabs (no CR, LF, NUL or bytes beyond ASCII).
 
 mod convert;
 pub mod editable;

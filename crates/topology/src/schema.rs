@@ -199,6 +199,27 @@ pub struct RouteSpec {
     /// Further tries of an idempotent request without a body that failed before a response.
     #[serde(default)]
     pub retries: u32,
+    /// Edits of the request sent on to the backend (after it was authorized).
+    #[serde(default)]
+    pub request_headers: HeaderModifierSpec,
+    /// Edits of the response returned to the client.
+    #[serde(default)]
+    pub response_headers: HeaderModifierSpec,
+}
+
+/// Header edits, applied as every `remove`, then every `set`, then every `add`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderModifierSpec {
+    /// Name to value: replaces every value of that name.
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// Name to value: one more value of that name.
+    #[serde(default)]
+    pub add: BTreeMap<String, String>,
+    /// Names whose every value is removed.
+    #[serde(default)]
+    pub remove: Vec<String>,
 }
 
 /// Conditions that must all hold.
@@ -209,9 +230,15 @@ pub struct RouteMatchSpec {
     pub path: Option<String>,
     /// Path prefix, segment-wise.
     pub path_prefix: Option<String>,
+    /// The request method, exactly: `GET`, `POST`, ...
+    pub method: Option<String>,
     /// Header name to pattern (exact, `prefix*`, `*suffix`, `*`).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Query parameter name to value, exact: the request's query is percent-decoded, these
+    /// are compared as written (the first value of a repeated parameter).
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
 }
 
 /// Where a share of a route's requests goes.

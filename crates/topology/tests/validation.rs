@@ -256,6 +256,18 @@ const CASES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "HTTP route method, query and header edit problems",
+        "waypoints:\n  - {name: wp}\nservices:\n  - name: shop\n    ports: [{port: 80, target_port: 8080}]\n    waypoint: wp\n    routes:\n      - name: r\n        match: [{method: get, query: {'': x}}]\n        backends: [{service: shop}]\n        request_headers: {set: {Host: evil}}\n        response_headers: {remove: [x-a, ':status']}\n      - name: s\n        backends: [{service: shop}]\n        request_headers: {add: {x-a: \"a\\r\\nb\"}}\n        response_headers: {set: {transfer-encoding: chunked}}\n",
+        &[
+            "services[0] (shop).routes[0] (r).match[0].method: expected one of GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, PATCH, found \"get\"",
+            "services[0] (shop).routes[0] (r).match[0].query: expected a parameter name, found \"\"",
+            "services[0] (shop).routes[0] (r).request_headers.set[0].name: expected a header a route may edit, found \"host\"",
+            "services[0] (shop).routes[0] (r).response_headers.remove[1]: expected a header name, found the pseudo-header \":status\"",
+            "services[0] (shop).routes[1] (s).request_headers.add[0].value: expected a valid header value",
+            "services[0] (shop).routes[1] (s).response_headers.set[0].name: expected a header a route may edit, found \"transfer-encoding\"",
+        ],
+    ),
+    (
         "graduated failover minimums",
         "services:\n  - {name: a, load_balancing: {mode: standard, min_healthy: 2}}\n  - {name: b, load_balancing: {mode: failover, prefer: [zone], min_healthy: 0}}\n  - {name: c, load_balancing: {mode: failover, min_healthy: \"120%\"}}\n  - {name: d, load_balancing: {mode: failover, min_healthy: lots}}\n",
         &[
@@ -487,5 +499,57 @@ fn peer_authentication_keys_come_after_the_workloads_own_policies() {
     assert_eq!(
         listed("b"),
         ["default/converted_peer_authentication_b-open"]
+    );
+}
+
+#[test]
+fn route_methods_queries_and_header_edits_reach_the_model() {
+    use ferry_core::model::{HeaderModifier, ServiceKey};
+    let t = parse(
+        "good.yaml",
+        &format!(
+            "{BASE}waypoints:
+  - {{name: wp}}
+services:
+  - name: shop
+    ports: [{{port: 80, target_port: 8080}}]
+    waypoint: wp
+    routes:
+      - name: r
+        match: [{{method: POST, path_prefix: /orders, query: {{v: '2', q: a b}}}}]
+        backends: [{{service: shop}}]
+        request_headers: {{set: {{X-Env: prod}}, add: {{x-hop: wp}}, remove: [X-Debug]}}
+        response_headers: {{add: {{x-served-by: wp}}}}
+"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let shop = t
+        .snapshot
+        .service(&ServiceKey::new(
+            "default",
+            "shop.default.svc.cluster.local",
+        ))
+        .expect("shop");
+    let r = &shop.http_routes[0];
+    assert_eq!(r.matches[0].method.as_deref(), Some("POST"));
+    assert_eq!(
+        r.matches[0].query,
+        [
+            ("q".to_string(), "a b".to_string()),
+            ("v".into(), "2".into())
+        ]
+    );
+    assert_eq!(
+        *r.request_headers,
+        HeaderModifier {
+            set: vec![("x-env".into(), "prod".into())],
+            add: vec![("x-hop".into(), "wp".into())],
+            remove: vec!["x-debug".into()],
+        }
+    );
+    assert_eq!(
+        r.response_headers.add,
+        [("x-served-by".to_string(), "wp".to_string())]
     );
 }

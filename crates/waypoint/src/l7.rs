@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+pub use crate::edit::HeaderEdits;
 pub use crate::replay::Replay;
 pub use crate::upstream::{
     Choice, Fixed, HttpUpstream, Io, Link, Recheck, Refused, RequestCheck, Router,
@@ -182,9 +183,12 @@ where
                     .collect();
                 let headers: Vec<(&str, &str)> =
                     values.iter().map(|(n, v)| (*n, v.as_ref())).collect();
+                // Routes match on the query; cloning the target shares its bytes.
+                let target = req.uri().clone();
                 let facts = HttpRequest {
                     method: method.as_str(),
                     path: &path,
+                    query: target.query().unwrap_or(""),
                     host: &host,
                     headers: &headers,
                 };

@@ -7,8 +7,9 @@
 //! - `router`: per-request routing decisions for a tunnel's HTTP traffic.
 //! - [`l7`]: the HTTP filter (detection, per-request authorization, normalization);
 //!   `upstream`: upstream HTTP connections, retries, upgrades; `replay`: a stream that gives
-//!   back bytes read ahead; `metrics`: request metrics.
+//!   back bytes read ahead; `metrics`: request metrics; `edit`: a route's header edits.
 
+mod edit;
 mod hop;
 mod judge;
 pub mod l7;

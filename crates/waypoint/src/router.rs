@@ -60,6 +60,8 @@ impl Upgraded {
         judge.recheck(Some(&HttpRequest {
             method: &self.method,
             path: &self.path,
+            // Authorization does not read the query.
+            query: "",
             host: &self.host,
             headers: &headers,
         }))
@@ -119,7 +121,7 @@ impl Router for TunnelRouter {
             Some((svc, port, r))
         });
         let mut rng = self.rng.lock();
-        let (dst, within, route_name, timeout, retries, want) = match chosen {
+        let (dst, within, route_name, timeout, retries, want, headers) = match chosen {
             Some((svc, port, r)) => {
                 let backend = route::http::pick_backend(r, &mut *rng).ok_or_else(|| {
                     Refused::Unroutable(format!("route {:?} has no backend with weight", r.name))
@@ -135,9 +137,27 @@ impl Router for TunnelRouter {
                 let timeout =
                     (r.timeout_ms > 0).then(|| Duration::from_millis(r.timeout_ms.into()));
                 let want = Some(backend.service.clone());
-                (dst, within, Some(r.name.clone()), timeout, r.retries, want)
+                // Applied once the request is authorized below (it judges `req`, unedited).
+                // Shared with the route: two reference counts, no copy of the edits.
+                let headers = crate::edit::HeaderEdits {
+                    request: r.request_headers.clone(),
+                    response: r.response_headers.clone(),
+                };
+                let name = Some(r.name.clone());
+                (dst, within, name, timeout, r.retries, want, headers)
             }
-            None => (self.target.clone(), Within::default(), None, None, 0, None),
+            None => {
+                let none = crate::edit::HeaderEdits::default();
+                (
+                    self.target.clone(),
+                    Within::default(),
+                    None,
+                    None,
+                    0,
+                    None,
+                    none,
+                )
+            }
         };
         let mut picked = None;
         for _ in 0..REDRAWS {
@@ -185,6 +205,7 @@ impl Router for TunnelRouter {
             timeout,
             retries,
             protocol: ferry_core::protocol::http_upstream(&snap, &plan),
+            headers,
             ticket: plan,
         })
     }
@@ -235,3 +256,7 @@ impl Router for TunnelRouter {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "router_tests.rs"]
+mod tests;

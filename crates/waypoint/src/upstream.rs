@@ -72,6 +72,9 @@ pub struct Choice<T> {
     pub retries: u32,
     /// How the request goes on: as the backend's port declares.
     pub protocol: HttpUpstream,
+    /// The route's edits of the request sent on and of the response returned, applied after
+    /// this choice was made (the request was authorized as the client sent it).
+    pub headers: crate::edit::HeaderEdits,
     /// What [`Router::open`] needs to connect.
     pub ticket: T,
 }
@@ -134,6 +137,7 @@ impl Router for Fixed {
             timeout: None,
             retries: 0,
             protocol: HttpUpstream::Http1,
+            headers: crate::edit::HeaderEdits::default(),
             ticket: (),
         })
     }
@@ -474,7 +478,7 @@ pub(crate) async fn forward<R: Router>(
                 http2_form(request, trailers)
             }
         };
-        let request = match formed {
+        let mut request = match formed {
             Ok(r) => r,
             Err((resp, why)) => {
                 return Sent {
@@ -488,6 +492,10 @@ pub(crate) async fn forward<R: Router>(
                 };
             }
         };
+        // Edited only now: routing and authorization judged `facts`, what the client sent; and
+        // after the request took the backend's form, so no edit is stripped as one the client's
+        // `Connection` named.
+        crate::edit::apply(request.headers_mut(), &choice.headers.request);
         let sending = upstreams.send(router, &choice, request);
         let outcome = match choice.timeout {
             Some(t) => tokio::time::timeout(t, sending).await.ok(),
@@ -504,6 +512,7 @@ pub(crate) async fn forward<R: Router>(
         };
         match outcome {
             Some(Ok(mut response)) => {
+                crate::edit::apply(response.headers_mut(), &choice.headers.response);
                 if let (Some(down), StatusCode::SWITCHING_PROTOCOLS) =
                     (upgrade.take(), response.status())
                 {

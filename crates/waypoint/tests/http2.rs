@@ -123,6 +123,7 @@ impl l7::Router for Http2Router {
             timeout: None,
             retries: 0,
             protocol: HttpUpstream::Http2,
+            headers: l7::HeaderEdits::default(),
             ticket: (),
         })
     }

@@ -514,6 +514,7 @@ impl l7::Router for PathRouter {
             timeout: Some(Duration::from_millis(200)).filter(|_| name == "hang"),
             retries: 1,
             protocol: l7::HttpUpstream::Http1,
+            headers: l7::HeaderEdits::default(),
             ticket: (name, addr),
         })
     }
@@ -745,6 +746,7 @@ impl l7::Router for UpgradeRouter {
             timeout: None,
             retries: 0,
             protocol: l7::HttpUpstream::Http1,
+            headers: l7::HeaderEdits::default(),
             ticket: (),
         })
     }

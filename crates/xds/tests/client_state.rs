@@ -183,3 +183,60 @@ fn a_resource_named_twice_in_a_first_push_keeps_the_later_version() {
         Some("later")
     );
 }
+
+/// A push whose service holds a route edit no route may make (here `host`) is refused and named
+/// in the NACK; as for every resource that no longer decodes, that service is no longer held
+/// (fail closed: never applied half) while the rest of the mesh stays; a good push brings it
+/// back.
+#[test]
+fn a_route_editing_a_header_no_route_may_edit_is_refused_by_name_and_not_applied() {
+    use ferry_core::model::{HeaderModifier, HttpRoute, RouteBackend};
+    let with_edit = |name: &str| {
+        let mut m = mesh(1);
+        let svc = m.service_mut("svc");
+        svc.http_routes = vec![HttpRoute {
+            name: "r".into(),
+            matches: vec![],
+            backends: vec![RouteBackend {
+                service: key("svc"),
+                port: None,
+                subset: BTreeMap::new(),
+                weight: 1,
+            }],
+            timeout_ms: 0,
+            retries: 0,
+            request_headers: HeaderModifier {
+                set: vec![(name.into(), "x".into())],
+                ..HeaderModifier::default()
+            }
+            .into(),
+            response_headers: Default::default(),
+        }];
+        ResourceSet::encode(&m.build())
+    };
+    let store = Arc::new(Store::default());
+    let c = client(store.clone());
+    let edits = || {
+        let snap = store.load();
+        let svc = snap.service(&key("svc"))?;
+        Some(svc.http_routes[0].request_headers.set.clone())
+    };
+    let pods = || store.load().workloads().count();
+    let ack = c.apply(&response(&with_edit("x-env"), ADDRESS_TYPE, &[]));
+    assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
+    let good = Some(vec![("x-env".to_string(), "x".to_string())]);
+    assert_eq!(edits(), good);
+    assert_eq!(pods(), 1);
+    let ack = c.apply(&response(&with_edit("host"), ADDRESS_TYPE, &[]));
+    let detail = ack.error_detail.expect("a NACK").message;
+    assert!(
+        detail.contains("default/svc.default.svc.cluster.local")
+            && detail.contains("request_headers.set[0].name: expected a header a route may edit"),
+        "{detail}"
+    );
+    assert_eq!(edits(), None, "the refused route is never applied");
+    assert_eq!(pods(), 1, "the rest of the mesh stays");
+    let ack = c.apply(&response(&with_edit("x-env"), ADDRESS_TYPE, &[]));
+    assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
+    assert_eq!(edits(), good);
+}

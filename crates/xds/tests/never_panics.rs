@@ -32,8 +32,21 @@ fn route() -> impl Strategy<Value = wl::FerryHttpRoute> {
                 "[ -~]{0,8}".prop_map(|p| Some(Path::PathPrefix(p))),
             ],
             prop::collection::vec(header_match(), 0..3),
+            prop_oneof![Just(String::new()), Just("GET".to_string()), "[ -~]{0,6}"],
+            prop::collection::vec(
+                ("[ -~]{0,4}", "[ -~]{0,4}")
+                    .prop_map(|(name, exact)| wl::FerryQueryParamMatch { name, exact }),
+                0..3,
+            ),
         )
-            .prop_map(|(path, headers)| wl::FerryRouteMatch { path, headers }),
+            .prop_map(
+                |(path, headers, method, query_params)| wl::FerryRouteMatch {
+                    path,
+                    headers,
+                    method,
+                    query_params,
+                },
+            ),
         0..3,
     );
     let backends = prop::collection::vec(
@@ -51,14 +64,46 @@ fn route() -> impl Strategy<Value = wl::FerryHttpRoute> {
             }),
         0..4,
     );
-    ("[ -~]{0,8}", matches, backends, any::<u32>(), any::<u32>()).prop_map(
-        |(name, matches, backends, timeout_ms, retries)| wl::FerryHttpRoute {
-            name,
-            matches,
-            backends,
-            timeout_ms,
-            retries,
-        },
+    (
+        ("[ -~]{0,8}", matches, backends, any::<u32>(), any::<u32>()),
+        (modifier(), modifier()),
+    )
+        .prop_map(
+            |((name, matches, backends, timeout_ms, retries), (request, response))| {
+                wl::FerryHttpRoute {
+                    name,
+                    matches,
+                    backends,
+                    timeout_ms,
+                    retries,
+                    request_headers: request,
+                    response_headers: response,
+                }
+            },
+        )
+}
+
+/// Header edits with any names and values (some valid, some not: pseudo-headers, `host`,
+/// control bytes, non-ASCII).
+fn modifier() -> impl Strategy<Value = Option<wl::FerryHeaderModifier>> {
+    let name = prop_oneof![
+        "[a-zA-Z-]{0,8}",
+        Just("host".to_string()),
+        Just(":path".to_string()),
+        "\\PC{0,4}",
+    ];
+    let header = (
+        name.clone(),
+        prop_oneof!["[ -~]{0,6}", "\\PC{0,4}", "[\\x00-\\x1f]{1,2}"],
+    )
+        .prop_map(|(name, value)| wl::FerryHeader { name, value });
+    prop::option::of(
+        (
+            prop::collection::vec(header.clone(), 0..3),
+            prop::collection::vec(header, 0..3),
+            prop::collection::vec(name, 0..3),
+        )
+            .prop_map(|(set, add, remove)| wl::FerryHeaderModifier { set, add, remove }),
     )
 }
 

@@ -449,3 +449,139 @@ fn a_workload_s_maps_decode_as_ferry_api_does_and_are_shared_by_their_bytes() {
     let e = decode_address_with(&mut intern, "e", &bytes).expect_err("rejected");
     assert!(e.reason.contains("is not namespace/hostname"), "{e}");
 }
+
+/// A service whose one route (field 10003) holds `route`'s fields and a backend, as an Address.
+fn service_with_route(route: &[u8]) -> Vec<u8> {
+    let backend = [ld(1, b"default/web.default.svc.cluster.local"), vi(4, 1)].concat();
+    let route = [ld(1, b"r"), route.to_vec(), ld(3, &backend)].concat();
+    let mut s = Vec::new();
+    s.extend(ld(1, b"web"));
+    s.extend(ld(2, b"default"));
+    s.extend(ld(3, b"web.default.svc.cluster.local"));
+    s.extend(ld(10003, &route));
+    ld(2, &s)
+}
+
+#[test]
+fn route_methods_queries_and_header_edits_travel_in_new_field_numbers() {
+    use ferry_core::model::HeaderModifier;
+    // FerryRouteMatch: method (4), query_params (5: name 1, exact 2).
+    let m = [ld(4, b"GET"), ld(5, &[ld(1, b"v"), ld(2, b"a b")].concat())].concat();
+    // FerryHttpRoute: request_headers (6), response_headers (7); FerryHeaderModifier: set
+    // (1), add (2), remove (3); FerryHeader: name (1), value (2).
+    let header = |n: &[u8], v: &[u8]| [ld(1, n), ld(2, v)].concat();
+    let request = [
+        ld(1, &header(b"x-env", b"prod")),
+        ld(2, &header(b"X-Hop", b"wp")),
+        ld(3, b"x-debug"),
+    ]
+    .concat();
+    let response = ld(2, &header(b"x-served-by", b"wp"));
+    let route = [ld(2, &m), ld(6, &request), ld(7, &response)].concat();
+    let Decoded::Service(s) =
+        decode_address(NAME, &service_with_route(&route)).unwrap_or_else(|e| panic!("{e}"))
+    else {
+        panic!("not a service");
+    };
+    let r = &s.http_routes[0];
+    assert_eq!(r.matches[0].method.as_deref(), Some("GET"));
+    assert_eq!(r.matches[0].query, [("v".to_string(), "a b".to_string())]);
+    assert_eq!(
+        *r.request_headers,
+        HeaderModifier {
+            set: vec![("x-env".into(), "prod".into())],
+            add: vec![("x-hop".into(), "wp".into())],
+            remove: vec!["x-debug".into()],
+        }
+    );
+    assert_eq!(
+        r.response_headers.add,
+        [("x-served-by".to_string(), "wp".to_string())]
+    );
+    // And back: the model encodes to what decodes to it again (through the topology file).
+    let doc = "clusters: [{name: c, network: n}]\nwaypoints: [{name: wp}]\nservices:\n  - name: web\n    ports: [{port: 80, target_port: 8080}]\n    waypoint: wp\n    routes:\n      - name: r\n        match: [{method: PATCH, query: {v: '2', q: 'a&b'}}, {}]\n        backends: [{service: web}]\n        request_headers: {set: {x-a: '1'}, add: {x-b: '2'}, remove: [x-c]}\n        response_headers: {remove: [server]}\n";
+    let snap = ferry_topology::parse("t.yaml", doc).unwrap().snapshot;
+    let set = ResourceSet::encode(&snap);
+    let body = &set.by_type[ferry_api::ADDRESS_TYPE][NAME].body;
+    let Ok(Decoded::Service(back)) = decode_address(NAME, body) else {
+        panic!("not a service");
+    };
+    let want = snap.services().find(|s| s.name == "web").unwrap();
+    assert_eq!(back.http_routes, want.http_routes);
+    assert_eq!(
+        back.http_routes[0].matches[0].method.as_deref(),
+        Some("PATCH")
+    );
+    assert_eq!(back.http_routes[0].response_headers.remove, ["server"]);
+    // A route without the new fields sends none of them: what it sent before they existed.
+    let plain = "clusters: [{name: c, network: n}]\nwaypoints: [{name: wp}]\nservices:\n  - name: web\n    ports: [{port: 80, target_port: 8080}]\n    waypoint: wp\n    routes: [{name: r, match: [{path: /a}], backends: [{service: web}]}]\n";
+    let snap = ferry_topology::parse("t.yaml", plain).unwrap().snapshot;
+    let body = &ResourceSet::encode(&snap).by_type[ferry_api::ADDRESS_TYPE][NAME].body;
+    let address = <ferry_api::workload::Address as prost::Message>::decode(&body[..]).unwrap();
+    let Some(ferry_api::workload::address::Type::Service(svc)) = address.r#type else {
+        panic!("not a service");
+    };
+    let route = &svc.ferry_http_routes[0];
+    assert_eq!(
+        (&route.request_headers, &route.response_headers),
+        (&None, &None)
+    );
+    assert_eq!(route.matches[0].method, "");
+    assert!(route.matches[0].query_params.is_empty());
+}
+
+#[test]
+fn a_route_with_an_edit_no_route_may_make_is_rejected_naming_the_field() {
+    let header = |n: &[u8], v: &[u8]| [ld(1, n), ld(2, v)].concat();
+    for (route, why) in [
+        (
+            ld(6, &ld(1, &header(b"Host", b"evil"))),
+            "ferry_http_routes[0]: request_headers.set[0].name: expected a header a route may edit, found \"host\"",
+        ),
+        (
+            ld(7, &ld(3, b":status")),
+            "ferry_http_routes[0]: response_headers.remove[0]: expected a header name, found the pseudo-header",
+        ),
+        (
+            ld(6, &ld(2, &header(b"x-a", b"a\r\nb: c"))),
+            "ferry_http_routes[0]: request_headers.add[0].value: expected a valid header value",
+        ),
+        (
+            ld(7, &ld(1, &header(b"content-length", b"0"))),
+            "ferry_http_routes[0]: response_headers.set[0].name: expected a header a route may edit",
+        ),
+        (
+            ld(6, &ld(1, &header(b"bad name", b"x"))),
+            "ferry_http_routes[0]: request_headers.set[0].name: expected a valid header name",
+        ),
+        // A match's problem names the match (FerryHttpRoute.matches is field 2).
+        (
+            ld(2, &ld(4, b"get")),
+            "ferry_http_routes[0].matches[0].method: expected one of GET",
+        ),
+        (
+            [ld(2, &ld(1, b"/a")), ld(2, &ld(4, b"get"))].concat(),
+            "ferry_http_routes[0].matches[1].method: expected one of GET",
+        ),
+        (
+            [ld(2, &[]), ld(2, &ld(5, &ld(2, b"x")))].concat(),
+            "ferry_http_routes[0].matches[1].query_params[0]: query parameter name is required",
+        ),
+        (
+            ld(2, &ld(2, b"a")),
+            "ferry_http_routes[0].matches[0].path: \"a\" does not start with /",
+        ),
+        (
+            ld(2, &ld(3, &ld(1, b"x-a"))),
+            "ferry_http_routes[0].matches[0].headers[0]: header \"x-a\" has no value match",
+        ),
+    ] {
+        match decode_address(NAME, &service_with_route(&route)) {
+            Ok(_) => panic!("accepted a bad route ({why})"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(why), "{e}");
+            }
+        }
+    }
+}

@@ -462,7 +462,8 @@ pub(crate) fn parse_destination(snap: &Snapshot, to: &str) -> anyhow::Result<Des
     })
 }
 
-/// One HTTP route in a line: `split: every request -> 75% default/shop... {version=v1}, ...`.
+/// One HTTP route in a line: `split: every request -> 75% default/shop... {version=v1}, ...`,
+/// then its deadline, retries and header edits.
 fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
     use ferry_core::model::{PathMatch, StringMatch};
     let matches = if r.matches.is_empty() {
@@ -477,6 +478,9 @@ fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
                     Some(PathMatch::Prefix(p)) => parts.push(format!("path {p}/*")),
                     None => {}
                 }
+                if let Some(method) = &m.method {
+                    parts.push(format!("method {method}"));
+                }
                 for (name, v) in &m.headers {
                     parts.push(match v {
                         StringMatch::Exact(x) => format!("{name}: {x}"),
@@ -484,6 +488,9 @@ fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
                         StringMatch::Suffix(x) => format!("{name}: *{x}"),
                         StringMatch::Presence => format!("{name} present"),
                     });
+                }
+                for (name, value) in &m.query {
+                    parts.push(format!("query {name}={value:?}"));
                 }
                 parts.join(" and ")
             })
@@ -523,5 +530,25 @@ fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
     if r.retries > 0 {
         text.push_str(&format!(", {} retries", r.retries));
     }
+    for (which, m) in [
+        ("request", &r.request_headers),
+        ("response", &r.response_headers),
+    ] {
+        if !m.is_empty() {
+            text.push_str(&format!(", {which} headers: {}", describe_edits(m)));
+        }
+    }
     text
+}
+
+/// Header edits in the order they are applied: `remove x-debug, set x-env: prod, add x-hop: wp`.
+fn describe_edits(m: &ferry_core::model::HeaderModifier) -> String {
+    let removed = m.remove.iter().map(|n| format!("remove {n}"));
+    let set = m.set.iter().map(|(n, v)| format!("set {n}: {v}"));
+    let added = m.add.iter().map(|(n, v)| format!("add {n}: {v}"));
+    removed
+        .chain(set)
+        .chain(added)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

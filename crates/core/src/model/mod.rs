@@ -12,7 +12,10 @@ mod topology;
 mod workload;
 
 pub use gateway::Gateway;
-pub use http_route::{HttpRoute, PathMatch, RouteBackend, RouteMatch};
+pub use http_route::{
+    HTTP_METHODS, HeaderEditError, HeaderModifier, HttpRoute, PathMatch, RouteBackend, RouteMatch,
+    UNEDITABLE_HEADERS,
+};
 pub use names::{
     ClusterId, NetworkAddress, NetworkId, NodeName, PolicyKey, ServiceKey, WorkloadUid,
 };

@@ -2,30 +2,105 @@
 //! then decides the backend's endpoint with [`super::route_within`], inside both the backend's
 //! and the routed service's scope.
 
+use std::borrow::Cow;
+
 use crate::authz::HttpRequest;
 use crate::model::{HttpRoute, RouteBackend, RouteMatch};
 use crate::random::Random;
 
+/// How many of a query's parameters (its non-empty `&`-separated pairs, from the start) route
+/// matching reads: a parameter after them is not seen, and a condition naming only it does not
+/// hold. It bounds the decoding one request costs, however long its query.
+pub const QUERY_PARAMETERS_READ: usize = 256;
+
 /// The first route whose matches admit the request (a route without matches admits all).
+/// The query is read at most once, and only when some match compares a parameter.
 pub fn select<'r>(routes: &'r [HttpRoute], req: &HttpRequest<'_>) -> Option<&'r HttpRoute> {
+    let mut query = Query::new(req.query);
     routes
         .iter()
-        .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| matches(m, req)))
+        .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| holds(m, req, &mut query)))
 }
 
 /// Does one match admit the request? Every condition must hold; a header condition holds when
-/// any value of that header satisfies it.
+/// any value of that header satisfies it; a query condition holds when the first parameter of
+/// that name (the request's names and values percent-decoded, `+` as a space, among its first
+/// [`QUERY_PARAMETERS_READ`] parameters) has exactly that value. [`select`] reads the query
+/// once for all its routes; this reads it again for each call.
 pub fn matches(m: &RouteMatch, req: &HttpRequest<'_>) -> bool {
+    holds(m, req, &mut Query::new(req.query))
+}
+
+fn holds<'q>(m: &RouteMatch, req: &HttpRequest<'q>, query: &mut Query<'q>) -> bool {
     if let Some(p) = &m.path
         && !p.matches(req.path)
     {
         return false;
     }
-    m.headers.iter().all(|(name, want)| {
+    if let Some(method) = &m.method
+        && req.method != method
+    {
+        return false;
+    }
+    let headers_hold = m.headers.iter().all(|(name, want)| {
         req.headers
             .iter()
             .any(|(n, v)| n.eq_ignore_ascii_case(name) && want.matches(v))
-    })
+    });
+    headers_hold
+        && (m.query.is_empty() || {
+            let params = query.read();
+            m.query
+                .iter()
+                .all(|(name, want)| params.first(name) == Some(want.as_str()))
+        })
+}
+
+/// A request's query, read when a match first compares a parameter, then kept for the
+/// request's other matches.
+struct Query<'q> {
+    raw: &'q str,
+    read: Option<Params<'q>>,
+}
+
+impl<'q> Query<'q> {
+    fn new(raw: &'q str) -> Self {
+        Self { raw, read: None }
+    }
+
+    fn read(&mut self) -> &Params<'q> {
+        let raw = self.raw;
+        self.read.get_or_insert_with(|| Params::read(raw))
+    }
+}
+
+/// The first [`QUERY_PARAMETERS_READ`] parameters of a query, decoded, in order. Held on the
+/// stack and borrowing the query: a parameter without escapes costs no allocation, one with
+/// escapes one string for its name or value.
+struct Params<'q> {
+    len: usize,
+    pairs: [(Cow<'q, str>, Cow<'q, str>); QUERY_PARAMETERS_READ],
+}
+
+impl<'q> Params<'q> {
+    fn read(raw: &'q str) -> Self {
+        let mut pairs = std::array::from_fn(|_| (Cow::Borrowed(""), Cow::Borrowed("")));
+        let mut len = 0;
+        // `zip` stops at the last slot before asking the parser for one more parameter.
+        for (slot, pair) in pairs.iter_mut().zip(form_urlencoded::parse(raw.as_bytes())) {
+            *slot = pair;
+            len += 1;
+        }
+        Self { len, pairs }
+    }
+
+    /// The value of the first parameter named `name`.
+    fn first(&self, name: &str) -> Option<&str> {
+        self.pairs[..self.len]
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| &**v)
+    }
 }
 
 /// One backend, with probability weight / total weight. `None` when no backend has weight.
@@ -69,6 +144,8 @@ mod tests {
             backends,
             timeout_ms: 0,
             retries: 0,
+            request_headers: Default::default(),
+            response_headers: Default::default(),
         }
     }
 
@@ -76,9 +153,111 @@ mod tests {
         HttpRequest {
             method: "GET",
             path,
+            query: "",
             host: "h",
             headers,
         }
+    }
+
+    fn call<'a>(method: &'a str, path: &'a str, query: &'a str) -> HttpRequest<'a> {
+        HttpRequest {
+            method,
+            path,
+            query,
+            host: "h",
+            headers: &[],
+        }
+    }
+
+    #[test]
+    fn the_method_matches_exactly_and_case_sensitively() {
+        let m = RouteMatch {
+            method: Some("GET".into()),
+            ..RouteMatch::default()
+        };
+        assert!(matches(&m, &call("GET", "/", "")));
+        assert!(!matches(&m, &call("get", "/", "")));
+        assert!(!matches(&m, &call("POST", "/", "")));
+        let routes = vec![
+            route(
+                "posts",
+                vec![RouteMatch {
+                    method: Some("POST".into()),
+                    path: Some(PathMatch::Prefix("/orders".into())),
+                    ..RouteMatch::default()
+                }],
+                vec![backend("w", 1)],
+            ),
+            route("rest", vec![], vec![backend("r", 1)]),
+        ];
+        let name = |m, p| select(&routes, &call(m, p, "")).map(|r| &r.name[..]);
+        assert_eq!(name("POST", "/orders/1"), Some("posts"));
+        assert_eq!(name("GET", "/orders/1"), Some("rest"));
+        assert_eq!(name("POST", "/other"), Some("rest"));
+    }
+
+    #[test]
+    fn query_parameters_match_decoded_exactly_on_their_first_value() {
+        let m = RouteMatch {
+            query: vec![("v".into(), "2".into()), ("q".into(), "a b/c".into())],
+            ..RouteMatch::default()
+        };
+        let holds = |q| matches(&m, &call("GET", "/", q));
+        assert!(holds("v=2&q=a%20b%2Fc"));
+        assert!(
+            holds("q=a+b/c&x=1&v=2"),
+            "+ is a space, order does not matter"
+        );
+        assert!(holds("%76=2&q=a%20b%2fc"), "names are decoded too");
+        assert!(!holds("v=2"), "every parameter must hold");
+        assert!(!holds("v=2&q=a%20b%2Fc%20"), "values match exactly");
+        assert!(!holds("V=2&q=a%20b%2Fc"), "names are case-sensitive");
+        assert!(!holds("v=3&v=2&q=a%20b%2Fc"), "the first value decides");
+        assert!(holds("v=2&v=3&q=a%20b%2Fc"));
+        assert!(!holds(""));
+        // Bad escapes are kept as they are, never a panic.
+        assert!(!holds("v=%zz&q=%"));
+        let empty = RouteMatch {
+            query: vec![("flag".into(), String::new())],
+            ..RouteMatch::default()
+        };
+        assert!(matches(&empty, &call("GET", "/", "flag")));
+        assert!(matches(&empty, &call("GET", "/", "flag=")));
+        assert!(!matches(&empty, &call("GET", "/", "flags")));
+    }
+
+    #[test]
+    fn only_the_first_parameters_of_a_query_are_read() {
+        let m = RouteMatch {
+            query: vec![("v".into(), "2".into())],
+            ..RouteMatch::default()
+        };
+        let filler = |n: usize| vec!["x=%31"; n].join("&");
+        let last_read = format!("{}&v=2", filler(QUERY_PARAMETERS_READ - 1));
+        assert!(matches(&m, &call("GET", "/", &last_read)));
+        let beyond = format!("{}&v=2", filler(QUERY_PARAMETERS_READ));
+        assert!(!matches(&m, &call("GET", "/", &beyond)), "not read");
+        // Empty pairs are no parameters and count for nothing.
+        let empties = format!("{}&&&v=2", filler(QUERY_PARAMETERS_READ - 1));
+        assert!(matches(&m, &call("GET", "/", &empties)));
+        let routes = vec![
+            route("other", vec![m], vec![backend("o", 1)]),
+            route(
+                "flag",
+                vec![RouteMatch {
+                    query: vec![("flag".into(), String::new())],
+                    ..RouteMatch::default()
+                }],
+                vec![backend("f", 1)],
+            ),
+        ];
+        let name = |q: &str| select(&routes, &call("GET", "/", q)).map(|r| &r.name[..]);
+        assert_eq!(
+            name("v=3&flag"),
+            Some("flag"),
+            "one reading serves every route"
+        );
+        assert_eq!(name(&format!("{beyond}&flag")), None);
     }
 
     #[test]
@@ -88,15 +267,15 @@ mod tests {
                 "v2",
                 vec![RouteMatch {
                     path: Some(PathMatch::Prefix("/v2/".into())),
-                    headers: vec![],
+                    ..RouteMatch::default()
                 }],
                 vec![backend("b", 1)],
             ),
             route(
                 "canary",
                 vec![RouteMatch {
-                    path: None,
                     headers: vec![("x-canary".into(), StringMatch::Exact("yes".into()))],
+                    ..RouteMatch::default()
                 }],
                 vec![backend("c", 1)],
             ),
@@ -123,6 +302,7 @@ mod tests {
                 ("x-a".into(), StringMatch::Presence),
                 ("x-b".into(), StringMatch::Prefix("p".into())),
             ],
+            ..RouteMatch::default()
         };
         assert!(matches(&m, &req("/a", &[("x-a", "1"), ("x-b", "pq")])));
         assert!(!matches(&m, &req("/a/", &[("x-a", "1"), ("x-b", "pq")])));

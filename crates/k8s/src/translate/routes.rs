@@ -4,27 +4,39 @@
 //! applied by its waypoint, which takes the first route that matches. They are ordered as the
 //! Gateway API orders matches across every route of the Service ([`Precedence`]): an `Exact`
 //! path first, then the longest `PathPrefix` (a match without a path is the prefix `/`), then
-//! the most header matches; on a tie the oldest route (`creationTimestamp`), then
+//! a match with a `method` before one without, then the most header matches, then the most
+//! query parameter matches; on a tie the oldest route (`creationTimestamp`), then
 //! `<namespace>/<name>` in alphabetical order, then the first rule and match in list order.
 //!
-//! Read: `matches` with `path` (`Exact`, `PathPrefix`, the default) and `headers` (`Exact`, the
-//! default), `backendRefs` to Services of the route's namespace with a `port` and a `weight`,
-//! and `timeouts.request` in seconds or milliseconds (`"5s"`, `"500ms"`). A rule that uses
-//! anything else (filters, method or query matches, regular expressions, a header value with
-//! `*`, which Ferry would read as a pattern, a backend of another kind or namespace, a backend
-//! Service that does not exist) is left out with a note, and its requests fall to the next
-//! rule or to the service itself. A route on a Service without a waypoint does nothing (no
-//! waypoint applies it) and is a note. A route of one name in several clusters is read from
-//! the first cluster in ID order; a differing copy is a note.
+//! Read: `matches` with `path` (`Exact`, `PathPrefix`, the default), `method`, `headers`
+//! (`Exact`, the default) and `queryParams` (`Exact`, the default: only the request's query is
+//! percent-decoded, the name and value are compared as written; a repeated parameter by its
+//! first value, among the query's first 256 parameters), `filters` of type
+//! `RequestHeaderModifier` and `ResponseHeaderModifier` (`set`, `add`, `remove`; applied by the
+//! waypoint after it authorized the request, as remove, then set, then add), `backendRefs` to
+//! Services of the route's namespace with a `port` and a `weight`, and `timeouts.request` in
+//! seconds or milliseconds (`"5s"`, `"500ms"`). A rule that uses anything else (other filters,
+//! regular expressions, a header value with `*`, which Ferry would read as a pattern, a header
+//! edit of an invalid name or value, a pseudo-header, `host`, a connection-specific header
+//! (`trailer` among them) or `content-length`, a backend of another kind or namespace, a
+//! backend Service that does not exist) is left out with a note, and its requests fall to the
+//! next rule or to the service itself. Of header names equal but for case (the API server lets
+//! `X-Foo` and `x-foo` both through), in a match's `headers` and in each list of a header
+//! modifier, the first entry counts and the others are ignored, unchecked, as the Gateway API
+//! says (the topology file and the xDS decoder stay strict: two such names in one edit list are
+//! refused). A route on a Service without a waypoint does nothing (no waypoint applies it) and
+//! is a note. A route of one name in several clusters is read from the first cluster in ID
+//! order; a differing copy is a note.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
-use ferry_topology::schema::{BackendSpec, RouteMatchSpec, RouteSpec};
+use ferry_core::model::{HTTP_METHODS, HeaderEditError, HeaderModifier};
+use ferry_topology::schema::{BackendSpec, HeaderModifierSpec, RouteMatchSpec, RouteSpec};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Tx, ns_name};
-use crate::crd::{HttpRoute, HttpRouteRule};
+use crate::crd::{HttpRoute, HttpRouteFilter, HttpRouteRule};
 
 /// Where one match stands among every match of a Service's routes, as the Gateway API orders
 /// them (the first in this order that matches a request takes it). Pure data, compared as a
@@ -35,8 +47,12 @@ pub(super) struct Precedence {
     path_kind: u8,
     /// The prefix's length in characters, longest first.
     prefix_len: Reverse<usize>,
+    /// A match with a method first.
+    method: Reverse<bool>,
     /// The number of header matches, most first.
     headers: Reverse<usize>,
+    /// The number of query parameter matches, most first.
+    query: Reverse<usize>,
     /// The route's creation, oldest first (a route without one after every other).
     created: (bool, Option<Timestamp>),
     /// `(namespace, name)` of the route.
@@ -61,7 +77,9 @@ impl Precedence {
         Self {
             path_kind,
             prefix_len: Reverse(prefix_len),
+            method: Reverse(m.method.is_some()),
             headers: Reverse(m.headers.len()),
+            query: Reverse(m.query.len()),
             created: (created.is_none(), created),
             route,
             rule,
@@ -175,17 +193,42 @@ impl Tx<'_> {
                 }
             }
             for h in &m.headers {
+                let name = h.name.to_ascii_lowercase();
+                // Header names are case-insensitive and only the first entry of a name counts
+                // (the Gateway API's rule); the API server's uniqueness is case-sensitive, so
+                // `X-Foo` and `x-foo` can both arrive: the later one is ignored.
+                if spec.headers.contains_key(&name) {
+                    continue;
+                }
                 if h.type_.as_deref().is_some_and(|t| t != "Exact") {
                     return Err(format!("a header match of type {:?}", h.type_));
                 }
                 if h.value.contains('*') {
                     return Err(format!("header {}'s value holds a `*`", h.name));
                 }
-                spec.headers
-                    .insert(h.name.to_ascii_lowercase(), h.value.clone());
+                spec.headers.insert(name, h.value.clone());
+            }
+            if let Some(method) = &m.method {
+                if !HTTP_METHODS.contains(&method.as_str()) {
+                    return Err(format!("a match on method {method:?}"));
+                }
+                spec.method = Some(method.clone());
+            }
+            for q in &m.query_params {
+                if let Some(t) = q.type_.as_deref().filter(|t| *t != "Exact") {
+                    return Err(format!("a query parameter match of type {t}"));
+                }
+                if q.name.is_empty() {
+                    return Err("a query parameter match without a name".into());
+                }
+                // A name given again is ignored: the Gateway API considers only the first.
+                spec.query
+                    .entry(q.name.clone())
+                    .or_insert_with(|| q.value.clone());
             }
             matches.push(spec);
         }
+        let (request_headers, response_headers) = header_filters(&rule.filters)?;
         let mut backends = Vec::new();
         for b in &rule.backend_refs {
             let kind_ok = b.kind.as_deref().is_none_or(|k| k == "Service")
@@ -240,7 +283,103 @@ impl Tx<'_> {
             backends,
             timeout_ms,
             retries: 0,
+            request_headers,
+            response_headers,
         })
+    }
+}
+
+/// A rule's `RequestHeaderModifier` and `ResponseHeaderModifier` filters, checked as every
+/// decoder checks them; any other filter, or one of these twice, is why the rule is left out.
+fn header_filters(
+    filters: &[HttpRouteFilter],
+) -> Result<(HeaderModifierSpec, HeaderModifierSpec), String> {
+    let (mut request, mut response) = (None, None);
+    for f in filters {
+        let (slot, given, field) = match f.type_.as_str() {
+            "RequestHeaderModifier" => (
+                &mut request,
+                f.request_header_modifier.as_ref(),
+                "requestHeaderModifier",
+            ),
+            "ResponseHeaderModifier" => (
+                &mut response,
+                f.response_header_modifier.as_ref(),
+                "responseHeaderModifier",
+            ),
+            other => return Err(format!("a filter of type {other} is not applied by Ferry")),
+        };
+        if let Some(key) = f.other.keys().next() {
+            return Err(format!(
+                "filter {}'s `{key}` is not applied by Ferry",
+                f.type_
+            ));
+        }
+        let Some(given) = given else {
+            return Err(format!("filter {} without `{field}`", f.type_));
+        };
+        if let Some(key) = given.other.keys().next() {
+            return Err(format!("{field}.{key} is not applied by Ferry"));
+        }
+        if slot.is_some() {
+            return Err(format!("filter {} is given twice", f.type_));
+        }
+        // Header names are case-insensitive and the API server's uniqueness is not: of names
+        // equal but for case, the first entry counts and the others are ignored.
+        let (set, set_at) = first_of_each_name(&given.set, |h| &h.name);
+        let (add, add_at) = first_of_each_name(&given.add, |h| &h.name);
+        let (remove, remove_at) = first_of_each_name(&given.remove, |n| n);
+        let pairs = |list: Vec<&crate::crd::HttpHeader>| {
+            list.into_iter()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect()
+        };
+        let checked = HeaderModifier {
+            set: pairs(set),
+            add: pairs(add),
+            remove: remove.into_iter().cloned().collect(),
+        }
+        .check()
+        .map_err(|e| {
+            let e = placed_as_given(
+                e,
+                &[("set", &set_at), ("add", &add_at), ("remove", &remove_at)],
+            );
+            format!("{field}.{e}")
+        })?;
+        // Checked: names in lower case, each once per list, so the maps keep every edit.
+        *slot = Some(HeaderModifierSpec {
+            set: checked.set.into_iter().collect(),
+            add: checked.add.into_iter().collect(),
+            remove: checked.remove,
+        });
+    }
+    Ok((request.unwrap_or_default(), response.unwrap_or_default()))
+}
+
+/// The entries of `list` whose name no earlier entry gave (compared ignoring ASCII case),
+/// with their places in `list`.
+fn first_of_each_name<T>(list: &[T], name: impl Fn(&T) -> &str) -> (Vec<&T>, Vec<usize>) {
+    let mut seen = std::collections::BTreeSet::new();
+    list.iter()
+        .enumerate()
+        .filter(|(_, e)| seen.insert(name(e).to_ascii_lowercase()))
+        .map(|(i, e)| (e, i))
+        .unzip()
+}
+
+/// `e`, placed (`set[1]`) in the lists as the object gave them rather than as checked, once
+/// ignored entries were dropped: `lists` holds each list's places.
+fn placed_as_given(e: HeaderEditError, lists: &[(&str, &[usize])]) -> HeaderEditError {
+    let given = lists.iter().find_map(|(list, at)| {
+        let rest = e.field.strip_prefix(list)?.strip_prefix('[')?;
+        let (i, rest) = rest.split_once(']')?;
+        let place = at.get(i.parse::<usize>().ok()?)?;
+        Some(format!("{list}[{place}]{rest}"))
+    });
+    HeaderEditError {
+        field: given.unwrap_or(e.field),
+        problem: e.problem,
     }
 }
 
@@ -264,6 +403,8 @@ fn split(
         backends,
         timeout_ms,
         retries,
+        request_headers,
+        response_headers,
     } = spec;
     matches
         .into_iter()
@@ -283,6 +424,8 @@ fn split(
                     .collect(),
                 timeout_ms,
                 retries,
+                request_headers: request_headers.clone(),
+                response_headers: response_headers.clone(),
             };
             (
                 precedence(j, &m),

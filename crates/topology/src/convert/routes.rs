@@ -1,10 +1,13 @@
 //! HTTP routes of services: resolved after every service is known, since a route may send
 //! requests to a service declared further down.
 
-use ferry_core::model::{HttpRoute, PathMatch, RouteBackend, RouteMatch, ServiceKey, StringMatch};
+use ferry_core::model::{
+    HTTP_METHODS, HeaderModifier, HttpRoute, PathMatch, RouteBackend, RouteMatch, ServiceKey,
+    StringMatch,
+};
 
 use super::{Cx, item, namespace, one_of};
-use crate::schema::{RouteMatchSpec, RouteSpec, ServiceSpec};
+use crate::schema::{HeaderModifierSpec, RouteMatchSpec, RouteSpec, ServiceSpec};
 
 impl Cx {
     pub(super) fn routes(&mut self, specs: &[ServiceSpec]) {
@@ -146,7 +149,32 @@ impl Cx {
             backends,
             timeout_ms: r.timeout_ms.unwrap_or(0),
             retries: r.retries,
+            request_headers: self
+                .modifier(&format!("{path}.request_headers"), &r.request_headers)
+                .into(),
+            response_headers: self
+                .modifier(&format!("{path}.response_headers"), &r.response_headers)
+                .into(),
         })
+    }
+
+    /// Checked header edits (a problem for the first that no route may make: none kept).
+    fn modifier(&mut self, path: &str, m: &HeaderModifierSpec) -> HeaderModifier {
+        let pairs = |map: &std::collections::BTreeMap<String, String>| {
+            map.iter().map(|(n, v)| (n.clone(), v.clone())).collect()
+        };
+        let spec = HeaderModifier {
+            set: pairs(&m.set),
+            add: pairs(&m.add),
+            remove: m.remove.clone(),
+        };
+        match spec.check() {
+            Ok(m) => m,
+            Err(e) => {
+                self.problem(format!("{path}.{}", e.field), e.problem);
+                HeaderModifier::default()
+            }
+        }
     }
 
     fn route_match(&mut self, path: &str, m: &RouteMatchSpec) -> RouteMatch {
@@ -190,9 +218,32 @@ impl Cx {
                 StringMatch::from_pattern(pattern),
             ));
         }
+        if let Some(method) = &m.method
+            && !HTTP_METHODS.contains(&method.as_str())
+        {
+            self.problem(
+                format!("{path}.method"),
+                format!(
+                    "expected one of {}, found {method:?}",
+                    HTTP_METHODS.join(", ")
+                ),
+            );
+        }
+        for name in m.query.keys().filter(|n| n.is_empty()) {
+            self.problem(
+                format!("{path}.query"),
+                format!("expected a parameter name, found {name:?}"),
+            );
+        }
         RouteMatch {
             path: path_match,
+            method: m.method.clone(),
             headers,
+            query: m
+                .query
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect(),
         }
     }
 }

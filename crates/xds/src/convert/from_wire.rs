@@ -9,11 +9,11 @@ use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
     Action, AddressEndpoint, AppProtocol, Cidr, Clause, ClusterId, FailoverMinimum, Gateway,
-    GatewayDestination, GatewayRef, HBONE_PORT, Health, HealthPolicy, HttpRoute, LbMode,
-    LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId, PathMatch, Policy,
-    PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule, ScopeRule, Service,
-    ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
-    WaypointFor, Workload, WorkloadUid,
+    GatewayDestination, GatewayRef, HBONE_PORT, HTTP_METHODS, HeaderModifier, Health, HealthPolicy,
+    HttpRoute, LbMode, LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId,
+    PathMatch, Policy, PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule,
+    ScopeRule, Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
+    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
 };
 use ferry_core::telemetry::{canonical_name, canonical_revision};
 
@@ -517,7 +517,7 @@ fn service(s: &wl::Service, intern: &mut Interner) -> R<Service> {
             .ferry_http_routes
             .iter()
             .enumerate()
-            .map(|(i, r)| http_route(r).map_err(|e| format!("ferry_http_routes[{i}]: {e}")))
+            .map(|(i, r)| http_route(i, r))
             .collect::<R<_>>()?,
     })
 }
@@ -641,48 +641,83 @@ pub(super) fn policy_rules(rules: &[sec::Rule]) -> R<Vec<Rule>> {
         .collect()
 }
 
-fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
+/// Route `i` of a Service; an error names its place (`ferry_http_routes[0].matches[1].method`).
+fn http_route(i: usize, r: &wl::FerryHttpRoute) -> R<HttpRoute> {
+    let matches = r
+        .matches
+        .iter()
+        .enumerate()
+        .map(|(j, m)| {
+            route_match(m).map_err(|e| format!("ferry_http_routes[{i}].matches[{j}].{e}"))
+        })
+        .collect::<R<_>>()?;
+    route_with_matches(r, matches).map_err(|e| format!("ferry_http_routes[{i}]: {e}"))
+}
+
+/// One match; an error starts with the field it is about (`method: ...`).
+fn route_match(m: &wl::FerryRouteMatch) -> R<RouteMatch> {
     use wl::ferry_header_route_match::Value;
     use wl::ferry_route_match::Path;
     let path = |p: &str| {
         if p.starts_with('/') {
             Ok(p.to_string())
         } else {
-            Err(format!("path {p:?} does not start with /"))
+            Err(format!("path: {p:?} does not start with /"))
         }
     };
-    let matches = r
-        .matches
-        .iter()
-        .map(|m| {
-            Ok(RouteMatch {
-                path: match &m.path {
-                    None => None,
-                    Some(Path::PathExact(p)) => Some(PathMatch::Exact(path(p)?)),
-                    Some(Path::PathPrefix(p)) => Some(PathMatch::Prefix(path(p)?)),
-                },
-                headers: m
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        let value = match &h.value {
-                            Some(Value::Exact(x)) => StringMatch::Exact(x.clone()),
-                            Some(Value::Prefix(x)) => StringMatch::Prefix(x.clone()),
-                            Some(Value::Suffix(x)) => StringMatch::Suffix(x.clone()),
-                            Some(Value::Present(true)) => StringMatch::Presence,
-                            Some(Value::Present(false)) | None => {
-                                return Err(format!("header {:?} has no value match", h.name));
-                            }
-                        };
-                        Ok((
-                            nonempty(&h.name, "header name")?.to_ascii_lowercase(),
-                            value,
-                        ))
-                    })
-                    .collect::<R<_>>()?,
+    Ok(RouteMatch {
+        path: match &m.path {
+            None => None,
+            Some(Path::PathExact(p)) => Some(PathMatch::Exact(path(p)?)),
+            Some(Path::PathPrefix(p)) => Some(PathMatch::Prefix(path(p)?)),
+        },
+        headers: m
+            .headers
+            .iter()
+            .enumerate()
+            .map(|(k, h)| {
+                let value = match &h.value {
+                    Some(Value::Exact(x)) => StringMatch::Exact(x.clone()),
+                    Some(Value::Prefix(x)) => StringMatch::Prefix(x.clone()),
+                    Some(Value::Suffix(x)) => StringMatch::Suffix(x.clone()),
+                    Some(Value::Present(true)) => StringMatch::Presence,
+                    Some(Value::Present(false)) | None => {
+                        return Err(format!(
+                            "headers[{k}]: header {:?} has no value match",
+                            h.name
+                        ));
+                    }
+                };
+                let name =
+                    nonempty(&h.name, "header name").map_err(|e| format!("headers[{k}]: {e}"))?;
+                Ok((name.to_ascii_lowercase(), value))
             })
-        })
-        .collect::<R<_>>()?;
+            .collect::<R<_>>()?,
+        method: match m.method.as_str() {
+            "" => None,
+            x if HTTP_METHODS.contains(&x) => Some(x.to_string()),
+            x => {
+                return Err(format!(
+                    "method: expected one of {}, found {x:?}",
+                    HTTP_METHODS.join(", ")
+                ));
+            }
+        },
+        query: m
+            .query_params
+            .iter()
+            .enumerate()
+            .map(|(k, q)| {
+                let name = nonempty(&q.name, "query parameter name")
+                    .map_err(|e| format!("query_params[{k}]: {e}"))?;
+                Ok((name.to_string(), q.exact.clone()))
+            })
+            .collect::<R<_>>()?,
+    })
+}
+
+/// The route of `matches` and `r`'s other fields; an error does not say which route.
+fn route_with_matches(r: &wl::FerryHttpRoute, matches: Vec<RouteMatch>) -> R<HttpRoute> {
     let backends: Vec<RouteBackend> = r
         .backends
         .iter()
@@ -716,7 +751,29 @@ fn http_route(r: &wl::FerryHttpRoute) -> R<HttpRoute> {
         backends,
         timeout_ms: r.timeout_ms,
         retries: r.retries.min(10),
+        request_headers: header_modifier(r.request_headers.as_ref(), "request_headers")?.into(),
+        response_headers: header_modifier(r.response_headers.as_ref(), "response_headers")?.into(),
     })
+}
+
+/// Header edits, checked as every decoder checks them: a resource that holds one no route may
+/// make is rejected whole.
+fn header_modifier(m: Option<&wl::FerryHeaderModifier>, field: &str) -> R<HeaderModifier> {
+    let Some(m) = m else {
+        return Ok(HeaderModifier::default());
+    };
+    let pairs = |list: &[wl::FerryHeader]| {
+        list.iter()
+            .map(|h| (h.name.clone(), h.value.clone()))
+            .collect()
+    };
+    HeaderModifier {
+        set: pairs(&m.set),
+        add: pairs(&m.add),
+        remove: m.remove.clone(),
+    }
+    .check()
+    .map_err(|e| format!("{field}.{e}"))
 }
 
 /// Ferry's graduated failover, checked: a minimum in bounds, and only in FAILOVER mode.

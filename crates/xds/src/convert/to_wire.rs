@@ -6,10 +6,10 @@ use ferry_api::security as sec;
 use ferry_api::workload as wl;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
-    Action, AppProtocol, FailoverMinimum, Gateway, GatewayDestination, GatewayRef, Health,
-    HealthPolicy, HttpRoute, LbMode, LocalityScope, Match, NetworkAddress, PathMatch, Policy,
-    PolicyScope, ScopeRule, Service, ServiceScope, StringMatch, TunnelProtocol, WaypointFor,
-    Workload,
+    Action, AppProtocol, FailoverMinimum, Gateway, GatewayDestination, GatewayRef, HeaderModifier,
+    Health, HealthPolicy, HttpRoute, LbMode, LocalityScope, Match, NetworkAddress, PathMatch,
+    Policy, PolicyScope, ScopeRule, Service, ServiceScope, StringMatch, TunnelProtocol,
+    WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
 use ferry_core::telemetry::canonical;
@@ -335,6 +335,15 @@ fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
                         }),
                     })
                     .collect(),
+                method: m.method.clone().unwrap_or_default(),
+                query_params: m
+                    .query
+                    .iter()
+                    .map(|(name, exact)| wl::FerryQueryParamMatch {
+                        name: name.clone(),
+                        exact: exact.clone(),
+                    })
+                    .collect(),
             })
             .collect(),
         backends: r
@@ -349,7 +358,26 @@ fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
             .collect(),
         timeout_ms: r.timeout_ms,
         retries: r.retries,
+        request_headers: header_modifier(&r.request_headers),
+        response_headers: header_modifier(&r.response_headers),
     }
+}
+
+/// `None` for no edits: a route without them encodes as it did before they existed.
+fn header_modifier(m: &HeaderModifier) -> Option<wl::FerryHeaderModifier> {
+    let pairs = |list: &[(String, String)]| {
+        list.iter()
+            .map(|(name, value)| wl::FerryHeader {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect()
+    };
+    (!m.is_empty()).then(|| wl::FerryHeaderModifier {
+        set: pairs(&m.set),
+        add: pairs(&m.add),
+        remove: m.remove.clone(),
+    })
 }
 
 fn policy(snap: &Snapshot, p: &Policy) -> sec::Authorization {
