@@ -222,12 +222,12 @@ fn a_route_editing_a_header_no_route_may_edit_is_refused_by_name_and_not_applied
         Some(svc.http_routes[0].request_headers.set.clone())
     };
     let pods = || store.load().workloads().count();
-    let ack = c.apply(&response(&with_edit("x-env"), ADDRESS_TYPE, &[]));
+    let ack = c.apply(response(&with_edit("x-env"), ADDRESS_TYPE, &[]));
     assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
     let good = Some(vec![("x-env".to_string(), "x".to_string())]);
     assert_eq!(edits(), good);
     assert_eq!(pods(), 1);
-    let ack = c.apply(&response(&with_edit("host"), ADDRESS_TYPE, &[]));
+    let ack = c.apply(response(&with_edit("host"), ADDRESS_TYPE, &[]));
     let detail = ack.error_detail.expect("a NACK").message;
     assert!(
         detail.contains("default/svc.default.svc.cluster.local")
@@ -236,7 +236,7 @@ fn a_route_editing_a_header_no_route_may_edit_is_refused_by_name_and_not_applied
     );
     assert_eq!(edits(), None, "the refused route is never applied");
     assert_eq!(pods(), 1, "the rest of the mesh stays");
-    let ack = c.apply(&response(&with_edit("x-env"), ADDRESS_TYPE, &[]));
+    let ack = c.apply(response(&with_edit("x-env"), ADDRESS_TYPE, &[]));
     assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
     assert_eq!(edits(), good);
 }
