@@ -242,6 +242,13 @@ fn http_routes_split_requests_on_one_connection_75_25() {
     let v2 = r.matches("shop-v2 http GET /split").count();
     assert_eq!(v1 + v2, 400, "v1 {v1}, v2 {v2}:\n{r}");
     assert!((260..=340).contains(&v1), "v1 got {v1} of 400, v2 {v2}");
+    // Each answer carries the route's response header edit (examples/lab.yaml), set by the
+    // waypoint on the backend's response, over the mesh's xDS.
+    let named = r
+        .to_ascii_lowercase()
+        .matches("\r\nx-route: split\r\n")
+        .count();
+    assert_eq!(named, 400, "answers naming their route:\n{r}");
     lab.log_line(
         "waypoint-audit-waypoint-beta",
         &[
@@ -264,6 +271,11 @@ fn the_canary_header_sends_every_request_to_v2() {
         .send("sleep", "198.18.10.6:80", &data)
         .expect("21 answers on one connection");
     assert_eq!(r.matches("shop-v2 http GET /canary").count(), 21, "{r}");
+    let named = r
+        .to_ascii_lowercase()
+        .matches("\r\nx-route: canary\r\n")
+        .count();
+    assert_eq!(named, 21, "answers naming their route:\n{r}");
 }
 
 /// Fail closed where nobody judges the HTTP.
