@@ -517,48 +517,20 @@ fn futures_poll_now<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> bool {
         .is_ready()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_connection_whose_peer_closes_before_answering_is_dialled_again() {
-    // A proxy that dies just after the handshakes: the connection ends (no GOAWAY, no
-    // close_notify) before the CONNECT is answered, so the client sees an I/O error. The
-    // CONNECT had no answer, so it is sent again on a new connection, once.
-    let ca = Arc::new(TestCa::new("root"));
-    let echo = echo_server().await;
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hbone = l.local_addr().unwrap();
-    let server =
-        Arc::new(Server::new(&ca.issue_str(SERVER), &ca.bundle(), Settings::default()).unwrap());
-    let tls = ferry_tls::config::server_config(&ca.issue_str(SERVER), &ca.bundle()).unwrap();
-    tokio::spawn(async move {
-        let (tcp, _) = l.accept().await.unwrap();
-        let tls = tokio_rustls::TlsAcceptor::from(tls)
-            .accept(tcp)
-            .await
-            .unwrap();
-        drop(h2::server::handshake(tls).await.unwrap());
-        let _ = server.serve(l, Arc::new(Recorder::default())).await;
-    });
-    let client = ClientSide::new(ca.clone(), PoolConfig::default());
-    let mut t = client
-        .open(hbone, echo)
-        .await
-        .expect("opened on a second connection");
-    t.write_all(b"alive").await.unwrap();
-    let mut b = [0u8; 5];
-    t.read_exact(&mut b).await.unwrap();
-    assert_eq!(&b, b"alive");
-    assert_eq!(
-        client.pool.handshakes(),
-        2,
-        "the broken connection is not reused"
-    );
+/// What a peer does with the first HBONE connection it accepts, once both handshakes are
+/// done; it serves every later one.
+#[derive(Clone, Copy)]
+enum FirstConnection {
+    /// Dropped (no GOAWAY, no close_notify): the client sees an I/O error.
+    Dropped,
+    /// A GOAWAY with last stream id 0, the connection then closed: the client's stream is
+    /// refused unprocessed, or breaks under it, whichever it sees first.
+    TurnedAway,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_connection_turned_away_by_a_draining_peer_is_dialled_again() {
-    // A proxy that had accepted the connection just before its drain began: it completes the
-    // handshakes, then sends GOAWAY with last stream id 0, so the client's stream is refused
-    // unprocessed. The next connection lands on a serving process.
+/// A tunnel through a peer that mishandles its first connection as `first` says opens on a
+/// second connection and carries bytes.
+async fn opens_on_a_second_connection(first: FirstConnection) {
     let ca = Arc::new(TestCa::new("root"));
     let echo = echo_server().await;
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -573,8 +545,13 @@ async fn a_new_connection_turned_away_by_a_draining_peer_is_dialled_again() {
             .await
             .unwrap();
         let mut conn = h2::server::handshake(tls).await.unwrap();
-        conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-        tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        match first {
+            FirstConnection::Dropped => drop(conn),
+            FirstConnection::TurnedAway => {
+                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            }
+        }
         let _ = server.serve(l, Arc::new(Recorder::default())).await;
     });
     let client = ClientSide::new(ca.clone(), PoolConfig::default());
@@ -589,6 +566,20 @@ async fn a_new_connection_turned_away_by_a_draining_peer_is_dialled_again() {
     assert_eq!(
         client.pool.handshakes(),
         2,
-        "the turned-away connection is not reused"
+        "the first connection is not reused"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_whose_peer_closes_before_answering_is_dialled_again() {
+    // A proxy that dies just after the handshakes, before the CONNECT is answered: the
+    // CONNECT had no answer, so it is sent again on a new connection, once.
+    opens_on_a_second_connection(FirstConnection::Dropped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_turned_away_by_a_draining_peer_is_dialled_again() {
+    // A proxy that had accepted the connection just before its drain began. The next
+    // connection lands on a serving process.
+    opens_on_a_second_connection(FirstConnection::TurnedAway).await;
 }
