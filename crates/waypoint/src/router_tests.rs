@@ -91,6 +91,7 @@ fn router() -> TunnelRouter {
         }
         .into(),
         response_headers: Default::default(),
+        redirect: None,
     }];
     m.backs("shop-1", "shop");
     let header = |name: &str, value: StringMatch| Match {

@@ -75,6 +75,7 @@ fn route(name: &str, m: Option<RouteMatch>, to: &str) -> HttpRoute {
         retries: 0,
         request_headers: Default::default(),
         response_headers: Default::default(),
+        redirect: None,
     }
 }
 

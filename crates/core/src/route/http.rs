@@ -146,6 +146,7 @@ mod tests {
             retries: 0,
             request_headers: Default::default(),
             response_headers: Default::default(),
+            redirect: None,
         }
     }
 

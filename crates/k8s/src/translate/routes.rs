@@ -285,6 +285,7 @@ impl Tx<'_> {
             retries: 0,
             request_headers,
             response_headers,
+            redirect: None,
         })
     }
 }
@@ -405,6 +406,7 @@ fn split(
         retries,
         request_headers,
         response_headers,
+        redirect,
     } = spec;
     matches
         .into_iter()
@@ -426,6 +428,7 @@ fn split(
                 retries,
                 request_headers: request_headers.clone(),
                 response_headers: response_headers.clone(),
+                redirect: redirect.clone(),
             };
             (
                 precedence(j, &m),
