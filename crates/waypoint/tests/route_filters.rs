@@ -168,6 +168,7 @@ impl l7::Router for Routed {
                 request: r.request_headers.clone(),
                 response: r.response_headers.clone(),
             },
+            redirect: None,
             ticket: if to == "b" { self.b } else { self.a },
         })
     }
