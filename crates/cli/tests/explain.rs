@@ -405,3 +405,31 @@ fn explain_on_the_lab_needs_a_running_lab_and_from_to_and_no_topology() {
     let o = ferry(&["explain", "--state-dir", dir]);
     assert_eq!(o.status.code(), Some(2), "--state-dir goes with --lab");
 }
+
+#[test]
+fn the_waypoint_hop_shows_a_route_s_redirect() {
+    let lab = std::fs::read_to_string(example("lab.yaml")).expect("lab.yaml");
+    let split = "      - name: split\n";
+    assert!(lab.contains(split), "lab.yaml's split route moved");
+    let edited = lab.replacen(
+        split,
+        "      - name: moved\n        match: [{path_prefix: /old}]\n        redirect: {scheme: https, hostname: new.example, port: 8443, replace_prefix_match: /new, status: 301}\n      - name: split\n",
+        1,
+    );
+    let t = TempFile::new("route-redirect.yaml", &edited);
+    let o = ferry(&[
+        "explain",
+        "-t",
+        t.path(),
+        "--from",
+        "sleep",
+        "--to",
+        "198.18.10.6:80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("moved: path /old/* -> redirect 301 (scheme https, hostname new.example, port 8443, matched prefix -> /new, the rest as requested, query kept; answered by the waypoint once authorized)"),
+        "{out}"
+    );
+}

@@ -29,6 +29,7 @@ fn route(name: &str, m: RouteMatch) -> HttpRoute {
         retries: 0,
         request_headers: Default::default(),
         response_headers: Default::default(),
+        redirect: None,
     }
 }
 

@@ -276,8 +276,8 @@ pub struct HttpRouteRule {
     pub other: Other,
 }
 
-/// One of a rule's `filters`: only the header modifiers are read; any other `type` (and any
-/// other field) leaves the rule out.
+/// One of a rule's `filters`: only the header modifiers and the redirect are read; any other
+/// `type` (and any other field) leaves the rule out.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpRouteFilter {
@@ -285,6 +285,33 @@ pub struct HttpRouteFilter {
     pub type_: String,
     pub request_header_modifier: Option<HeaderFilter>,
     pub response_header_modifier: Option<HeaderFilter>,
+    pub request_redirect: Option<RedirectFilter>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// The Gateway API's `HTTPRequestRedirectFilter`. Numbers are read wide so that a bad one is a
+/// note on the rule, not an object that fails to parse.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedirectFilter {
+    pub scheme: Option<String>,
+    pub hostname: Option<String>,
+    pub path: Option<PathModifier>,
+    pub port: Option<i64>,
+    pub status_code: Option<i64>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// The Gateway API's `HTTPPathModifier`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PathModifier {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub replace_full_path: Option<String>,
+    pub replace_prefix_match: Option<String>,
     #[serde(flatten)]
     pub other: Other,
 }

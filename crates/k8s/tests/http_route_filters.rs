@@ -126,7 +126,7 @@ fn method_query_and_header_modifiers_are_applied_and_the_rest_left_out_with_a_no
             "rule 2 left out: requestHeaderModifier.set[0].name: expected a header a route may edit, found \"host\" (one of host, connection, keep-alive, proxy-connection, transfer-encoding, upgrade, te, trailer, content-length)",
             "rule 3 left out: responseHeaderModifier.add[0].name: expected a header a route may edit, found \"transfer-encoding\" (one of host, connection, keep-alive, proxy-connection, transfer-encoding, upgrade, te, trailer, content-length)",
             "rule 4 left out: a query parameter match of type RegularExpression",
-            "rule 5 left out: a filter of type RequestRedirect is not applied by Ferry",
+            "rule 5 left out: a RequestRedirect filter with backendRefs (the Gateway API makes them exclusive)",
             "rule 6 left out: requestHeaderModifier.add[0].value: expected a valid header value (visible ASCII, spaces, tabs), found \"one\\r\\nx-b: two\"",
         ]
     );

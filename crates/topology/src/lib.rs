@@ -91,6 +91,17 @@
 //!   `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`, `te`, `trailer`,
 //!   `content-length`;
 //!   values are visible ASCII, spaces and tabs (no CR, LF, NUL or bytes beyond ASCII).
+//!   A route may instead `redirect: {scheme, hostname, port, replace_full_path |
+//!   replace_prefix_match, status}` (the Gateway API's `RequestRedirect`), and then has no
+//!   `backends` (the two exclude each other): the waypoint answers each request the policy
+//!   allowed with a 301 or 302 (default 302) whose `Location` keeps what is not set of the
+//!   request: its scheme (`http` at a waypoint), its `Host` without port, the port it arrived
+//!   on (a set `scheme` defaults to its well-known port; 80 for http and 443 for https are
+//!   left out), its path and its query. `scheme` is `http` or `https`; `hostname` a DNS name;
+//!   `port` 1 to 65535; a path starts with `/` and is visible ASCII without `?` or `#`;
+//!   `replace_prefix_match` replaces, segment-wise, what the route's `path_prefix` matched and
+//!   needs every match to be a prefix one (a match without a path counts as `/`). A redirect
+//!   is the waypoint's own answer: the route's `response_headers` do not apply to it.
 
 mod convert;
 pub mod editable;

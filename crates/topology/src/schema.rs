@@ -193,6 +193,8 @@ pub struct RouteSpec {
     /// Any of these (none: every request).
     #[serde(default, rename = "match")]
     pub matches: Vec<RouteMatchSpec>,
+    /// Where the requests go; none when `redirect` is set (the two exclude each other).
+    #[serde(default)]
     pub backends: Vec<BackendSpec>,
     /// Deadline for the response head, in milliseconds (none: no deadline).
     pub timeout_ms: Option<u32>,
@@ -205,6 +207,24 @@ pub struct RouteSpec {
     /// Edits of the response returned to the client.
     #[serde(default)]
     pub response_headers: HeaderModifierSpec,
+    /// Answer the requests with a redirect instead of sending them to a backend.
+    pub redirect: Option<RedirectSpec>,
+}
+
+/// The Gateway API's `RequestRedirect`: every field left out keeps the request's.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedirectSpec {
+    /// `http` or `https`.
+    pub scheme: Option<String>,
+    pub hostname: Option<String>,
+    pub port: Option<u16>,
+    /// The whole path becomes this.
+    pub replace_full_path: Option<String>,
+    /// The part of the path the route's `path_prefix` matched becomes this.
+    pub replace_prefix_match: Option<String>,
+    /// 301 or 302 (default 302).
+    pub status: Option<u16>,
 }
 
 /// Header edits, applied as every `remove`, then every `set`, then every `add`.

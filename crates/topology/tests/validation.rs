@@ -553,3 +553,88 @@ services:
         [("x-served-by".to_string(), "wp".to_string())]
     );
 }
+
+#[test]
+fn a_route_s_redirect_reaches_the_model_and_bad_ones_are_refused_naming_the_field() {
+    use ferry_core::model::{RedirectPath, RedirectScheme, RequestRedirect, ServiceKey};
+    let doc = |routes: &str| {
+        format!(
+            "{BASE}waypoints:\n  - {{name: wp}}\nservices:\n  - name: shop\n    ports: [{{port: 80, target_port: 8080}}]\n    waypoint: wp\n    routes:\n{routes}"
+        )
+    };
+    let t = parse(
+        "good.yaml",
+        &doc("      - {name: r, match: [{path_prefix: /old}], redirect: {scheme: https, hostname: New.Example, replace_prefix_match: /new, status: 301}}\n      - {name: d, redirect: {}}\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let shop = t
+        .snapshot
+        .service(&ServiceKey::new(
+            "default",
+            "shop.default.svc.cluster.local",
+        ))
+        .expect("shop");
+    assert!(shop.http_routes[0].backends.is_empty());
+    assert_eq!(
+        shop.http_routes[0].redirect.as_deref(),
+        Some(&RequestRedirect {
+            scheme: Some(RedirectScheme::Https),
+            hostname: Some("new.example".into()),
+            port: None,
+            path: Some(RedirectPath::PrefixMatch("/new".into())),
+            status: 301,
+        })
+    );
+    assert_eq!(
+        shop.http_routes[1].redirect.as_deref(),
+        Some(&RequestRedirect::default())
+    );
+    for (route, want) in [
+        (
+            "{name: r, redirect: {status: 307}}",
+            "routes[0] (r).redirect.status: expected 301 or 302, found 307",
+        ),
+        (
+            "{name: r, redirect: {scheme: HTTPS}}",
+            "routes[0] (r).redirect.scheme: expected http or https, found \"HTTPS\"",
+        ),
+        (
+            "{name: r, redirect: {hostname: \"a\\r\\nb\"}}",
+            "routes[0] (r).redirect.hostname: expected a DNS name",
+        ),
+        (
+            "{name: r, redirect: {hostname: \"*.example\"}}",
+            "routes[0] (r).redirect.hostname: expected a DNS name",
+        ),
+        (
+            "{name: r, redirect: {port: 0}}",
+            "routes[0] (r).redirect.port: expected a port from 1 to 65535, found 0",
+        ),
+        (
+            "{name: r, redirect: {replace_full_path: rel}}",
+            "routes[0] (r).redirect.replace_full_path: expected a path starting with '/'",
+        ),
+        (
+            "{name: r, redirect: {replace_full_path: \"/a\\nb\"}}",
+            "routes[0] (r).redirect.replace_full_path: expected a path starting with '/'",
+        ),
+        (
+            "{name: r, match: [{path: /a}], redirect: {replace_prefix_match: /b}}",
+            "routes[0] (r).redirect.replace_prefix_match: expected only path prefix matches, found an exact path in matches[0]",
+        ),
+        (
+            "{name: r, redirect: {replace_full_path: /a, replace_prefix_match: /b}}",
+            "routes[0] (r).redirect: expected one of `replace_full_path` and `replace_prefix_match`, found both",
+        ),
+        (
+            "{name: r, redirect: {}, backends: [{service: shop}]}",
+            "routes[0] (r).backends: expected no backends on a route with a redirect",
+        ),
+    ] {
+        let e = parse("bad.yaml", &doc(&format!("      - {route}\n")))
+            .err()
+            .unwrap_or_else(|| panic!("accepted {route}"))
+            .to_string();
+        assert!(e.contains(want), "{route}: {e}");
+    }
+}

@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 pub use crate::edit::HeaderEdits;
+pub use crate::redirect::Redirect;
 pub use crate::replay::Replay;
 pub use crate::upstream::{
     Choice, Fixed, HttpUpstream, Io, Link, Recheck, Refused, RequestCheck, Router,

@@ -7,13 +7,15 @@
 //! - `router`: per-request routing decisions for a tunnel's HTTP traffic.
 //! - [`l7`]: the HTTP filter (detection, per-request authorization, normalization);
 //!   `upstream`: upstream HTTP connections, retries, upgrades; `replay`: a stream that gives
-//!   back bytes read ahead; `metrics`: request metrics; `edit`: a route's header edits.
+//!   back bytes read ahead; `metrics`: request metrics; `edit`: a route's header edits;
+//!   `redirect`: a route's redirect, answered by the waypoint itself.
 
 mod edit;
 mod hop;
 mod judge;
 pub mod l7;
 mod metrics;
+mod redirect;
 mod replay;
 mod router;
 mod state;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ferry_core::authz::HttpRequest;
 use ferry_core::identity::Identity;
-use ferry_core::model::{ClusterId, ServiceKey};
+use ferry_core::model::{ClusterId, RedirectRequest, RedirectScheme, ServiceKey};
 use ferry_core::random::SplitMix64;
 use ferry_core::route::{self, Destination, Plan, Source, Transport, Within};
 use ferry_runtime::conn::{ConnError, Denial};
@@ -121,7 +121,36 @@ impl Router for TunnelRouter {
             Some((svc, port, r))
         });
         let mut rng = self.rng.lock();
+        let mut redirect = None;
         let (dst, within, route_name, timeout, retries, want, headers) = match chosen {
+            Some((_, port, r)) if r.redirect.is_some() => {
+                // Answered here once authorized: judged, as a request without a route, by the
+                // policy of an endpoint of the service it was sent to.
+                redirect = r.redirect.as_deref().map(|rd| crate::redirect::Redirect {
+                    status: rd.status,
+                    location: rd.location(
+                        &RedirectRequest {
+                            scheme: RedirectScheme::Http,
+                            host: req.host,
+                            port,
+                            path: req.path,
+                            query: req.query,
+                        },
+                        route::http::holding(r, req),
+                    ),
+                });
+                let name = Some(r.name.clone());
+                let none = crate::edit::HeaderEdits::default();
+                (
+                    self.target.clone(),
+                    Within::default(),
+                    name,
+                    None,
+                    0,
+                    None,
+                    none,
+                )
+            }
             Some((svc, port, r)) => {
                 let backend = route::http::pick_backend(r, &mut *rng).ok_or_else(|| {
                     Refused::Unroutable(format!("route {:?} has no backend with weight", r.name))
@@ -206,6 +235,7 @@ impl Router for TunnelRouter {
             retries,
             protocol: ferry_core::protocol::http_upstream(&snap, &plan),
             headers,
+            redirect,
             ticket: plan,
         })
     }
@@ -260,3 +290,7 @@ impl Router for TunnelRouter {
 #[cfg(test)]
 #[path = "router_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "redirect_tests.rs"]
+mod redirect_tests;

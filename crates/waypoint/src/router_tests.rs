@@ -12,7 +12,7 @@ use ferry_core::authz::HttpRequest;
 use ferry_core::identity::Identity;
 use ferry_core::model::{
     Action, Clause, HeaderMatch, HeaderModifier, HttpRoute, Match, PathMatch, Policy, PolicyScope,
-    RouteBackend, RouteMatch, Rule, StringMatch, WaypointFor,
+    RedirectPath, RequestRedirect, RouteBackend, RouteMatch, Rule, StringMatch, WaypointFor,
 };
 use ferry_core::random::SplitMix64;
 use ferry_core::store::Store;
@@ -61,7 +61,7 @@ fn policy(name: &str, action: Action, matches: Vec<Match>) -> Policy {
 /// The router of a tunnel to `shop`, whose waypoint `wp` applies its route `admin` (which sets
 /// `x-user: alice` and removes `x-block`), under two policies of its namespace: DENY when
 /// `x-block` is present; ALLOW `x-user: alice`, or any path outside `/admin`.
-fn router() -> TunnelRouter {
+pub(super) fn router() -> TunnelRouter {
     let mut m = MeshBuilder::new();
     m.cluster("east", "net-east");
     m.node("east-1", "east", "us-east/a/r1");
@@ -91,7 +91,44 @@ fn router() -> TunnelRouter {
         }
         .into(),
         response_headers: Default::default(),
+        redirect: None,
     }];
+    // Redirects, answered by the waypoint once the policies above allowed the request.
+    let redirect = |name: &str, path: PathMatch, r: RequestRedirect| HttpRoute {
+        name: name.into(),
+        matches: vec![RouteMatch {
+            path: Some(path),
+            ..RouteMatch::default()
+        }],
+        backends: Vec::new(),
+        timeout_ms: 0,
+        retries: 0,
+        request_headers: Default::default(),
+        response_headers: HeaderModifier {
+            set: vec![("x-route".into(), name.into())],
+            ..HeaderModifier::default()
+        }
+        .into(),
+        redirect: Some(Arc::new(r)),
+    };
+    shop.http_routes.push(redirect(
+        "moved",
+        PathMatch::Prefix("/old".into()),
+        RequestRedirect {
+            path: Some(RedirectPath::PrefixMatch("/new".into())),
+            status: 301,
+            ..RequestRedirect::default()
+        },
+    ));
+    shop.http_routes.push(redirect(
+        "login",
+        PathMatch::Exact("/login".into()),
+        RequestRedirect {
+            scheme: Some(RedirectScheme::Https),
+            hostname: Some("login.example".into()),
+            ..RequestRedirect::default()
+        },
+    ));
     m.backs("shop-1", "shop");
     let header = |name: &str, value: StringMatch| Match {
         headers: vec![HeaderMatch {

@@ -75,6 +75,9 @@ pub struct Choice<T> {
     /// The route's edits of the request sent on and of the response returned, applied after
     /// this choice was made (the request was authorized as the client sent it).
     pub headers: crate::edit::HeaderEdits,
+    /// The route's redirect: the waypoint answers the (authorized) request with it and
+    /// connects to no backend.
+    pub redirect: Option<crate::redirect::Redirect>,
     /// What [`Router::open`] needs to connect.
     pub ticket: T,
 }
@@ -138,6 +141,7 @@ impl Router for Fixed {
             retries: 0,
             protocol: HttpUpstream::Http1,
             headers: crate::edit::HeaderEdits::default(),
+            redirect: None,
             ticket: (),
         })
     }
@@ -457,6 +461,22 @@ pub(crate) async fn forward<R: Router>(
                 };
             }
         };
+        if let Some(redirect) = &choice.redirect {
+            // Decided and authorized: answered here, no backend is opened.
+            let (response, reason) = match crate::redirect::response(redirect) {
+                Ok(r) => (r, None),
+                Err(r) => (r, Some("bad redirect location".to_string())),
+            };
+            return Sent {
+                response,
+                backend: String::new(),
+                route: choice.route,
+                reason,
+                denied: false,
+                tries,
+                protocol: None,
+            };
+        }
         tries += 1;
         let mut request = Request::new(
             body.take()

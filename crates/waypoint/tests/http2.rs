@@ -124,6 +124,7 @@ impl l7::Router for Http2Router {
             retries: 0,
             protocol: HttpUpstream::Http2,
             headers: l7::HeaderEdits::default(),
+            redirect: None,
             ticket: (),
         })
     }

@@ -515,6 +515,7 @@ impl l7::Router for PathRouter {
             retries: 1,
             protocol: l7::HttpUpstream::Http1,
             headers: l7::HeaderEdits::default(),
+            redirect: None,
             ticket: (name, addr),
         })
     }
@@ -747,6 +748,7 @@ impl l7::Router for UpgradeRouter {
             retries: 0,
             protocol: l7::HttpUpstream::Http1,
             headers: l7::HeaderEdits::default(),
+            redirect: None,
             ticket: (),
         })
     }

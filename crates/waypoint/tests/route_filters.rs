@@ -75,6 +75,7 @@ fn route(name: &str, m: Option<RouteMatch>, to: &str) -> HttpRoute {
         retries: 0,
         request_headers: Default::default(),
         response_headers: Default::default(),
+        redirect: None,
     }
 }
 
@@ -167,6 +168,7 @@ impl l7::Router for Routed {
                 request: r.request_headers.clone(),
                 response: r.response_headers.clone(),
             },
+            redirect: None,
             ticket: if to == "b" { self.b } else { self.a },
         })
     }

@@ -211,6 +211,7 @@ fn a_route_editing_a_header_no_route_may_edit_is_refused_by_name_and_not_applied
             }
             .into(),
             response_headers: Default::default(),
+            redirect: None,
         }];
         ResourceSet::encode(&m.build())
     };

@@ -22,6 +22,33 @@ fn header_match() -> impl Strategy<Value = wl::FerryHeaderRouteMatch> {
         .prop_map(|(name, value)| wl::FerryHeaderRouteMatch { name, value })
 }
 
+fn redirect() -> impl Strategy<Value = Option<wl::FerryRequestRedirect>> {
+    use wl::ferry_request_redirect::Path;
+    let text = || prop::option::of(prop_oneof!["[ -~]{0,8}", Just("https".to_string())]);
+    prop::option::of(
+        (
+            text(),
+            text(),
+            prop::option::of(prop_oneof![Just(0u32), Just(8443), any::<u32>()]),
+            prop_oneof![
+                Just(None),
+                "[ -~\r\n]{0,8}".prop_map(|p| Some(Path::ReplaceFullPath(p))),
+                "[ -~\r\n]{0,8}".prop_map(|p| Some(Path::ReplacePrefixMatch(p))),
+            ],
+            prop_oneof![Just(301u32), Just(302), any::<u32>()],
+        )
+            .prop_map(|(scheme, hostname, port, path, status_code)| {
+                wl::FerryRequestRedirect {
+                    scheme,
+                    hostname,
+                    port,
+                    path,
+                    status_code,
+                }
+            }),
+    )
+}
+
 fn route() -> impl Strategy<Value = wl::FerryHttpRoute> {
     use wl::ferry_route_match::Path;
     let matches = prop::collection::vec(
@@ -66,10 +93,10 @@ fn route() -> impl Strategy<Value = wl::FerryHttpRoute> {
     );
     (
         ("[ -~]{0,8}", matches, backends, any::<u32>(), any::<u32>()),
-        (modifier(), modifier()),
+        (modifier(), modifier(), redirect()),
     )
         .prop_map(
-            |((name, matches, backends, timeout_ms, retries), (request, response))| {
+            |((name, matches, backends, timeout_ms, retries), (request, response, redirect))| {
                 wl::FerryHttpRoute {
                     name,
                     matches,
@@ -78,6 +105,7 @@ fn route() -> impl Strategy<Value = wl::FerryHttpRoute> {
                     retries,
                     request_headers: request,
                     response_headers: response,
+                    redirect,
                 }
             },
         )
@@ -120,7 +148,11 @@ proptest! {
     fn services_with_arbitrary_routes_decode_or_are_rejected(routes in prop::collection::vec(route(), 0..3)) {
         let zero_weight = routes
             .iter()
-            .any(|r| r.backends.iter().all(|b| b.weight == 0));
+            .any(|r| r.redirect.is_none() && r.backends.iter().all(|b| b.weight == 0));
+        // A redirect and backends exclude each other.
+        let both = routes
+            .iter()
+            .any(|r| r.redirect.is_some() && !r.backends.is_empty());
         let service = wl::Service {
             name: "shop".into(),
             namespace: "default".into(),
@@ -132,7 +164,10 @@ proptest! {
             r#type: Some(wl::address::Type::Service(service)),
         };
         match decode_address("default/shop.default.svc.cluster.local", &address.encode_to_vec()) {
-            Ok(_) => prop_assert!(!zero_weight, "a route without weight was accepted"),
+            Ok(_) => {
+                prop_assert!(!zero_weight, "a route without weight was accepted");
+                prop_assert!(!both, "a route with a redirect and backends was accepted");
+            }
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
     }

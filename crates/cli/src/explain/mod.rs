@@ -523,7 +523,11 @@ fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let mut text = format!("{}: {matches} -> {backends}", r.name);
+    let to = match r.redirect.as_deref() {
+        Some(rd) => describe_redirect(rd),
+        None => backends,
+    };
+    let mut text = format!("{}: {matches} -> {to}", r.name);
     if r.timeout_ms > 0 {
         text.push_str(&format!(", timeout {} ms", r.timeout_ms));
     }
@@ -539,6 +543,33 @@ fn describe_route(r: &ferry_core::model::HttpRoute) -> String {
         }
     }
     text
+}
+
+/// A redirect, what it changes of the request: `redirect 301 (scheme https, hostname
+/// new.example, port 8443, matched prefix -> /new; the rest as requested, query kept)`.
+fn describe_redirect(r: &ferry_core::model::RequestRedirect) -> String {
+    use ferry_core::model::RedirectPath;
+    let mut parts = Vec::new();
+    if let Some(s) = r.scheme {
+        parts.push(format!("scheme {}", s.as_str()));
+    }
+    if let Some(h) = &r.hostname {
+        parts.push(format!("hostname {h}"));
+    }
+    if let Some(p) = r.port {
+        parts.push(format!("port {p}"));
+    }
+    match &r.path {
+        Some(RedirectPath::Full(p)) => parts.push(format!("path {p}")),
+        Some(RedirectPath::PrefixMatch(p)) => parts.push(format!("matched prefix -> {p}")),
+        None => {}
+    }
+    parts.push("the rest as requested, query kept".into());
+    format!(
+        "redirect {} ({}; answered by the waypoint once authorized)",
+        r.status,
+        parts.join(", ")
+    )
 }
 
 /// Header edits in the order they are applied: `remove x-debug, set x-env: prod, add x-hop: wp`.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::{ServiceKey, StringMatch};
+use super::{RequestRedirect, ServiceKey, StringMatch};
 
 /// How a route matches a request path.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -65,7 +65,7 @@ pub struct HttpRoute {
     pub name: String,
     /// Any of these (empty: every request).
     pub matches: Vec<RouteMatch>,
-    /// At least one backend with a weight above zero.
+    /// At least one backend with a weight above zero, or none when `redirect` is set.
     pub backends: Vec<RouteBackend>,
     /// Whole-request deadline (until the response head arrives), in milliseconds; 0: none.
     pub timeout_ms: u32,
@@ -75,8 +75,12 @@ pub struct HttpRoute {
     /// Edits of the request sent on to the backend (after it was authorized and routed).
     /// Shared: a routed request holds its route's edits without copying them.
     pub request_headers: Arc<HeaderModifier>,
-    /// Edits of the backend's response returned to the client.
+    /// Edits of the backend's response returned to the client (not of a redirect).
     pub response_headers: Arc<HeaderModifier>,
+    /// The Gateway API's `RequestRedirect`: the waypoint answers the route's authorized
+    /// requests itself with this redirect; the route then has no backends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<Arc<RequestRedirect>>,
 }
 
 /// The Gateway API's `HTTPHeaderFilter`: header edits, applied in one order: every `remove`,

@@ -6,6 +6,7 @@ mod http_route;
 mod names;
 mod peer_authentication;
 mod policy;
+mod redirect;
 mod service;
 mod shared;
 mod topology;
@@ -23,6 +24,10 @@ pub use peer_authentication::{MtlsMode, PeerAuthentication};
 pub use policy::{
     Action, Cidr, Clause, HeaderMatch, InvalidCidr, Match, Policy, PolicyScope, Rule,
     ServiceAccountMatch, StringMatch,
+};
+pub use redirect::{
+    REDIRECT_STATUSES, RedirectError, RedirectPath, RedirectRequest, RedirectScheme,
+    RequestRedirect, host_without_port, is_dns_name, replace_prefix,
 };
 pub use service::{
     AddressEndpoint, AppProtocol, FailoverMinimum, GatewayDestination, GatewayRef, HealthPolicy,

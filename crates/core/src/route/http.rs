@@ -22,6 +22,13 @@ pub fn select<'r>(routes: &'r [HttpRoute], req: &HttpRequest<'_>) -> Option<&'r 
         .find(|r| r.matches.is_empty() || r.matches.iter().any(|m| holds(m, req, &mut query)))
 }
 
+/// The first of `route`'s matches that admits the request (`None` when none does, or the route
+/// has none): which `PathPrefix` a redirect's `ReplacePrefixMatch` replaces.
+pub fn holding<'r>(route: &'r HttpRoute, req: &HttpRequest<'_>) -> Option<&'r RouteMatch> {
+    let mut query = Query::new(req.query);
+    route.matches.iter().find(|m| holds(m, req, &mut query))
+}
+
 /// Does one match admit the request? Every condition must hold; a header condition holds when
 /// any value of that header satisfies it; a query condition holds when the first parameter of
 /// that name (the request's names and values percent-decoded, `+` as a space, among its first
@@ -146,6 +153,7 @@ mod tests {
             retries: 0,
             request_headers: Default::default(),
             response_headers: Default::default(),
+            redirect: None,
         }
     }
 

@@ -15,7 +15,13 @@
 //! `RequestHeaderModifier` and `ResponseHeaderModifier` (`set`, `add`, `remove`; applied by the
 //! waypoint after it authorized the request, as remove, then set, then add), `backendRefs` to
 //! Services of the route's namespace with a `port` and a `weight`, and `timeouts.request` in
-//! seconds or milliseconds (`"5s"`, `"500ms"`). A rule that uses anything else (other filters,
+//! seconds or milliseconds (`"5s"`, `"500ms"`), or instead of `backendRefs` a `RequestRedirect`
+//! filter (`scheme`, `hostname`, `port`, `path` of type `ReplaceFullPath` or
+//! `ReplacePrefixMatch`, `statusCode` 301 or 302), which the waypoint answers itself once it
+//! authorized the request; a rule with both, or whose redirect is invalid (another status, a
+//! hostname that is no DNS name, port 0, a path not starting with `/`, CR or LF, a
+//! `ReplacePrefixMatch` with an `Exact` path match), is left out with a note naming the field.
+//! A rule that uses anything else (other filters,
 //! regular expressions, a header value with `*`, which Ferry would read as a pattern, a header
 //! edit of an invalid name or value, a pseudo-header, `host`, a connection-specific header
 //! (`trailer` among them) or `content-length`, a backend of another kind or namespace, a
@@ -31,8 +37,13 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
-use ferry_core::model::{HTTP_METHODS, HeaderEditError, HeaderModifier};
-use ferry_topology::schema::{BackendSpec, HeaderModifierSpec, RouteMatchSpec, RouteSpec};
+use ferry_core::model::{
+    HTTP_METHODS, HeaderEditError, HeaderModifier, REDIRECT_STATUSES, RedirectPath, RedirectScheme,
+    RequestRedirect,
+};
+use ferry_topology::schema::{
+    BackendSpec, HeaderModifierSpec, RedirectSpec, RouteMatchSpec, RouteSpec,
+};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Tx, ns_name};
@@ -228,7 +239,22 @@ impl Tx<'_> {
             }
             matches.push(spec);
         }
-        let (request_headers, response_headers) = header_filters(&rule.filters)?;
+        let (request_headers, response_headers, redirect) = header_filters(&rule.filters)?;
+        if let Some(r) = &redirect {
+            if !rule.backend_refs.is_empty() {
+                return Err(
+                    "a RequestRedirect filter with backendRefs (the Gateway API makes them exclusive)"
+                        .into(),
+                );
+            }
+            if r.replace_prefix_match.is_some()
+                && let Some(j) = matches.iter().position(|m| m.path.is_some())
+            {
+                return Err(format!(
+                    "requestRedirect.path.replacePrefixMatch: expected only PathPrefix matches, found an Exact path in matches[{j}]"
+                ));
+            }
+        }
         let mut backends = Vec::new();
         for b in &rule.backend_refs {
             let kind_ok = b.kind.as_deref().is_none_or(|k| k == "Service")
@@ -260,7 +286,7 @@ impl Tx<'_> {
                 weight: b.weight.unwrap_or(1),
             });
         }
-        if backends.is_empty() {
+        if backends.is_empty() && redirect.is_none() {
             return Err("no backend (Gateway API answers such requests with 500)".into());
         }
         let timeout_ms = match rule.timeouts.as_ref() {
@@ -285,17 +311,32 @@ impl Tx<'_> {
             retries: 0,
             request_headers,
             response_headers,
+            redirect,
         })
     }
 }
 
-/// A rule's `RequestHeaderModifier` and `ResponseHeaderModifier` filters, checked as every
-/// decoder checks them; any other filter, or one of these twice, is why the rule is left out.
-fn header_filters(
-    filters: &[HttpRouteFilter],
-) -> Result<(HeaderModifierSpec, HeaderModifierSpec), String> {
-    let (mut request, mut response) = (None, None);
+/// A rule's `RequestHeaderModifier`, `ResponseHeaderModifier` and `RequestRedirect` filters,
+/// checked as every decoder checks them; any other filter, or one of these twice, is why the
+/// rule is left out.
+fn header_filters(filters: &[HttpRouteFilter]) -> Result<Filters, String> {
+    let (mut request, mut response, mut redirect) = (None, None, None);
     for f in filters {
+        if f.type_ == "RequestRedirect" {
+            if let Some(key) = f.other.keys().next() {
+                return Err(format!(
+                    "filter RequestRedirect's `{key}` is not applied by Ferry"
+                ));
+            }
+            let Some(given) = &f.request_redirect else {
+                return Err("filter RequestRedirect without `requestRedirect`".into());
+            };
+            if redirect.is_some() {
+                return Err("filter RequestRedirect is given twice".into());
+            }
+            redirect = Some(redirect_filter(given).map_err(|e| format!("requestRedirect.{e}"))?);
+            continue;
+        }
         let (slot, given, field) = match f.type_.as_str() {
             "RequestHeaderModifier" => (
                 &mut request,
@@ -354,7 +395,98 @@ fn header_filters(
             remove: checked.remove,
         });
     }
-    Ok((request.unwrap_or_default(), response.unwrap_or_default()))
+    Ok((
+        request.unwrap_or_default(),
+        response.unwrap_or_default(),
+        redirect,
+    ))
+}
+
+/// A rule's request edits, response edits and redirect.
+type Filters = (HeaderModifierSpec, HeaderModifierSpec, Option<RedirectSpec>);
+
+/// A `requestRedirect`, checked as every decoder checks it; an error starts with its field as
+/// the object names it (`statusCode: ...`).
+fn redirect_filter(r: &crate::crd::RedirectFilter) -> Result<RedirectSpec, String> {
+    if let Some(key) = r.other.keys().next() {
+        return Err(format!("{key} is not applied by Ferry"));
+    }
+    let scheme = match r.scheme.as_deref() {
+        None => None,
+        Some(s) => Some(
+            RedirectScheme::parse(s)
+                .ok_or_else(|| format!("scheme: expected http or https, found {s:?}"))?,
+        ),
+    };
+    let port = match r.port {
+        None => None,
+        Some(p) => Some(
+            u16::try_from(p)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("port: expected a port from 1 to 65535, found {p}"))?,
+        ),
+    };
+    let status = match r.status_code {
+        None => 302,
+        Some(s) => u16::try_from(s)
+            .ok()
+            .filter(|s| REDIRECT_STATUSES.contains(s))
+            .ok_or_else(|| format!("statusCode: expected 301 or 302, found {s}"))?,
+    };
+    let path = match &r.path {
+        None => None,
+        Some(p) => {
+            if let Some(key) = p.other.keys().next() {
+                return Err(format!("path.{key} is not applied by Ferry"));
+            }
+            let given = |v: &Option<String>, field: &str| {
+                v.clone()
+                    .ok_or_else(|| format!("path: type {} without `{field}`", p.type_))
+            };
+            match p.type_.as_str() {
+                "ReplaceFullPath" => Some(RedirectPath::Full(given(
+                    &p.replace_full_path,
+                    "replaceFullPath",
+                )?)),
+                "ReplacePrefixMatch" => Some(RedirectPath::PrefixMatch(given(
+                    &p.replace_prefix_match,
+                    "replacePrefixMatch",
+                )?)),
+                other => return Err(format!("path: a path modifier of type {other:?}")),
+            }
+        }
+    };
+    let checked = RequestRedirect {
+        scheme,
+        hostname: r.hostname.clone(),
+        port,
+        path,
+        status,
+    }
+    .check()
+    .map_err(|e| {
+        let field = match e.field.as_str() {
+            "path.replace_full_path" => "path.replaceFullPath",
+            "path.replace_prefix_match" => "path.replacePrefixMatch",
+            "status" => "statusCode",
+            f => f,
+        };
+        format!("{field}: {}", e.problem)
+    })?;
+    let (replace_full_path, replace_prefix_match) = match checked.path {
+        None => (None, None),
+        Some(RedirectPath::Full(p)) => (Some(p), None),
+        Some(RedirectPath::PrefixMatch(p)) => (None, Some(p)),
+    };
+    Ok(RedirectSpec {
+        scheme: checked.scheme.map(|s| s.as_str().to_string()),
+        hostname: checked.hostname,
+        port: checked.port,
+        replace_full_path,
+        replace_prefix_match,
+        status: Some(checked.status),
+    })
 }
 
 /// The entries of `list` whose name no earlier entry gave (compared ignoring ASCII case),
@@ -405,6 +537,7 @@ fn split(
         retries,
         request_headers,
         response_headers,
+        redirect,
     } = spec;
     matches
         .into_iter()
@@ -426,6 +559,7 @@ fn split(
                 retries,
                 request_headers: request_headers.clone(),
                 response_headers: response_headers.clone(),
+                redirect: redirect.clone(),
             };
             (
                 precedence(j, &m),

@@ -1,13 +1,15 @@
 //! HTTP routes of services: resolved after every service is known, since a route may send
 //! requests to a service declared further down.
 
+use std::sync::Arc;
+
 use ferry_core::model::{
-    HTTP_METHODS, HeaderModifier, HttpRoute, PathMatch, RouteBackend, RouteMatch, ServiceKey,
-    StringMatch,
+    HTTP_METHODS, HeaderModifier, HttpRoute, PathMatch, RedirectPath, RedirectScheme,
+    RequestRedirect, RouteBackend, RouteMatch, ServiceKey, StringMatch,
 };
 
 use super::{Cx, item, namespace, one_of};
-use crate::schema::{HeaderModifierSpec, RouteMatchSpec, RouteSpec, ServiceSpec};
+use crate::schema::{HeaderModifierSpec, RedirectSpec, RouteMatchSpec, RouteSpec, ServiceSpec};
 
 impl Cx {
     pub(super) fn routes(&mut self, specs: &[ServiceSpec]) {
@@ -70,8 +72,18 @@ impl Cx {
             .iter()
             .enumerate()
             .map(|(k, m)| self.route_match(&format!("{path}.match[{k}]"), m))
-            .collect();
-        if r.backends.is_empty() {
+            .collect::<Vec<_>>();
+        let redirect = r
+            .redirect
+            .as_ref()
+            .and_then(|spec| self.redirect(&format!("{path}.redirect"), spec, &matches));
+        if r.redirect.is_some() && !r.backends.is_empty() {
+            self.problem(
+                format!("{path}.backends"),
+                "expected no backends on a route with a redirect (the two exclude each other), found some",
+            );
+        }
+        if r.backends.is_empty() && r.redirect.is_none() {
             self.problem(
                 format!("{path}.backends"),
                 "expected at least one backend, found none",
@@ -155,7 +167,62 @@ impl Cx {
             response_headers: self
                 .modifier(&format!("{path}.response_headers"), &r.response_headers)
                 .into(),
+            redirect: redirect.map(Arc::new),
         })
+    }
+
+    /// The checked redirect (a problem naming the first bad field: none kept).
+    fn redirect(
+        &mut self,
+        path: &str,
+        r: &RedirectSpec,
+        matches: &[RouteMatch],
+    ) -> Option<RequestRedirect> {
+        let scheme = match r.scheme.as_deref().map(|s| (s, RedirectScheme::parse(s))) {
+            None => None,
+            Some((_, Some(s))) => Some(s),
+            Some((s, None)) => {
+                self.problem(
+                    format!("{path}.scheme"),
+                    format!("expected http or https, found {s:?}"),
+                );
+                return None;
+            }
+        };
+        let rpath = match (&r.replace_full_path, &r.replace_prefix_match) {
+            (Some(_), Some(_)) => {
+                self.problem(
+                    path.to_string(),
+                    "expected one of `replace_full_path` and `replace_prefix_match`, found both",
+                );
+                return None;
+            }
+            (Some(p), None) => Some(RedirectPath::Full(p.clone())),
+            (None, Some(p)) => Some(RedirectPath::PrefixMatch(p.clone())),
+            (None, None) => None,
+        };
+        let redirect = RequestRedirect {
+            scheme,
+            hostname: r.hostname.clone(),
+            port: r.port,
+            path: rpath,
+            status: r.status.unwrap_or(302),
+        };
+        let checked = redirect
+            .check()
+            .and_then(|c| c.check_matches(matches).map(|()| c));
+        match checked {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let field = match e.field.as_str() {
+                    "path.replace_full_path" => "replace_full_path",
+                    "path.replace_prefix_match" => "replace_prefix_match",
+                    f => f,
+                };
+                self.problem(format!("{path}.{field}"), e.problem);
+                None
+            }
+        }
     }
 
     /// Checked header edits (a problem for the first that no route may make: none kept).

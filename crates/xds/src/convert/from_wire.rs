@@ -11,9 +11,10 @@ use ferry_core::model::{
     Action, AddressEndpoint, AppProtocol, Cidr, Clause, ClusterId, FailoverMinimum, Gateway,
     GatewayDestination, GatewayRef, HBONE_PORT, HTTP_METHODS, HeaderModifier, Health, HealthPolicy,
     HttpRoute, LbMode, LoadBalancing, Locality, LocalityScope, Match, NetworkAddress, NetworkId,
-    PathMatch, Policy, PolicyKey, PolicyScope, PortMapping, RouteBackend, RouteMatch, Rule,
-    ScopeRule, Service, ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch,
-    TunnelProtocol, WaypointFor, Workload, WorkloadUid,
+    PathMatch, Policy, PolicyKey, PolicyScope, PortMapping, REDIRECT_STATUSES, RedirectPath,
+    RedirectScheme, RequestRedirect, RouteBackend, RouteMatch, Rule, ScopeRule, Service,
+    ServiceAccountMatch, ServiceKey, ServicePort, ServiceScope, StringMatch, TunnelProtocol,
+    WaypointFor, Workload, WorkloadUid,
 };
 use ferry_core::telemetry::{canonical_name, canonical_revision};
 
@@ -739,7 +740,18 @@ fn route_with_matches(r: &wl::FerryHttpRoute, matches: Vec<RouteMatch>) -> R<Htt
             })
         })
         .collect::<R<_>>()?;
-    if backends.iter().all(|b| b.weight == 0) {
+    let redirect = r
+        .redirect
+        .as_ref()
+        .map(|x| redirect(x, &matches).map_err(|e| format!("redirect.{e}")))
+        .transpose()?;
+    if redirect.is_some() && !backends.is_empty() {
+        return Err(format!(
+            "route {:?} has both a redirect and backends (they exclude each other)",
+            r.name
+        ));
+    }
+    if redirect.is_none() && backends.iter().all(|b| b.weight == 0) {
         return Err(format!(
             "route {:?} has no backend with a weight above 0",
             r.name
@@ -753,7 +765,46 @@ fn route_with_matches(r: &wl::FerryHttpRoute, matches: Vec<RouteMatch>) -> R<Htt
         retries: r.retries.min(10),
         request_headers: header_modifier(r.request_headers.as_ref(), "request_headers")?.into(),
         response_headers: header_modifier(r.response_headers.as_ref(), "response_headers")?.into(),
+        redirect: redirect.map(Arc::new),
     })
+}
+
+/// A redirect, checked as every decoder checks it; an error starts with its field.
+fn redirect(r: &wl::FerryRequestRedirect, matches: &[RouteMatch]) -> R<RequestRedirect> {
+    use wl::ferry_request_redirect::Path;
+    let scheme = match r.scheme.as_deref() {
+        None => None,
+        Some(s) => Some(
+            RedirectScheme::parse(s)
+                .ok_or_else(|| format!("scheme: expected http or https, found {s:?}"))?,
+        ),
+    };
+    let status = match u16::try_from(r.status_code) {
+        Ok(s) if REDIRECT_STATUSES.contains(&s) => s,
+        _ => {
+            return Err(format!(
+                "status_code: expected 301 or 302, found {}",
+                r.status_code
+            ));
+        }
+    };
+    let checked = RequestRedirect {
+        scheme,
+        hostname: r.hostname.clone(),
+        port: r
+            .port
+            .map(|p| u16::try_from(p).map_err(|_| format!("port: expected 1 to 65535, found {p}")))
+            .transpose()?,
+        path: r.path.as_ref().map(|p| match p {
+            Path::ReplaceFullPath(p) => RedirectPath::Full(p.clone()),
+            Path::ReplacePrefixMatch(p) => RedirectPath::PrefixMatch(p.clone()),
+        }),
+        status,
+    }
+    .check()
+    .map_err(|e| e.to_string())?;
+    checked.check_matches(matches).map_err(|e| e.to_string())?;
+    Ok(checked)
 }
 
 /// Header edits, checked as every decoder checks them: a resource that holds one no route may

@@ -8,8 +8,8 @@ use ferry_core::identity::Identity;
 use ferry_core::model::{
     Action, AppProtocol, FailoverMinimum, Gateway, GatewayDestination, GatewayRef, HeaderModifier,
     Health, HealthPolicy, HttpRoute, LbMode, LocalityScope, Match, NetworkAddress, PathMatch,
-    Policy, PolicyScope, ScopeRule, Service, ServiceScope, StringMatch, TunnelProtocol,
-    WaypointFor, Workload,
+    Policy, PolicyScope, RedirectPath, RequestRedirect, ScopeRule, Service, ServiceScope,
+    StringMatch, TunnelProtocol, WaypointFor, Workload,
 };
 use ferry_core::snapshot::Snapshot;
 use ferry_core::telemetry::canonical;
@@ -360,6 +360,21 @@ fn http_route(r: &HttpRoute) -> wl::FerryHttpRoute {
         retries: r.retries,
         request_headers: header_modifier(&r.request_headers),
         response_headers: header_modifier(&r.response_headers),
+        redirect: r.redirect.as_deref().map(redirect),
+    }
+}
+
+fn redirect(r: &RequestRedirect) -> wl::FerryRequestRedirect {
+    use wl::ferry_request_redirect::Path;
+    wl::FerryRequestRedirect {
+        scheme: r.scheme.map(|s| s.as_str().to_string()),
+        hostname: r.hostname.clone(),
+        port: r.port.map(u32::from),
+        path: r.path.as_ref().map(|p| match p {
+            RedirectPath::Full(p) => Path::ReplaceFullPath(p.clone()),
+            RedirectPath::PrefixMatch(p) => Path::ReplacePrefixMatch(p.clone()),
+        }),
+        status_code: u32::from(r.status),
     }
 }
 
