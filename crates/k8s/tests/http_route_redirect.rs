@@ -111,7 +111,7 @@ fn redirects_are_translated_and_bad_ones_left_out_naming_the_field() {
             "rule 3 left out: requestRedirect.statusCode: expected 301 or 302, found 307",
             "rule 4 left out: requestRedirect.hostname: expected a DNS name (letters, digits, '-', '.'), found \"a.example\\r\\nset-cookie: x\"",
             "rule 5 left out: requestRedirect.port: expected a port from 1 to 65535, found 0",
-            "rule 6 left out: requestRedirect.path.replaceFullPath: expected a path starting with '/', visible ASCII without '?' or '#', found \"relative\"",
+            "rule 6 left out: requestRedirect.path.replaceFullPath: expected a path starting with one '/', visible ASCII without '?' or '#', found \"relative\"",
             "rule 7 left out: requestRedirect.path.replacePrefixMatch: expected only PathPrefix matches, found an Exact path in matches[0]",
             "rule 8 left out: requestRedirect.scheme: expected http or https, found \"ftp\"",
         ]

@@ -612,11 +612,11 @@ fn a_route_s_redirect_reaches_the_model_and_bad_ones_are_refused_naming_the_fiel
         ),
         (
             "{name: r, redirect: {replace_full_path: rel}}",
-            "routes[0] (r).redirect.replace_full_path: expected a path starting with '/'",
+            "routes[0] (r).redirect.replace_full_path: expected a path starting with one '/'",
         ),
         (
             "{name: r, redirect: {replace_full_path: \"/a\\nb\"}}",
-            "routes[0] (r).redirect.replace_full_path: expected a path starting with '/'",
+            "routes[0] (r).redirect.replace_full_path: expected a path starting with one '/'",
         ),
         (
             "{name: r, match: [{path: /a}], redirect: {replace_prefix_match: /b}}",

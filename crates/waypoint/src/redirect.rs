@@ -12,15 +12,17 @@ use crate::upstream::{Body, plain};
 pub struct Redirect {
     /// 301 or 302.
     pub status: u16,
-    pub location: String,
+    /// `None`: the request cannot make one (its `Host` or path,
+    /// [`ferry_core::model::RequestRedirect::location`]).
+    pub location: Option<String>,
 }
 
-/// The response for `r`; a `400` when its `Location` is no valid header value (a request
-/// path the waypoint took in that is not one: never a panic).
+/// The response for `r`; a `400` when the request made no `Location`, or one that is no valid
+/// header value (never a panic).
 pub(crate) fn response(r: &Redirect) -> Result<Response<Body>, Response<Body>> {
-    let (Ok(status), Ok(location)) = (
+    let (Ok(status), Some(Ok(location))) = (
         StatusCode::from_u16(r.status),
-        HeaderValue::from_str(&r.location),
+        r.location.as_deref().map(HeaderValue::from_str),
     ) else {
         return Err(plain(StatusCode::BAD_REQUEST, "bad redirect location\n"));
     };

@@ -148,7 +148,7 @@ async fn the_router_decides_a_redirect_only_for_an_allowed_request() {
         choice.redirect,
         Some(crate::redirect::Redirect {
             status: 301,
-            location: "http://shop.default.svc.cluster.local/new".into(),
+            location: Some("http://shop.default.svc.cluster.local/new".into()),
         })
     );
     let blocked = HttpRequest {
@@ -156,4 +156,15 @@ async fn the_router_decides_a_redirect_only_for_an_allowed_request() {
         ..req
     };
     assert!(matches!(r.decide(&blocked, &[]), Err(Refused::Denied(_))));
+}
+
+#[test]
+fn a_request_that_made_no_location_is_answered_400() {
+    let r = crate::redirect::Redirect {
+        status: 302,
+        location: None,
+    };
+    let answer = crate::redirect::response(&r).expect_err("no redirect without a Location");
+    assert_eq!(answer.status(), http::StatusCode::BAD_REQUEST);
+    assert!(answer.headers().get(http::header::LOCATION).is_none());
 }

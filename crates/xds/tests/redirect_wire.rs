@@ -205,7 +205,7 @@ fn a_bad_redirect_is_rejected_naming_its_field() {
                 ..ok.clone()
             },
             vec![],
-            "redirect.path.replace_full_path: expected a path starting with '/'",
+            "redirect.path.replace_full_path: expected a path starting with one '/'",
         ),
         (
             wl::FerryRequestRedirect {
@@ -213,7 +213,7 @@ fn a_bad_redirect_is_rejected_naming_its_field() {
                 ..ok.clone()
             },
             vec![],
-            "redirect.path.replace_full_path: expected a path starting with '/'",
+            "redirect.path.replace_full_path: expected a path starting with one '/'",
         ),
         (
             wl::FerryRequestRedirect {

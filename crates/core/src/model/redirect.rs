@@ -142,6 +142,7 @@ impl RequestRedirect {
                 RedirectPath::PrefixMatch(s) => ("path.replace_prefix_match", s),
             };
             if !path.starts_with('/')
+                || path.starts_with("//")
                 || !path
                     .bytes()
                     .all(|b| (b'!'..=b'~').contains(&b) && b != b'?' && b != b'#')
@@ -149,7 +150,7 @@ impl RequestRedirect {
                 return Err(err(
                     field,
                     format!(
-                        "expected a path starting with '/', visible ASCII without '?' or '#', found {path:?}"
+                        "expected a path starting with one '/', visible ASCII without '?' or '#', found {path:?}"
                     ),
                 ));
             }
@@ -175,12 +176,21 @@ impl RequestRedirect {
     }
 
     /// The `Location` for a request the route matched with `matched` (the match that held;
-    /// `None`: the route has none).
-    pub fn location(&self, req: &RedirectRequest<'_>, matched: Option<&RouteMatch>) -> String {
+    /// `None`: the route has none). `None` when the request cannot make one: a path that is
+    /// not absolute (`OPTIONS *`), or, without a configured hostname, a `Host` that is not a
+    /// DNS name or an IP address literal (`good@evil.example` would send the client elsewhere).
+    pub fn location(
+        &self,
+        req: &RedirectRequest<'_>,
+        matched: Option<&RouteMatch>,
+    ) -> Option<String> {
+        if !req.path.starts_with('/') {
+            return None;
+        }
         let scheme = self.scheme.unwrap_or(req.scheme);
         let host = match &self.hostname {
             Some(h) => h.as_str(),
-            None => host_without_port(req.host),
+            None => Some(host_without_port(req.host)).filter(|h| is_host(h))?,
         };
         let port = match (self.port, self.scheme) {
             (Some(p), _) => p,
@@ -210,7 +220,7 @@ impl RequestRedirect {
             out.push('?');
             out.push_str(req.query);
         }
-        out
+        Some(out)
     }
 }
 
@@ -237,6 +247,15 @@ pub fn host_without_port(host: &str) -> &str {
         return host.find(']').map_or(host, |i| &host[..=i]);
     }
     host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// A host a `Location` may name: a DNS name, an IPv4 address, or an IPv6 address in brackets.
+fn is_host(h: &str) -> bool {
+    is_dns_name(h)
+        || h.parse::<std::net::Ipv4Addr>().is_ok()
+        || h.strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 /// An RFC 1123 DNS name: dot-separated labels of letters, digits and `-` (not first or last),
@@ -278,7 +297,7 @@ mod tests {
     fn defaults_keep_the_request_and_its_port() {
         let r = RequestRedirect::default();
         assert_eq!(
-            r.location(&req("/a/b", "x=1&y=2"), None),
+            r.location(&req("/a/b", "x=1&y=2"), None).unwrap(),
             "http://shop.default:8080/a/b?x=1&y=2"
         );
         let r = RequestRedirect {
@@ -288,7 +307,7 @@ mod tests {
         let mut on80 = req("/", "");
         on80.port = 80;
         on80.host = "shop:80";
-        assert_eq!(r.location(&on80, None), "http://other.example/");
+        assert_eq!(r.location(&on80, None).unwrap(), "http://other.example/");
     }
 
     #[test]
@@ -298,7 +317,7 @@ mod tests {
             ..RequestRedirect::default()
         };
         assert_eq!(
-            https.location(&req("/p", "q=1"), None),
+            https.location(&req("/p", "q=1"), None).unwrap(),
             "https://shop.default/p?q=1"
         );
         let explicit = RequestRedirect {
@@ -306,7 +325,7 @@ mod tests {
             ..https.clone()
         };
         assert_eq!(
-            explicit.location(&req("/", ""), None),
+            explicit.location(&req("/", ""), None).unwrap(),
             "https://shop.default/"
         );
         let other = RequestRedirect {
@@ -314,7 +333,7 @@ mod tests {
             ..https
         };
         assert_eq!(
-            other.location(&req("/", ""), None),
+            other.location(&req("/", ""), None).unwrap(),
             "https://shop.default:8443/"
         );
         let http80 = RequestRedirect {
@@ -322,7 +341,10 @@ mod tests {
             port: Some(80),
             ..RequestRedirect::default()
         };
-        assert_eq!(http80.location(&req("/", ""), None), "http://shop.default/");
+        assert_eq!(
+            http80.location(&req("/", ""), None).unwrap(),
+            "http://shop.default/"
+        );
     }
 
     #[test]
@@ -332,7 +354,7 @@ mod tests {
             ..RequestRedirect::default()
         };
         let m = prefix("/foo");
-        let loc = |with: &str, path: &str| r(with).location(&req(path, "k=v"), Some(&m));
+        let loc = |with: &str, path: &str| r(with).location(&req(path, "k=v"), Some(&m)).unwrap();
         assert_eq!(
             loc("/xyz", "/foo/bar"),
             "http://shop.default:8080/xyz/bar?k=v"
@@ -346,7 +368,9 @@ mod tests {
         assert_eq!(loc("/", "/foo"), "http://shop.default:8080/?k=v");
         let slash = prefix("/foo/");
         assert_eq!(
-            r("/xyz").location(&req("/foo/bar", ""), Some(&slash)),
+            r("/xyz")
+                .location(&req("/foo/bar", ""), Some(&slash))
+                .unwrap(),
             "http://shop.default:8080/xyz/bar"
         );
         assert_eq!(replace_prefix("/foobar", "/foo", "/x"), "/x/foobar");
@@ -355,9 +379,54 @@ mod tests {
             ..RequestRedirect::default()
         };
         assert_eq!(
-            full.location(&req("/foo/bar", "a=b"), Some(&m)),
+            full.location(&req("/foo/bar", "a=b"), Some(&m)).unwrap(),
             "http://shop.default:8080/new?a=b"
         );
+    }
+
+    #[test]
+    fn a_request_that_cannot_make_a_location_makes_none() {
+        let r = RequestRedirect::default();
+        for host in [
+            "good@evil.example",
+            "a b",
+            "x/y#",
+            "",
+            "[::1",
+            "caf\u{e9}.example",
+        ] {
+            let mut q = req("/", "");
+            q.host = host;
+            assert_eq!(r.location(&q, None), None, "{host:?}");
+        }
+        for host in [
+            "shop.default:8080",
+            "198.18.0.1:80",
+            "[2001:db8::1]:80",
+            "[::1]",
+        ] {
+            let mut q = req("/p", "");
+            q.host = host;
+            assert!(r.location(&q, None).is_some(), "{host:?}");
+        }
+        // A configured hostname stands in for the request's.
+        let named = RequestRedirect {
+            hostname: Some("other.example".into()),
+            ..RequestRedirect::default()
+        };
+        let mut q = req("/p", "");
+        q.host = "good@evil.example";
+        assert_eq!(
+            named.location(&q, None).as_deref(),
+            Some("http://other.example:8080/p")
+        );
+        // `OPTIONS *` has no path to redirect.
+        let prefix_all = RequestRedirect {
+            path: Some(RedirectPath::PrefixMatch("/xyz".into())),
+            ..RequestRedirect::default()
+        };
+        assert_eq!(prefix_all.location(&req("*", ""), None), None);
+        assert_eq!(r.location(&req("*", ""), None), None);
     }
 
     #[test]
@@ -388,7 +457,7 @@ mod tests {
             ..RequestRedirect::default()
         });
         assert!(e.starts_with("port: "), "{e}");
-        for p in ["rel", "", "/a\r\nb", "/a b", "/a?q", "/caf\u{e9}"] {
+        for p in ["rel", "", "//x", "/a\r\nb", "/a b", "/a?q", "/caf\u{e9}"] {
             let e = problem(RequestRedirect {
                 path: Some(RedirectPath::Full(p.into())),
                 ..RequestRedirect::default()
