@@ -164,7 +164,8 @@ fn a_request_that_made_no_location_is_answered_400() {
         status: 302,
         location: None,
     };
-    let answer = crate::redirect::response(&r).expect_err("no redirect without a Location");
+    let answer =
+        crate::upstream::redirect_response(&r).expect_err("no redirect without a Location");
     assert_eq!(answer.status(), http::StatusCode::BAD_REQUEST);
     assert!(answer.headers().get(http::header::LOCATION).is_none());
 }

@@ -463,7 +463,7 @@ pub(crate) async fn forward<R: Router>(
         };
         if let Some(redirect) = &choice.redirect {
             // Decided and authorized: answered here, no backend is opened.
-            let (response, reason) = match crate::redirect::response(redirect) {
+            let (response, reason) = match redirect_response(redirect) {
                 Ok(r) => (r, None),
                 Err(r) => (r, Some("bad redirect location".to_string())),
             };
@@ -751,4 +751,21 @@ pub(crate) fn plain(status: StatusCode, body: &str) -> Response<Body> {
         header::HeaderValue::from_static("text/plain"),
     );
     resp
+}
+
+/// The response for `r`; a `400` when the request made no `Location`, or one that is no valid
+/// header value (never a panic).
+pub(crate) fn redirect_response(
+    r: &crate::redirect::Redirect,
+) -> Result<Response<Body>, Response<Body>> {
+    let (Ok(status), Some(Ok(location))) = (
+        StatusCode::from_u16(r.status),
+        r.location.as_deref().map(header::HeaderValue::from_str),
+    ) else {
+        return Err(plain(StatusCode::BAD_REQUEST, "bad redirect location\n"));
+    };
+    let mut resp = plain(status, "");
+    resp.headers_mut().remove(header::CONTENT_TYPE);
+    resp.headers_mut().insert(header::LOCATION, location);
+    Ok(resp)
 }
