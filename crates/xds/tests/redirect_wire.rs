@@ -1,6 +1,10 @@
 //! A route's redirect on the wire: its field numbers proven with hand-built bytes, a lossless
 //! round trip, and every bad redirect rejected (NACK) naming its field.
 
+mod common;
+
+use common::{ld, vi};
+
 use ferry_api::workload as wl;
 use ferry_core::model::{RedirectPath, RedirectScheme, RequestRedirect};
 use ferry_xds::convert::{Decoded, decode_address};
@@ -8,32 +12,6 @@ use ferry_xds::resources::ResourceSet;
 use prost::Message;
 
 const NAME: &str = "default/web.default.svc.cluster.local";
-
-fn ld(field: u32, bytes: &[u8]) -> Vec<u8> {
-    let mut v = varint(u64::from(field << 3 | 2));
-    v.extend(varint(bytes.len() as u64));
-    v.extend_from_slice(bytes);
-    v
-}
-
-fn vi(field: u32, value: u64) -> Vec<u8> {
-    let mut v = varint(u64::from(field << 3));
-    v.extend(varint(value));
-    v
-}
-
-fn varint(mut x: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let b = (x & 0x7f) as u8;
-        x >>= 7;
-        if x == 0 {
-            out.push(b);
-            return out;
-        }
-        out.push(b | 0x80);
-    }
-}
 
 /// A service (field 2 of Address) whose one route (10003) holds `route`'s fields after its name.
 fn service_with_route(route: &[u8]) -> Vec<u8> {

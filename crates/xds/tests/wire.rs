@@ -1,37 +1,13 @@
 //! The wire format: field numbers proven with hand-built bytes, and lossless round trips.
 
+mod common;
+
+use common::{ld, vi};
+
 use std::path::PathBuf;
 
 use ferry_xds::convert::{Decoded, decode_address, decode_authorization};
 use ferry_xds::resources::ResourceSet;
-
-/// A length-delimited field.
-fn ld(field: u32, bytes: &[u8]) -> Vec<u8> {
-    let mut v = varint(u64::from(field << 3 | 2));
-    v.extend(varint(bytes.len() as u64));
-    v.extend_from_slice(bytes);
-    v
-}
-
-/// A varint field.
-fn vi(field: u32, value: u64) -> Vec<u8> {
-    let mut v = varint(u64::from(field << 3));
-    v.extend(varint(value));
-    v
-}
-
-fn varint(mut x: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let b = (x & 0x7f) as u8;
-        x >>= 7;
-        if x == 0 {
-            out.push(b);
-            return out;
-        }
-        out.push(b | 0x80);
-    }
-}
 
 #[test]
 fn a_workload_built_byte_by_byte_decodes_with_istios_field_numbers() {
